@@ -1,0 +1,64 @@
+//! Test-only switches that turn off one safety rule at a time.
+//!
+//! A checker that cannot fail is worthless. The simulation's tests switch
+//! off each rule below and show that the checkers then find a violation.
+//! Production code never sets these: [`Mutations::NONE`] is the default and
+//! nothing outside tests constructs another value.
+
+/// A safety rule that can be switched off for a mutation test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Rule {
+    /// H1 broken: the licence runs from the acknowledgement, not the send.
+    LicenceFromAck = 1 << 0,
+    /// S1 broken: W = T' without the (1+ε)/(1−ε) factor.
+    NoDriftFactor = 1 << 1,
+    /// S2/S4 broken: activate without waiting G' after a takeover.
+    NoGap = 1 << 2,
+    /// H3 broken: our own landed write is treated as a foreign one.
+    OwnWriteIsForeign = 1 << 3,
+    /// Configuration mismatch broken: a slower holder's advertised T ignored.
+    IgnoreAdvertisedLease = 1 << 4,
+    /// Trusting a read instead of a CAS: take over with an unconditional put.
+    TakeoverByPut = 1 << 5,
+    /// H6 broken: release written before the graceful stop is proven.
+    ReleaseWithoutProof = 1 << 6,
+    /// H6 broken: a node leaving `confirming` writes a release.
+    ReleaseFromConfirming = 1 << 7,
+    /// S1 (b) broken: the store-clock witness asks for T' instead of W.
+    ProbeWitnessLease = 1 << 8,
+}
+
+impl Rule {
+    /// Every rule, for listing.
+    pub const ALL: [Rule; 9] = [
+        Rule::LicenceFromAck,
+        Rule::NoDriftFactor,
+        Rule::NoGap,
+        Rule::OwnWriteIsForeign,
+        Rule::IgnoreAdvertisedLease,
+        Rule::TakeoverByPut,
+        Rule::ReleaseWithoutProof,
+        Rule::ReleaseFromConfirming,
+        Rule::ProbeWitnessLease,
+    ];
+}
+
+/// A set of switched-off rules; empty in production.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations(u16);
+
+impl Mutations {
+    /// No rule switched off.
+    pub const NONE: Mutations = Mutations(0);
+
+    /// Only `rule` switched off.
+    pub const fn only(rule: Rule) -> Mutations {
+        Mutations(rule as u16)
+    }
+
+    /// Whether `rule` is switched off.
+    pub fn is(self, rule: Rule) -> bool {
+        self.0 & rule as u16 != 0
+    }
+}

@@ -1,0 +1,168 @@
+//! Lock records: the versioned JSON that putex writes to the store.
+//!
+//! A record names its holder (node id, machine id, per-start instance id),
+//! the holder's state, the unique id of the write that produced it (H3/H4),
+//! and the timing it advertises so that takers can use the larger of theirs
+//! and its own (DESIGN "configuration mismatch").
+//!
+//! Anything that does not parse as a record of a known version is
+//! [`Observed::Garbage`]: it is never read as `released` (S1 treats it as a
+//! stale record, H3 treats it as a lost lock).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The record format version written by this crate.
+pub const RECORD_VERSION: u32 = 1;
+
+/// The holder's state as written in its record.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockState {
+    /// Took the lock and is waiting out the fencing gap; not running the service.
+    Confirming,
+    /// May be running the service.
+    Active,
+    /// Stopped gracefully with proof (H6); the lock is free at once (S3).
+    Released,
+    /// Removed by an administrator (S7); takers treat it as stale.
+    Revoked,
+}
+
+/// A lock record.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct LockRecord {
+    /// Format version; [`RECORD_VERSION`].
+    pub v: u32,
+    /// The holder's node id (default: hostname).
+    pub node: String,
+    /// The holder's machine id (`/etc/machine-id`).
+    pub machine: String,
+    /// The holder agent's per-start instance id.
+    pub instance: String,
+    /// The holder's state.
+    pub state: LockState,
+    /// Unique id of the write that produced this record.
+    pub write: String,
+    /// Advertised lease duration T, in milliseconds (rounded up).
+    pub lease_ms: u64,
+    /// Advertised emergency-stop gap G, in milliseconds (rounded up).
+    pub gap_ms: u64,
+}
+
+impl LockRecord {
+    /// The advertised lease duration T.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+
+    /// The advertised emergency-stop gap.
+    pub fn gap(&self) -> Duration {
+        Duration::from_millis(self.gap_ms)
+    }
+
+    /// Serialises the record as JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a lock record always serialises")
+    }
+}
+
+/// Milliseconds, rounded up, for advertising a duration in a record.
+pub fn ceil_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// What a stored value turned out to be.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Observed {
+    /// A well-formed record.
+    Record(LockRecord),
+    /// Bytes that are not a record putex understands.
+    Garbage,
+}
+
+impl Observed {
+    /// Parses a stored value. Never panics, whatever the bytes.
+    pub fn decode(bytes: &[u8]) -> Observed {
+        match serde_json::from_slice::<LockRecord>(bytes) {
+            Ok(r) if r.v == RECORD_VERSION && !r.write.is_empty() => Observed::Record(r),
+            _ => Observed::Garbage,
+        }
+    }
+
+    /// The record, if the value is one.
+    pub fn record(&self) -> Option<&LockRecord> {
+        match self {
+            Observed::Record(r) => Some(r),
+            Observed::Garbage => None,
+        }
+    }
+}
+
+/// A probe record: a node's own record, written only to read back the
+/// store's timestamp (S1 b).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    /// Format version; [`RECORD_VERSION`].
+    pub v: u32,
+    /// The probing node.
+    pub node: String,
+    /// Unique id of this probe write.
+    pub write: String,
+}
+
+impl ProbeRecord {
+    /// Serialises the probe as JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a probe record always serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(state: LockState) -> LockRecord {
+        LockRecord {
+            v: 1,
+            node: "db1.example.com".into(),
+            machine: "m1".into(),
+            instance: "i1".into(),
+            state,
+            write: "i1-7".into(),
+            lease_ms: 10_000,
+            gap_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn round_trips_as_readable_json() {
+        let r = sample(LockState::Released);
+        let bytes = r.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.contains(r#""state":"released""#), "{text}");
+        assert_eq!(Observed::decode(&bytes), Observed::Record(r));
+    }
+
+    #[test]
+    fn garbage_is_never_a_record() {
+        for bytes in [
+            &b""[..],
+            b"\xff\xfe\x00",
+            b"{}",
+            b"null",
+            br#"{"v":2,"node":"a","machine":"m","instance":"i","state":"released","write":"w","lease_ms":1,"gap_ms":1}"#,
+            br#"{"v":1,"node":"a","machine":"m","instance":"i","state":"freed","write":"w","lease_ms":1,"gap_ms":1}"#,
+            br#"{"v":1,"node":"a","machine":"m","instance":"i","state":"released","write":"","lease_ms":1,"gap_ms":1}"#,
+        ] {
+            assert_eq!(Observed::decode(bytes), Observed::Garbage, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn advertised_durations_round_up() {
+        assert_eq!(ceil_millis(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(ceil_millis(Duration::from_millis(10)), 10);
+    }
+}
