@@ -64,7 +64,7 @@ pub struct PreviousInstance {
     /// Whether the host has not rebooted since (boot id unchanged).
     pub same_boot: bool,
     /// The licence deadline of the previous instance's keeper, if that keeper
-    /// is still alive and was adopted.
+    /// is still alive, still runs the service, and was adopted.
     pub keeper_deadline: Option<Instant>,
 }
 
@@ -383,6 +383,10 @@ struct Acquire {
     owed_lease: Duration,
     owed_gap: Duration,
     previous: Option<String>,
+    /// The record this acquisition expected to replace. After a store
+    /// rollback a revision can be reused; if that revision turns out to hold
+    /// other contents, the CAS may have hit a record we never judged (S6).
+    over: Option<(Token, Option<Observed>)>,
 }
 
 /// Where the service is in this tenure.
@@ -432,8 +436,11 @@ struct Unconfirmed {
 enum LockOp {
     /// Standby read (possibly from a replica).
     Poll,
-    /// Own-writes read before the next CAS (H4) or after a conflict (H3).
-    Verify,
+    /// Own-writes read before the next CAS (H4, `then_renew`) or after a
+    /// conflict or a foreign write seen by the watch (H3).
+    Verify {
+        then_renew: bool,
+    },
     /// Standby read that must come from the leader (S6 check).
     LeaderPoll,
     Acquire {
@@ -648,9 +655,12 @@ impl Agent {
         if self.role == Role::Exited {
             return None;
         }
+        // Anything due at or before `now` was handled by the last call; what
+        // is still pending waits for an input, or for the next round.
+        let now = self.now;
         let mut next = self.next_round;
         let mut consider = |t: Option<Instant>| {
-            if let Some(t) = t {
+            if let Some(t) = t.filter(|t| *t > now) {
                 next = next.min(t);
             }
         };
@@ -733,6 +743,7 @@ impl Agent {
                         owed_lease: self.timing.lease(),
                         owed_gap: self.timing.gap(),
                         previous: None,
+                        over: None,
                     },
                     activate_at: self.now,
                     floor: None,
@@ -792,7 +803,7 @@ impl Agent {
                 key: Key::Lock,
                 leader: false,
             },
-            LockOp::Verify | LockOp::LeaderPoll => StoreOp::Get {
+            LockOp::Verify { .. } | LockOp::LeaderPoll => StoreOp::Get {
                 key: Key::Lock,
                 leader: true,
             },
@@ -1029,13 +1040,17 @@ impl Agent {
             return; // the previous write is still out; it is bounded by its deadline
         }
         if self.unconfirmed.is_empty() {
-            let write = self.write_id();
-            let sent = self.now;
-            self.send_lock(LockOp::Renew { write, sent }, self.deadline());
+            self.send_renew();
         } else {
             // H4: before the next CAS, see whether an unknown write landed.
-            self.send_lock(LockOp::Verify, self.deadline());
+            self.send_lock(LockOp::Verify { then_renew: true }, self.deadline());
         }
+    }
+
+    fn send_renew(&mut self) {
+        let write = self.write_id();
+        let sent = self.now;
+        self.send_lock(LockOp::Renew { write, sent }, self.deadline());
     }
 
     fn on_store(&mut self, id: OpId, outcome: StoreOutcome) {
@@ -1078,10 +1093,10 @@ impl Agent {
                     }
                 }
             }
-            LockOp::Verify => {
+            LockOp::Verify { then_renew } => {
                 // Anything but a read: try again next round; the licence keeps running.
                 if let StoreOutcome::Read(entry) = outcome {
-                    self.on_verify(entry);
+                    self.on_verify(entry, then_renew);
                 }
             }
             LockOp::Acquire {
@@ -1107,7 +1122,9 @@ impl Agent {
                 };
                 self.extend(token, write, from);
             }
-            StoreOutcome::Conflict => self.send_lock(LockOp::Verify, self.deadline()),
+            StoreOutcome::Conflict => {
+                self.send_lock(LockOp::Verify { then_renew: false }, self.deadline())
+            }
             StoreOutcome::Unknown | StoreOutcome::Failed(_) => {
                 self.unconfirmed.push(Unconfirmed {
                     write,
@@ -1122,6 +1139,13 @@ impl Agent {
     /// A write of ours landed: the licence runs from its send time (H1).
     fn extend(&mut self, token: Token, write: String, sent: Instant) {
         self.note_token(token);
+        // Our own landed writes are the store's present too (S6 detection).
+        if self
+            .trusted
+            .is_none_or(|t| t.epoch == token.epoch && t < token)
+        {
+            self.trusted = Some(token);
+        }
         let licence_end = sent + self.timing.lease();
         let lease = self.lease.as_mut().expect("extend needs a lease");
         if token <= lease.token {
@@ -1140,7 +1164,7 @@ impl Agent {
     }
 
     /// H3/H4: an own-writes read after a conflict or before the next CAS.
-    fn on_verify(&mut self, entry: Option<Entry>) {
+    fn on_verify(&mut self, entry: Option<Entry>, then_renew: bool) {
         if !self.holding() {
             // A standby verifying an acquisition whose outcome was unknown.
             self.on_lock_seen(entry.clone(), true);
@@ -1155,15 +1179,20 @@ impl Agent {
             return self.lose(Reason::Lost("bucket re-created".into()), Some(lease_token));
         }
         if entry.token < lease_token {
-            let highest = self.highest.unwrap_or(lease_token);
-            self.outputs.push_back(Output::Event(Event::StoreRegressed {
-                highest,
-                now: entry.token,
-            }));
-            return self.lose(Reason::Lost("store regressed".into()), Some(lease_token));
+            // S6: the store lost our writes. Stop, and remember what it shows
+            // now as an absent-like record.
+            self.trusted = Some(self.trusted.map_or(lease_token, |t| t.max(lease_token)));
+            self.lose(Reason::Lost("store regressed".into()), Some(lease_token));
+            self.on_lock_seen(Some(entry), true);
+            return;
         }
         if entry.token == lease_token {
-            // Nothing of ours landed since; renew on the next healthy round.
+            // Nothing of ours has landed (yet): go on with the CAS. Should an
+            // unknown write land later, the CAS conflicts and the next own-writes
+            // read adopts it (it stays in `unconfirmed`).
+            if then_renew {
+                self.send_renew();
+            }
             return;
         }
         self.note_token(entry.token);
@@ -1180,9 +1209,12 @@ impl Agent {
         });
         match landed {
             Some(u) if !self.mutations.is(Rule::OwnWriteIsForeign) => {
-                // H4: our write landed; adopt it with its send time.
+                // H4: our write landed; adopt it with its send time. Renew now
+                // only if this read was part of a healthy round (H2).
                 self.extend(entry.token, u.write, u.sent);
-                self.renew_now();
+                if then_renew {
+                    self.send_renew();
+                }
             }
             _ => {
                 let why = match record.record() {
@@ -1201,6 +1233,9 @@ impl Agent {
         let service = self.service_may_run();
         self.lease = None;
         self.tenure = None;
+        // What a standby saw before this tenure is stale; judge afresh (S1).
+        self.seen = None;
+        self.probe = None;
         self.unconfirmed.clear();
         self.lock_op = None;
         self.release_after_stop = false;
@@ -1247,6 +1282,14 @@ impl Agent {
         }
         // S6: never act on a token that is not above everything seen before.
         if tenure.floor.is_some_and(|f| lease.token <= f) {
+            return;
+        }
+        // S2: a renewal that conflicted (or a foreign write seen meanwhile) is
+        // being checked; activate only once it is settled in our favour.
+        if matches!(
+            self.lock_op.as_ref().map(|p| &p.what),
+            Some(LockOp::Verify { .. })
+        ) {
             return;
         }
         let token = lease.token;
@@ -1373,6 +1416,9 @@ impl Agent {
                 if !ok {
                     return self.exit(ExitReason::EmergencyStopFailed);
                 }
+                // Nothing left for the keeper to guard.
+                self.outputs
+                    .push_back(Output::Keeper(KeeperCommand::Disarm));
                 self.set_role(Role::Standby, Reason::Stopped, None);
                 if self.shutdown {
                     self.exit(ExitReason::Shutdown { released: false });
@@ -1483,6 +1529,7 @@ impl Agent {
             return;
         }
         if self.holding() {
+            self.check_replaced(entry.as_ref());
             self.holder_sees(entry);
             return;
         }
@@ -1538,10 +1585,12 @@ impl Agent {
             }
         }
         let key = entry.as_ref().map(|e| (e.token, e.time));
+        // After a rollback a revision can be reused by another write: the
+        // same revision with other contents is a new record (S1 a restarts).
         let same = self
             .seen
             .as_ref()
-            .is_some_and(|s| s.entry.map(|x| x.0) == key.map(|x| x.0));
+            .is_some_and(|s| s.entry == key && s.observed == observed);
         if !same {
             if let (Some(Observed::Record(r)), Some(max)) = (&observed, self.timing.max_lease()) {
                 if r.lease() > max {
@@ -1565,17 +1614,50 @@ impl Agent {
         }
     }
 
+    /// While confirming: if the revision our acquisition replaced shows up
+    /// with other contents, the store reused it (S6): wait as for an absent
+    /// record, counted from now.
+    fn check_replaced(&mut self, entry: Option<&Entry>) {
+        if self.role != Role::Confirming {
+            return;
+        }
+        let Some(e) = entry else { return };
+        let Some(tenure) = self.tenure.as_mut() else {
+            return;
+        };
+        let Some((t, expected)) = &tenure.acquire.over else {
+            return;
+        };
+        if e.token != *t || Some(Observed::decode(&e.value)) == *expected {
+            return;
+        }
+        let t = *t;
+        let mut acquire = tenure.acquire.clone();
+        acquire.over = None;
+        self.downgrade_to_absent(&mut acquire, t);
+        let wait = self.absent_wait(&acquire);
+        let tenure = self.tenure.as_mut().expect("present");
+        tenure.activate_at = tenure.activate_at.max(self.now + wait);
+        tenure.acquire = acquire;
+    }
+
     /// A holder sees the record change under it (from a watch or poll).
     fn holder_sees(&mut self, entry: Option<Entry>) {
         let Some(lease) = &self.lease else { return };
-        let Some(e) = entry else { return };
-        if e.token.epoch != lease.token.epoch || e.token <= lease.token {
-            return; // old news, or for the own-writes read to judge
+        if let Some(e) = &entry {
+            if e.token == lease.token {
+                return;
+            }
+            let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
+            if ours && e.token.epoch == lease.token.epoch && e.token < lease.token {
+                return; // one of our own earlier writes, seen late
+            }
         }
-        // Newer than our lease: ours (H4) or someone else's (H3). Let the
-        // leader read decide; it sees our own writes.
+        // Anything else — a newer write (ours, H4, or someone else's, H3), a
+        // foreign record below our token or in another epoch (a regression,
+        // S6), or the record gone — is for the leader read to judge.
         if self.lock_op.is_none() {
-            self.send_lock(LockOp::Verify, self.deadline());
+            self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
         }
     }
 
@@ -1600,6 +1682,7 @@ impl Agent {
             owed_lease: self.timing.lease(),
             owed_gap: self.timing.gap(),
             previous: None,
+            over: None,
         });
     }
 
@@ -1665,13 +1748,22 @@ impl Agent {
             .and_then(|o| o.record())
             .map(|r| r.node.clone());
         if seen.absent_like {
-            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G.
-            let owed_lease = self.timing.lease_unknown();
+            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G. A
+            // record that survived a regression still advertises timing: use
+            // the larger values, as for any taker.
+            let (owed_lease, owed_gap) = match seen.observed.as_ref().and_then(|o| o.record()) {
+                Some(r) => (
+                    self.timing.lease_unknown().max(r.lease()),
+                    self.timing.gap_against(r.gap()),
+                ),
+                None => (self.timing.lease_unknown(), self.timing.gap()),
+            };
             return self.acquire(Acquire {
                 kind: AcquireKind::Absent,
                 owed_lease,
-                owed_gap: self.timing.gap(),
+                owed_gap,
                 previous,
+                over: None,
             });
         }
         let released =
@@ -1683,6 +1775,7 @@ impl Agent {
                 owed_lease: self.timing.lease(),
                 owed_gap: Duration::ZERO,
                 previous,
+                over: None,
             });
         }
         // S1: held, revoked or unreadable — two witnesses of staleness.
@@ -1698,6 +1791,7 @@ impl Agent {
                     owed_lease: self.timing.lease(),
                     owed_gap,
                     previous,
+                    over: None,
                 });
             }
             ProbeVerdict::Probe => {
@@ -1789,7 +1883,11 @@ impl Agent {
         }
     }
 
-    fn acquire(&mut self, acquire: Acquire) {
+    fn acquire(&mut self, mut acquire: Acquire) {
+        acquire.over = self
+            .seen
+            .as_ref()
+            .and_then(|s| s.entry.map(|(t, _)| (t, s.observed.clone())));
         let write = self.write_id();
         let sent = self.now;
         let deadline = self.deadline();
@@ -1826,15 +1924,26 @@ impl Agent {
                     sent,
                     acquire: Some(acquire),
                 });
-                self.send_lock(LockOp::Verify, self.deadline());
+                self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
             }
             StoreOutcome::Read(_) => {}
         }
     }
 
     /// S2/S3/S4: the acquisition landed; work out when we may activate.
-    fn on_acquired(&mut self, token: Token, write: String, sent: Instant, acquire: Acquire) {
+    fn on_acquired(&mut self, token: Token, write: String, sent: Instant, mut acquire: Acquire) {
         let floor = self.highest;
+        let reused = match (&acquire.over, &self.seen) {
+            (Some((t, expected)), Some(seen))
+                if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>
+            {
+                Some(*t)
+            }
+            _ => None,
+        };
+        if let Some(t) = reused {
+            self.downgrade_to_absent(&mut acquire, t);
+        }
         self.note_token(token);
         let licence_start = if self.mutations.is(Rule::LicenceFromAck) {
             self.now
@@ -1851,14 +1960,7 @@ impl Agent {
             _ if no_gap => Duration::ZERO,
             AcquireKind::Stale => acquire.owed_gap,
             AcquireKind::Resume => self.timing.gap(),
-            AcquireKind::Absent => {
-                let lease = if self.mutations.is(Rule::NoDriftFactor) {
-                    acquire.owed_lease
-                } else {
-                    self.timing.staleness_wait(acquire.owed_lease)
-                };
-                lease + acquire.owed_gap
-            }
+            AcquireKind::Absent => self.absent_wait(&acquire),
         };
         self.lease = Some(Lease {
             token,
@@ -1885,6 +1987,29 @@ impl Agent {
         self.fail_streak = 0;
         self.set_role(Role::Confirming, reason, Some(token));
         self.try_activate();
+    }
+
+    /// S4: W for T' = the owed lease, then the owed gap.
+    fn absent_wait(&self, acquire: &Acquire) -> Duration {
+        let lease = if self.mutations.is(Rule::NoDriftFactor) {
+            acquire.owed_lease
+        } else {
+            self.timing.staleness_wait(acquire.owed_lease)
+        };
+        lease + acquire.owed_gap
+    }
+
+    /// The record our CAS replaced was not the one we judged: the store
+    /// reused a revision after losing writes (S6). Owe what an absent record
+    /// owes: W(--max-lease or own T) + G.
+    fn downgrade_to_absent(&mut self, acquire: &mut Acquire, token: Token) {
+        self.outputs.push_back(Output::Event(Event::StoreRegressed {
+            highest: self.highest.unwrap_or(token),
+            now: token,
+        }));
+        acquire.kind = AcquireKind::Absent;
+        acquire.owed_lease = acquire.owed_lease.max(self.timing.lease_unknown());
+        acquire.owed_gap = acquire.owed_gap.max(self.timing.gap());
     }
 
     /// A standby's own-writes read after an acquisition with unknown outcome.

@@ -1,0 +1,325 @@
+//! Deterministic simulation of putex-core: many seeded runs of 3–5 agents
+//! against a simulated store, with drifting and jumping clocks, lossy and
+//! late messages, partitions, stalls, crashes and store faults, checked at
+//! every step (see `check.rs`).
+//!
+//! - `PUTEX_SIM_SEEDS=N` sets the seeds per test (default 10,000 for the main
+//!   chaos test; other tests use a fraction of it).
+//! - A failing seed prints a one-line replay command.
+//! - `PUTEX_SIM_REPLAY=profile:seed[:Rule] cargo test -p putex-core --test sim
+//!   -- --ignored --nocapture replay` prints the trace of one run.
+//! - Seeds that once failed are frozen in `regressions.rs`.
+
+// A test harness, not a library: its items are documented where it helps.
+#![allow(missing_docs)]
+
+mod check;
+mod clock;
+mod regressions;
+mod rng;
+mod scenario;
+mod world;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use putex_core::mutation::{Mutations, Rule};
+
+use crate::check::Stats;
+use crate::scenario::{Profile, Scenario};
+use crate::world::World;
+
+/// The outcome of one seeded run.
+pub struct RunResult {
+    pub result: Result<(), String>,
+    pub stats: Stats,
+    pub simulated: u64,
+    pub faults: u32,
+}
+
+/// Runs one seed.
+pub fn run_one(
+    profile: Profile,
+    seed: u64,
+    mutations: Mutations,
+    trace: bool,
+) -> (RunResult, Option<Vec<String>>) {
+    let sc = Scenario::generate(profile, seed, mutations);
+    let simulated = sc.duration;
+    let mut w = World::new(sc, trace);
+    let result = w.run();
+    let faults = w.faults_injected;
+    let stats = w.check.stats.clone();
+    (
+        RunResult {
+            result,
+            stats,
+            simulated,
+            faults,
+        },
+        w.trace.take(),
+    )
+}
+
+fn replay_command(profile: Profile, seed: u64, rule: Option<Rule>) -> String {
+    let rule = rule.map(|r| format!(":{r:?}")).unwrap_or_default();
+    format!(
+        "PUTEX_SIM_REPLAY={}:{seed}{rule} cargo test -p putex-core --test sim -- --ignored --nocapture replay",
+        profile.name()
+    )
+}
+
+pub fn seeds(default: u64) -> u64 {
+    std::env::var("PUTEX_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+pub struct Sweep {
+    pub failures: Vec<(u64, String)>,
+    pub runs: u64,
+    pub simulated: u64,
+    pub activations: u64,
+    pub min_activations: u64,
+    pub min_activations_seed: u64,
+    pub liveness_checked: u64,
+    pub worst_failover_ratio: f64,
+    pub faults: u64,
+    pub wall: std::time::Duration,
+}
+
+/// Runs seeds `0..n` on every core; stops early after `stop_after` failures.
+///
+/// The harness (not the core) reads the wall clock, to report its own speed.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+pub fn sweep(profile: Profile, n: u64, mutations: Mutations, stop_after: usize) -> Sweep {
+    let started = std::time::Instant::now();
+    let next = AtomicU64::new(0);
+    let out = Mutex::new(Sweep {
+        failures: Vec::new(),
+        runs: 0,
+        simulated: 0,
+        activations: 0,
+        min_activations: u64::MAX,
+        min_activations_seed: 0,
+        liveness_checked: 0,
+        worst_failover_ratio: 0.0,
+        faults: 0,
+        wall: Default::default(),
+    });
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= n || out.lock().unwrap().failures.len() >= stop_after {
+                    break;
+                }
+                let (r, _) = run_one(profile, seed, mutations, false);
+                let mut o = out.lock().unwrap();
+                o.runs += 1;
+                o.simulated += r.simulated;
+                o.activations += r.stats.activations;
+                if r.stats.activations < o.min_activations {
+                    o.min_activations = r.stats.activations;
+                    o.min_activations_seed = seed;
+                }
+                o.liveness_checked += r.stats.liveness_checked;
+                o.worst_failover_ratio = o.worst_failover_ratio.max(r.stats.worst_failover_ratio);
+                o.faults += u64::from(r.faults);
+                if let Err(v) = r.result {
+                    o.failures.push((seed, v));
+                }
+            });
+        }
+    });
+    let mut o = out.into_inner().unwrap();
+    o.failures.sort();
+    o.wall = started.elapsed();
+    o
+}
+
+fn report(profile: Profile, s: &Sweep) {
+    println!(
+        "sim {}: {} seeds, {:.0} simulated hours, {} activations (min {} per seed), {} faults, \
+         {} failovers timed (worst {:.0}% of the bound), {:.1}s wall",
+        profile.name(),
+        s.runs,
+        s.simulated as f64 / 3.6e12,
+        s.activations,
+        s.min_activations,
+        s.faults,
+        s.liveness_checked,
+        s.worst_failover_ratio * 100.0,
+        s.wall.as_secs_f64()
+    );
+}
+
+/// Every check holds in every seed of `profile`.
+fn assert_clean(profile: Profile, n: u64) -> Sweep {
+    let s = sweep(profile, n, Mutations::NONE, 5);
+    report(profile, &s);
+    if !s.failures.is_empty() {
+        let mut msg = format!(
+            "{} of {} seeds of '{}' violated a check:\n",
+            s.failures.len(),
+            s.runs,
+            profile.name()
+        );
+        for (seed, v) in &s.failures {
+            msg.push_str(&format!(
+                "  seed {seed}: {v}\n    replay: {}\n",
+                replay_command(profile, *seed, None)
+            ));
+        }
+        msg.push_str("freeze a fixed seed as a named test in tests/sim/regressions.rs");
+        panic!("{msg}");
+    }
+    s
+}
+
+#[test]
+fn chaos_every_fault_mixed() {
+    let s = assert_clean(Profile::Chaos, seeds(10_000));
+    // Every run covers at least a minute and three timed crash failovers.
+    assert!(
+        s.min_activations >= 3,
+        "seed {} had fewer than 2 failovers: {}",
+        s.min_activations_seed,
+        replay_command(Profile::Chaos, s.min_activations_seed, None)
+    );
+    assert!(
+        s.liveness_checked >= 2 * s.runs,
+        "liveness probes did not run"
+    );
+}
+
+#[test]
+fn jitter_below_budget_never_changes_anything() {
+    assert_clean(Profile::Jitter, seeds(10_000) / 10);
+}
+
+#[test]
+fn lost_replies_never_change_anything() {
+    assert_clean(Profile::Lossy, seeds(10_000) / 10);
+}
+
+#[test]
+fn targeted_profiles_are_clean() {
+    for p in [
+        Profile::LateAcks,
+        Profile::Skewed,
+        Profile::Mixed,
+        Profile::StaleView,
+        Profile::StepDowns,
+        Profile::ClockJumps,
+    ] {
+        assert_clean(p, seeds(10_000) / 20);
+    }
+}
+
+/// Switches off one rule and shows that the simulation finds a violation of
+/// the expected check.
+fn must_catch(rule: Rule, profile: Profile, checks: &[&str]) {
+    let budget = 3000;
+    let s = sweep(profile, budget, Mutations::only(rule), 1);
+    match s.failures.first() {
+        Some((seed, v)) => {
+            println!("mutation {rule:?} caught by '{}' seed {seed}: {v}", profile.name());
+            assert!(
+                checks.iter().any(|c| v.starts_with(&format!("({c})"))),
+                "mutation {rule:?} was caught, but by another check than {checks:?}: {v}\n{}",
+                replay_command(profile, *seed, Some(rule))
+            );
+        }
+        None => panic!(
+            "with {rule:?} switched off, {} seeds of '{}' found no violation: the checker does not bite",
+            s.runs,
+            profile.name()
+        ),
+    }
+}
+
+#[test]
+fn mutation_licence_from_ack_is_caught() {
+    must_catch(Rule::LicenceFromAck, Profile::LateAcks, &["a/overlap"]);
+}
+
+#[test]
+fn mutation_no_drift_factor_is_caught() {
+    must_catch(Rule::NoDriftFactor, Profile::Skewed, &["d/early"]);
+}
+
+#[test]
+fn mutation_no_gap_is_caught() {
+    must_catch(Rule::NoGap, Profile::Skewed, &["d/early"]);
+}
+
+#[test]
+fn mutation_own_write_as_foreign_is_caught() {
+    must_catch(Rule::OwnWriteIsForeign, Profile::Lossy, &["e/transition"]);
+}
+
+#[test]
+fn mutation_ignoring_advertised_lease_is_caught() {
+    must_catch(Rule::IgnoreAdvertisedLease, Profile::Mixed, &["d/early"]);
+}
+
+#[test]
+fn mutation_takeover_by_put_is_caught() {
+    must_catch(
+        Rule::TakeoverByPut,
+        Profile::StaleView,
+        &["a/overlap", "d/early"],
+    );
+}
+
+#[test]
+fn mutation_release_without_proof_is_caught() {
+    must_catch(
+        Rule::ReleaseWithoutProof,
+        Profile::StepDowns,
+        &["a/overlap"],
+    );
+}
+
+#[test]
+fn mutation_release_from_confirming_is_caught() {
+    must_catch(
+        Rule::ReleaseFromConfirming,
+        Profile::StepDowns,
+        &["d/early"],
+    );
+}
+
+#[test]
+fn mutation_probe_witness_of_lease_is_caught() {
+    must_catch(Rule::ProbeWitnessLease, Profile::ClockJumps, &["a/overlap"]);
+}
+
+/// Prints the trace of one run: `PUTEX_SIM_REPLAY=profile:seed[:Rule]`.
+#[test]
+#[ignore = "a tool: set PUTEX_SIM_REPLAY=profile:seed[:Rule] and run with --ignored"]
+fn replay() {
+    let spec = std::env::var("PUTEX_SIM_REPLAY").expect("set PUTEX_SIM_REPLAY=profile:seed[:Rule]");
+    let mut parts = spec.split(':');
+    let profile = Profile::parse(parts.next().unwrap_or_default()).expect("unknown profile");
+    let seed: u64 = parts.next().and_then(|s| s.parse().ok()).expect("seed");
+    let mutations = match parts.next() {
+        Some(name) => Mutations::only(
+            *Rule::ALL
+                .iter()
+                .find(|r| format!("{r:?}") == name)
+                .expect("unknown rule"),
+        ),
+        None => Mutations::NONE,
+    };
+    let sc = Scenario::generate(profile, seed, mutations);
+    println!("{sc:#?}");
+    let (r, trace) = run_one(profile, seed, mutations, true);
+    for line in trace.unwrap_or_default() {
+        println!("{line}");
+    }
+    println!("result: {:?}", r.result);
+}

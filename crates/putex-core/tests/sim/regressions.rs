@@ -1,0 +1,79 @@
+//! Seeds that once broke a check, frozen as named tests (`rNN_what_broke`).
+//!
+//! When a sweep fails, fix the bug, then add the seed here so it stays fixed.
+
+#![allow(unused_imports, unused_macros)]
+
+use putex_core::mutation::Mutations;
+
+use crate::run_one;
+use crate::scenario::Profile;
+
+/// Declares a regression test that replays one seed and expects every check to hold.
+macro_rules! regression {
+    ($name:ident, $profile:expr, $seed:expr) => {
+        #[test]
+        fn $name() {
+            let (r, _) = run_one($profile, $seed, Mutations::NONE, false);
+            if let Err(v) = r.result {
+                panic!(
+                    "regression seed {} of {:?} fails again: {v}",
+                    $seed, $profile
+                );
+            }
+        }
+    };
+}
+
+// A rollback reused a revision; the agent kept its pre-tenure view of "the
+// record at that revision" (a release) and took over the new record by CAS
+// on the same number. Fixed: forget the view when a tenure ends, and treat a
+// revision with other contents as a new record.
+regression!(
+    r01_reused_revision_after_rollback_not_taken_as_seen,
+    Profile::Chaos,
+    7833
+);
+// Same cause: the first-seen time of a reused revision was not restarted.
+regression!(
+    r02_reused_revision_restarts_staleness_wait,
+    Profile::Chaos,
+    2254
+);
+// A confirming holder activated while a conflicting renewal was being checked.
+regression!(
+    r03_no_activation_while_a_conflict_is_verified,
+    Profile::Chaos,
+    2274
+);
+// A chaos run that found the sim's own duplicated CAS requests (a store
+// contract violation the simulation no longer injects).
+regression!(r04_liveness_with_reordered_replies, Profile::Chaos, 1319);
+// After a rollback the revision our takeover expected was reused by another
+// write; the CAS hit a record the taker never judged. Fixed: notice the
+// reuse and owe the absent-record wait (S6).
+regression!(
+    r05_cas_on_a_reused_revision_owes_the_absent_wait,
+    Profile::Chaos,
+    5506
+);
+// An emergency stop left the keeper armed; the next instance "adopted" a
+// keeper that no longer ran the service and sat active with nothing running.
+regression!(
+    r06_keeper_disarmed_after_emergency_stop,
+    Profile::Chaos,
+    2034
+);
+// An agent killed mid graceful stop was restarted and adopted a keeper that
+// was still stopping the service.
+regression!(
+    r07_no_adoption_of_a_keeper_that_is_stopping,
+    Profile::Chaos,
+    400
+);
+// The simulation merged a start-up stop into a failing graceful stop.
+regression!(
+    r08_startup_stop_escalates_a_failing_graceful_stop,
+    Profile::Chaos,
+    4042
+);

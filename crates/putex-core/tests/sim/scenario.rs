@@ -1,0 +1,322 @@
+//! Scenario profiles: what a seeded run looks like before it starts.
+//!
+//! A [`Profile`] names a family of runs; [`Scenario::generate`] draws one
+//! concrete run from it with a seed: the number of hosts, ε, each host's
+//! timing and clock rate, network delays and losses, and which faults the
+//! run injects. The same (profile, seed) always yields the same run.
+
+use std::time::Duration;
+
+use putex_core::mutation::Mutations;
+use putex_core::{Drift, TimingConfig};
+
+use crate::rng::Rng;
+
+pub const MS: u64 = 1_000_000;
+pub const SEC: u64 = 1_000_000_000;
+
+/// A family of runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// Every fault, mixed at random, with liveness probes.
+    Chaos,
+    /// Only jitter below the budget: there must be no transitions (check e).
+    Jitter,
+    /// Jitter plus occasional lost replies and requests (H4): no transitions.
+    Lossy,
+    /// Replies that arrive near their deadline, holders cut off (H1).
+    LateAcks,
+    /// Clocks pinned at the ε extremes, holders cut off (S1, S2).
+    Skewed,
+    /// Hosts with different T and G (configuration mismatch).
+    Mixed,
+    /// Standbys whose watch breaks and whose reads come from a lagging replica.
+    StaleView,
+    /// Frequent graceful step-downs and shutdowns, slow stops (H6, S3).
+    StepDowns,
+    /// Standby clocks that jump forward while the holder is cut off (S1 b).
+    ClockJumps,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Chaos => "chaos",
+            Profile::Jitter => "jitter",
+            Profile::Lossy => "lossy",
+            Profile::LateAcks => "late-acks",
+            Profile::Skewed => "skewed",
+            Profile::Mixed => "mixed",
+            Profile::StaleView => "stale-view",
+            Profile::StepDowns => "step-downs",
+            Profile::ClockJumps => "clock-jumps",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Profile> {
+        [
+            Profile::Chaos,
+            Profile::Jitter,
+            Profile::Lossy,
+            Profile::LateAcks,
+            Profile::Skewed,
+            Profile::Mixed,
+            Profile::StaleView,
+            Profile::StepDowns,
+            Profile::ClockJumps,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+    }
+}
+
+/// A fault the run can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Host dies with its service; reboots later.
+    HostCrash,
+    /// `kill -9` of the agent only; the keeper and service live on.
+    AgentKill,
+    /// SIGSTOP of the agent for T/2, T or 3T; the keeper keeps time.
+    Stall,
+    /// Both directions between one host and the store.
+    Partition,
+    /// One direction only.
+    OneWay,
+    /// The store stops answering for a while.
+    StorePause,
+    /// The store loses its last writes (acknowledged ones too).
+    Rollback,
+    /// The bucket is deleted and re-created: a new epoch.
+    Recreate,
+    /// A host's clock jumps forward without real time passing.
+    NodeJump,
+    /// The store's clock steps forwards or backwards.
+    StoreJump,
+    /// Someone writes garbage into the lock record.
+    Garbage,
+    /// An administrator revokes the lock (S7).
+    Revoke,
+    /// A host's health check fails for a while.
+    HealthFlap,
+    /// `systemctl stop`, then start again later.
+    Shutdown,
+    /// A host's watch breaks and its reads come from a lagging replica.
+    StaleView,
+    /// The supervised child exits on its own.
+    ChildExit,
+    /// A host's traffic is held for ≥ T, then delivered all at once.
+    HoldTraffic,
+    /// The holder is cut off and a standby's clock jumps forward by W.
+    IsolateAndJump,
+}
+
+/// One concrete run.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub seed: u64,
+    pub hosts: usize,
+    pub drift: Drift,
+    pub timings: Vec<TimingConfig>,
+    pub host_rates: Vec<u64>,
+    pub store_rate: u64,
+    /// Emergency stops take their whole budget.
+    pub full_stops: bool,
+    pub duration: u64,
+    /// Request and reply delays (ns): uniform in the range.
+    pub req_delay: (u64, u64),
+    pub reply_delay: (u64, u64),
+    /// Half the replies arrive just before the store deadline.
+    pub late_replies: bool,
+    pub watch_delay: (u64, u64),
+    pub req_loss: f64,
+    pub reply_loss: f64,
+    pub dup: f64,
+    /// Normal reads lag the leader by up to this much.
+    pub replica_lag: u64,
+    pub health_fail: f64,
+    pub slow_check: f64,
+    pub graceful_fail: f64,
+    pub activate_fail: f64,
+    /// Graceful stops take up to this multiple of the stop timeout.
+    pub graceful_slowness: f64,
+    pub faults: Vec<(FaultKind, u32)>,
+    /// Real time between fault episodes.
+    pub fault_gap: (u64, u64),
+    /// Crash the active host in calm conditions and time the failover (c).
+    pub liveness_probes: bool,
+    /// After the first activation nothing may change (e).
+    pub expect_no_transitions: bool,
+    pub mutations: Mutations,
+}
+
+impl Scenario {
+    pub fn generate(profile: Profile, seed: u64, mutations: Mutations) -> Scenario {
+        let mut rng = Rng::new(seed ^ (profile as u64) << 56);
+        let hosts = rng.range(3, 5) as usize;
+        let drift_ppm = match profile {
+            Profile::Skewed | Profile::ClockJumps => *rng.pick(&[50_000u32, 100_000]),
+            Profile::LateAcks => 1_000,
+            _ => *rng.pick(&[1_000u32, 10_000, 10_000, 50_000, 100_000]),
+        };
+        let drift = Drift::from_ppm(drift_ppm);
+        let extremes = match profile {
+            Profile::Skewed | Profile::ClockJumps | Profile::LateAcks => true,
+            Profile::Jitter | Profile::Lossy => false,
+            _ => rng.chance(0.3),
+        };
+        let rate = |rng: &mut Rng| -> u64 {
+            let e = u64::from(drift_ppm);
+            if extremes {
+                if rng.chance(0.5) {
+                    1_000_000 - e
+                } else {
+                    1_000_000 + e
+                }
+            } else {
+                rng.range(1_000_000 - e, 1_000_000 + e)
+            }
+        };
+        let (renew_ms, failures, confirm) = match profile {
+            Profile::Lossy => (
+                *rng.pick(&[250u64, 1000]),
+                rng.range(6, 10) as u32,
+                rng.range(1, 3) as u32,
+            ),
+            Profile::LateAcks => (1000, rng.range(3, 6) as u32, rng.range(1, 2) as u32),
+            _ => (
+                *rng.pick(&[100u64, 250, 1000]),
+                rng.range(2, 10) as u32,
+                rng.range(1, 3) as u32,
+            ),
+        };
+        let renew = Duration::from_millis(renew_ms);
+        let base = |rng: &mut Rng, failures: u32, confirm: u32| TimingConfig {
+            renew,
+            failures,
+            confirm,
+            unhealthy: rng.range(1, 3) as u32,
+            successes: rng.range(1, 2) as u32,
+            max_drift: drift,
+            start_grace: Duration::from_millis(rng.range(0, 2 * renew_ms)),
+            stop_timeout: Duration::from_millis(rng.range(500, 3000)),
+            activate_timeout: Duration::from_secs(10),
+            ..TimingConfig::default()
+        };
+        let mixed = profile == Profile::Mixed || (profile == Profile::Chaos && rng.chance(0.3));
+        let mut timings: Vec<TimingConfig> = (0..hosts)
+            .map(|_| {
+                if mixed {
+                    let f = rng.range(2, 12) as u32;
+                    let c = rng.range(1, 4) as u32;
+                    base(&mut rng, f, c)
+                } else {
+                    base(&mut rng, failures, confirm)
+                }
+            })
+            .collect();
+        // After a lost record S4 protects up to --max-lease: set it to the
+        // longest lease in the run, as an operator with mixed settings must.
+        let max_t = timings
+            .iter()
+            .map(|t| t.renew * t.failures)
+            .max()
+            .expect("hosts");
+        for t in &mut timings {
+            if mixed || rng.chance(0.2) {
+                t.max_lease = Some(max_t);
+            }
+        }
+        let host_rates = (0..hosts).map(|_| rate(&mut rng)).collect();
+        let store_rate = rate(&mut rng);
+        let slowest = timings
+            .iter()
+            .map(|t| {
+                let v = t.validate().expect("scenario timings are valid");
+                v.staleness_wait(max_t) + v.gap() * 2
+            })
+            .max()
+            .expect("hosts");
+        let failover = slowest.as_nanos() as u64 + 4 * renew_ms * MS;
+        let duration = (60 * SEC).max(10 * failover);
+        let store_timeout = renew_ms * MS * 2 / 5;
+        let benign = matches!(profile, Profile::Jitter | Profile::Lossy);
+        let mut s = Scenario {
+            seed,
+            hosts,
+            drift,
+            timings,
+            host_rates,
+            store_rate,
+            full_stops: extremes || rng.chance(0.3),
+            duration,
+            req_delay: (MS / 10, store_timeout / 6),
+            reply_delay: (MS / 10, store_timeout / 6),
+            late_replies: profile == Profile::LateAcks,
+            watch_delay: (MS / 10, store_timeout / 4),
+            req_loss: if benign { 0.0 } else { 0.01 },
+            reply_loss: if benign { 0.0 } else { 0.01 },
+            dup: 0.005,
+            replica_lag: if benign { 0 } else { store_timeout },
+            health_fail: if benign { 0.0 } else { 0.01 },
+            slow_check: if benign { 0.0 } else { 0.01 },
+            graceful_fail: 0.05,
+            activate_fail: if benign { 0.0 } else { 0.01 },
+            graceful_slowness: 1.3,
+            faults: vec![],
+            fault_gap: (failover / 4, failover),
+            liveness_probes: !benign,
+            expect_no_transitions: benign,
+            mutations,
+        };
+        use FaultKind::*;
+        s.faults = match profile {
+            Profile::Chaos => vec![
+                (HostCrash, 6),
+                (AgentKill, 5),
+                (Stall, 5),
+                (Partition, 5),
+                (OneWay, 4),
+                (StorePause, 3),
+                (Rollback, 1),
+                (Recreate, 1),
+                (NodeJump, 2),
+                (StoreJump, 2),
+                (Garbage, 1),
+                (Revoke, 1),
+                (HealthFlap, 4),
+                (Shutdown, 3),
+                (StaleView, 2),
+                (ChildExit, 2),
+                (HoldTraffic, 3),
+                (IsolateAndJump, 1),
+            ],
+            Profile::Jitter | Profile::Lossy => vec![],
+            Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
+            Profile::Skewed => vec![(Partition, 4), (Stall, 3), (HostCrash, 1), (AgentKill, 1)],
+            Profile::Mixed => vec![(Partition, 4), (Stall, 3), (HostCrash, 2), (Shutdown, 1)],
+            Profile::StaleView => vec![(StaleView, 6), (Partition, 1), (HostCrash, 1)],
+            Profile::StepDowns => vec![
+                (Shutdown, 5),
+                (HealthFlap, 5),
+                (ChildExit, 3),
+                (Partition, 2),
+                (HostCrash, 1),
+            ],
+            Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
+        };
+        if profile == Profile::Lossy {
+            s.req_loss = 0.01;
+            s.reply_loss = 0.03;
+        }
+        if profile == Profile::StepDowns {
+            s.graceful_fail = 0.1;
+            s.graceful_slowness = 2.0;
+            s.full_stops = true;
+        }
+        if profile == Profile::StaleView {
+            s.replica_lag = 0;
+        }
+        s
+    }
+}

@@ -1,0 +1,1540 @@
+//! The simulated world: hosts with drifting clocks, agents, keepers and
+//! services; a linearizable store with its own clock; a network that delays,
+//! drops, duplicates and holds messages; and the faults of the scenario.
+//!
+//! Real time is a `u64` of nanoseconds owned by the world. Every host reads
+//! its own [`Clock`]; agents only ever see their host's readings. Events run
+//! in (time, sequence) order, so a (profile, seed) pair replays exactly.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use putex_core::{
+    Agent, AgentConfig, Entry, Event, ExitReason, Hook, Identity, Input, KeeperCommand, Key,
+    LockRecord, LockState, Observed, OpId, Output, PreviousInstance, Reason, Role, StopId,
+    StopKind, StoreOp, StoreOutcome, StoreTime, Timing, Token,
+};
+
+use crate::check::Checker;
+use crate::clock::Clock;
+use crate::rng::Rng;
+use crate::scenario::{FaultKind, Scenario, MS, SEC};
+
+type Instant = putex_core::Instant;
+
+#[derive(Debug)]
+enum Ev {
+    Wake {
+        h: usize,
+        gen: u64,
+    },
+    Deliver {
+        h: usize,
+        gen: u64,
+        input: Input,
+    },
+    Arrive {
+        h: usize,
+        gen: u64,
+        id: OpId,
+        op: StoreOp,
+    },
+    KeeperCheck {
+        h: usize,
+        kgen: u64,
+    },
+    StopDone {
+        h: usize,
+        sgen: u64,
+    },
+    StallEnd {
+        h: usize,
+        gen: u64,
+    },
+    Restart {
+        h: usize,
+    },
+    Heal {
+        h: usize,
+        what: Heal,
+    },
+    Jump {
+        h: usize,
+        delta: i64,
+    },
+    Fault,
+    Probe,
+    LivenessDeadline {
+        id: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Heal {
+    Links,
+    Health,
+    StaleView,
+    StorePause,
+}
+
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeeperState {
+    Disarmed,
+    Armed(u64),
+    Fired,
+}
+
+struct StopProc {
+    done_at: u64,
+    ok: bool,
+    ids: Vec<StopId>,
+}
+
+/// What a host's disk keeps across agent restarts and reboots.
+#[derive(Default)]
+struct Persisted {
+    highest: Option<Token>,
+    instance: Option<String>,
+    boot: u64,
+}
+
+pub struct Host {
+    pub timing: Timing,
+    clock: Clock,
+    boot: u64,
+    agent: Option<Box<Agent>>,
+    agent_gen: u64,
+    instances: u64,
+    pub instance: String,
+    stalled_until: u64,
+    queued: VecDeque<Input>,
+    next_wake: Option<u64>,
+    keeper_alive: bool,
+    keeper: KeeperState,
+    kgen: u64,
+    pub running: bool,
+    sgen: u64,
+    stop: Option<StopProc>,
+    persisted: Persisted,
+    healthy: bool,
+    link_to: bool,
+    link_from: bool,
+    hold_until: u64,
+    stale_view_since: Option<u64>,
+    watch_last: u64,
+    restart_after_exit: Option<u64>,
+    op_keys: HashMap<OpId, Key>,
+    // Checker bookkeeping, per agent instance unless noted.
+    /// When each record (revision and contents: a rollback can reuse a
+    /// revision) was first delivered, on the host's clock.
+    pub first_seen: HashMap<(Token, u64), u64>,
+    pub absent_since: Option<u64>,
+    /// Highest lock token delivered by reads and watches (host-wide, like its disk).
+    pub max_seen: Option<Token>,
+    pub max_seen_before_tenure: Option<Token>,
+    /// Tokens that arrived below what the host had seen, or in a new epoch.
+    pub regressed: std::collections::HashSet<Token>,
+    pub tenure_token: Option<Token>,
+    /// Local time the tenure's acquisition was acknowledged.
+    pub tenure_ack: Option<u64>,
+    pub absent_before_tenure: Option<u64>,
+    pub activated_in_tenure: bool,
+    pub previous_instance: Option<String>,
+    pub transitions: u32,
+}
+
+impl Host {
+    pub fn local(&self, now: u64) -> u64 {
+        self.clock.local(now)
+    }
+    pub fn role(&self) -> Option<Role> {
+        self.agent.as_ref().map(|a| a.role())
+    }
+}
+
+/// A lock write the store applied, for the checkers.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    pub token: Token,
+    pub prev: Option<Entry>,
+    pub value: Vec<u8>,
+    /// For `released` records: whether the writer was active in its tenure
+    /// and its service was down when the release landed (H6).
+    pub proven: bool,
+}
+
+struct Version {
+    real: u64,
+    entry: Option<Entry>,
+}
+
+pub struct Store {
+    epoch: u64,
+    rev: u64,
+    versions: Vec<Version>,
+    probes: Vec<Option<Entry>>,
+    clock: Clock,
+    paused_until: u64,
+    pub log: Vec<Applied>,
+    admin_writes: u64,
+    /// The highest revision a rollback lost.
+    pub lost_high: Option<Token>,
+}
+
+impl Store {
+    fn current(&self) -> Option<&Entry> {
+        self.versions.last().and_then(|v| v.entry.as_ref())
+    }
+
+    fn as_of(&self, real: u64) -> Option<Entry> {
+        self.versions
+            .iter()
+            .rev()
+            .find(|v| v.real <= real)
+            .and_then(|v| v.entry.clone())
+    }
+
+    fn stamp(&mut self, now: u64) -> (Token, StoreTime) {
+        self.rev += 1;
+        (
+            Token::new(self.epoch, self.rev),
+            StoreTime {
+                era: 1,
+                nanos: self.clock.local(now),
+            },
+        )
+    }
+}
+
+pub struct World {
+    pub sc: Scenario,
+    rng: Rng,
+    pub now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    pub hosts: Vec<Host>,
+    pub store: Store,
+    pub check: Checker,
+    pub trace: Option<Vec<String>>,
+    calm_until: u64,
+    active_faults: u32,
+    last_instant_fault: u64,
+    last_clock_fault: u64,
+    probe_pending: bool,
+    liveness_id: u64,
+    pub faults_injected: u32,
+    /// Whether each release write was sent with proof (H6), by write id.
+    release_proofs: HashMap<String, bool>,
+}
+
+impl World {
+    pub fn new(sc: Scenario, trace: bool) -> World {
+        let mut rng = Rng::new(sc.seed.wrapping_mul(0x9e37_79b9) ^ 0xabcdef);
+        let hosts = (0..sc.hosts)
+            .map(|i| {
+                let timing = sc.timings[i].validate().expect("valid timing");
+                let boot_local = rng.range(SEC, 100 * SEC);
+                Host {
+                    timing,
+                    clock: Clock::new(0, boot_local, sc.host_rates[i]),
+                    boot: 1,
+                    agent: None,
+                    agent_gen: 0,
+                    instances: 0,
+                    instance: String::new(),
+                    stalled_until: 0,
+                    queued: VecDeque::new(),
+                    next_wake: None,
+                    keeper_alive: true,
+                    keeper: KeeperState::Disarmed,
+                    kgen: 0,
+                    running: false,
+                    sgen: 0,
+                    stop: None,
+                    persisted: Persisted::default(),
+                    healthy: true,
+                    link_to: true,
+                    link_from: true,
+                    hold_until: 0,
+                    stale_view_since: None,
+                    watch_last: 0,
+                    restart_after_exit: None,
+                    op_keys: HashMap::new(),
+                    first_seen: HashMap::new(),
+                    absent_since: None,
+                    max_seen: None,
+                    max_seen_before_tenure: None,
+                    regressed: Default::default(),
+                    tenure_token: None,
+                    tenure_ack: None,
+                    absent_before_tenure: None,
+                    activated_in_tenure: false,
+                    previous_instance: None,
+                    transitions: 0,
+                }
+            })
+            .collect();
+        let store = Store {
+            epoch: 1,
+            rev: 0,
+            versions: Vec::new(),
+            probes: vec![None; sc.hosts],
+            clock: Clock::new(0, 1_700_000_000 * SEC, sc.store_rate),
+            paused_until: 0,
+            log: Vec::new(),
+            admin_writes: 0,
+            lost_high: None,
+        };
+        let check = Checker::new(&sc);
+        let mut w = World {
+            sc,
+            rng,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            hosts,
+            store,
+            check,
+            trace: trace.then(Vec::new),
+            calm_until: 0,
+            active_faults: 0,
+            last_instant_fault: 0,
+            last_clock_fault: 0,
+            probe_pending: false,
+            liveness_id: 0,
+            faults_injected: 0,
+            release_proofs: HashMap::new(),
+        };
+        for h in 0..w.sc.hosts {
+            let start = w.rng.range(0, 200 * MS);
+            w.at(start, Ev::Restart { h });
+        }
+        if !w.sc.faults.is_empty() {
+            let first = w.sc.duration / 6 + w.rng.range(w.sc.fault_gap.0, w.sc.fault_gap.1);
+            w.at(first, Ev::Fault);
+        }
+        if w.sc.liveness_probes {
+            for frac in [25u64, 50, 75] {
+                w.at(w.sc.duration * frac / 100, Ev::Probe);
+            }
+        }
+        w
+    }
+
+    fn at(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled {
+            at: at.max(self.now),
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    fn log(&mut self, f: impl FnOnce() -> String) {
+        if let Some(t) = &mut self.trace {
+            t.push(format!("{:>10.4}s {}", self.now as f64 / 1e9, f()));
+        }
+    }
+
+    /// Runs to the end of the scenario or the first violation.
+    pub fn run(&mut self) -> Result<(), String> {
+        while let Some(Reverse(s)) = self.queue.pop() {
+            if s.at > self.sc.duration {
+                break;
+            }
+            self.now = s.at;
+            self.step(s.ev);
+            if let Some(v) = self.check.violation.take() {
+                self.log(|| format!("VIOLATION {v}"));
+                return Err(v);
+            }
+        }
+        self.now = self.sc.duration;
+        self.check.finish(self.now);
+        self.check.violation.take().map_or(Ok(()), Err)
+    }
+
+    fn step(&mut self, ev: Ev) {
+        match ev {
+            Ev::Wake { h, gen } => {
+                let host = &mut self.hosts[h];
+                if host.agent_gen != gen || host.next_wake != Some(self.now) {
+                    return;
+                }
+                host.next_wake = None;
+                if host.stalled_until > self.now {
+                    return;
+                }
+                let local = Instant::from_nanos(host.local(self.now));
+                if let Some(a) = host.agent.as_mut() {
+                    a.handle_timeout(local);
+                }
+                self.drain(h);
+            }
+            Ev::Deliver { h, gen, input } => self.deliver(h, gen, input),
+            Ev::Arrive { h, gen, id, op } => {
+                if self.store.paused_until > self.now {
+                    let at = self.store.paused_until + self.rng.range(0, MS);
+                    self.at(at, Ev::Arrive { h, gen, id, op });
+                    return;
+                }
+                self.apply(h, gen, id, op);
+            }
+            Ev::KeeperCheck { h, kgen } => self.keeper_check(h, kgen),
+            Ev::StopDone { h, sgen } => self.stop_done(h, sgen),
+            Ev::StallEnd { h, gen } => {
+                let host = &mut self.hosts[h];
+                if host.agent_gen != gen {
+                    return;
+                }
+                host.stalled_until = 0;
+                let queued: Vec<Input> = host.queued.drain(..).collect();
+                self.log(|| format!("h{h} resumes with {} queued inputs", queued.len()));
+                for input in queued {
+                    self.deliver(h, gen, input);
+                }
+                let host = &mut self.hosts[h];
+                let local = Instant::from_nanos(host.local(self.now));
+                if let Some(a) = host.agent.as_mut() {
+                    a.handle_timeout(local);
+                }
+                self.drain(h);
+            }
+            Ev::Restart { h } => self.start_agent(h),
+            Ev::Heal { h, what } => self.heal(h, what),
+            Ev::Jump { h, delta } => self.jump(h, delta),
+            Ev::Fault => self.inject(),
+            Ev::Probe => self.probe(),
+            Ev::LivenessDeadline { id } => self.check.liveness_deadline(id, self.now),
+        }
+    }
+
+    // ----- agents ------------------------------------------------------------
+
+    fn start_agent(&mut self, h: usize) {
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        if host.agent.is_some() {
+            return;
+        }
+        if !host.keeper_alive {
+            // A reboot: the boot-time clock starts again near zero.
+            let rate = host.clock.rate_ppm();
+            host.clock = Clock::new(now, self.rng.range(SEC, 10 * SEC), rate);
+            host.keeper_alive = true;
+            host.keeper = KeeperState::Disarmed;
+            host.kgen += 1;
+        }
+        host.instances += 1;
+        let instance = format!("h{h}i{}", host.instances);
+        let local = host.local(now);
+        let same_boot = host.persisted.boot == host.boot;
+        let previous = host.persisted.instance.clone().map(|i| PreviousInstance {
+            instance: i,
+            same_boot,
+            keeper_deadline: match host.keeper {
+                // Adopted only while it runs the service and is not stopping it.
+                KeeperState::Armed(d)
+                    if same_boot && local < d && host.running && host.stop.is_none() =>
+                {
+                    Some(Instant::from_nanos(d))
+                }
+                _ => None,
+            },
+        });
+        host.previous_instance = host.persisted.instance.clone();
+        host.persisted.instance = Some(instance.clone());
+        host.persisted.boot = host.boot;
+        host.instance = instance.clone();
+        host.agent_gen += 1;
+        host.first_seen.clear();
+        host.absent_since = None;
+        host.tenure_token = None;
+        host.activated_in_tenure = false;
+        host.stalled_until = 0;
+        host.queued.clear();
+        host.next_wake = None;
+        host.op_keys.clear();
+        let config = AgentConfig {
+            identity: Identity {
+                node: format!("node{h}"),
+                machine: format!("machine{h}"),
+                instance,
+            },
+            timing: host.timing.clone(),
+            previous: previous.clone(),
+            highest_token: host.persisted.highest,
+            mutations: self.sc.mutations,
+        };
+        host.agent = Some(Box::new(Agent::new(config, Instant::from_nanos(local))));
+        self.log(|| format!("h{h} agent starts (previous {previous:?})"));
+        self.drain(h);
+    }
+
+    fn deliver(&mut self, h: usize, gen: u64, input: Input) {
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        if host.agent_gen != gen || host.agent.is_none() {
+            return;
+        }
+        if host.stalled_until > now {
+            host.queued.push_back(input);
+            return;
+        }
+        self.note_input(h, &input);
+        let host = &mut self.hosts[h];
+        let local = Instant::from_nanos(host.local(now));
+        if self.trace.is_some() {
+            let text = describe_input(&input);
+            self.log(|| format!("h{h} <- {text}"));
+        }
+        let host = &mut self.hosts[h];
+        host.agent.as_mut().expect("checked").handle(local, input);
+        self.drain(h);
+    }
+
+    /// What the checkers need to know about what a host has seen.
+    fn note_input(&mut self, h: usize, input: &Input) {
+        let local = self.hosts[h].local(self.now);
+        let host = &mut self.hosts[h];
+        let entry = match input {
+            Input::Watch(e) => Some(e.as_ref()),
+            Input::Store {
+                id,
+                outcome: StoreOutcome::Read(e),
+            } if host.op_keys.get(id) == Some(&Key::Lock) => Some(e.as_ref()),
+            _ => None,
+        };
+        if let Input::Store { id, .. } = input {
+            host.op_keys.remove(id);
+        }
+        match entry {
+            Some(Some(e)) => {
+                host.first_seen
+                    .entry((e.token, fingerprint(&e.value)))
+                    .or_insert(local);
+                // Our own create can be seen (by the watch) before its reply.
+                let own = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == host.instance);
+                if !own {
+                    host.absent_since = None;
+                }
+                if own {
+                    return; // our own records say nothing about other holders
+                }
+                if let Some(m) = host.max_seen {
+                    if (e.token.epoch == m.epoch && e.token < m) || e.token.epoch > m.epoch {
+                        // Absent-like for this host (S6): a regression or a new epoch.
+                        host.regressed.insert(e.token);
+                    }
+                }
+                if host.max_seen.is_none_or(|m| e.token > m) {
+                    host.max_seen = Some(e.token);
+                }
+            }
+            Some(None) => {
+                host.absent_since.get_or_insert(local);
+            }
+            None => {}
+        }
+    }
+
+    fn drain(&mut self, h: usize) {
+        while let Some(out) = self.hosts[h].agent.as_mut().and_then(|a| a.poll_output()) {
+            self.output(h, out);
+        }
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        let Some(agent) = host.agent.as_ref() else {
+            return;
+        };
+        let Some(t) = agent.poll_timeout() else {
+            return;
+        };
+        let real = host.clock.real_at(t.as_nanos(), now);
+        if host.next_wake.is_none_or(|w| real < w || w < now) {
+            host.next_wake = Some(real);
+            let gen = host.agent_gen;
+            self.at(real, Ev::Wake { h, gen });
+        }
+    }
+
+    fn local_to_real(&self, h: usize, local: u64) -> u64 {
+        self.hosts[h].clock.real_at(local, self.now)
+    }
+
+    /// Real time after `dur` nanoseconds of host `h`'s clock.
+    fn after_local(&self, h: usize, dur: u64) -> u64 {
+        self.local_to_real(h, self.hosts[h].local(self.now) + dur)
+    }
+
+    fn output(&mut self, h: usize, out: Output) {
+        if self.trace.is_some() {
+            let text = describe_output(&out);
+            self.log(|| format!("h{h} -> {text}"));
+        }
+        let gen = self.hosts[h].agent_gen;
+        match out {
+            Output::Store(req) => {
+                let key = match &req.op {
+                    StoreOp::Get { key, .. }
+                    | StoreOp::Create { key, .. }
+                    | StoreOp::Update { key, .. }
+                    | StoreOp::Put { key, .. } => *key,
+                };
+                self.hosts[h].op_keys.insert(req.id, key);
+                if let StoreOp::Update { value, .. } = &req.op {
+                    // H6 is judged when the release is sent: it may land late.
+                    if let Observed::Record(r) = Observed::decode(value) {
+                        if r.state == LockState::Released {
+                            let host = &self.hosts[h];
+                            let proven = !host.running && host.activated_in_tenure;
+                            self.release_proofs.insert(r.write, proven);
+                        }
+                    }
+                }
+                self.send_request(h, gen, req.id, req.op);
+            }
+            Output::HealthCheck { id, deadline, .. } => {
+                let timeout = self.hosts[h].timing.healthcheck_timeout().as_nanos() as u64;
+                // Liveness windows measure a healthy cluster: no random failures.
+                let calm = self.now < self.calm_until;
+                let slow = !calm && self.rng.chance(self.sc.slow_check);
+                let dur = if slow {
+                    timeout * 3 / 2
+                } else {
+                    self.rng.range(MS / 10, timeout / 2)
+                };
+                let ok = self.hosts[h].healthy
+                    && !slow
+                    && (calm || !self.rng.chance(self.sc.health_fail));
+                let at = if slow {
+                    self.local_to_real(h, deadline.as_nanos())
+                } else {
+                    self.after_local(h, dur)
+                };
+                self.at(
+                    at,
+                    Ev::Deliver {
+                        h,
+                        gen,
+                        input: Input::Health { id, ok },
+                    },
+                );
+            }
+            Output::Fence { .. } => {
+                let dur = self.rng.range(MS / 10, 50 * MS);
+                let at = self.after_local(h, dur);
+                let input = Input::Hook {
+                    hook: Hook::Fence,
+                    ok: true,
+                };
+                self.at(at, Ev::Deliver { h, gen, input });
+            }
+            Output::Activate { token, .. } => {
+                self.on_activate(h, token);
+                let dur = self.rng.range(MS, 500 * MS);
+                let at = self.after_local(h, dur);
+                let input = Input::Hook {
+                    hook: Hook::Activate,
+                    ok: !self.rng.chance(self.sc.activate_fail),
+                };
+                self.at(at, Ev::Deliver { h, gen, input });
+            }
+            Output::Stop { id, kind, .. } => self.begin_stop(h, Some(id), kind),
+            Output::Keeper(cmd) => self.keeper(h, cmd),
+            Output::PersistHighest(t) => self.hosts[h].persisted.highest = Some(t),
+            Output::Event(e) => self.on_event(h, e),
+            Output::Exit(reason) => {
+                let host = &mut self.hosts[h];
+                host.agent = None;
+                host.agent_gen += 1;
+                host.next_wake = None;
+                if !matches!(reason, ExitReason::Shutdown { .. }) {
+                    self.check.fail(
+                        "exit",
+                        self.now,
+                        format!("h{h} exited unexpectedly: {reason:?}"),
+                    );
+                }
+                if let Some(delay) = self.hosts[h].restart_after_exit.take() {
+                    self.at(self.now + delay, Ev::Restart { h });
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, h: usize, e: Event) {
+        if let Event::Transition {
+            from,
+            to,
+            reason,
+            token,
+        } = &e
+        {
+            let local = self.hosts[h].local(self.now);
+            let host = &mut self.hosts[h];
+            host.transitions += 1;
+            if *to == Role::Confirming {
+                host.tenure_token = *token;
+                host.tenure_ack = Some(local);
+                host.absent_before_tenure = host.absent_since;
+                host.activated_in_tenure = false;
+                host.max_seen_before_tenure = host.max_seen;
+            }
+            if *to == Role::Active {
+                // Also a resume with an adopted keeper (no activation output).
+                host.activated_in_tenure = true;
+            }
+            self.check.transition(h, *from, *to, reason, self.now);
+        }
+    }
+
+    fn on_activate(&mut self, h: usize, token: Token) {
+        let now = self.now;
+        let local = self.hosts[h].local(now);
+        let running: Vec<usize> = (0..self.hosts.len())
+            .filter(|&o| o != h && self.hosts[o].running)
+            .collect();
+        // A store that lost acknowledged writes broke its contract. A node
+        // that never saw what was lost cannot know (S6 works only for those
+        // that did); only the fencing token protects then. Such activations
+        // are counted, not judged by (a) and (d).
+        let host = &self.hosts[h];
+        if let Some(lost) = self.store.lost_high {
+            if host.max_seen.is_none_or(|m| m < lost) && token <= lost {
+                self.check.stats.unwitnessed_rollbacks += 1;
+                let host = &mut self.hosts[h];
+                host.activated_in_tenure = true;
+                host.running = true;
+                self.check.activated(h, token, now);
+                return;
+            }
+        }
+        // (a) never two services at once.
+        if let Some(&o) = running.first() {
+            self.check.fail(
+                "a/overlap",
+                now,
+                format!("h{h} activates with token {token:?} while h{o}'s service still runs"),
+            );
+        }
+        // (b) tokens of successive holders increase; no one acts on a regressed one.
+        let host = &self.hosts[h];
+        self.check.token(h, token, host.max_seen_before_tenure, now);
+        // (d) not earlier than the node's own rules allow on its own clock.
+        let verdict = crate::check::earliest_activation(self, h, local);
+        if let Err(msg) = verdict {
+            self.check.fail("d/early", now, format!("h{h}: {msg}"));
+        }
+        let host = &mut self.hosts[h];
+        host.activated_in_tenure = true;
+        if !host.running {
+            host.running = true;
+        }
+        self.check.activated(h, token, now);
+    }
+
+    // ----- store and network -------------------------------------------------
+
+    fn send_request(&mut self, h: usize, gen: u64, id: OpId, op: StoreOp) {
+        let host = &self.hosts[h];
+        let calm = self.now < self.calm_until;
+        if !host.link_to || (!calm && self.rng.chance(self.sc.req_loss)) {
+            return;
+        }
+        let hold = host.hold_until;
+        let d = self.rng.range(self.sc.req_delay.0, self.sc.req_delay.1);
+        // Requests are never duplicated: the store contract says a conflict
+        // means "definitely not applied", which a replayed CAS would break.
+        // Replies are duplicated and reordered (see `reply`).
+        let at = (self.now + d).max(hold);
+        self.at(at, Ev::Arrive { h, gen, id, op });
+    }
+
+    fn reply(&mut self, h: usize, gen: u64, id: OpId, outcome: StoreOutcome) {
+        let host = &self.hosts[h];
+        let calm = self.now < self.calm_until;
+        if !host.link_from || (!calm && self.rng.chance(self.sc.reply_loss)) {
+            return;
+        }
+        let d = if self.sc.late_replies && !calm && self.rng.chance(0.5) {
+            let st = host.timing.store_timeout().as_nanos() as u64;
+            self.rng.range(st * 8 / 10, st * 98 / 100)
+        } else {
+            self.rng.range(self.sc.reply_delay.0, self.sc.reply_delay.1)
+        };
+        let at = (self.now + d).max(host.hold_until);
+        if self.rng.chance(self.sc.dup) {
+            let again = at + self.rng.range(0, 50 * MS);
+            let input = Input::Store {
+                id,
+                outcome: outcome.clone(),
+            };
+            self.at(again, Ev::Deliver { h, gen, input });
+        }
+        self.at(
+            at,
+            Ev::Deliver {
+                h,
+                gen,
+                input: Input::Store { id, outcome },
+            },
+        );
+    }
+
+    fn apply(&mut self, h: usize, gen: u64, id: OpId, op: StoreOp) {
+        let outcome = match op {
+            StoreOp::Get {
+                key: Key::Lock,
+                leader,
+            } => {
+                let entry = match self.hosts[h].stale_view_since {
+                    Some(since) if !leader => self.store.as_of(since),
+                    _ if !leader && self.sc.replica_lag > 0 => {
+                        let lag = self.rng.range(0, self.sc.replica_lag);
+                        self.store.as_of(self.now.saturating_sub(lag))
+                    }
+                    _ => self.store.current().cloned(),
+                };
+                StoreOutcome::Read(entry)
+            }
+            StoreOp::Get {
+                key: Key::Probe, ..
+            } => StoreOutcome::Read(self.store.probes[h].clone()),
+            StoreOp::Create {
+                key: Key::Lock,
+                value,
+            } => {
+                if self.store.current().is_some() {
+                    StoreOutcome::Conflict
+                } else {
+                    StoreOutcome::Written(self.write_lock(value))
+                }
+            }
+            StoreOp::Update {
+                key: Key::Lock,
+                value,
+                expected,
+            } => {
+                if self.store.current().map(|e| e.token) == Some(expected) {
+                    StoreOutcome::Written(self.write_lock(value))
+                } else {
+                    StoreOutcome::Conflict
+                }
+            }
+            StoreOp::Put {
+                key: Key::Lock,
+                value,
+            } => StoreOutcome::Written(self.write_lock(value)),
+            StoreOp::Put {
+                key: Key::Probe,
+                value,
+            }
+            | StoreOp::Create {
+                key: Key::Probe,
+                value,
+            } => {
+                let (token, time) = self.store.stamp(self.now);
+                self.store.probes[h] = Some(Entry { value, token, time });
+                StoreOutcome::Written(token)
+            }
+            StoreOp::Update {
+                key: Key::Probe, ..
+            } => StoreOutcome::Conflict,
+        };
+        self.reply(h, gen, id, outcome);
+    }
+
+    fn write_lock(&mut self, value: Vec<u8>) -> Token {
+        let (token, time) = self.store.stamp(self.now);
+        let prev = self.store.current().cloned();
+        let entry = Entry { value, token, time };
+        let proven = match Observed::decode(&entry.value) {
+            Observed::Record(r) if r.state == LockState::Released => {
+                self.release_proofs.get(&r.write).copied().unwrap_or(false)
+            }
+            _ => false,
+        };
+        self.store.log.push(Applied {
+            token,
+            prev,
+            value: entry.value.clone(),
+            proven,
+        });
+        self.store.versions.push(Version {
+            real: self.now,
+            entry: Some(entry.clone()),
+        });
+        self.broadcast(Some(entry));
+        token
+    }
+
+    fn broadcast(&mut self, entry: Option<Entry>) {
+        for h in 0..self.hosts.len() {
+            let host = &self.hosts[h];
+            if host.agent.is_none() || !host.link_from || host.stale_view_since.is_some() {
+                continue;
+            }
+            let d = self.rng.range(self.sc.watch_delay.0, self.sc.watch_delay.1);
+            let at = (self.now + d).max(host.watch_last).max(host.hold_until);
+            self.hosts[h].watch_last = at;
+            let gen = self.hosts[h].agent_gen;
+            self.at(
+                at,
+                Ev::Deliver {
+                    h,
+                    gen,
+                    input: Input::Watch(entry.clone()),
+                },
+            );
+        }
+    }
+
+    // ----- keeper and service --------------------------------------------------
+
+    fn keeper(&mut self, h: usize, cmd: KeeperCommand) {
+        let local = self.hosts[h].local(self.now);
+        let host = &mut self.hosts[h];
+        if !host.keeper_alive {
+            return;
+        }
+        let deadline = match (cmd, host.keeper) {
+            (KeeperCommand::Arm(d), _) => Some(d),
+            // The keeper refuses extensions that arrive after its deadline.
+            (KeeperCommand::Extend(d), KeeperState::Armed(cur)) if local < cur => Some(d),
+            (KeeperCommand::Extend(_), _) => None,
+            (KeeperCommand::Disarm, _) => {
+                host.keeper = KeeperState::Disarmed;
+                host.kgen += 1;
+                None
+            }
+        };
+        if let Some(d) = deadline {
+            host.keeper = KeeperState::Armed(d.as_nanos());
+            host.kgen += 1;
+            let kgen = host.kgen;
+            let at = self.local_to_real(h, d.as_nanos());
+            self.at(at, Ev::KeeperCheck { h, kgen });
+        }
+    }
+
+    fn keeper_check(&mut self, h: usize, kgen: u64) {
+        let local = self.hosts[h].local(self.now);
+        let host = &mut self.hosts[h];
+        if host.kgen != kgen || !host.keeper_alive {
+            return;
+        }
+        let KeeperState::Armed(d) = host.keeper else {
+            return;
+        };
+        if local < d {
+            let at = self.local_to_real(h, d);
+            self.at(at, Ev::KeeperCheck { h, kgen });
+            return;
+        }
+        host.keeper = KeeperState::Fired;
+        host.kgen += 1;
+        self.log(|| format!("h{h} keeper fires"));
+        self.begin_stop(h, None, StopKind::Emergency);
+        let gen = self.hosts[h].agent_gen;
+        self.at(
+            self.now,
+            Ev::Deliver {
+                h,
+                gen,
+                input: Input::KeeperFired,
+            },
+        );
+    }
+
+    fn begin_stop(&mut self, h: usize, id: Option<StopId>, kind: StopKind) {
+        let gen = self.hosts[h].agent_gen;
+        if !self.hosts[h].running && self.hosts[h].stop.is_none() {
+            if let Some(id) = id {
+                let dur = self.rng.range(MS / 10, 20 * MS);
+                let at = self.after_local(h, dur);
+                self.at(
+                    at,
+                    Ev::Deliver {
+                        h,
+                        gen,
+                        input: Input::Stopped { id, ok: true },
+                    },
+                );
+            }
+            return;
+        }
+        let timing = &self.hosts[h].timing;
+        let (dur, ok) = match kind {
+            StopKind::Emergency => {
+                let max = timing.emergency_timeout().as_nanos() as u64;
+                let d = if self.sc.full_stops {
+                    max
+                } else {
+                    self.rng.range(0, max)
+                };
+                (d, true)
+            }
+            StopKind::Graceful => {
+                let max = timing.stop_timeout().as_nanos() as f64 * self.sc.graceful_slowness;
+                (
+                    self.rng.range(MS, max as u64),
+                    !self.rng.chance(self.sc.graceful_fail),
+                )
+            }
+            StopKind::Startup => (self.rng.range(MS, 200 * MS), true),
+        };
+        let done_at = self.after_local(h, dur);
+        let host = &mut self.hosts[h];
+        let reschedule = match &mut host.stop {
+            Some(p) => {
+                if let Some(id) = id {
+                    p.ids.push(id);
+                }
+                // An emergency (or start-up) stop escalates a running
+                // graceful one: it ends by its own deadline and succeeds.
+                if kind != StopKind::Graceful {
+                    p.ok = true;
+                }
+                if done_at < p.done_at {
+                    p.done_at = done_at;
+                    p.ok = ok;
+                    true
+                } else {
+                    false
+                }
+            }
+            None => {
+                host.stop = Some(StopProc {
+                    done_at,
+                    ok,
+                    ids: id.into_iter().collect(),
+                });
+                true
+            }
+        };
+        if reschedule {
+            host.sgen += 1;
+            let sgen = host.sgen;
+            self.at(done_at, Ev::StopDone { h, sgen });
+        }
+    }
+
+    fn stop_done(&mut self, h: usize, sgen: u64) {
+        let host = &mut self.hosts[h];
+        if host.sgen != sgen {
+            return;
+        }
+        let Some(p) = host.stop.take() else { return };
+        if p.ok {
+            host.running = false;
+        }
+        let gen = host.agent_gen;
+        self.log(|| format!("h{h} stop done ok={}", p.ok));
+        for id in p.ids {
+            self.at(
+                self.now,
+                Ev::Deliver {
+                    h,
+                    gen,
+                    input: Input::Stopped { id, ok: p.ok },
+                },
+            );
+        }
+    }
+
+    // ----- faults ------------------------------------------------------------
+
+    fn holder(&self) -> Option<usize> {
+        (0..self.hosts.len()).find(|&h| self.hosts[h].role() == Some(Role::Active))
+    }
+
+    fn target(&mut self) -> usize {
+        match self.holder() {
+            Some(h) if self.rng.chance(0.6) => h,
+            _ => self.rng.range(0, self.hosts.len() as u64 - 1) as usize,
+        }
+    }
+
+    fn lease_of(&self, h: usize) -> u64 {
+        self.hosts[h].timing.lease().as_nanos() as u64
+    }
+
+    fn inject(&mut self) {
+        if self.now < self.calm_until || self.probe_pending {
+            let at = self.calm_until.max(self.now + SEC);
+            self.at(at, Ev::Fault);
+            return;
+        }
+        let total: u32 = self.sc.faults.iter().map(|f| f.1).sum();
+        let mut pick = self.rng.range(0, u64::from(total) - 1) as u32;
+        let mut kind = self.sc.faults[0].0;
+        for (k, w) in self.sc.faults.clone() {
+            if pick < w {
+                kind = k;
+                break;
+            }
+            pick -= w;
+        }
+        let h = self.target();
+        let t = self.lease_of(h);
+        // S1 (b) guards against one faulty clock at a time: the standby's or
+        // the store's. Both at once is outside the assumptions, so clock
+        // faults stay well apart (a staleness wait covers at most 2W).
+        let clock_fault = matches!(
+            kind,
+            FaultKind::NodeJump | FaultKind::StoreJump | FaultKind::IsolateAndJump
+        );
+        if clock_fault {
+            if self.now < self.last_clock_fault + 5 * self.check.failover_bound {
+                let next = self.now + self.rng.range(self.sc.fault_gap.0, self.sc.fault_gap.1);
+                self.at(next, Ev::Fault);
+                return;
+            }
+            self.last_clock_fault = self.now;
+        }
+        let r = self.hosts[h].timing.renew().as_nanos() as u64;
+        self.faults_injected += 1;
+        self.log(|| format!("FAULT {kind:?} on h{h}"));
+        use FaultKind::*;
+        match kind {
+            HostCrash => {
+                if self.hosts[h].agent.is_some() || self.hosts[h].keeper_alive {
+                    self.crash(h);
+                    let at = self.now + self.rng.range(t / 5, 2 * t);
+                    self.at(at, Ev::Restart { h });
+                }
+            }
+            AgentKill => {
+                if self.hosts[h].agent.is_some() {
+                    self.kill_agent(h);
+                    let at = self.now + self.rng.range(0, t * 3 / 2);
+                    self.at(at, Ev::Restart { h });
+                }
+            }
+            Stall => {
+                let base = *self.rng.pick(&[t / 2, t, 3 * t]);
+                let dur = self.rng.range(base * 8 / 10, base * 12 / 10);
+                let host = &mut self.hosts[h];
+                if host.agent.is_some() && host.stalled_until <= self.now {
+                    host.stalled_until = self.now + dur;
+                    let gen = host.agent_gen;
+                    self.at(self.now + dur, Ev::StallEnd { h, gen });
+                }
+            }
+            Partition | OneWay => {
+                let dur = self.rng.range(t / 2, 3 * t);
+                let host = &mut self.hosts[h];
+                if kind == Partition {
+                    host.link_to = false;
+                    host.link_from = false;
+                } else if self.rng.chance(0.5) {
+                    host.link_to = false;
+                } else {
+                    host.link_from = false;
+                }
+                self.active_faults += 1;
+                self.at(
+                    self.now + dur,
+                    Ev::Heal {
+                        h,
+                        what: Heal::Links,
+                    },
+                );
+            }
+            StorePause => {
+                let dur = self.rng.range(t / 10, 2 * t);
+                self.store.paused_until = self.now + dur;
+                self.active_faults += 1;
+                self.at(
+                    self.now + dur,
+                    Ev::Heal {
+                        h,
+                        what: Heal::StorePause,
+                    },
+                );
+            }
+            Rollback => {
+                let k = self.rng.range(1, 20);
+                let floor = self.store.versions.first().map_or(0, |v| {
+                    v.entry
+                        .as_ref()
+                        .map_or(0, |e| e.token.revision.saturating_sub(1))
+                });
+                let old_rev = self.store.rev;
+                let new_rev = old_rev.saturating_sub(k).max(floor);
+                self.store.rev = new_rev;
+                self.store
+                    .versions
+                    .retain(|v| v.entry.as_ref().is_none_or(|e| e.token.revision <= new_rev));
+                for p in &mut self.store.probes {
+                    if p.as_ref().is_some_and(|e| e.token.revision > new_rev) {
+                        *p = None;
+                    }
+                }
+                self.check.rollback_happened = true;
+                let high = Token::new(self.store.epoch, old_rev);
+                self.store.lost_high = Some(self.store.lost_high.map_or(high, |l| l.max(high)));
+                self.last_instant_fault = self.now;
+            }
+            Recreate => {
+                self.store.epoch += 1;
+                self.store.rev = 0;
+                self.store.versions.clear();
+                self.store.probes.iter_mut().for_each(|p| *p = None);
+                self.broadcast(None);
+                self.last_instant_fault = self.now;
+            }
+            NodeJump => {
+                // A faulty forward jump (no real time passes). S1 (b) makes it
+                // harmless for a standby's staleness wait; a holder's G' and
+                // licence are measured on its clock alone, so a jump there is
+                // outside the assumptions (rates within ε) and not injected.
+                if self.hosts[h].role() == Some(Role::Standby) {
+                    let delta = self.rng.range(t / 10, 2 * t) as i64;
+                    self.jump(h, delta);
+                    self.last_instant_fault = self.now;
+                }
+            }
+            StoreJump => {
+                let delta = self.rng.range(t / 10, 3 * t) as i64;
+                let delta = if self.rng.chance(0.5) { delta } else { -delta };
+                self.store.clock.jump(self.now, delta);
+                self.last_instant_fault = self.now;
+            }
+            Garbage => {
+                self.write_lock(b"\x00\xffnot a putex record".to_vec());
+                self.last_instant_fault = self.now;
+            }
+            Revoke => {
+                if let Some(Observed::Record(r)) =
+                    self.store.current().map(|e| Observed::decode(&e.value))
+                {
+                    self.store.admin_writes += 1;
+                    let revoked = LockRecord {
+                        state: LockState::Revoked,
+                        write: format!("admin-{}", self.store.admin_writes),
+                        ..r
+                    };
+                    self.write_lock(revoked.encode());
+                    self.last_instant_fault = self.now;
+                }
+            }
+            HealthFlap => {
+                let dur = self.rng.range(r, 3 * t);
+                self.hosts[h].healthy = false;
+                self.active_faults += 1;
+                self.at(
+                    self.now + dur,
+                    Ev::Heal {
+                        h,
+                        what: Heal::Health,
+                    },
+                );
+            }
+            Shutdown => {
+                let host = &mut self.hosts[h];
+                if host.agent.is_some() && host.restart_after_exit.is_none() {
+                    host.restart_after_exit = Some(self.rng.range(r, 2 * t));
+                    let gen = host.agent_gen;
+                    self.at(
+                        self.now,
+                        Ev::Deliver {
+                            h,
+                            gen,
+                            input: Input::Shutdown,
+                        },
+                    );
+                }
+            }
+            StaleView => {
+                if self.hosts[h].stale_view_since.is_none() {
+                    let dur = self.rng.range(t, 4 * t);
+                    self.hosts[h].stale_view_since = Some(self.now);
+                    self.active_faults += 1;
+                    self.at(
+                        self.now + dur,
+                        Ev::Heal {
+                            h,
+                            what: Heal::StaleView,
+                        },
+                    );
+                }
+            }
+            ChildExit => {
+                if let Some(a) = self.holder() {
+                    if self.hosts[a].running && self.hosts[a].stop.is_none() {
+                        self.hosts[a].running = false;
+                        let gen = self.hosts[a].agent_gen;
+                        self.at(
+                            self.now,
+                            Ev::Deliver {
+                                h: a,
+                                gen,
+                                input: Input::ServiceExited,
+                            },
+                        );
+                    }
+                }
+            }
+            HoldTraffic => {
+                let dur = self.rng.range(t, 2 * t);
+                self.hosts[h].hold_until = self.now + dur;
+                self.last_instant_fault = self.now + dur;
+            }
+            IsolateAndJump => {
+                if let Some(a) = self.holder() {
+                    let standbys: Vec<usize> = (0..self.hosts.len())
+                        .filter(|&b| self.hosts[b].role() == Some(Role::Standby))
+                        .collect();
+                    if !standbys.is_empty() {
+                        let b = *self.rng.pick(&standbys);
+                        let host = &mut self.hosts[a];
+                        host.link_to = false;
+                        host.link_from = false;
+                        self.active_faults += 1;
+                        let ta = self.lease_of(a);
+                        self.at(
+                            self.now + 3 * ta,
+                            Ev::Heal {
+                                h: a,
+                                what: Heal::Links,
+                            },
+                        );
+                        let w = self.hosts[b].timing.staleness_wait(
+                            self.hosts[a]
+                                .timing
+                                .lease()
+                                .max(self.hosts[b].timing.lease()),
+                        );
+                        let delta = w.as_nanos() as i64;
+                        let at = self.now + self.rng.range(0, r);
+                        self.at(at, Ev::Jump { h: b, delta });
+                        self.last_instant_fault = self.now;
+                    }
+                }
+            }
+        }
+        let next = self.now + self.rng.range(self.sc.fault_gap.0, self.sc.fault_gap.1);
+        self.at(next, Ev::Fault);
+    }
+
+    fn jump(&mut self, h: usize, delta: i64) {
+        self.log(|| format!("h{h} clock jumps {:.3}s", delta as f64 / 1e9));
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        host.clock.jump(now, delta);
+        // Timers computed from the old mapping fire late: re-arm them now.
+        host.next_wake = Some(now);
+        let gen = host.agent_gen;
+        let kgen = host.kgen;
+        self.at(now, Ev::Wake { h, gen });
+        self.at(now, Ev::KeeperCheck { h, kgen });
+    }
+
+    fn heal(&mut self, h: usize, what: Heal) {
+        self.active_faults = self.active_faults.saturating_sub(1);
+        match what {
+            Heal::Links => {
+                let host = &mut self.hosts[h];
+                let watch_back = !host.link_from;
+                host.link_to = true;
+                host.link_from = true;
+                if watch_back {
+                    self.rewatch(h);
+                }
+            }
+            Heal::Health => self.hosts[h].healthy = true,
+            Heal::StaleView => {
+                self.hosts[h].stale_view_since = None;
+                self.rewatch(h);
+            }
+            Heal::StorePause => {}
+        }
+    }
+
+    /// The watch is re-established from the last revision: deliver the present.
+    fn rewatch(&mut self, h: usize) {
+        let entry = self.store.current().cloned();
+        let gen = self.hosts[h].agent_gen;
+        let at = self.now.max(self.hosts[h].watch_last);
+        self.hosts[h].watch_last = at;
+        self.at(
+            at,
+            Ev::Deliver {
+                h,
+                gen,
+                input: Input::Watch(entry),
+            },
+        );
+    }
+
+    fn crash(&mut self, h: usize) {
+        self.log(|| format!("h{h} host crash"));
+        let host = &mut self.hosts[h];
+        host.running = false;
+        host.stop = None;
+        host.sgen += 1;
+        host.keeper_alive = false;
+        host.keeper = KeeperState::Disarmed;
+        host.kgen += 1;
+        host.boot += 1;
+        host.link_to = true;
+        host.link_from = true;
+        host.hold_until = 0;
+        host.stale_view_since = None;
+        host.restart_after_exit = None;
+        self.kill_agent(h);
+    }
+
+    fn kill_agent(&mut self, h: usize) {
+        let host = &mut self.hosts[h];
+        host.agent = None;
+        host.agent_gen += 1;
+        host.stalled_until = 0;
+        host.queued.clear();
+        host.next_wake = None;
+    }
+
+    /// (c): crash the active host in calm conditions; some node must be active
+    /// within the failover bound.
+    fn probe(&mut self) {
+        let calm = self.active_faults == 0
+            && self.store.paused_until <= self.now
+            && self.now > self.last_instant_fault + self.check.failover_bound * 2;
+        let holder = self.holder().filter(|&a| {
+            let host = &self.hosts[a];
+            host.running && host.stalled_until <= self.now && host.stop.is_none()
+        });
+        let standby_ready = (0..self.hosts.len()).any(|b| {
+            let host = &self.hosts[b];
+            Some(b) != holder
+                && host.role() == Some(Role::Standby)
+                && host.healthy
+                && host.stalled_until <= self.now
+        });
+        match holder {
+            Some(a) if calm && standby_ready => {
+                self.probe_pending = false;
+                self.liveness_id += 1;
+                let id = self.liveness_id;
+                let deadline = self.now + self.check.failover_bound;
+                self.calm_until = deadline;
+                self.log(|| {
+                    format!(
+                        "PROBE crash h{a}, someone must activate by {:.3}s",
+                        deadline as f64 / 1e9
+                    )
+                });
+                self.check.open_liveness(id, self.now, a);
+                self.crash(a);
+                let t = self.lease_of(a);
+                let at = deadline + self.rng.range(0, t);
+                self.at(at, Ev::Restart { h: a });
+                self.at(deadline, Ev::LivenessDeadline { id });
+            }
+            _ => {
+                // Hold further faults until the world is calm enough to measure.
+                self.probe_pending = true;
+                let r = self.hosts[0].timing.renew().as_nanos() as u64;
+                self.at(self.now + r, Ev::Probe);
+            }
+        }
+    }
+}
+
+/// A stable hash of a stored value, to tell reused revisions apart.
+pub fn fingerprint(value: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+fn describe_input(input: &Input) -> String {
+    match input {
+        Input::Store { id, outcome } => format!("store {id:?} {}", describe_outcome(outcome)),
+        Input::Watch(e) => format!("watch {}", describe_entry(e.as_ref())),
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe_outcome(o: &StoreOutcome) -> String {
+    match o {
+        StoreOutcome::Read(e) => format!("read {}", describe_entry(e.as_ref())),
+        other => format!("{other:?}"),
+    }
+}
+
+pub fn describe_entry(e: Option<&Entry>) -> String {
+    match e {
+        None => "absent".into(),
+        Some(e) => match Observed::decode(&e.value) {
+            Observed::Record(r) => format!(
+                "{:?} {} {:?} {} T={}ms G={}ms",
+                e.token, r.instance, r.state, r.write, r.lease_ms, r.gap_ms
+            ),
+            Observed::Garbage => format!("{:?} <garbage>", e.token),
+        },
+    }
+}
+
+fn describe_output(o: &Output) -> String {
+    match o {
+        Output::Store(r) => {
+            let op = match &r.op {
+                StoreOp::Get { key, leader } => format!("get {key:?} leader={leader}"),
+                StoreOp::Create { key, .. } => format!("create {key:?}"),
+                StoreOp::Update {
+                    key,
+                    expected,
+                    value,
+                } => format!(
+                    "update {key:?} expect {expected:?} {}",
+                    match Observed::decode(value) {
+                        Observed::Record(r) => format!("{:?} {}", r.state, r.write),
+                        Observed::Garbage => "?".into(),
+                    }
+                ),
+                StoreOp::Put { key, .. } => format!("put {key:?}"),
+            };
+            format!("{:?} {op}", r.id)
+        }
+        Output::Event(Event::Transition {
+            from,
+            to,
+            reason,
+            token,
+        }) => {
+            format!("{from} -> {to} ({}) {token:?}", describe_reason(reason))
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe_reason(r: &Reason) -> String {
+    format!("{r:?}")
+}
