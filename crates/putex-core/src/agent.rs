@@ -535,6 +535,8 @@ pub struct Agent {
     health: Option<HealthRun>,
     ok_streak: u32,
     fail_streak: u32,
+    /// Consecutive failed `active` checks: K of them step the holder down (H2).
+    active_fail_streak: u32,
 
     stop: Option<StopRun>,
     step_down_deadline: Option<Instant>,
@@ -575,6 +577,7 @@ impl Agent {
             health: None,
             ok_streak: 0,
             fail_streak: 0,
+            active_fail_streak: 0,
             stop: None,
             step_down_deadline: None,
             release_after_stop: false,
@@ -753,6 +756,8 @@ impl Agent {
                     },
                 });
                 self.start_step = None;
+                // Resumed: the previous instance has no more say (S5).
+                self.previous = None;
                 self.set_role(Role::Active, Reason::Resumed, Some(token));
                 self.renew_now();
             }
@@ -1017,6 +1022,11 @@ impl Agent {
             self.fail_streak = self.fail_streak.saturating_add(1);
             self.ok_streak = 0;
         }
+        // Only `active` checks count towards K: a service still starting
+        // (standby checks during activation and --start-grace) is not unhealthy.
+        if run.mode == HealthMode::Active {
+            self.active_fail_streak = if ok { 0 } else { self.active_fail_streak + 1 };
+        }
         match self.role {
             Role::Confirming | Role::Active if ok => self.renew_now(),
             Role::Confirming if self.fail_streak >= self.timing.unhealthy() => {
@@ -1025,7 +1035,7 @@ impl Agent {
             }
             Role::Active
                 if run.mode == HealthMode::Active
-                    && self.fail_streak >= self.timing.unhealthy() =>
+                    && self.active_fail_streak >= self.timing.unhealthy() =>
             {
                 self.step_down(Reason::Unhealthy);
             }
@@ -1299,6 +1309,7 @@ impl Agent {
         let tenure = self.tenure.as_mut().expect("present");
         tenure.active_token = Some(token);
         tenure.service = Service::Fencing { deadline };
+        self.active_fail_streak = 0;
         self.set_role(Role::Active, Reason::Activated, Some(token));
         self.outputs
             .push_back(Output::Keeper(KeeperCommand::Arm(licence_end)));
@@ -1433,10 +1444,9 @@ impl Agent {
         if self.now >= lease.licence_end {
             return;
         }
-        if self.lock_op.is_some() {
-            // Wait for the outstanding write; the release goes out after it.
-            self.lock_op = None;
-        }
+        // An outstanding renewal is abandoned: if it lands, the release
+        // conflicts and the lock goes stale the slow, safe way (H6).
+        self.lock_op = None;
         let write = self.write_id();
         self.send_lock(LockOp::Release { write }, self.deadline());
     }
@@ -1609,9 +1619,6 @@ impl Agent {
             self.probe = None;
             self.probe_op = None;
         }
-        if self.role == Role::Standby && self.previous.is_some() {
-            self.maybe_resume_without_keeper();
-        }
     }
 
     /// While confirming: if the revision our acquisition replaced shows up
@@ -1668,7 +1675,10 @@ impl Agent {
             return;
         };
         let Some(seen) = &self.seen else { return };
+        // A record that reached us through a regression is not evidence of
+        // anything (S6): it is judged as absent, never resumed.
         let resumable = prev.same_boot
+            && !seen.absent_like
             && matches!(&seen.observed, Some(Observed::Record(r))
                 if r.instance == prev.instance && r.node == self.id.node
                     && r.machine == self.id.machine && r.state == LockState::Active);
@@ -1734,6 +1744,12 @@ impl Agent {
     fn standby_try_acquire(&mut self) {
         if !self.eligible() {
             return;
+        }
+        if self.previous.is_some() {
+            self.maybe_resume_without_keeper();
+            if self.lock_op.is_some() {
+                return;
+            }
         }
         let Some(seen) = self.seen.clone() else {
             return;

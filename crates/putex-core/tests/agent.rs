@@ -1,0 +1,490 @@
+//! Scenario tests of the agent, one rule at a time, with a hand-driven store.
+//!
+//! The simulation (`tests/sim`) hammers the same rules with random faults;
+//! these tests spell out single timelines so that a reader can see each rule
+//! at work: S4 on first use, S3 over a release, S1 with its two witnesses, S2,
+//! H1's licence from the send time, H3/H4 on conflicts.
+
+use std::time::Duration;
+
+use putex_core::{
+    Agent, AgentConfig, Entry, HealthMode, Identity, Input, LockRecord, LockState, Observed, OpId,
+    Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing, TimingConfig, Token,
+};
+
+const SEC: u64 = 1_000_000_000;
+
+fn at(secs: f64) -> putex_core::Instant {
+    putex_core::Instant::from_nanos((secs * 1e9) as u64)
+}
+
+fn timing() -> Timing {
+    // R = 1 s, F = 10, C = 2: T = 10 s, G = 2 s, ε = 1 %: W ≈ 10.202 s.
+    TimingConfig::default().validate().unwrap()
+}
+
+/// One agent and everything it asked for that is still unanswered.
+struct Harness {
+    agent: Agent,
+    now: f64,
+    out: Vec<Output>,
+}
+
+impl Harness {
+    fn new(node: &str) -> Harness {
+        let config = AgentConfig {
+            identity: Identity {
+                node: node.into(),
+                machine: format!("{node}-machine"),
+                instance: format!("{node}-i1"),
+            },
+            timing: timing(),
+            previous: None,
+            highest_token: None,
+            mutations: Default::default(),
+        };
+        let mut h = Harness {
+            agent: Agent::new(config, at(100.0)),
+            now: 100.0,
+            out: Vec::new(),
+        };
+        h.drain();
+        // S5: the service is made sure to be stopped first.
+        let stop = h.take(|o| {
+            matches!(
+                o,
+                Output::Stop {
+                    kind: StopKind::Startup,
+                    ..
+                }
+            )
+        });
+        let Output::Stop { id, .. } = stop else {
+            unreachable!()
+        };
+        h.input(Input::Stopped { id, ok: true });
+        assert_eq!(h.agent.role(), Role::Standby);
+        h
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.agent.poll_output() {
+            self.out.push(o);
+        }
+    }
+
+    fn input(&mut self, input: Input) {
+        self.agent.handle(at(self.now), input);
+        self.drain();
+    }
+
+    /// Moves time forward, waking the agent at every timeout on the way.
+    fn advance_to(&mut self, t: f64) {
+        while let Some(next) = self.agent.poll_timeout() {
+            let next = next.as_nanos() as f64 / 1e9;
+            if next > t {
+                break;
+            }
+            self.now = next.max(self.now);
+            self.agent.handle_timeout(at(self.now));
+            self.drain();
+        }
+        self.now = t;
+        self.agent.handle_timeout(at(t));
+        self.drain();
+    }
+
+    fn take(&mut self, pred: impl Fn(&Output) -> bool) -> Output {
+        let i = self
+            .out
+            .iter()
+            .position(pred)
+            .unwrap_or_else(|| panic!("expected output not found in {:#?}", self.out));
+        self.out.remove(i)
+    }
+
+    fn find(&self, pred: impl Fn(&Output) -> bool) -> bool {
+        self.out.iter().any(pred)
+    }
+
+    /// Answers every pending health check.
+    fn health(&mut self, ok: bool) {
+        while let Some(i) = self
+            .out
+            .iter()
+            .position(|o| matches!(o, Output::HealthCheck { .. }))
+        {
+            let Output::HealthCheck { id, .. } = self.out.remove(i) else {
+                unreachable!()
+            };
+            self.input(Input::Health { id, ok });
+        }
+    }
+
+    /// The next store request.
+    fn store(&mut self) -> (OpId, StoreOp) {
+        match self.take(|o| matches!(o, Output::Store(_))) {
+            Output::Store(r) => (r.id, r.op),
+            _ => unreachable!(),
+        }
+    }
+
+    fn reply(&mut self, id: OpId, outcome: StoreOutcome) {
+        self.input(Input::Store { id, outcome });
+    }
+
+    /// Drops every pending request (they are left unanswered).
+    fn forget_store(&mut self) {
+        self.out.retain(|o| !matches!(o, Output::Store(_)));
+    }
+
+    fn activated(&self) -> bool {
+        self.find(|o| matches!(o, Output::Fence { .. }))
+    }
+}
+
+fn entry(record: &LockRecord, revision: u64, store_secs: f64) -> Entry {
+    Entry {
+        value: record.encode(),
+        token: Token::new(1, revision),
+        time: StoreTime {
+            era: 1,
+            nanos: (store_secs * 1e9) as u64,
+        },
+    }
+}
+
+fn holder(state: LockState, lease_ms: u64) -> LockRecord {
+    LockRecord {
+        v: 1,
+        node: "other".into(),
+        machine: "other-machine".into(),
+        instance: "other-i1".into(),
+        state,
+        write: "other-i1-1".into(),
+        lease_ms,
+        gap_ms: 2000,
+    }
+}
+
+/// Runs a standby round: health check passes, the poll reads `found`.
+fn look(h: &mut Harness, found: Option<Entry>) {
+    h.health(true);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Read(found));
+}
+
+#[test]
+fn s4_first_use_waits_w_plus_g_after_creating() {
+    let mut h = Harness::new("a");
+    look(&mut h, None);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Create { .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 1)));
+    assert_eq!(h.agent.role(), Role::Confirming);
+    // Keep renewing through the wait; W(10 s) + G = 12.202 s.
+    let mut revision = 1;
+    for second in 1..=12 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        if let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            revision += 1;
+            h.reply(r.id, StoreOutcome::Written(Token::new(1, revision)));
+        }
+        assert!(!h.activated(), "activated {second} s after creating");
+    }
+    h.advance_to(112.3);
+    assert!(h.activated());
+    assert_eq!(h.agent.role(), Role::Active);
+}
+
+#[test]
+fn s3_a_released_record_is_taken_and_activated_at_once() {
+    let mut h = Harness::new("a");
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, op) = h.store();
+    let StoreOp::Update {
+        expected, value, ..
+    } = op
+    else {
+        panic!("{op:?}")
+    };
+    assert_eq!(expected, Token::new(1, 7));
+    let Observed::Record(r) = Observed::decode(&value) else {
+        panic!()
+    };
+    assert_eq!(r.state, LockState::Confirming);
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    let fence = h.take(|o| matches!(o, Output::Fence { .. }));
+    assert!(matches!(fence, Output::Fence { token, .. } if token == Token::new(1, 8)));
+    assert_eq!(h.agent.role(), Role::Active);
+}
+
+#[test]
+fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
+    let mut h = Harness::new("a");
+    // The holder advertises T = 20 s, more than our 10 s: W = 20·1.01/0.99.
+    let held = entry(&holder(LockState::Active, 20_000), 5, 1000.0);
+    look(&mut h, Some(held.clone()));
+    let w = 20.0 * 1.01 / 0.99;
+    // (a) not before W on our clock, whatever we poll.
+    for second in 1..=20 {
+        h.advance_to(100.0 + f64::from(second));
+        // Every poll still shows the same revision.
+        look(&mut h, Some(held.clone()));
+        assert!(
+            !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Put { .. } | StoreOp::Update { .. }))),
+            "probed or took over {second} s after first seeing the record"
+        );
+    }
+    h.advance_to(100.0 + w + 0.001);
+    // (b) the probe: the store's clock says only 15 s passed — not yet.
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Put { .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 6)));
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    let probe = Entry {
+        value: b"{}".to_vec(),
+        token: Token::new(1, 6),
+        time: StoreTime {
+            era: 1,
+            nanos: 1015 * SEC,
+        },
+    };
+    h.reply(id, StoreOutcome::Read(Some(probe)));
+    assert!(!h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))));
+    // A second probe a round later shows W on the store's clock too.
+    h.advance_to(100.0 + w + 0.9);
+    look(&mut h, Some(held.clone()));
+    h.advance_to(100.0 + w + 1.1);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Put { .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 7)));
+    let (id, _) = h.store();
+    let probe = Entry {
+        value: b"{}".to_vec(),
+        token: Token::new(1, 7),
+        time: StoreTime {
+            era: 1,
+            nanos: 1021 * SEC,
+        },
+    };
+    h.reply(id, StoreOutcome::Read(Some(probe)));
+    let (id, op) = h.store();
+    let StoreOp::Update { expected, .. } = op else {
+        panic!("{op:?}")
+    };
+    assert_eq!(expected, Token::new(1, 5), "a CAS on the stale revision");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    assert_eq!(h.agent.role(), Role::Confirming);
+    // S2: G' (2 s) of renewals before the fence and activate hooks.
+    let taken = h.now;
+    h.advance_to(taken + 1.9);
+    assert!(!h.activated());
+    h.advance_to(taken + 2.01);
+    assert!(h.activated());
+}
+
+/// Holds the lock (over a released record) and returns the harness.
+fn holding() -> Harness {
+    let mut h = Harness::new("a");
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    let _ = h.take(|o| matches!(o, Output::Fence { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Fence,
+        ok: true,
+    });
+    let _ = h.take(|o| matches!(o, Output::Activate { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Activate,
+        ok: true,
+    });
+    h.out.clear();
+    h
+}
+
+#[test]
+fn h1_the_licence_runs_from_the_send_time_and_a_late_ack_restores_nothing() {
+    let mut h = holding();
+    // The acquisition was sent at 100 s: the licence ends at 110 s. Every
+    // renewal from now on goes unanswered.
+    for second in 1..=9 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        assert_eq!(h.agent.role(), Role::Active);
+    }
+    let (late_id, _) = h.store();
+    h.forget_store();
+    h.advance_to(110.0);
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Stop {
+            kind: StopKind::Emergency,
+            ..
+        }
+    )));
+    // The reply to a renewal sent at 109 s arrives now: it restores nothing.
+    h.reply(late_id, StoreOutcome::Written(Token::new(1, 20)));
+    assert_eq!(h.agent.role(), Role::Lapsed);
+}
+
+#[test]
+fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
+    let mut h = holding();
+    // --start-grace is 5 s: standby checks until 105 s, which do not count.
+    h.advance_to(104.5);
+    h.out.clear();
+    for second in 5..=7 {
+        h.advance_to(100.0 + f64::from(second));
+        let check = h.take(|o| matches!(o, Output::HealthCheck { .. }));
+        let Output::HealthCheck { id, mode, .. } = check else {
+            unreachable!()
+        };
+        assert_eq!(mode, HealthMode::Active);
+        h.input(Input::Health { id, ok: false });
+        h.forget_store();
+    }
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    let stop = h.take(|o| {
+        matches!(
+            o,
+            Output::Stop {
+                kind: StopKind::Graceful,
+                ..
+            }
+        )
+    });
+    let Output::Stop { id, .. } = stop else {
+        unreachable!()
+    };
+    h.input(Input::Stopped { id, ok: true });
+    let (id, op) = h.store();
+    let StoreOp::Update { value, .. } = op else {
+        panic!("{op:?}")
+    };
+    assert!(
+        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 30)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn h6_a_failed_graceful_stop_writes_no_release() {
+    let mut h = holding();
+    h.input(Input::ServiceExited);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    let stop = h.take(|o| {
+        matches!(
+            o,
+            Output::Stop {
+                kind: StopKind::Graceful,
+                ..
+            }
+        )
+    });
+    let Output::Stop { id, .. } = stop else {
+        unreachable!()
+    };
+    h.forget_store();
+    h.input(Input::Stopped { id, ok: false });
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Stop {
+            kind: StopKind::Emergency,
+            ..
+        }
+    )));
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(_))),
+        "no release without proof"
+    );
+}
+
+#[test]
+fn h3_h4_a_conflict_with_our_own_landed_write_is_adopted_a_foreign_one_is_lost() {
+    let mut h = holding();
+    // A renewal times out (unknown), but it landed.
+    h.advance_to(101.0);
+    h.health(true);
+    let (id, op) = h.store();
+    let StoreOp::Update { value, .. } = op else {
+        panic!("{op:?}")
+    };
+    h.reply(id, StoreOutcome::Unknown);
+    let landed = Entry {
+        value,
+        token: Token::new(1, 9),
+        time: StoreTime {
+            era: 1,
+            nanos: 60 * SEC,
+        },
+    };
+    // The next round first reads from the leader and adopts it (H4).
+    h.advance_to(102.0);
+    h.health(true);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Read(Some(landed)));
+    assert_eq!(h.agent.role(), Role::Active);
+    assert_eq!(
+        h.agent.licence_end(),
+        Some(at(111.0)),
+        "licence from the unknown write's send time"
+    );
+    let (id, op) = h.store();
+    let StoreOp::Update { expected, .. } = op else {
+        panic!("{op:?}")
+    };
+    assert_eq!(expected, Token::new(1, 9));
+    // This CAS conflicts: someone else's write is there (H3).
+    h.reply(id, StoreOutcome::Conflict);
+    let (id, _) = h.store();
+    h.reply(
+        id,
+        StoreOutcome::Read(Some(entry(
+            &holder(LockState::Confirming, 10_000),
+            10,
+            70.0,
+        ))),
+    );
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    assert!(h.out.iter().any(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::Transition {
+            reason: Reason::Lost(_),
+            ..
+        })
+    )));
+}
+
+#[test]
+fn store_deadlines_never_reach_past_the_licence() {
+    let mut h = holding();
+    for second in 1..=9 {
+        h.advance_to(100.0 + f64::from(second) + 0.95);
+        h.health(true);
+        for o in &h.out {
+            if let Output::Store(r) = o {
+                assert!(r.deadline <= at(110.0), "H5: deadline {:?}", r.deadline);
+            }
+        }
+        h.forget_store();
+    }
+    let _ = Duration::ZERO;
+}
