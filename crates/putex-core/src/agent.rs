@@ -237,7 +237,15 @@ pub enum Reason {
     /// Took a free (`released`) record (S3).
     AcquiredReleased,
     /// Took a stale record after both witnesses (S1).
-    AcquiredStale,
+    AcquiredStale {
+        /// The revision that went stale.
+        revision: Token,
+        /// How long this node saw it unchanged, on its own clock (S1 a).
+        unchanged_for: Duration,
+        /// Its age on the store's clock at the last probe (S1 b); `None`
+        /// when the store's clocks could not be compared.
+        store_age: Option<Duration>,
+    },
     /// Created an absent record, or took one after a store regression (S4/S6).
     AcquiredAbsent,
     /// Took over the previous instance's record (S5).
@@ -270,6 +278,53 @@ pub enum Reason {
     ReleaseFailed,
     /// The emergency stop finished.
     Stopped,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = |d: &Duration| format!("{:.2}s", d.as_secs_f64());
+        match self {
+            Reason::Started => f.write_str("started; the service is not running here"),
+            Reason::AcquiredReleased => f.write_str("lock released by its holder (S3)"),
+            Reason::AcquiredStale {
+                revision,
+                unchanged_for,
+                store_age,
+            } => {
+                write!(
+                    f,
+                    "lock stale: rev {revision} unchanged for {}",
+                    secs(unchanged_for)
+                )?;
+                match store_age {
+                    Some(age) => write!(f, ", store age {}", secs(age)),
+                    None => f.write_str(", store clock not comparable"),
+                }
+            }
+            Reason::AcquiredAbsent => {
+                f.write_str("no usable lock record (first use, or the store lost it: S4/S6)")
+            }
+            Reason::Resumed => f.write_str("resumed this host's previous tenure (S5)"),
+            Reason::Activated => f.write_str("fencing gap passed (S2)"),
+            Reason::LicenceEnded => f.write_str("licence ended without a newer renewal (H1)"),
+            Reason::Lost(why) => write!(f, "lock lost: {why} (H3)"),
+            Reason::Unhealthy => f.write_str("health checks failed K times in a row (H2)"),
+            Reason::Shutdown => f.write_str("shutdown requested"),
+            Reason::ServiceExited => f.write_str("the service exited on its own"),
+            Reason::ActivationFailed => f.write_str("the fence or activate hook failed"),
+            Reason::StopTimedOut => f.write_str("graceful stop exceeded --stop-timeout (H2)"),
+            Reason::StopFailed => {
+                f.write_str("graceful stop did not prove the service stopped (H6)")
+            }
+            Reason::KeeperFired => f.write_str("the keeper reached the licence deadline"),
+            Reason::KeeperLost => f.write_str("the keeper died"),
+            Reason::Released => f.write_str("service stopped; lock released (H6)"),
+            Reason::ReleaseFailed => f.write_str(
+                "service stopped; the release could not be written, the lock will go stale",
+            ),
+            Reason::Stopped => f.write_str("emergency stop finished"),
+        }
+    }
 }
 
 /// Something operators and tests want to know about.
@@ -383,6 +438,8 @@ struct Acquire {
     owed_lease: Duration,
     owed_gap: Duration,
     previous: Option<String>,
+    /// Why a stale record was judged stale, for the transition's reason.
+    evidence: Option<(Duration, Option<Duration>)>,
     /// The record this acquisition expected to replace. After a store
     /// rollback a revision can be reused; if that revision turns out to hold
     /// other contents, the CAS may have hit a record we never judged (S6).
@@ -446,7 +503,7 @@ enum LockOp {
     Acquire {
         write: String,
         sent: Instant,
-        acquire: Acquire,
+        acquire: Box<Acquire>,
     },
     Renew {
         write: String,
@@ -537,6 +594,11 @@ pub struct Agent {
     fail_streak: u32,
     /// Consecutive failed `active` checks: K of them step the holder down (H2).
     active_fail_streak: u32,
+    /// Health step-downs since the last passing `active` check.
+    health_stepdowns: u32,
+    /// After a health step-down, no acquisition before this: a service that
+    /// is broken everywhere must not rotate the lock forever.
+    backoff_until: Option<Instant>,
 
     stop: Option<StopRun>,
     step_down_deadline: Option<Instant>,
@@ -578,6 +640,8 @@ impl Agent {
             ok_streak: 0,
             fail_streak: 0,
             active_fail_streak: 0,
+            health_stepdowns: 0,
+            backoff_until: None,
             stop: None,
             step_down_deadline: None,
             release_after_stop: false,
@@ -685,6 +749,7 @@ impl Agent {
         }
         if self.role == Role::Standby {
             consider(self.staleness_due());
+            consider(self.backoff_until);
         }
         Some(next)
     }
@@ -746,6 +811,7 @@ impl Agent {
                         owed_lease: self.timing.lease(),
                         owed_gap: self.timing.gap(),
                         previous: None,
+                        evidence: None,
                         over: None,
                     },
                     activate_at: self.now,
@@ -1026,17 +1092,22 @@ impl Agent {
         // (standby checks during activation and --start-grace) is not unhealthy.
         if run.mode == HealthMode::Active {
             self.active_fail_streak = if ok { 0 } else { self.active_fail_streak + 1 };
+            if ok {
+                self.health_stepdowns = 0;
+            }
         }
         match self.role {
             Role::Confirming | Role::Active if ok => self.renew_now(),
             Role::Confirming if self.fail_streak >= self.timing.unhealthy() => {
                 // Leaving confirming: it never activated, so no release (H6).
+                self.back_off();
                 self.leave_confirming(Reason::Unhealthy);
             }
             Role::Active
                 if run.mode == HealthMode::Active
                     && self.active_fail_streak >= self.timing.unhealthy() =>
             {
+                self.back_off();
                 self.step_down(Reason::Unhealthy);
             }
             _ => {}
@@ -1113,7 +1184,7 @@ impl Agent {
                 write,
                 sent,
                 acquire,
-            } => self.on_acquire_outcome(write, sent, acquire, outcome),
+            } => self.on_acquire_outcome(write, sent, *acquire, outcome),
             LockOp::Renew { write, sent } => self.on_renew_outcome(write, sent, outcome),
             LockOp::Release { .. } => self.on_release_outcome(outcome),
         }
@@ -1692,6 +1763,7 @@ impl Agent {
             owed_lease: self.timing.lease(),
             owed_gap: self.timing.gap(),
             previous: None,
+            evidence: None,
             over: None,
         });
     }
@@ -1739,6 +1811,20 @@ impl Agent {
             && !self.shutdown
             && self.ok_streak >= self.timing.successes()
             && self.lock_op.is_none()
+            && self.backoff_until.is_none_or(|b| self.now >= b)
+    }
+
+    /// After a health step-down: wait T, doubling with each repeat up to 16 T,
+    /// before acquiring again. A passing `active` check resets the count.
+    fn back_off(&mut self) {
+        self.health_stepdowns = self.health_stepdowns.saturating_add(1);
+        let factor = 1u32 << (self.health_stepdowns.min(5) - 1);
+        self.backoff_until = Some(self.now + self.timing.lease() * factor);
+    }
+
+    /// When a node that stepped down for health may acquire again.
+    pub fn backoff_until(&self) -> Option<Instant> {
+        self.backoff_until.filter(|b| *b > self.now)
     }
 
     fn standby_try_acquire(&mut self) {
@@ -1779,6 +1865,7 @@ impl Agent {
                 owed_lease,
                 owed_gap,
                 previous,
+                evidence: None,
                 over: None,
             });
         }
@@ -1791,6 +1878,7 @@ impl Agent {
                 owed_lease: self.timing.lease(),
                 owed_gap: Duration::ZERO,
                 previous,
+                evidence: None,
                 over: None,
             });
         }
@@ -1802,11 +1890,20 @@ impl Agent {
         match self.probe_verdict(&seen, w) {
             ProbeVerdict::Stale => {
                 let owed_gap = gap_of(&self.timing, &seen.observed);
+                let unchanged_for = self.now.saturating_since(seen.first_seen);
+                let store_age = match (self.probe, seen.entry) {
+                    (Some(p), Some((_, time))) => match p.time.gap_since(time) {
+                        StoreGap::Forward(age) => Some(age),
+                        StoreGap::Backwards | StoreGap::Unbounded => None,
+                    },
+                    _ => None,
+                };
                 self.acquire(Acquire {
                     kind: AcquireKind::Stale,
                     owed_lease: self.timing.lease(),
                     owed_gap,
                     previous,
+                    evidence: Some((unchanged_for, store_age)),
                     over: None,
                 });
             }
@@ -1911,7 +2008,7 @@ impl Agent {
             LockOp::Acquire {
                 write,
                 sent,
-                acquire,
+                acquire: Box::new(acquire),
             },
             deadline,
         );
@@ -1989,7 +2086,14 @@ impl Agent {
         self.probe_op = None;
         let reason = match acquire.kind {
             AcquireKind::Released => Reason::AcquiredReleased,
-            AcquireKind::Stale => Reason::AcquiredStale,
+            AcquireKind::Stale => {
+                let (unchanged_for, store_age) = acquire.evidence.unwrap_or_default();
+                Reason::AcquiredStale {
+                    revision: acquire.over.as_ref().map_or(token, |o| o.0),
+                    unchanged_for,
+                    store_age,
+                }
+            }
             AcquireKind::Absent => Reason::AcquiredAbsent,
             AcquireKind::Resume => Reason::Resumed,
         };

@@ -486,5 +486,60 @@ fn store_deadlines_never_reach_past_the_licence() {
         }
         h.forget_store();
     }
-    let _ = Duration::ZERO;
+}
+
+#[test]
+fn h2_a_node_that_stepped_down_for_health_backs_off_before_acquiring_again() {
+    let mut h = holding();
+    h.advance_to(104.5);
+    h.out.clear();
+    for second in 5..=7 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(false);
+        h.forget_store();
+    }
+    let stop = h.take(|o| {
+        matches!(
+            o,
+            Output::Stop {
+                kind: StopKind::Graceful,
+                ..
+            }
+        )
+    });
+    let Output::Stop { id, .. } = stop else {
+        unreachable!()
+    };
+    h.input(Input::Stopped { id, ok: true });
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 30)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    let stepped_down = h.now;
+    let released = entry(&holder(LockState::Released, 10_000), 31, 80.0);
+    // Healthy again and the lock is free, but the back-off (T = 10 s) holds.
+    for second in 1..=9 {
+        h.advance_to(stepped_down + f64::from(second));
+        look(&mut h, Some(released.clone()));
+        assert!(
+            !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+            "acquired {second} s after a health step-down"
+        );
+    }
+    h.advance_to(stepped_down + 10.5);
+    look(&mut h, Some(released));
+    let (_, op) = h.store();
+    assert!(matches!(op, StoreOp::Update { .. }), "{op:?}");
+}
+
+#[test]
+fn transition_reasons_explain_themselves() {
+    let r = Reason::AcquiredStale {
+        revision: Token::new(1, 41),
+        unchanged_for: Duration::from_millis(10_210),
+        store_age: Some(Duration::from_millis(10_240)),
+    };
+    assert_eq!(
+        r.to_string(),
+        "lock stale: rev 1:41 unchanged for 10.21s, store age 10.24s"
+    );
 }

@@ -1435,6 +1435,10 @@ impl World {
                 && host.role() == Some(Role::Standby)
                 && host.healthy
                 && host.stalled_until <= self.now
+                && host
+                    .agent
+                    .as_ref()
+                    .is_some_and(|a| a.backoff_until().is_none())
         });
         match holder {
             Some(a) if calm && standby_ready => {
