@@ -1,8 +1,21 @@
 //! # putex: the IO shell around [`putex_core`]
 //!
-//! This crate will hold the store backends, the driver that runs a core
-//! machine against a store and a clock, the keeper, hook execution, the CLI
-//! and the HTTP server. For now it re-exports the core so that the binary and
-//! users have one crate to depend on.
+//! `putex-core` decides; this crate acts. It holds:
+//!
+//! | module | what it is for |
+//! |---|---|
+//! | [`store`] | the store contract and its backends: NATS JetStream KV, embedded SQLite, memory |
+//! | [`clock`] | reading `CLOCK_BOOTTIME`, the clock every licence runs on |
+//! | [`process`] | process-tree control: cgroup v2 scopes, or a child subreaper |
+//! | [`hooks`] | running hooks (`/bin/sh -c`) with their environment and timeouts |
+//! | [`keeper`] | the dead-man's switch that owns the service and its deadline |
+//!
+//! The driver, the CLI and the HTTP server follow.
 
 pub use putex_core as core;
+
+pub mod clock;
+pub mod hooks;
+pub mod keeper;
+pub mod process;
+pub mod store;

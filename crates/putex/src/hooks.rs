@@ -1,0 +1,467 @@
+//! Running hooks: the health check, fence, activate and deactivate commands.
+//!
+//! Shared by the agent (`putex run`), `putex lock` and the keeper (which runs
+//! the deactivate hook for the stops it makes). A hook is a shell command line
+//! given by the operator, run as
+//!
+//! ```text
+//! /bin/sh -c "$CMD" putex-hook                      # fence, activate, deactivate
+//! /bin/sh -c "$CMD \"\$@\"" putex-hook active       # health check (or: standby)
+//! ```
+//!
+//! so `$0` is `putex-hook` and the health check's mode is the command's last
+//! argument (`CMD active` / `CMD standby`). The environment is the caller's,
+//! minus every inherited `PUTEX_*` variable, plus:
+//!
+//! | variable | value |
+//! |---|---|
+//! | `PUTEX_HOOK` | `healthcheck`, `fence`, `activate` or `deactivate` |
+//! | `PUTEX_LOCK` | the lock name |
+//! | `PUTEX_NODE` | this node's id |
+//! | `PUTEX_ROLE` | the agent's role (`starting`, `standby`, `confirming`, `active`, `stepping-down`, `lapsed`) |
+//! | `PUTEX_TOKEN` | the fencing token `epoch:revision`; set only when the node holds the lock |
+//! | `PUTEX_PREVIOUS` | the previous holder's node id; set only when known |
+//! | `PUTEX_STOP` | `startup`, `graceful` or `emergency`; deactivate hook only |
+//!
+//! Each run has a timeout; at the timeout the hook and everything it started
+//! (its cgroup scope, or its process group and descendants) are killed.
+//! stdout and stderr go to the tracing log line by line, tagged with the hook's
+//! name; the exit status and duration come back in a [`HookOutcome`].
+//! [`Hook::validate`] finds a missing or non-executable hook at start-up.
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use putex_core::agent::{HealthMode, StopKind};
+use putex_core::Token;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+
+use crate::process::{self, CgroupRoot, Exit, Tree};
+
+/// How long output is still read after a hook exited (a background process
+/// it started may hold the pipes open forever).
+const DRAIN: Duration = Duration::from_millis(100);
+/// How long killing a timed-out hook's tree may take before we give up.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Which hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HookKind {
+    /// `--healthcheck`: called with `active` or `standby` as its last argument.
+    Health,
+    /// `--fence`: fence the previous holder out.
+    Fence,
+    /// `--activate`: start the service.
+    Activate,
+    /// `--deactivate`: stop the service (`PUTEX_STOP` says why).
+    Deactivate,
+}
+
+impl HookKind {
+    /// The hook's name in logs and in `PUTEX_HOOK`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HookKind::Health => "healthcheck",
+            HookKind::Fence => "fence",
+            HookKind::Activate => "activate",
+            HookKind::Deactivate => "deactivate",
+        }
+    }
+}
+
+/// The argument a health check gets for `mode`.
+pub fn health_arg(mode: HealthMode) -> &'static str {
+    match mode {
+        HealthMode::Active => "active",
+        HealthMode::Standby => "standby",
+    }
+}
+
+/// The value of `PUTEX_STOP` for a stop kind.
+pub fn stop_name(kind: StopKind) -> &'static str {
+    match kind {
+        StopKind::Startup => "startup",
+        StopKind::Graceful => "graceful",
+        StopKind::Emergency => "emergency",
+    }
+}
+
+/// Errors of hook execution.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// The command's first word is a path that does not exist.
+    #[error("{hook} hook: {path} does not exist")]
+    NotFound {
+        /// The hook.
+        hook: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
+    /// The command's first word is a path that is not an executable file.
+    #[error("{hook} hook: {path} is not an executable file")]
+    NotExecutable {
+        /// The hook.
+        hook: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
+    /// The command is empty.
+    #[error("{hook} hook: empty command")]
+    Empty {
+        /// The hook.
+        hook: &'static str,
+    },
+    /// `/bin/sh` could not be started.
+    #[error("{hook} hook: cannot start /bin/sh: {source}")]
+    Spawn {
+        /// The hook.
+        hook: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A hook: its kind and the operator's command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hook {
+    /// Which hook.
+    pub kind: HookKind,
+    /// The command line, run by `/bin/sh -c`.
+    pub command: String,
+}
+
+impl Hook {
+    /// A hook of `kind` running `command`.
+    pub fn new(kind: HookKind, command: impl Into<String>) -> Hook {
+        Hook {
+            kind,
+            command: command.into(),
+        }
+    }
+
+    /// Checks the command at start-up: when its first word is a path (it
+    /// contains a `/`), that path must be an executable file. Other first
+    /// words (`systemctl`, shell syntax) are left to the shell.
+    pub fn validate(&self) -> Result<(), HookError> {
+        let hook = self.kind.name();
+        let Some(first) = self.command.split_whitespace().next() else {
+            return Err(HookError::Empty { hook });
+        };
+        if !first.contains('/') || first.starts_with(['"', '\'', '$', '(']) {
+            return Ok(());
+        }
+        let path = PathBuf::from(first);
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(_) => return Err(HookError::NotFound { hook, path }),
+        };
+        let executable = meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+            && nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_ok();
+        if !executable {
+            return Err(HookError::NotExecutable { hook, path });
+        }
+        Ok(())
+    }
+
+    /// The exact argv the hook runs with (see the module docs).
+    pub fn argv(&self, arg: Option<&str>) -> Vec<OsString> {
+        match arg {
+            Some(arg) => vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("{} \"$@\"", self.command).into(),
+                "putex-hook".into(),
+                arg.into(),
+            ],
+            None => vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                self.command.clone().into(),
+                "putex-hook".into(),
+            ],
+        }
+    }
+}
+
+/// What a hook is told about the agent (its `PUTEX_*` environment).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HookEnv {
+    /// `PUTEX_LOCK`.
+    pub lock: String,
+    /// `PUTEX_NODE`.
+    pub node: String,
+    /// `PUTEX_ROLE`.
+    pub role: String,
+    /// `PUTEX_TOKEN`, when the node holds the lock.
+    pub token: Option<Token>,
+    /// `PUTEX_PREVIOUS`, when known.
+    pub previous: Option<String>,
+    /// `PUTEX_STOP`, for the deactivate hook.
+    pub stop: Option<StopKind>,
+}
+
+impl HookEnv {
+    /// The variables for `kind`, in a fixed order.
+    pub fn vars(&self, kind: HookKind) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("PUTEX_HOOK", kind.name().to_string()),
+            ("PUTEX_LOCK", self.lock.clone()),
+            ("PUTEX_NODE", self.node.clone()),
+            ("PUTEX_ROLE", self.role.clone()),
+        ];
+        if let Some(t) = self.token {
+            v.push(("PUTEX_TOKEN", t.to_string()));
+        }
+        if let Some(p) = &self.previous {
+            v.push(("PUTEX_PREVIOUS", p.clone()));
+        }
+        if let (HookKind::Deactivate, Some(s)) = (kind, self.stop) {
+            v.push(("PUTEX_STOP", stop_name(s).to_string()));
+        }
+        v
+    }
+}
+
+/// How a hook run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookStatus {
+    /// It exited, or a signal ended it.
+    Exited(Exit),
+    /// It ran past its timeout; it and its descendants were killed.
+    TimedOut,
+}
+
+/// The result of one hook run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookOutcome {
+    /// The hook's name.
+    pub name: &'static str,
+    /// How it ended.
+    pub status: HookStatus,
+    /// How long it ran.
+    pub duration: Duration,
+    /// Whether a timed-out hook's whole tree is proven gone (always true for
+    /// a hook that exited on its own; its leftovers are not killed).
+    pub tree_gone: bool,
+}
+
+impl HookOutcome {
+    /// Exited 0 within its timeout.
+    pub fn ok(&self) -> bool {
+        matches!(self.status, HookStatus::Exited(e) if e.success())
+    }
+}
+
+/// Runs hooks, each in a cgroup scope of its own when one can be created.
+#[derive(Clone, Debug)]
+pub struct HookRunner {
+    cgroup: Option<CgroupRoot>,
+}
+
+static SCOPE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl HookRunner {
+    /// Uses cgroup scopes if this process can create them.
+    pub fn detect() -> HookRunner {
+        HookRunner {
+            cgroup: CgroupRoot::detect(),
+        }
+    }
+
+    /// Never uses cgroups: a timed-out hook's process group and living
+    /// descendants are killed.
+    pub fn without_cgroup() -> HookRunner {
+        HookRunner { cgroup: None }
+    }
+
+    /// Whether hooks run in cgroup scopes.
+    pub fn uses_cgroup(&self) -> bool {
+        self.cgroup.is_some()
+    }
+
+    /// Runs `hook` with `env`, `arg` as its last argument (health checks),
+    /// killing its whole tree at `timeout`.
+    pub async fn run(
+        &self,
+        hook: &Hook,
+        env: &HookEnv,
+        arg: Option<&str>,
+        timeout: Duration,
+    ) -> Result<HookOutcome, HookError> {
+        let name = hook.kind.name();
+        let mut argv = hook.argv(arg);
+        let scope = self.cgroup.as_ref().and_then(|root| {
+            let n = SCOPE_SEQ.fetch_add(1, Ordering::Relaxed);
+            let scope_name = format!("putex-hook-{name}-{}-{n}", std::process::id());
+            root.create(&scope_name)
+                .map_err(|e| tracing::warn!(hook = name, error = %e, "no cgroup scope for hook"))
+                .ok()
+        });
+        if let Some(cg) = &scope {
+            argv = process::wrap_in_cgroup(cg, &argv);
+        }
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.vars(hook.kind));
+        let started = std::time::Instant::now();
+        let mut child = cmd.spawn().map_err(|source| {
+            if let Some(cg) = &scope {
+                let _ = cg.remove();
+            }
+            HookError::Spawn { hook: name, source }
+        })?;
+        let pid = child.id().map_or(0, |p| p as i32);
+        process::claim(pid);
+        let tree = match &scope {
+            Some(cg) => Tree::Cgroup(cg.clone()),
+            None => Tree::Pids { root: pid },
+        };
+        let out = child
+            .stdout
+            .take()
+            .map(|s| tokio::spawn(log_lines(name, "stdout", s)));
+        let err = child
+            .stderr
+            .take()
+            .map(|s| tokio::spawn(log_lines(name, "stderr", s)));
+
+        let (status, tree_gone) = tokio::select! {
+            r = child.wait() => {
+                let exit = r.map(Exit::from_std).unwrap_or(Exit { code: None, signal: None });
+                (HookStatus::Exited(exit), true)
+            }
+            () = tokio::time::sleep(timeout) => {
+                tree.kill();
+                let _ = child.wait().await;
+                let gone = tree.wait_empty(KILL_WAIT, true).await;
+                (HookStatus::TimedOut, gone)
+            }
+        };
+        let duration = started.elapsed();
+        process::unclaim(pid);
+        for task in [out, err].into_iter().flatten() {
+            if tokio::time::timeout(DRAIN, async { task.await.ok() })
+                .await
+                .is_err()
+            {
+                // A leftover background process holds the pipe; stop reading.
+            }
+        }
+        if let Some(cg) = &scope {
+            if tree.is_empty() {
+                let _ = cg.remove();
+            } else {
+                tracing::warn!(hook = name, scope = %cg.path().display(),
+                    "hook left processes running in its scope");
+            }
+        }
+        match status {
+            HookStatus::Exited(e) => {
+                tracing::info!(hook = name, code = ?e.code, signal = ?e.signal,
+                duration_ms = duration.as_millis() as u64, "hook finished")
+            }
+            HookStatus::TimedOut => tracing::warn!(
+                hook = name,
+                timeout_ms = timeout.as_millis() as u64,
+                tree_gone,
+                "hook timed out and was killed"
+            ),
+        }
+        Ok(HookOutcome {
+            name,
+            status,
+            duration,
+            tree_gone,
+        })
+    }
+}
+
+async fn log_lines(hook: &'static str, stream: &'static str, r: impl AsyncRead + Unpin) {
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(hook, stream, "{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_is_exactly_as_documented() {
+        let h = Hook::new(HookKind::Health, "/usr/bin/check --fast");
+        assert_eq!(
+            h.argv(Some("active")),
+            [
+                "/bin/sh",
+                "-c",
+                "/usr/bin/check --fast \"$@\"",
+                "putex-hook",
+                "active"
+            ]
+            .map(OsString::from)
+        );
+        let d = Hook::new(HookKind::Deactivate, "systemctl stop pg");
+        assert_eq!(
+            d.argv(None),
+            ["/bin/sh", "-c", "systemctl stop pg", "putex-hook"].map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn validation_checks_paths_only() {
+        assert!(Hook::new(HookKind::Activate, "systemctl start pg")
+            .validate()
+            .is_ok());
+        assert!(Hook::new(HookKind::Activate, "/bin/true x")
+            .validate()
+            .is_ok());
+        assert!(matches!(
+            Hook::new(HookKind::Activate, "/nonexistent/hook").validate(),
+            Err(HookError::NotFound { .. })
+        ));
+        assert!(matches!(
+            Hook::new(HookKind::Activate, "/proc/self/status --x").validate(),
+            Err(HookError::NotExecutable { .. })
+        ));
+        assert!(matches!(
+            Hook::new(HookKind::Fence, "  ").validate(),
+            Err(HookError::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn env_sets_stop_only_for_deactivate() {
+        let env = HookEnv {
+            lock: "pg".into(),
+            node: "n1".into(),
+            role: "lapsed".into(),
+            token: Some(Token::new(7, 42)),
+            previous: None,
+            stop: Some(StopKind::Emergency),
+        };
+        let d = env.vars(HookKind::Deactivate);
+        assert!(d.contains(&("PUTEX_STOP", "emergency".into())));
+        assert!(d.contains(&("PUTEX_TOKEN", "7:42".into())));
+        assert!(!env
+            .vars(HookKind::Health)
+            .iter()
+            .any(|(k, _)| *k == "PUTEX_STOP"));
+    }
+}

@@ -1,0 +1,265 @@
+//! How putex names its records in a store.
+//!
+//! One bucket (NATS) or file (SQLite) holds every record. Keys are
+//! dot-separated tokens, valid NATS KV keys (`[-/_=.a-zA-Z0-9]`, no empty
+//! token), so the same layout works on every backend and any KV tool can
+//! read it:
+//!
+//! | key | record |
+//! |---|---|
+//! | `lock.<name>` | the lock record of lock `<name>` |
+//! | `member.<name>.<node>` | node `<node>`'s member record for lock `<name>` |
+//! | `probe.<node>` | node `<node>`'s probe record (reads the store's clock, S1 b) |
+//!
+//! `sem.`, `id.` and `history.` are reserved for semaphores, identity pools
+//! and transition records. A name never contains a dot, so `<name>` is
+//! exactly one token and a node id — which may be an FQDN such as
+//! `db1.example.com` — always comes last: `member.pg.` selects every member
+//! of lock `pg` and nothing else.
+
+use std::fmt;
+
+/// The longest lock, pool or semaphore name.
+pub const MAX_NAME_LEN: usize = 64;
+/// The longest node id (the longest DNS name).
+pub const MAX_NODE_LEN: usize = 253;
+/// The longest key putex accepts.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// Prefix of every lock record; a watch filter for all locks.
+pub const LOCK_PREFIX: &str = "lock.";
+/// Prefix of every member record.
+pub const MEMBER_PREFIX: &str = "member.";
+/// Prefix of every probe record.
+pub const PROBE_PREFIX: &str = "probe.";
+
+/// A name or node id that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: {problem}; {rule} (for example {example:?})")]
+pub struct NameError {
+    what: &'static str,
+    value: String,
+    problem: String,
+    rule: &'static str,
+    example: &'static str,
+}
+
+impl NameError {
+    /// The rejected value.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+const NAME_RULE: &str = "names are 1 to 64 characters from A-Z a-z 0-9 _ -";
+const NODE_RULE: &str =
+    "node ids are 1 to 253 characters from A-Z a-z 0-9 _ - and dots between non-empty labels";
+
+/// Checks a lock, pool or semaphore name: `[A-Za-z0-9_-]{1,64}`.
+pub fn validate_name(name: &str) -> Result<(), NameError> {
+    let err = |problem: String| NameError {
+        what: "name",
+        value: name.to_owned(),
+        problem,
+        rule: NAME_RULE,
+        example: "nightly-report",
+    };
+    if name.is_empty() {
+        return Err(err("it is empty".into()));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(err(format!("it is {} bytes long", name.len())));
+    }
+    if let Some(c) = name.chars().find(|c| !is_name_char(*c)) {
+        return Err(err(format!("{c:?} is not allowed")));
+    }
+    Ok(())
+}
+
+/// Checks a node id: name characters plus dots between non-empty labels, so
+/// FQDNs work.
+pub fn validate_node(node: &str) -> Result<(), NameError> {
+    let err = |problem: String| NameError {
+        what: "node id",
+        value: node.to_owned(),
+        problem,
+        rule: NODE_RULE,
+        example: "db1.example.com",
+    };
+    if node.is_empty() {
+        return Err(err("it is empty".into()));
+    }
+    if node.len() > MAX_NODE_LEN {
+        return Err(err(format!("it is {} bytes long", node.len())));
+    }
+    if let Some(c) = node.chars().find(|c| !is_name_char(*c) && *c != '.') {
+        return Err(err(format!("{c:?} is not allowed")));
+    }
+    if node.split('.').any(str::is_empty) {
+        return Err(err(
+            "it has an empty label (a leading, trailing or double dot)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
+/// The key of lock `name`'s record.
+pub fn lock(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{LOCK_PREFIX}{name}"))
+}
+
+/// The key of `node`'s member record for lock `name`.
+pub fn member(name: &str, node: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    validate_node(node)?;
+    Ok(format!("{MEMBER_PREFIX}{name}.{node}"))
+}
+
+/// The watch filter selecting every member record of lock `name`.
+pub fn members_of(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{MEMBER_PREFIX}{name}."))
+}
+
+/// The key of `node`'s probe record.
+pub fn probe(node: &str) -> Result<String, NameError> {
+    validate_node(node)?;
+    Ok(format!("{PROBE_PREFIX}{node}"))
+}
+
+/// A key the stores refuse, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyError {
+    key: String,
+    problem: &'static str,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid store key {:?}: {}; keys are dot-separated non-empty tokens of A-Z a-z 0-9 - _ / = (for example \"lock.pg\")",
+            self.key, self.problem
+        )
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// Checks a store key: what NATS KV accepts, on every backend alike.
+pub fn validate_key(key: &str) -> Result<(), KeyError> {
+    let err = |problem| {
+        Err(KeyError {
+            key: key.to_owned(),
+            problem,
+        })
+    };
+    if key.is_empty() {
+        return err("it is empty");
+    }
+    if key.len() > MAX_KEY_LEN {
+        return err("it is too long");
+    }
+    if !key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-/_=.".contains(c))
+    {
+        return err("it has a character outside A-Z a-z 0-9 - / _ = .");
+    }
+    if key.split('.').any(str::is_empty) {
+        return err("it has an empty token (a leading, trailing or double dot)");
+    }
+    Ok(())
+}
+
+/// Checks a watch filter: `""` (everything), a key, or a key prefix ending
+/// in one `.`.
+pub fn validate_filter(filter: &str) -> Result<(), KeyError> {
+    match filter.strip_suffix('.') {
+        None if filter.is_empty() => Ok(()),
+        None => validate_key(filter),
+        Some(stem) => validate_key(stem).map_err(|e| KeyError {
+            key: filter.to_owned(),
+            ..e
+        }),
+    }
+}
+
+/// Whether `key` is selected by a (valid) watch `filter`.
+pub fn filter_matches(filter: &str, key: &str) -> bool {
+    if filter.is_empty() {
+        true
+    } else if filter.ends_with('.') {
+        key.starts_with(filter) && key.len() > filter.len()
+    } else {
+        key == filter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "pg", "nightly-report", "A_b-9", &"x".repeat(64)] {
+            validate_name(ok).unwrap();
+        }
+        for bad in ["", "a.b", "a b", "ü", "a/b", &"x".repeat(65)] {
+            let e = validate_name(bad).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains("1 to 64 characters"), "{msg}");
+            assert!(msg.contains("nightly-report"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn nodes_may_be_fqdns() {
+        for ok in ["db1", "db1.example.com", "host_1-a"] {
+            validate_node(ok).unwrap();
+        }
+        for bad in ["", ".a", "a.", "a..b", "a b", "a*b", "a>b"] {
+            assert!(validate_node(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn layout() {
+        assert_eq!(lock("pg").unwrap(), "lock.pg");
+        assert_eq!(
+            member("pg", "db1.example.com").unwrap(),
+            "member.pg.db1.example.com"
+        );
+        assert_eq!(probe("db1.example.com").unwrap(), "probe.db1.example.com");
+        let f = members_of("pg").unwrap();
+        assert!(filter_matches(&f, "member.pg.db1.example.com"));
+        assert!(!filter_matches(&f, "member.pgx.db1"));
+        assert!(!filter_matches(&f, "member.pg."));
+        for k in ["lock.pg", "member.pg.db1.example.com", "probe.a"] {
+            validate_key(k).unwrap();
+        }
+        assert!(lock("a.b").is_err());
+        assert!(member("pg", "a..b").is_err());
+    }
+
+    #[test]
+    fn keys_and_filters() {
+        for bad in ["", ".a", "a.", "a..b", "a b", "a*", "a>", "ä"] {
+            assert!(validate_key(bad).is_err(), "{bad:?}");
+        }
+        for ok in ["", "lock.", "lock.pg", "member.pg."] {
+            validate_filter(ok).unwrap();
+        }
+        for bad in ["..", ".", "lock..", "a*."] {
+            assert!(validate_filter(bad).is_err(), "{bad:?}");
+        }
+        assert!(filter_matches("", "x"));
+        assert!(filter_matches("lock.pg", "lock.pg"));
+        assert!(!filter_matches("lock.pg", "lock.pg2"));
+    }
+}

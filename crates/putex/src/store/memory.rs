@@ -1,0 +1,321 @@
+//! An in-process store for tests.
+//!
+//! Clones of a [`MemoryStore`] share one store, so several simulated nodes
+//! in one test can talk through it. It keeps every change (watches never
+//! coalesce), stamps entries with this boot's `CLOCK_BOOTTIME` unless given a
+//! clock of its own ([`MemoryStore::with_clock`], e.g. one driven by paused
+//! tokio time), and can be told to misbehave ([`MemoryStore::inject`]) to
+//! produce unknown outcomes on demand.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::keys::{filter_matches, validate_filter, validate_key};
+use super::{
+    boot_time_now, wall_nanos, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
+    WatchEvent, WatchStream,
+};
+
+/// A fault for the next operation on a [`MemoryStore`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fault {
+    /// The operation is not applied; its call waits out its deadline and
+    /// reports [`StoreError::Unknown`].
+    Stall,
+    /// The operation is applied, but its call waits out its deadline and
+    /// reports [`StoreError::Unknown`] (a write that landed after a timeout).
+    ApplyThenStall,
+}
+
+type Clock = Arc<dyn Fn() -> StoreTime + Send + Sync>;
+
+/// An in-process store; clones share it.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    epoch: u64,
+    clock: Clock,
+    state: Mutex<State>,
+    /// The newest revision, for watches to wait on.
+    notify: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    revision: u64,
+    /// The latest change per key; `value: None` is a delete marker.
+    current: BTreeMap<String, Change>,
+    /// Every change, in revision order.
+    log: Vec<Change>,
+    faults: VecDeque<Fault>,
+}
+
+#[derive(Clone)]
+struct Change {
+    key: String,
+    value: Option<Vec<u8>>,
+    revision: u64,
+    time: StoreTime,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("epoch", &self.inner.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+enum Expect {
+    Absent,
+    At(Token),
+    Anything,
+}
+
+impl MemoryStore {
+    /// A new, empty store; its epoch is the current wall-clock time.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(boot_time_now))
+    }
+
+    /// A new store whose entries are stamped by `clock`.
+    pub fn with_clock(clock: Arc<dyn Fn() -> StoreTime + Send + Sync>) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                epoch: wall_nanos(),
+                clock,
+                state: Mutex::new(State::default()),
+                notify: tokio::sync::watch::channel(0).0,
+            }),
+        }
+    }
+
+    /// Queues a fault for the next operation (faults apply in order, one per
+    /// operation).
+    pub fn inject(&self, fault: Fault) {
+        self.state().faults.push_back(fault);
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way later operations would misread; keep going.
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn token(&self, revision: u64) -> Token {
+        Token::new(self.inner.epoch, revision)
+    }
+
+    fn read(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        validate_key(key)?;
+        let st = self.state();
+        Ok(st.current.get(key).and_then(|c| {
+            c.value.as_ref().map(|v| Entry {
+                value: v.clone(),
+                token: self.token(c.revision),
+                time: c.time,
+            })
+        }))
+    }
+
+    fn write(
+        &self,
+        op: Op,
+        key: &str,
+        value: Option<&[u8]>,
+        expect: Expect,
+    ) -> Result<Token, StoreError> {
+        validate_key(key)?;
+        let mut st = self.state();
+        let current = st
+            .current
+            .get(key)
+            .filter(|c| c.value.is_some())
+            .map(|c| c.revision);
+        let ok = match expect {
+            Expect::Anything => true,
+            Expect::Absent => current.is_none(),
+            Expect::At(t) => t.epoch == self.inner.epoch && current == Some(t.revision),
+        };
+        if !ok {
+            return Err(StoreError::conflict(op, key));
+        }
+        st.revision += 1;
+        let change = Change {
+            key: key.to_owned(),
+            value: value.map(<[u8]>::to_vec),
+            revision: st.revision,
+            time: (self.inner.clock)(),
+        };
+        st.current.insert(key.to_owned(), change.clone());
+        st.log.push(change);
+        let revision = st.revision;
+        drop(st);
+        self.inner.notify.send_replace(revision);
+        Ok(self.token(revision))
+    }
+
+    /// Runs `f` under the next queued fault, if any.
+    async fn run<T>(
+        &self,
+        op: Op,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let fault = self.state().faults.pop_front();
+        match fault {
+            None => f(),
+            Some(fault) => {
+                if fault == Fault::ApplyThenStall {
+                    let _ = f();
+                }
+                tokio::time::sleep(timeout).await;
+                Err(StoreError::timed_out(op, key, timeout))
+            }
+        }
+    }
+}
+
+fn event(c: &Change, epoch: u64) -> WatchEvent {
+    WatchEvent {
+        key: c.key.clone(),
+        entry: c.value.as_ref().map(|v| Entry {
+            value: v.clone(),
+            token: Token::new(epoch, c.revision),
+            time: c.time,
+        }),
+        revision: c.revision,
+        time: c.time,
+    }
+}
+
+impl Store for MemoryStore {
+    fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        _mode: ReadMode,
+        timeout: Duration,
+    ) -> Result<Option<Entry>, StoreError> {
+        self.run(Op::Get, key, timeout, || self.read(key)).await
+    }
+
+    async fn create(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        self.run(Op::Create, key, timeout, || {
+            self.write(Op::Create, key, Some(value), Expect::Absent)
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        self.run(Op::Update, key, timeout, || {
+            self.write(Op::Update, key, Some(value), Expect::At(expected))
+        })
+        .await
+    }
+
+    async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
+        self.run(Op::Put, key, timeout, || {
+            self.write(Op::Put, key, Some(value), Expect::Anything)
+        })
+        .await
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(Op::Delete, key, timeout, || {
+            self.write(Op::Delete, key, None, Expect::At(expected))
+                .map(drop)
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        _timeout: Duration,
+    ) -> Result<WatchStream, StoreError> {
+        validate_filter(filter)?;
+        let epoch = self.inner.epoch;
+        // Subscribe before reading, so no change slips between the two.
+        let rx = self.inner.notify.subscribe();
+        let (queue, next) = {
+            let st = self.state();
+            let mut queue: Vec<WatchEvent> = match from_revision {
+                None => st
+                    .current
+                    .values()
+                    .filter(|c| filter_matches(filter, &c.key))
+                    .map(|c| event(c, epoch))
+                    .collect(),
+                Some(from) => {
+                    let start = st.log.partition_point(|c| c.revision < from);
+                    st.log[start..]
+                        .iter()
+                        .filter(|c| filter_matches(filter, &c.key))
+                        .map(|c| event(c, epoch))
+                        .collect()
+                }
+            };
+            queue.sort_by_key(|e| e.revision);
+            (VecDeque::from(queue), st.revision + 1)
+        };
+        let store = self.clone();
+        let filter = filter.to_owned();
+        let stream =
+            futures::stream::unfold((store, filter, rx, queue, next), |state| async move {
+                let (store, filter, mut rx, mut queue, mut next) = state;
+                loop {
+                    if let Some(ev) = queue.pop_front() {
+                        return Some((Ok(ev), (store, filter, rx, queue, next)));
+                    }
+                    {
+                        let st = store.state();
+                        let start = st.log.partition_point(|c| c.revision < next);
+                        queue.extend(
+                            st.log[start..]
+                                .iter()
+                                .filter(|c| filter_matches(&filter, &c.key))
+                                .map(|c| event(c, store.inner.epoch)),
+                        );
+                        next = st.revision + 1;
+                    }
+                    if queue.is_empty() && rx.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            });
+        Ok(Box::pin(stream))
+    }
+}

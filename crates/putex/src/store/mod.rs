@@ -1,0 +1,501 @@
+//! The store contract (DESIGN §3) and its backends.
+//!
+//! Every lock decision in putex rests on one primitive: a compare-and-swap
+//! on a record in a store. This module says what a store must offer and how
+//! its answers are classified; the backends implement it:
+//!
+//! | backend | for | module |
+//! |---|---|---|
+//! | NATS JetStream KV | production: one bucket shared by every host | [`nats`] |
+//! | SQLite file | the zero-setup default: processes on one machine | [`sqlite`] |
+//! | memory | tests: handles in one process, with fault injection | [`memory`] |
+//!
+//! Callers hold an [`AnyStore`], opened from a store URL ([`StoreUrl`]), and
+//! use it through the [`Store`] trait.
+//!
+//! # Outcomes
+//!
+//! Every operation takes a deadline and ends in exactly one of:
+//!
+//! - success, with the [`Token`] (epoch, revision) of the write or the entry read;
+//! - [`StoreError::Conflict`]: the write was **definitely not applied** (the
+//!   record was not at the expected revision, or already existed);
+//! - [`StoreError::Unknown`]: timed out or lost the connection — the write
+//!   **may or may not** have been applied (a timeout is never a conflict);
+//! - [`StoreError::Config`]: a problem retrying will not fix (bad URL, bad
+//!   key, unfit bucket, server too old, unreadable file).
+//!
+//! [`StoreError::outcome`] maps these onto the core's
+//! [`StoreOutcome`](putex_core::store::StoreOutcome) classes.
+//!
+//! # Keys
+//!
+//! See [`keys`]: `lock.<name>`, `member.<name>.<node>`, `probe.<node>`.
+//! Names are `[A-Za-z0-9_-]{1,64}`; node ids may be FQDNs.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+pub use putex_core::store::{Entry, StoreTime, Token};
+
+pub mod keys;
+pub mod memory;
+pub mod nats;
+pub mod sqlite;
+pub mod url;
+
+pub use self::url::StoreUrl;
+pub use memory::MemoryStore;
+pub use nats::NatsStore;
+pub use sqlite::SqliteStore;
+
+/// The store operation an error is about.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Op {
+    /// Opening the store (connecting, creating the bucket or file).
+    Open,
+    /// [`Store::get`].
+    Get,
+    /// [`Store::create`].
+    Create,
+    /// [`Store::update`].
+    Update,
+    /// [`Store::put`].
+    Put,
+    /// [`Store::delete`].
+    Delete,
+    /// [`Store::watch`] (starting it, or an event it failed to deliver).
+    Watch,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Open => "open",
+            Op::Get => "get",
+            Op::Create => "create",
+            Op::Update => "update",
+            Op::Put => "put",
+            Op::Delete => "delete",
+            Op::Watch => "watch",
+        })
+    }
+}
+
+/// Why a store operation did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The write was definitely not applied: the record was not at the
+    /// expected revision (or epoch), or already existed for a create.
+    #[error("{op} {key}: conflict (not applied: the record is not at the expected revision)")]
+    Conflict {
+        /// The operation.
+        op: Op,
+        /// The key.
+        key: String,
+    },
+    /// Timed out or lost the connection: a write may or may not have been
+    /// applied. Never a conflict in disguise.
+    #[error("{op} {key}: outcome unknown ({reason}); a write may or may not have been applied")]
+    Unknown {
+        /// The operation.
+        op: Op,
+        /// The key (or watch filter).
+        key: String,
+        /// What happened, for the log.
+        reason: String,
+    },
+    /// A problem retrying will not fix.
+    #[error("store configuration: {reason}")]
+    Config {
+        /// What is wrong and, where it helps, how to fix it.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// An [`StoreError::Unknown`].
+    pub fn unknown(op: Op, key: &str, reason: impl fmt::Display) -> Self {
+        StoreError::Unknown {
+            op,
+            key: key.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A [`StoreError::Conflict`].
+    pub fn conflict(op: Op, key: &str) -> Self {
+        StoreError::Conflict {
+            op,
+            key: key.to_owned(),
+        }
+    }
+
+    /// A [`StoreError::Config`].
+    pub fn config(reason: impl fmt::Display) -> Self {
+        StoreError::Config {
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The deadline passed before the store answered.
+    pub fn timed_out(op: Op, key: &str, timeout: Duration) -> Self {
+        Self::unknown(op, key, format_args!("no answer within {timeout:?}"))
+    }
+
+    /// Whether this is a conflict.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+
+    /// Whether the outcome is unknown.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, StoreError::Unknown { .. })
+    }
+
+    /// The core's outcome class for this error.
+    pub fn outcome(&self) -> putex_core::store::StoreOutcome {
+        use putex_core::store::StoreOutcome;
+        match self {
+            StoreError::Conflict { .. } => StoreOutcome::Conflict,
+            StoreError::Unknown { .. } => StoreOutcome::Unknown,
+            StoreError::Config { reason } => StoreOutcome::Failed(reason.clone()),
+        }
+    }
+}
+
+impl From<keys::KeyError> for StoreError {
+    fn from(e: keys::KeyError) -> Self {
+        StoreError::config(e)
+    }
+}
+
+impl From<keys::NameError> for StoreError {
+    fn from(e: keys::NameError) -> Self {
+        StoreError::config(e)
+    }
+}
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum ReadMode {
+    /// Any replica may answer; it may lag behind our own latest writes.
+    #[default]
+    Any,
+    /// The read must see the caller's own latest writes (H4). On NATS it is
+    /// answered by the stream leader (last message by subject), never by a
+    /// direct get that a lagging replica may serve.
+    Leader,
+}
+
+/// One change seen by a watch.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WatchEvent {
+    /// The key that changed.
+    pub key: String,
+    /// The new entry; `None` when the key was deleted or purged.
+    pub entry: Option<Entry>,
+    /// The revision of the change (of the delete marker for a delete).
+    /// Events of one watch come in strictly increasing revision order.
+    pub revision: u64,
+    /// When the store applied the change, on the store's clock.
+    pub time: StoreTime,
+}
+
+/// The stream of changes a watch delivers.
+///
+/// It may end (`None`) or yield an error; either way the watch is over and
+/// must be re-established with `from_revision` = last seen revision + 1.
+pub type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// The store contract (DESIGN §3). Every call takes a `timeout`; when it
+/// passes without an answer the call returns [`StoreError::Unknown`].
+///
+/// Keys must pass [`keys::validate_key`]; a bad key is a
+/// [`StoreError::Config`].
+pub trait Store: Send + Sync {
+    /// The bucket incarnation: tokens carry it, and it compares higher for a
+    /// re-created bucket (S6). Cheap: no store round trip.
+    fn epoch(&self) -> u64;
+
+    /// Reads a record; `None` when it is absent or deleted.
+    fn get(
+        &self,
+        key: &str,
+        mode: ReadMode,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
+
+    /// Writes a record that must not exist (or was deleted).
+    fn create(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Token, StoreError>> + Send;
+
+    /// Compare-and-swap: writes only if the record is still at `expected`.
+    /// An `expected.epoch` other than the store's is a conflict: a re-created
+    /// bucket restarts its revisions.
+    fn update(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected: Token,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Token, StoreError>> + Send;
+
+    /// Unconditional write (probe records only).
+    fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Token, StoreError>> + Send;
+
+    /// Deletes a record that is still at `expected`. `expected` must be the
+    /// token of a live entry (read or written): the revision of a delete
+    /// marker, seen only in watches, is no valid expectation (NATS would
+    /// accept a CAS on it, the other stores would not).
+    fn delete(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Watches the keys that `filter` selects: `""` for every key, a prefix
+    /// ending in `.` (e.g. `"member.pg."`) for the keys under it, or one key.
+    ///
+    /// With `from_revision: None` the stream first delivers the latest entry
+    /// of every selected key (delete markers included), then each change.
+    /// With `Some(r)` it delivers the changes with revision `>= r`. A store
+    /// may coalesce several changes of one key into its latest (the SQLite
+    /// store does; NATS delivers what the bucket's history still holds), but
+    /// revisions always increase and the latest state of every key is
+    /// always delivered. `timeout` bounds starting the watch.
+    fn watch(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<WatchStream, StoreError>> + Send;
+}
+
+/// Any backend, so that callers can hold one concrete type.
+#[derive(Clone, Debug)]
+pub enum AnyStore {
+    /// NATS JetStream KV.
+    Nats(NatsStore),
+    /// The embedded SQLite store.
+    Sqlite(SqliteStore),
+    /// The in-process store.
+    Memory(MemoryStore),
+}
+
+impl AnyStore {
+    /// Opens the store a URL names (see [`StoreUrl`]).
+    pub async fn open(url: &StoreUrl) -> Result<AnyStore, StoreError> {
+        Ok(match url {
+            StoreUrl::Nats(cfg) => AnyStore::Nats(NatsStore::open(cfg).await?),
+            StoreUrl::Sqlite { path } => AnyStore::Sqlite(SqliteStore::open(path.clone()).await?),
+            StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
+        })
+    }
+
+    /// Opens the store named by the environment (see [`StoreUrl::from_env`]).
+    pub async fn from_env() -> Result<AnyStore, StoreError> {
+        AnyStore::open(&StoreUrl::from_env()?).await
+    }
+
+    /// The backend's name, for logs: `nats`, `sqlite` or `memory`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyStore::Nats(_) => "nats",
+            AnyStore::Sqlite(_) => "sqlite",
+            AnyStore::Memory(_) => "memory",
+        }
+    }
+}
+
+impl From<MemoryStore> for AnyStore {
+    fn from(s: MemoryStore) -> Self {
+        AnyStore::Memory(s)
+    }
+}
+
+impl From<SqliteStore> for AnyStore {
+    fn from(s: SqliteStore) -> Self {
+        AnyStore::Sqlite(s)
+    }
+}
+
+impl From<NatsStore> for AnyStore {
+    fn from(s: NatsStore) -> Self {
+        AnyStore::Nats(s)
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Nats($s) => $call.await,
+            AnyStore::Sqlite($s) => $call.await,
+            AnyStore::Memory($s) => $call.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    fn epoch(&self) -> u64 {
+        match self {
+            AnyStore::Nats(s) => s.epoch(),
+            AnyStore::Sqlite(s) => s.epoch(),
+            AnyStore::Memory(s) => s.epoch(),
+        }
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        mode: ReadMode,
+        timeout: Duration,
+    ) -> Result<Option<Entry>, StoreError> {
+        delegate!(self, s => s.get(key, mode, timeout))
+    }
+
+    async fn create(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        delegate!(self, s => s.create(key, value, timeout))
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        delegate!(self, s => s.update(key, value, expected, timeout))
+    }
+
+    async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
+        delegate!(self, s => s.put(key, value, timeout))
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.delete(key, expected, timeout))
+    }
+
+    async fn watch(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+    ) -> Result<WatchStream, StoreError> {
+        delegate!(self, s => s.watch(filter, from_revision, timeout))
+    }
+}
+
+/// Runs `fut` with a deadline; expiry is [`StoreError::Unknown`].
+pub(crate) async fn with_deadline<T>(
+    op: Op,
+    key: &str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::timed_out(op, key, timeout)),
+    }
+}
+
+/// Nanoseconds since the Unix epoch on the wall clock: used only for epochs
+/// (bucket/file creation times), never for a timing decision.
+pub(crate) fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The clock domain of this boot: an FNV-1a hash of
+/// `/proc/sys/kernel/random/boot_id` (stable across processes and putex
+/// versions, unlike `std`'s hasher).
+pub(crate) fn boot_era() -> u64 {
+    static ERA: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ERA.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        fnv1a(id.trim().as_bytes())
+    })
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// This boot's store time: (boot era, `CLOCK_BOOTTIME` in nanoseconds).
+pub(crate) fn boot_time_now() -> StoreTime {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .expect("CLOCK_BOOTTIME is available on Linux");
+    let nanos = u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec()).unwrap_or(0);
+    StoreTime {
+        era: boot_era(),
+        nanos,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_core_outcomes() {
+        use putex_core::store::StoreOutcome;
+        assert_eq!(
+            StoreError::conflict(Op::Update, "lock.a").outcome(),
+            StoreOutcome::Conflict
+        );
+        assert_eq!(
+            StoreError::timed_out(Op::Update, "lock.a", Duration::from_millis(5)).outcome(),
+            StoreOutcome::Unknown
+        );
+        assert!(matches!(
+            StoreError::config("x").outcome(),
+            StoreOutcome::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn boot_time_moves_forward_in_one_era() {
+        let a = boot_time_now();
+        let b = boot_time_now();
+        assert_eq!(a.era, b.era);
+        assert!(b.nanos >= a.nanos);
+        assert_ne!(a.era, 0);
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        // Other processes (and other putex versions) must derive the same era.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

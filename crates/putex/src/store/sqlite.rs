@@ -1,0 +1,466 @@
+//! The embedded store: one SQLite file, shared by every process on one
+//! machine. The zero-setup default (`sqlite:`), for tests, demos and
+//! single-host mutual exclusion; it is not a distributed store.
+//!
+//! - **Location**: `$XDG_STATE_HOME/putex/store.db`, else
+//!   `~/.local/state/putex/store.db` (directories are created), or any file
+//!   named by `sqlite:///abs/path.db`.
+//! - **Many processes**: WAL journal, `synchronous=FULL` (an acknowledged
+//!   write survives a power cut), a busy timeout, and every write in a
+//!   `BEGIN IMMEDIATE` transaction: writers are serialised by SQLite's own
+//!   file lock, so a compare-and-swap is atomic across processes.
+//! - **Revisions** come from one counter row that only ever increases, so a
+//!   revision is never reused, even for another key or after a delete.
+//! - **Epoch**: the file's creation time (wall-clock nanoseconds), kept in
+//!   the `meta` table. Deleting the file and starting again yields a new,
+//!   higher epoch.
+//! - **Store time**: (hash of this boot's id, `CLOCK_BOOTTIME` nanoseconds),
+//!   read inside the write transaction, so it moves forward with the
+//!   revision. A record written before a reboot is in another era and
+//!   counts as infinitely old (DESIGN §3).
+//! - **Watch**: polls for rows above the last seen revision every 25 ms. The
+//!   table keeps only the latest change per key (deletes as markers), so a
+//!   watcher may see several quick changes of one key as its latest.
+//! - Every blocking call runs in [`tokio::task::spawn_blocking`]; a call
+//!   that outlives its deadline is reported unknown and may still commit.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::keys::{filter_matches, validate_filter, validate_key};
+use super::{
+    boot_time_now, wall_nanos, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime,
+    Token, WatchEvent, WatchStream,
+};
+
+/// How often a watch polls for new revisions.
+pub const WATCH_POLL: Duration = Duration::from_millis(25);
+/// How long a call waits for another process's write lock inside SQLite.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A handle on the embedded store; clones share one connection.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    epoch: u64,
+    /// The connection for reads and writes; watches open their own.
+    conn: Arc<Mutex<Connection>>,
+}
+
+enum Expect {
+    Absent,
+    At(u64),
+    Anything,
+}
+
+type Row = (String, Option<Vec<u8>>, u64, StoreTime);
+
+fn sql_err(op: Op, key: &str, e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match e.sqlite_error_code() {
+        // Errors that retrying will not fix.
+        Some(
+            C::NotADatabase
+            | C::CannotOpen
+            | C::ReadOnly
+            | C::PermissionDenied
+            | C::DatabaseCorrupt,
+        ) => StoreError::config(format!("sqlite {op} {key}: {e}")),
+        // Busy, locked, I/O errors, and anything else: the transaction may
+        // or may not have committed as far as we can tell.
+        _ => StoreError::unknown(op, key, format_args!("sqlite: {e}")),
+    }
+}
+
+fn to_i64(v: u64) -> i64 {
+    // Stored as the same 64 bits; read back with `from_i64`.
+    v as i64
+}
+
+fn from_i64(v: i64) -> u64 {
+    v as u64
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in `path`, and its directory.
+    pub async fn open(path: PathBuf) -> Result<SqliteStore, StoreError> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(path))
+            .await
+            .map_err(|e| StoreError::config(format!("sqlite open: {e}")))?
+    }
+
+    fn open_blocking(path: PathBuf) -> Result<SqliteStore, StoreError> {
+        let cfg = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::config(format!("embedded store {}: {what}: {e}", path.display()))
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| cfg("cannot create its directory", &e))?;
+        }
+        let conn = Connection::open(&path).map_err(|e| cfg("cannot open", &e))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| cfg("busy_timeout", &e))?;
+        // journal_mode returns a row; WAL needs no write lock once set.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| cfg("cannot switch to WAL", &e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(cfg("journal mode", &format!("got {mode}, need wal")));
+        }
+        conn.execute_batch("PRAGMA synchronous=FULL;")
+            .map_err(|e| cfg("synchronous", &e))?;
+        let mut conn = conn;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| cfg("cannot initialise", &e))?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS meta (
+                 name  TEXT PRIMARY KEY,
+                 value INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS counter (
+                 id       INTEGER PRIMARY KEY CHECK (id = 0),
+                 revision INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS kv (
+                 key      TEXT PRIMARY KEY,
+                 value    BLOB,
+                 revision INTEGER NOT NULL UNIQUE,
+                 era      INTEGER NOT NULL,
+                 nanos    INTEGER NOT NULL
+             );
+             INSERT OR IGNORE INTO counter (id, revision) VALUES (0, 0);",
+        )
+        .map_err(|e| cfg("cannot create tables", &e))?;
+        tx.execute(
+            "INSERT OR IGNORE INTO meta (name, value) VALUES ('epoch', ?1)",
+            [to_i64(wall_nanos())],
+        )
+        .map_err(|e| cfg("cannot write the epoch", &e))?;
+        let epoch: i64 = tx
+            .query_row("SELECT value FROM meta WHERE name = 'epoch'", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| cfg("cannot read the epoch", &e))?;
+        tx.commit().map_err(|e| cfg("cannot initialise", &e))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                epoch: from_i64(epoch),
+                conn: Arc::new(Mutex::new(conn)),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs blocking work on the main connection, within the deadline.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: Op,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        on_conn(self.inner.conn.clone(), op, key, timeout, f).await
+    }
+
+    async fn write(
+        &self,
+        op: Op,
+        key: &str,
+        value: Option<&[u8]>,
+        expect: Expect,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        validate_key(key)?;
+        let epoch = self.inner.epoch;
+        let k = key.to_owned();
+        let value = value.map(<[u8]>::to_vec);
+        self.blocking(op, key, timeout, move |conn| {
+            let e = |err| sql_err(op, &k, err);
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(e)?;
+            let current: Option<(i64, bool)> = tx
+                .query_row(
+                    "SELECT revision, value IS NULL FROM kv WHERE key = ?1",
+                    [&k],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(e)?;
+            let live = current
+                .filter(|(_, deleted)| !deleted)
+                .map(|(rev, _)| from_i64(rev));
+            let ok = match expect {
+                Expect::Anything => true,
+                Expect::Absent => live.is_none(),
+                Expect::At(rev) => live == Some(rev),
+            };
+            if !ok {
+                return Err(StoreError::conflict(op, &k));
+            }
+            let revision: i64 = tx
+                .query_row(
+                    "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(e)?;
+            // Read the clock inside the transaction: writers are serialised,
+            // so store time moves forward with the revision.
+            let now = boot_time_now();
+            tx.execute(
+                "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                     revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
+                params![k, value, revision, to_i64(now.era), to_i64(now.nanos)],
+            )
+            .map_err(e)?;
+            tx.commit().map_err(e)?;
+            Ok(Token::new(epoch, from_i64(revision)))
+        })
+        .await
+    }
+}
+
+/// Runs blocking work on `conn` in the blocking pool, within the deadline.
+/// On expiry the work goes on (and may commit); the caller hears Unknown.
+async fn on_conn<T: Send + 'static>(
+    conn: Arc<Mutex<Connection>>,
+    op: Op,
+    key: &str,
+    timeout: Duration,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let task = tokio::task::spawn_blocking(move || {
+        let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut conn)
+    });
+    let key_owned = key.to_owned();
+    with_deadline(op, key, timeout, async move {
+        task.await
+            .map_err(|e| StoreError::unknown(op, &key_owned, format_args!("task: {e}")))?
+    })
+    .await
+}
+
+/// Every row above revision `after` that `filter` selects, in order.
+fn rows_since(conn: &Connection, after: u64, filter: &str) -> rusqlite::Result<Vec<Row>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, value, revision, era, nanos FROM kv WHERE revision > ?1 ORDER BY revision",
+    )?;
+    let rows = stmt.query_map([to_i64(after)], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<Vec<u8>>>(1)?,
+            from_i64(r.get(2)?),
+            StoreTime {
+                era: from_i64(r.get(3)?),
+                nanos: from_i64(r.get(4)?),
+            },
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let row = row?;
+        if filter_matches(filter, &row.0) {
+            out.push(row);
+        }
+    }
+    Ok(out)
+}
+
+impl Store for SqliteStore {
+    fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        _mode: ReadMode,
+        timeout: Duration,
+    ) -> Result<Option<Entry>, StoreError> {
+        validate_key(key)?;
+        let epoch = self.inner.epoch;
+        let k = key.to_owned();
+        self.blocking(Op::Get, key, timeout, move |conn| {
+            let row: Option<(Option<Vec<u8>>, i64, i64, i64)> = conn
+                .prepare_cached("SELECT value, revision, era, nanos FROM kv WHERE key = ?1")
+                .and_then(|mut s| {
+                    s.query_row([&k], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                        .optional()
+                })
+                .map_err(|e| sql_err(Op::Get, &k, e))?;
+            Ok(row.and_then(|(value, rev, era, nanos)| {
+                value.map(|value| Entry {
+                    value,
+                    token: Token::new(epoch, from_i64(rev)),
+                    time: StoreTime {
+                        era: from_i64(era),
+                        nanos: from_i64(nanos),
+                    },
+                })
+            }))
+        })
+        .await
+    }
+
+    async fn create(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        self.write(Op::Create, key, Some(value), Expect::Absent, timeout)
+            .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        if expected.epoch != self.inner.epoch {
+            validate_key(key)?;
+            return Err(StoreError::conflict(Op::Update, key));
+        }
+        self.write(
+            Op::Update,
+            key,
+            Some(value),
+            Expect::At(expected.revision),
+            timeout,
+        )
+        .await
+    }
+
+    async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
+        self.write(Op::Put, key, Some(value), Expect::Anything, timeout)
+            .await
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if expected.epoch != self.inner.epoch {
+            validate_key(key)?;
+            return Err(StoreError::conflict(Op::Delete, key));
+        }
+        self.write(
+            Op::Delete,
+            key,
+            None,
+            Expect::At(expected.revision),
+            timeout,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn watch(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+    ) -> Result<WatchStream, StoreError> {
+        validate_filter(filter)?;
+        // With no start revision, deliver every key's latest state first:
+        // that is every row, in revision order.
+        let after = from_revision.map_or(0, |r| r.saturating_sub(1));
+        // A connection of its own, so polling never queues behind writes.
+        let path = self.inner.path.clone();
+        let f = filter.to_owned();
+        let conn = Arc::new(Mutex::new(
+            tokio::task::spawn_blocking(move || {
+                let c = Connection::open_with_flags(
+                    &path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                c.busy_timeout(BUSY_TIMEOUT)?;
+                Ok(c)
+            })
+            .await
+            .map_err(|e| StoreError::unknown(Op::Watch, &f, e))?
+            .map_err(|e| sql_err(Op::Watch, &f, e))?,
+        ));
+        let first = on_conn(conn.clone(), Op::Watch, filter, timeout, move |conn| {
+            rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+        })
+        .await?;
+        let epoch = self.inner.epoch;
+        let last = first.last().map_or(after, |r| r.2);
+        let state = (
+            conn,
+            filter.to_owned(),
+            first.into_iter().collect(),
+            last,
+            false,
+        );
+        let stream = futures::stream::unfold(state, move |state| async move {
+            let (conn, filter, mut queue, mut last, failed): (
+                Arc<Mutex<Connection>>,
+                String,
+                std::collections::VecDeque<Row>,
+                u64,
+                bool,
+            ) = state;
+            if failed {
+                return None;
+            }
+            loop {
+                if let Some((key, value, revision, time)) = queue.pop_front() {
+                    let ev = WatchEvent {
+                        key,
+                        entry: value.map(|value| Entry {
+                            value,
+                            token: Token::new(epoch, revision),
+                            time,
+                        }),
+                        revision,
+                        time,
+                    };
+                    return Some((Ok(ev), (conn, filter, queue, last, false)));
+                }
+                tokio::time::sleep(WATCH_POLL).await;
+                let f = filter.clone();
+                let polled = on_conn(
+                    conn.clone(),
+                    Op::Watch,
+                    &filter,
+                    BUSY_TIMEOUT * 2,
+                    move |c| rows_since(c, last, &f).map_err(|e| sql_err(Op::Watch, &f, e)),
+                )
+                .await;
+                match polled {
+                    Ok(rows) => {
+                        if let Some(r) = rows.last() {
+                            last = r.2;
+                        }
+                        queue.extend(rows);
+                    }
+                    Err(e) => return Some((Err(e), (conn, filter, queue, last, true))),
+                }
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}

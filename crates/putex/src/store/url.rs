@@ -1,0 +1,556 @@
+//! Store URLs: which store to open, parsed once, with errors that say what
+//! is wrong and show a URL that works.
+//!
+//! | URL | store |
+//! |---|---|
+//! | `sqlite:` | the embedded store at the default path ([`default_sqlite_path`]) |
+//! | `sqlite:///abs/path.db` | the embedded store in that file |
+//! | `nats://host:port[,host2:port...][?options]` | NATS JetStream KV |
+//! | `tls://host:port[...]` | the same, TLS required |
+//! | `memory:` | an in-process store (tests) |
+//!
+//! NATS options (query keys): `bucket` (default `putex`), `replicas`
+//! (default 1; 3 or 5 in production), `creds` (a `.creds` file), `nkey` (a
+//! seed), `user` and `password`, `token`, `tls_ca`, `tls_cert` and
+//! `tls_key` (file paths; `tls_cert` needs `tls_key`), `tls=true`. User and
+//! password may also come as `nats://user:password@host:port`. Values are
+//! percent-decoded.
+//!
+//! Environment ([`StoreUrl::from_env`]): `PUTEX_STORE` is the URL; without
+//! it `NATS_URL` (a NATS server list) selects NATS; without either the
+//! default is `sqlite:`. `NATS_CREDS` names a credentials file for a NATS
+//! URL that carries no credentials of its own.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use super::StoreError;
+
+/// A NATS URL that works, shown in error messages.
+pub const NATS_EXAMPLE: &str =
+    "nats://10.0.0.1:4222,10.0.0.2:4222,10.0.0.3:4222?bucket=putex&replicas=3&creds=/etc/putex/nats.creds";
+/// An SQLite URL that works, shown in error messages.
+pub const SQLITE_EXAMPLE: &str = "sqlite:///var/lib/putex/store.db";
+
+/// The default NATS bucket.
+pub const DEFAULT_BUCKET: &str = "putex";
+
+/// A parsed store URL.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum StoreUrl {
+    /// NATS JetStream KV.
+    Nats(NatsConfig),
+    /// The embedded SQLite store in this file.
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// An in-process store, private to this handle and its clones.
+    Memory,
+}
+
+/// How to reach a NATS bucket.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NatsConfig {
+    /// `host:port` of each seed server.
+    pub servers: Vec<String>,
+    /// The KV bucket.
+    pub bucket: String,
+    /// Replicas for a bucket that putex creates.
+    pub replicas: usize,
+    /// Credentials.
+    pub auth: NatsAuth,
+    /// TLS settings.
+    pub tls: NatsTls,
+}
+
+/// NATS credentials: at most one kind.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub enum NatsAuth {
+    /// No credentials.
+    #[default]
+    None,
+    /// A `.creds` file (JWT and nkey seed).
+    Creds(PathBuf),
+    /// An nkey seed.
+    Nkey(String),
+    /// User and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// A token.
+    Token(String),
+}
+
+/// NATS TLS settings.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct NatsTls {
+    /// Require TLS (`tls://` or `tls=true`, implied by any file below).
+    pub required: bool,
+    /// CA certificates to trust.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (with `key`).
+    pub cert: Option<PathBuf>,
+    /// Client key (with `cert`).
+    pub key: Option<PathBuf>,
+}
+
+fn bad(url: &str, problem: impl fmt::Display, example: &str) -> StoreError {
+    StoreError::config(format!(
+        "store URL {:?}: {problem}; for example {example:?}",
+        redact(url)
+    ))
+}
+
+/// Hides passwords and tokens in a URL for messages.
+fn redact(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let auth_end = rest.find(['?', '/']).unwrap_or(rest.len());
+        if let Some(at) = rest[..auth_end].rfind('@') {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            out = format!("{scheme}://{user}:***@{}", &rest[at + 1..]);
+        }
+    }
+    for key in ["password=", "token=", "nkey="] {
+        if let Some(i) = out.find(key) {
+            let start = i + key.len();
+            let end = out[start..].find('&').map_or(out.len(), |j| start + j);
+            out.replace_range(start..end, "***");
+        }
+    }
+    out
+}
+
+impl StoreUrl {
+    /// Parses a store URL.
+    pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
+        let url = url.trim();
+        let Some((scheme, rest)) = url.split_once(':') else {
+            return Err(bad(
+                url,
+                "it has no scheme (sqlite:, nats://, tls:// or memory:)",
+                NATS_EXAMPLE,
+            ));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" => parse_sqlite(url, rest),
+            "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
+            "memory" => Err(bad(url, "memory: takes nothing after the colon", "memory:")),
+            "nats" | "tls" => parse_nats(url, scheme, rest),
+            other => Err(bad(
+                url,
+                format_args!("unknown scheme {other:?} (use sqlite:, nats://, tls:// or memory:)"),
+                NATS_EXAMPLE,
+            )),
+        }
+    }
+
+    /// The store the environment names: `PUTEX_STORE`, else `NATS_URL`,
+    /// else `sqlite:`; `NATS_CREDS` fills in NATS credentials.
+    pub fn from_env() -> Result<StoreUrl, StoreError> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(var("PUTEX_STORE"), var("NATS_URL"), var("NATS_CREDS"))
+    }
+
+    fn from_vars(
+        putex_store: Option<String>,
+        nats_url: Option<String>,
+        nats_creds: Option<String>,
+    ) -> Result<StoreUrl, StoreError> {
+        let mut url = match (putex_store, nats_url) {
+            (Some(u), _) => StoreUrl::parse(&u)?,
+            (None, Some(n)) if n.contains("://") => StoreUrl::parse(&n)?,
+            (None, Some(n)) => StoreUrl::parse(&format!("nats://{n}"))?,
+            (None, None) => StoreUrl::parse("sqlite:")?,
+        };
+        if let (StoreUrl::Nats(cfg), Some(creds)) = (&mut url, nats_creds) {
+            if cfg.auth == NatsAuth::None {
+                cfg.auth = NatsAuth::Creds(PathBuf::from(creds));
+            }
+        }
+        Ok(url)
+    }
+}
+
+fn parse_sqlite(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
+    if rest.is_empty() {
+        return Ok(StoreUrl::Sqlite {
+            path: default_sqlite_path()?,
+        });
+    }
+    let Some(path) = rest.strip_prefix("//") else {
+        return Err(bad(
+            url,
+            "the path must be absolute, written sqlite:///abs/path.db (or sqlite: for the default)",
+            SQLITE_EXAMPLE,
+        ));
+    };
+    if !path.starts_with('/') {
+        return Err(bad(
+            url,
+            "a host is not allowed, the path must be absolute (three slashes)",
+            SQLITE_EXAMPLE,
+        ));
+    }
+    if path.contains('?') {
+        return Err(bad(url, "sqlite URLs take no options", SQLITE_EXAMPLE));
+    }
+    if path.ends_with('/') {
+        return Err(bad(
+            url,
+            "the path names a directory, not a file",
+            SQLITE_EXAMPLE,
+        ));
+    }
+    Ok(StoreUrl::Sqlite {
+        path: PathBuf::from(percent_decode(url, path)?),
+    })
+}
+
+/// `$XDG_STATE_HOME/putex/store.db`, else `~/.local/state/putex/store.db`.
+pub fn default_sqlite_path() -> Result<PathBuf, StoreError> {
+    let abs = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").and_then(abs) {
+        return Ok(state.join("putex").join("store.db"));
+    }
+    if let Some(home) = std::env::var_os("HOME").and_then(abs) {
+        return Ok(home.join(".local/state/putex/store.db"));
+    }
+    Err(StoreError::config(format!(
+        "no default place for the embedded store: neither XDG_STATE_HOME nor HOME is set to an absolute path; name a file, for example {SQLITE_EXAMPLE:?}"
+    )))
+}
+
+const NATS_KEYS: &str =
+    "bucket, replicas, creds, nkey, user, password, token, tls, tls_ca, tls_cert, tls_key";
+
+fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreError> {
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(bad(url, "expected // after the scheme", NATS_EXAMPLE));
+    };
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if authority.contains('/') {
+        return Err(bad(url, "a NATS URL has no path", NATS_EXAMPLE));
+    }
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+        None => (None, authority),
+    };
+    let mut servers = Vec::new();
+    for host in hosts.split(',') {
+        let host = host.trim();
+        if host.is_empty() {
+            return Err(bad(url, "missing host", NATS_EXAMPLE));
+        }
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        };
+        if name.is_empty() {
+            return Err(bad(
+                url,
+                format_args!("missing host in {host:?}"),
+                NATS_EXAMPLE,
+            ));
+        }
+        let port = match port {
+            None => 4222,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                bad(
+                    url,
+                    format_args!("bad port {p:?} in {host:?}"),
+                    NATS_EXAMPLE,
+                )
+            })?,
+        };
+        servers.push(format!("{name}:{port}"));
+    }
+
+    let mut cfg = NatsConfig {
+        servers,
+        bucket: DEFAULT_BUCKET.to_owned(),
+        replicas: 1,
+        auth: NatsAuth::None,
+        tls: NatsTls {
+            required: scheme.eq_ignore_ascii_case("tls"),
+            ..NatsTls::default()
+        },
+    };
+    let (mut user, mut password) = (None, None);
+    if let Some(info) = userinfo {
+        let (u, p) = info.split_once(':').unwrap_or((info, ""));
+        user = Some(percent_decode(url, u)?);
+        password = Some(percent_decode(url, p)?);
+    }
+    let mut auth_kinds = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(url, v)?;
+        if v.is_empty() && k != "password" {
+            return Err(bad(
+                url,
+                format_args!("option {k:?} has no value"),
+                NATS_EXAMPLE,
+            ));
+        }
+        match k {
+            "bucket" => {
+                if !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    return Err(bad(
+                        url,
+                        format_args!("bucket {v:?} may hold only A-Z a-z 0-9 _ -"),
+                        NATS_EXAMPLE,
+                    ));
+                }
+                cfg.bucket = v;
+            }
+            "replicas" => {
+                cfg.replicas = v
+                    .parse()
+                    .ok()
+                    .filter(|r| (1..=5).contains(r))
+                    .ok_or_else(|| {
+                        bad(
+                            url,
+                            format_args!("replicas must be 1 to 5, not {v:?}"),
+                            NATS_EXAMPLE,
+                        )
+                    })?;
+            }
+            "creds" => {
+                auth_kinds.push("creds");
+                cfg.auth = NatsAuth::Creds(PathBuf::from(v));
+            }
+            "nkey" => {
+                auth_kinds.push("nkey");
+                cfg.auth = NatsAuth::Nkey(v);
+            }
+            "token" => {
+                auth_kinds.push("token");
+                cfg.auth = NatsAuth::Token(v);
+            }
+            "user" => user = Some(v),
+            "password" => password = Some(v),
+            "tls" => {
+                cfg.tls.required = match v.as_str() {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err(bad(url, "tls must be true or false", NATS_EXAMPLE)),
+                }
+            }
+            "tls_ca" => cfg.tls.ca = Some(PathBuf::from(v)),
+            "tls_cert" => cfg.tls.cert = Some(PathBuf::from(v)),
+            "tls_key" => cfg.tls.key = Some(PathBuf::from(v)),
+            other => {
+                return Err(bad(
+                    url,
+                    format_args!("unknown option {other:?} (known: {NATS_KEYS})"),
+                    NATS_EXAMPLE,
+                ))
+            }
+        }
+    }
+    match (user, password) {
+        (Some(user), password) => {
+            auth_kinds.push("user/password");
+            cfg.auth = NatsAuth::UserPassword {
+                user,
+                password: password.unwrap_or_default(),
+            };
+        }
+        (None, Some(_)) => return Err(bad(url, "password without user", NATS_EXAMPLE)),
+        (None, None) => {}
+    }
+    if auth_kinds.len() > 1 {
+        return Err(bad(
+            url,
+            format_args!(
+                "more than one kind of credentials ({})",
+                auth_kinds.join(", ")
+            ),
+            NATS_EXAMPLE,
+        ));
+    }
+    if cfg.tls.cert.is_some() != cfg.tls.key.is_some() {
+        return Err(bad(url, "tls_cert and tls_key go together", NATS_EXAMPLE));
+    }
+    if cfg.tls.ca.is_some() || cfg.tls.cert.is_some() {
+        cfg.tls.required = true;
+    }
+    Ok(StoreUrl::Nats(cfg))
+}
+
+fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            let Some(b) = hex else {
+                return Err(bad(url, "a bad percent escape", NATS_EXAMPLE));
+            };
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad(url, "percent escapes that are not UTF-8", NATS_EXAMPLE))
+}
+
+impl fmt::Display for StoreUrl {
+    /// The URL without secrets, for logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("memory:"),
+            StoreUrl::Sqlite { path } => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Nats(c) => {
+                let scheme = if c.tls.required { "tls" } else { "nats" };
+                write!(f, "{scheme}://{}?bucket={}", c.servers.join(","), c.bucket)?;
+                if c.replicas != 1 {
+                    write!(f, "&replicas={}", c.replicas)?;
+                }
+                match &c.auth {
+                    NatsAuth::None => Ok(()),
+                    NatsAuth::Creds(p) => write!(f, "&creds={}", p.display()),
+                    NatsAuth::Nkey(_) => f.write_str("&nkey=***"),
+                    NatsAuth::UserPassword { user, .. } => write!(f, "&user={user}&password=***"),
+                    NatsAuth::Token(_) => f.write_str("&token=***"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nats(url: &str) -> NatsConfig {
+        match StoreUrl::parse(url).unwrap() {
+            StoreUrl::Nats(c) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn err(url: &str) -> String {
+        StoreUrl::parse(url).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn nats_urls() {
+        let c = nats("nats://a:4222,b:5222,c?bucket=locks&replicas=3&creds=/x/y.creds");
+        assert_eq!(c.servers, ["a:4222", "b:5222", "c:4222"]);
+        assert_eq!(c.bucket, "locks");
+        assert_eq!(c.replicas, 3);
+        assert_eq!(c.auth, NatsAuth::Creds("/x/y.creds".into()));
+        assert!(!c.tls.required);
+
+        let c = nats("nats://u%40x:p%26w@h:1");
+        assert_eq!(
+            c.auth,
+            NatsAuth::UserPassword {
+                user: "u@x".into(),
+                password: "p&w".into()
+            }
+        );
+        assert_eq!(c.bucket, "putex");
+
+        let c = nats("tls://h:1?tls_ca=/ca.pem");
+        assert!(c.tls.required);
+        assert_eq!(c.tls.ca, Some("/ca.pem".into()));
+        let c = nats("nats://h?tls_cert=/c&tls_key=/k");
+        assert!(c.tls.required);
+        assert_eq!(
+            nats("nats://h?token=s3cret").auth,
+            NatsAuth::Token("s3cret".into())
+        );
+        assert_eq!(nats("nats://h?nkey=SU").auth, NatsAuth::Nkey("SU".into()));
+    }
+
+    #[test]
+    fn errors_say_what_and_show_an_example() {
+        for (url, what) in [
+            ("redis://h", "unknown scheme \"redis\""),
+            ("nats://", "missing host"),
+            ("nats://a,,b", "missing host"),
+            ("nats://:4222", "missing host"),
+            ("nats://h:99999", "bad port"),
+            ("nats://h?bukket=x", "unknown option \"bukket\""),
+            ("nats://h?replicas=7", "replicas must be 1 to 5"),
+            ("nats://h?bucket=a.b", "bucket"),
+            ("nats://u:p@h?token=t", "more than one kind of credentials"),
+            ("nats://h?tls_cert=/c", "tls_cert and tls_key go together"),
+            ("nats://h/path", "no path"),
+            ("nats:h", "expected //"),
+            ("localhost:4222", "unknown scheme"),
+            ("no-scheme", "no scheme"),
+        ] {
+            let msg = err(url);
+            assert!(msg.contains(what), "{url}: {msg}");
+            assert!(msg.contains("for example \"nats://"), "{url}: {msg}");
+        }
+        for (url, what) in [
+            ("sqlite:relative.db", "absolute"),
+            ("sqlite://host/x.db", "host is not allowed"),
+            ("sqlite:///x.db?a=b", "no options"),
+        ] {
+            let msg = err(url);
+            assert!(msg.contains(what), "{url}: {msg}");
+            assert!(msg.contains("for example \"sqlite:///"), "{url}: {msg}");
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_messages() {
+        let msg = err("nats://u:hunter2@h?bogus=1");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        let msg = err("nats://h?token=hunter2&bogus=1");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        let shown = StoreUrl::parse("nats://u:hunter2@h").unwrap().to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn sqlite_and_memory_urls() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:///var/lib/p.db").unwrap(),
+            StoreUrl::Sqlite {
+                path: "/var/lib/p.db".into()
+            }
+        );
+        match StoreUrl::parse("sqlite:") {
+            Ok(StoreUrl::Sqlite { path }) => assert!(path.ends_with("putex/store.db")),
+            Err(e) => assert!(e.to_string().contains("XDG_STATE_HOME")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(StoreUrl::parse("memory:").unwrap(), StoreUrl::Memory);
+    }
+
+    #[test]
+    fn environment() {
+        let u = StoreUrl::from_vars(None, Some("a:1,b:2".into()), Some("/c.creds".into())).unwrap();
+        let StoreUrl::Nats(c) = u else { panic!() };
+        assert_eq!(c.servers, ["a:1", "b:2"]);
+        assert_eq!(c.auth, NatsAuth::Creds("/c.creds".into()));
+        let u = StoreUrl::from_vars(Some("memory:".into()), Some("a:1".into()), None).unwrap();
+        assert_eq!(u, StoreUrl::Memory);
+        let u = StoreUrl::from_vars(None, Some("nats://h?token=t".into()), Some("/c".into()));
+        let StoreUrl::Nats(c) = u.unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.auth, NatsAuth::Token("t".into()));
+    }
+}

@@ -1,0 +1,249 @@
+//! A real nats-server for end-to-end tests: one server, or a 3-node
+//! JetStream cluster, on ephemeral loopback ports with temporary storage,
+//! stopped and cleaned up on drop.
+//!
+//! The binary is `$PUTEX_NATS_SERVER`, else `./.tools/bin/nats-server` at
+//! the repository root, else `nats-server` on `PATH`. A missing server fails
+//! the test with the command that installs it; it never skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// How long a server may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Finds nats-server, or panics with how to install it.
+pub fn nats_server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "PUTEX_NATS_SERVER={} does not exist; run scripts/install-nats-server",
+            p.display()
+        );
+        return p;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let local = root.join(".tools/bin/nats-server");
+    if local.is_file() {
+        return local;
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("nats-server");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "nats-server not found (looked at $PUTEX_NATS_SERVER, {}, and PATH). \
+         Install it with scripts/install-nats-server (puts it in .tools/bin), \
+         or point PUTEX_NATS_SERVER at a nats-server >= 2.11 binary",
+        local.display()
+    );
+}
+
+/// One running nats-server.
+pub struct NatsServer {
+    child: Child,
+    /// The client URL, `nats://127.0.0.1:<port>`.
+    pub url: String,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// A single JetStream server.
+    pub fn start() -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sd = dir.path().join("store");
+        let args: Vec<String> = vec![
+            "-js".into(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            "-1".into(),
+            "-sd".into(),
+            sd.display().to_string(),
+        ];
+        Self::spawn(dir, args)
+    }
+
+    fn spawn(dir: tempfile::TempDir, mut args: Vec<String>) -> NatsServer {
+        let ports_dir = dir.path().join("ports");
+        std::fs::create_dir_all(&ports_dir).expect("ports dir");
+        args.push("--ports_file_dir".into());
+        args.push(ports_dir.display().to_string());
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
+        let bin = nats_server_binary();
+        let child = Command::new(&bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e}; run scripts/install-nats-server",
+                    bin.display()
+                )
+            });
+        let mut server = NatsServer {
+            child,
+            url: String::new(),
+            dir,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(url) = read_ports_file(&ports_dir) {
+                server.url = url;
+                return server;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!(
+                    "nats-server exited with {status} on start:\n{}",
+                    server.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start within {START_TIMEOUT:?}:\n{}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): requests get no answer. Returns once
+    /// every thread of the server is stopped (the signal is asynchronous).
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !all_stopped(Path::new(&tasks)) {
+            assert!(Instant::now() < deadline, "nats-server did not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));
+        kill(pid, sig).expect("signal nats-server");
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        // A paused server would not die of SIGKILL any slower, but thaw it
+        // so nothing lingers stopped if the kill races.
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether every thread under `/proc/<pid>/task` is stopped (state `T`).
+fn all_stopped(tasks: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(tasks) else {
+        return false;
+    };
+    entries.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                // The state follows the parenthesised command name.
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(|s| s == "T" || s == "t")
+            })
+            .unwrap_or(false)
+    })
+}
+
+fn read_ports_file(dir: &Path) -> Option<String> {
+    for entry in std::fs::read_dir(dir).ok()? {
+        let path = entry.ok()?.path();
+        if path.extension().is_some_and(|e| e == "ports") {
+            let text = std::fs::read_to_string(&path).ok()?;
+            let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+            let url = v.get("nats")?.get(0)?.as_str()?;
+            return Some(url.to_owned());
+        }
+    }
+    None
+}
+
+/// A free loopback TCP port (bound, then released: a small race that is
+/// acceptable for cluster route ports, which must be known up front).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A 3-node JetStream cluster on loopback.
+pub struct NatsCluster {
+    /// The servers, in start order.
+    pub servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts three clustered JetStream servers with routes to each other.
+    pub fn start() -> NatsCluster {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let routes = ports
+            .iter()
+            .map(|p| format!("nats-route://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let servers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let sd = dir.path().join("store");
+                let args: Vec<String> = vec![
+                    "-js".into(),
+                    "-a".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    "-1".into(),
+                    "-sd".into(),
+                    sd.display().to_string(),
+                    "-n".into(),
+                    format!("n{}", i + 1),
+                    "--cluster_name".into(),
+                    "putex-test".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{port}"),
+                    "--routes".into(),
+                    routes.clone(),
+                ];
+                NatsServer::spawn(dir, args)
+            })
+            .collect();
+        NatsCluster { servers }
+    }
+
+    /// A store URL naming every server.
+    pub fn url(&self) -> String {
+        let hosts: Vec<&str> = self
+            .servers
+            .iter()
+            .map(|s| s.url.trim_start_matches("nats://"))
+            .collect();
+        format!("nats://{}", hosts.join(","))
+    }
+}

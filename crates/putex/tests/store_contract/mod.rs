@@ -1,0 +1,772 @@
+//! The store contract (DESIGN §3), one suite run against every backend:
+//! memory, SQLite (a temporary file), a single nats-server, and a 3-node
+//! NATS cluster with an R3 bucket.
+//!
+//! The NATS tests start a real `nats-server` (see `common/nats_server.rs`);
+//! without one they fail and say how to install it.
+
+#[path = "../common/nats_server.rs"]
+mod nats_server;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use putex::core::record::Observed;
+use putex::store::{
+    AnyStore, MemoryStore, ReadMode, SqliteStore, Store, StoreError, StoreUrl, Token, WatchEvent,
+};
+
+use nats_server::{NatsCluster, NatsServer};
+
+/// The deadline for ordinary calls in these tests.
+const T: Duration = Duration::from_secs(5);
+
+fn json(write: &str) -> Vec<u8> {
+    format!(r#"{{"v":1,"write":"{write}"}}"#).into_bytes()
+}
+
+// ---------------------------------------------------------------------------
+// The suite: generic over any store.
+
+/// Create, update, delete: compare-and-swap semantics and outcome classes.
+async fn cas_semantics(s: &AnyStore) {
+    let k = "lock.cas";
+    assert_eq!(s.get(k, ReadMode::Leader, T).await.unwrap(), None);
+    let t1 = s.create(k, b"one", T).await.unwrap();
+    assert_eq!(t1.epoch, s.epoch());
+    assert!(t1.revision > 0);
+    let e = s.create(k, b"again", T).await.unwrap_err();
+    assert!(e.is_conflict(), "create over a live record: {e}");
+
+    let got = s
+        .get(k, ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .expect("created");
+    assert_eq!(got.value, b"one");
+    assert_eq!(got.token, t1);
+    let any = s.get(k, ReadMode::Any, T).await.unwrap().expect("created");
+    assert_eq!(any.token, t1);
+
+    let t2 = s.update(k, b"two", t1, T).await.unwrap();
+    assert!(t2 > t1, "{t2} after {t1}");
+    let e = s.update(k, b"stale", t1, T).await.unwrap_err();
+    assert!(e.is_conflict(), "stale revision: {e}");
+    // The epoch is part of the expectation: a token of another bucket
+    // incarnation never matches, even with the right revision.
+    let other_epoch = Token::new(s.epoch().wrapping_add(1), t2.revision);
+    let e = s.update(k, b"epoch", other_epoch, T).await.unwrap_err();
+    assert!(e.is_conflict(), "other epoch: {e}");
+    let e = s.delete(k, other_epoch, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete, other epoch: {e}");
+    assert_eq!(
+        s.get(k, ReadMode::Leader, T).await.unwrap().unwrap().value,
+        b"two"
+    );
+
+    let e = s.delete(k, t1, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete with a stale revision: {e}");
+    s.delete(k, t2, T).await.unwrap();
+    assert_eq!(s.get(k, ReadMode::Leader, T).await.unwrap(), None);
+    assert_eq!(s.get(k, ReadMode::Any, T).await.unwrap(), None);
+    let e = s.update(k, b"gone", t2, T).await.unwrap_err();
+    assert!(e.is_conflict(), "update of a deleted record: {e}");
+    let e = s.delete(k, t2, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete of a deleted record: {e}");
+
+    // A deleted record can be created again, with a new, higher revision.
+    let t3 = s.create(k, b"three", T).await.unwrap();
+    assert!(
+        t3.revision > t2.revision + 1,
+        "the delete marker took a revision too"
+    );
+
+    // Update of a record that never existed.
+    let e = s.update("lock.never", b"x", t3, T).await.unwrap_err();
+    assert!(e.is_conflict(), "update of an absent record: {e}");
+
+    // Unconditional put (probe records).
+    let p1 = s.put("probe.n1.example.com", b"p", T).await.unwrap();
+    let p2 = s.put("probe.n1.example.com", b"q", T).await.unwrap();
+    assert!(p2 > p1 && p1 > t3);
+
+    // Bad keys are configuration errors, not conflicts or unknowns.
+    for bad in ["", "lock..x", "lock.a b", ".lock", "lock.*"] {
+        match s.create(bad, b"x", T).await {
+            Err(StoreError::Config { reason }) => assert!(reason.contains("lock.pg"), "{reason}"),
+            other => panic!("key {bad:?}: {other:?}"),
+        }
+    }
+}
+
+/// Garbage bytes come back as bytes, and never decode as a release.
+async fn garbage(s: &AnyStore) {
+    let values: [&[u8]; 5] = [
+        b"\x00\xff\xfe garbage \x80",
+        b"{\"v\":1,\"state\":\"released\"}",
+        b"",
+        b"{",
+        b"{\"v\":99,\"node\":\"a\",\"machine\":\"m\",\"instance\":\"i\",\"state\":\"released\",\"write\":\"w\",\"lease_ms\":1,\"gap_ms\":1}",
+    ];
+    for (i, v) in values.iter().enumerate() {
+        let k = format!("lock.garbage{i}");
+        s.create(&k, v, T).await.unwrap();
+        let e = s
+            .get(&k, ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .expect("written");
+        assert_eq!(&e.value[..], *v);
+        assert_eq!(Observed::decode(&e.value), Observed::Garbage, "{v:?}");
+    }
+}
+
+/// Store timestamps: present, in one era, and not decreasing with the
+/// revision (one writer, one leader).
+async fn timestamps(s: &AnyStore) {
+    let mut last: Option<(Token, putex::store::StoreTime)> = None;
+    for i in 0..20 {
+        let t = s
+            .put("probe.clock", format!("{i}").as_bytes(), T)
+            .await
+            .unwrap();
+        let e = s
+            .get("probe.clock", ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.token, t);
+        assert_ne!(e.time.nanos, 0);
+        if let Some((pt, ptime)) = last {
+            assert!(t > pt);
+            assert_eq!(ptime.era, e.time.era);
+            assert!(
+                e.time.nanos >= ptime.nanos,
+                "store time went back: {ptime:?} -> {:?}",
+                e.time
+            );
+        }
+        last = Some((t, e.time));
+    }
+}
+
+/// Next event of a watch, within a deadline.
+async fn next_event(w: &mut putex::store::WatchStream) -> Result<WatchEvent, StoreError> {
+    match tokio::time::timeout(T, w.next()).await {
+        Ok(Some(ev)) => ev,
+        Ok(None) => panic!("watch ended"),
+        Err(_) => panic!("no watch event within {T:?}"),
+    }
+}
+
+/// Collects events until one at `revision` or later arrives.
+async fn events_until(w: &mut putex::store::WatchStream, revision: u64) -> Vec<WatchEvent> {
+    let mut out: Vec<WatchEvent> = Vec::new();
+    while out.last().is_none_or(|e| e.revision < revision) {
+        out.push(next_event(w).await.expect("watch event"));
+    }
+    out
+}
+
+fn assert_increasing(events: &[WatchEvent]) {
+    for pair in events.windows(2) {
+        assert!(
+            pair[0].revision < pair[1].revision,
+            "out of order: {pair:?}"
+        );
+    }
+}
+
+/// The latest state per key that a list of events leaves.
+fn latest(events: &[WatchEvent]) -> BTreeMap<String, Option<Vec<u8>>> {
+    events
+        .iter()
+        .map(|e| (e.key.clone(), e.entry.as_ref().map(|x| x.value.clone())))
+        .collect()
+}
+
+/// Watch: initial state, ordering, deletes, filters, and resuming.
+async fn watch(s: &AnyStore) {
+    let a = s.create("member.w.a", b"a1", T).await.unwrap();
+    s.create("member.other.x", b"x", T).await.unwrap();
+    let mut w = s.watch("member.w.", None, T).await.unwrap();
+    // From no revision: the current state first.
+    let first = events_until(&mut w, a.revision).await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].key, "member.w.a");
+    assert_eq!(first[0].entry.as_ref().unwrap().value, b"a1");
+    assert_eq!(first[0].entry.as_ref().unwrap().token, a);
+
+    let b = s
+        .create("member.w.b.host.example.com", b"b1", T)
+        .await
+        .unwrap();
+    let a2 = s.update("member.w.a", b"a2", a, T).await.unwrap();
+    s.put("member.other.x", b"x2", T).await.unwrap();
+    s.delete("member.w.b.host.example.com", b, T).await.unwrap();
+    let c = s.create("member.w.c", b"c1", T).await.unwrap();
+    let evs = events_until(&mut w, c.revision).await;
+    assert_increasing(&evs);
+    assert!(
+        evs.iter().all(|e| e.key.starts_with("member.w.")),
+        "{evs:?}"
+    );
+    let state = latest(&evs);
+    assert_eq!(state["member.w.a"], Some(b"a2".to_vec()));
+    assert_eq!(state["member.w.b.host.example.com"], None, "delete event");
+    assert_eq!(state["member.w.c"], Some(b"c1".to_vec()));
+    let d = evs
+        .iter()
+        .find(|e| e.key == "member.w.b.host.example.com" && e.entry.is_none());
+    assert!(d.expect("a delete event").revision > b.revision);
+    for e in &evs {
+        assert_ne!(e.time.nanos, 0);
+        if let Some(x) = &e.entry {
+            assert_eq!(x.token.revision, e.revision);
+        }
+    }
+    drop(w);
+
+    // Resume from a revision: everything from there on, nothing before.
+    let mut w = s.watch("member.w.", Some(a2.revision), T).await.unwrap();
+    let evs = events_until(&mut w, c.revision).await;
+    assert_increasing(&evs);
+    assert!(evs[0].revision >= a2.revision);
+    let state = latest(&evs);
+    assert_eq!(state.get("member.w.c"), Some(&Some(b"c1".to_vec())));
+    assert_eq!(state.get("member.w.b.host.example.com"), Some(&None));
+    // Changes after resuming keep coming.
+    let c2 = s.update("member.w.c", b"c2", c, T).await.unwrap();
+    let evs = events_until(&mut w, c2.revision).await;
+    assert_eq!(evs.last().unwrap().entry.as_ref().unwrap().value, b"c2");
+
+    // A watch on one key.
+    let mut w = s.watch("member.w.c", Some(c2.revision), T).await.unwrap();
+    let ev = next_event(&mut w).await.unwrap();
+    assert_eq!((ev.key.as_str(), ev.revision), ("member.w.c", c2.revision));
+
+    // A bad filter is a configuration error.
+    assert!(matches!(
+        s.watch("member..", None, T).await,
+        Err(StoreError::Config { .. })
+    ));
+}
+
+/// Eight writers race a compare-and-swap on one key, round after round:
+/// exactly one wins each round, the rest see a conflict.
+async fn concurrent_cas(handles: &[AnyStore]) {
+    assert_eq!(handles.len(), 8);
+    let k = "lock.race";
+    let mut token = handles[0].create(k, b"start", T).await.unwrap();
+    for round in 0..5 {
+        let results = futures::future::join_all(handles.iter().enumerate().map(|(i, h)| {
+            let value = format!("round {round} writer {i}");
+            async move { h.update(k, value.as_bytes(), token, T).await }
+        }))
+        .await;
+        let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        for r in &results {
+            if let Err(e) = r {
+                assert!(
+                    e.is_conflict(),
+                    "round {round}: a loser must see a conflict: {e}"
+                );
+            }
+        }
+        token = *winners[0];
+        let e = handles[1]
+            .get(k, ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.token, token);
+        assert!(String::from_utf8_lossy(&e.value).starts_with(&format!("round {round} ")));
+    }
+}
+
+/// The whole suite on one store (`handles[0]`), with 8 handles for the race.
+async fn contract(handles: &[AnyStore]) {
+    let s = &handles[0];
+    cas_semantics(s).await;
+    garbage(s).await;
+    timestamps(s).await;
+    watch(s).await;
+    concurrent_cas(handles).await;
+}
+
+/// A write reported Unknown that landed is found by its write id with a
+/// leader read. `stall` makes the store unresponsive and returns a closure
+/// that makes it responsive again.
+async fn unknown_then_landed<F: FnOnce()>(s: &AnyStore, stall: impl FnOnce() -> F) {
+    let k = "lock.unknown";
+    let t = s.create(k, &json("w-0"), T).await.unwrap();
+    let unstall = stall();
+    let started = Instant::now();
+    let short = Duration::from_millis(300);
+    let e = s
+        .update(k, &json("w-unknown-1"), t, short)
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_unknown(),
+        "a timeout must be unknown, never a conflict: {e}"
+    );
+    assert!(
+        started.elapsed() < short + Duration::from_millis(700),
+        "deadline kept: {:?}",
+        started.elapsed()
+    );
+    unstall();
+    // The write was sent before the stall was noticed: it lands.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(e)) = s.get(k, ReadMode::Leader, T).await {
+            if e.value == json("w-unknown-1") {
+                assert!(e.token > t);
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unknown write never showed up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // After which a CAS on the old token is a conflict.
+    assert!(s
+        .update(k, &json("w-2"), t, T)
+        .await
+        .unwrap_err()
+        .is_conflict());
+}
+
+// ---------------------------------------------------------------------------
+// Backends.
+
+fn memory_handles() -> Vec<AnyStore> {
+    let m = MemoryStore::new();
+    (0..8).map(|_| AnyStore::from(m.clone())).collect()
+}
+
+async fn sqlite_handles(path: &std::path::Path) -> Vec<AnyStore> {
+    // Separate handles have separate connections: like separate processes.
+    let mut v = Vec::new();
+    for _ in 0..8 {
+        v.push(AnyStore::from(
+            SqliteStore::open(path.to_owned()).await.unwrap(),
+        ));
+    }
+    v
+}
+
+async fn nats_handles(url: &str) -> Vec<AnyStore> {
+    let url = StoreUrl::parse(url).unwrap();
+    let mut v = Vec::new();
+    for _ in 0..8 {
+        v.push(open_retrying(&url).await);
+    }
+    v
+}
+
+/// Opens a store, retrying while a fresh cluster elects its leaders.
+async fn open_retrying(url: &StoreUrl) -> AnyStore {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match AnyStore::open(url).await {
+            Ok(s) => return s,
+            Err(e) if Instant::now() < deadline && !matches!(e, StoreError::Config { .. }) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot open {url}: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn store_contract_memory() {
+    contract(&memory_handles()).await;
+}
+
+#[tokio::test]
+async fn store_contract_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let handles = sqlite_handles(&dir.path().join("sub/dir/store.db")).await;
+    contract(&handles).await;
+    // Reopening keeps the epoch; a new file gets a later one.
+    let again = SqliteStore::open(dir.path().join("sub/dir/store.db"))
+        .await
+        .unwrap();
+    assert_eq!(again.epoch(), handles[0].epoch());
+    let other = SqliteStore::open(dir.path().join("other.db"))
+        .await
+        .unwrap();
+    assert!(other.epoch() > again.epoch());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_contract_nats() {
+    let server = NatsServer::start();
+    let handles = nats_handles(&server.url).await;
+    contract(&handles).await;
+}
+
+/// R3 bucket on a 3-node cluster: the same contract; a CAS conflict (which
+/// a replicated stream reports as 10164) is classified as a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_contract_nats_cluster_r3() {
+    let cluster = NatsCluster::start();
+    let url = format!("{}?bucket=putex_r3&replicas=3", cluster.url());
+    let handles = nats_handles(&url).await;
+    let AnyStore::Nats(n) = &handles[0] else {
+        unreachable!()
+    };
+    let info = async_nats::jetstream::new(n.client().clone())
+        .get_stream("KV_putex_r3")
+        .await
+        .unwrap()
+        .cached_info()
+        .clone();
+    assert_eq!(info.config.num_replicas, 3);
+    contract(&handles).await;
+
+    // What the server answers to a failed CAS on the R3 bucket, raw: the
+    // code that async-nats reports as `Other` must still be a conflict here.
+    let s = &handles[0];
+    let t = s.create("lock.r3", b"a", T).await.unwrap();
+    s.update("lock.r3", b"b", t, T).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        "Nats-Expected-Last-Subject-Sequence",
+        async_nats::HeaderValue::from(t.revision),
+    );
+    let js = async_nats::jetstream::new(n.client().clone());
+    let err = js
+        .publish_with_headers("$KV.putex_r3.lock.r3", headers, "raw".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap_err();
+    let code = std::error::Error::source(&err)
+        .and_then(|e| e.downcast_ref::<async_nats::jetstream::Error>())
+        .map(|e| e.error_code().0);
+    eprintln!(
+        "R3 CAS conflict: kind {:?}, JetStream code {code:?}",
+        err.kind()
+    );
+    assert!(matches!(code, Some(10071 | 10164)), "{err:?}");
+
+    // Racing CAS writers on a replicated stream: the leader rejects those
+    // that find a proposal for the subject in flight with 10164. Tally the
+    // codes the raw client sees; the store's own race above already showed
+    // every loser classified as a conflict.
+    let mut codes = BTreeMap::<u64, usize>::new();
+    let mut rev = s
+        .get("lock.r3", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap()
+        .token
+        .revision;
+    for round in 0.. {
+        if round >= 5 && codes.contains_key(&10164) || round == 50 {
+            break;
+        }
+        let results = futures::future::join_all((0..8).map(|i| {
+            let js = js.clone();
+            async move {
+                let mut h = async_nats::HeaderMap::new();
+                h.insert(
+                    "Nats-Expected-Last-Subject-Sequence",
+                    async_nats::HeaderValue::from(rev),
+                );
+                js.publish_with_headers("$KV.putex_r3.lock.r3", h, format!("{i}").into())
+                    .await
+                    .unwrap()
+                    .await
+            }
+        }))
+        .await;
+        let mut won = 0;
+        for r in results {
+            match r {
+                Ok(ack) => {
+                    won += 1;
+                    rev = ack.sequence;
+                }
+                Err(e) => {
+                    let code = std::error::Error::source(&e)
+                        .and_then(|e| e.downcast_ref::<async_nats::jetstream::Error>())
+                        .map_or(0, |e| e.error_code().0);
+                    *codes.entry(code).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(won, 1);
+    }
+    eprintln!("R3 racing CAS losers by JetStream code: {codes:?}");
+    assert!(
+        codes.keys().all(|c| *c == 10071 || *c == 10164),
+        "{codes:?}"
+    );
+    let e = s.update("lock.r3", b"c", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+}
+
+#[tokio::test]
+async fn store_unknown_memory_fault() {
+    let m = MemoryStore::new();
+    let s = AnyStore::from(m.clone());
+    unknown_then_landed(&s, || {
+        m.inject(putex::store::memory::Fault::ApplyThenStall);
+        || {}
+    })
+    .await;
+    // A stalled, not applied write is unknown too, and leaves no trace.
+    let t = s.create("lock.stall", b"x", T).await.unwrap();
+    m.inject(putex::store::memory::Fault::Stall);
+    let e = s
+        .update("lock.stall", b"y", t, Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    assert!(e.is_unknown(), "{e}");
+    assert_eq!(
+        s.get("lock.stall", ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .unwrap()
+            .token,
+        t
+    );
+}
+
+/// Another process holds SQLite's write lock past our deadline: unknown;
+/// once it lets go, the write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_unknown_sqlite_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let mut c = rusqlite::Connection::open(path).unwrap();
+        go_rx.recv().unwrap();
+        let t = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        t.rollback().unwrap();
+    });
+    unknown_then_landed(&s, || {
+        go_tx.send(()).unwrap();
+        locked_rx.recv().unwrap();
+        move || {
+            release_tx.send(()).unwrap();
+            holder.join().unwrap();
+        }
+    })
+    .await;
+}
+
+/// A frozen nats-server (SIGSTOP): the update is unknown within its
+/// deadline; after SIGCONT the leader read finds it by its write id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_unknown_nats_sigstop() {
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    let server = &server;
+    unknown_then_landed(&s, || {
+        server.pause();
+        move || server.resume()
+    })
+    .await;
+    // A read during a stall is unknown too, never "absent".
+    server.pause();
+    let e = s
+        .get("lock.unknown", ReadMode::Leader, Duration::from_millis(200))
+        .await;
+    server.resume();
+    assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
+}
+
+/// A re-created bucket has a later epoch, and old tokens conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_recreated_bucket_has_a_later_epoch() {
+    let server = NatsServer::start();
+    let url = StoreUrl::parse(&server.url).unwrap();
+    let s = open_retrying(&url).await;
+    let t = s.create("lock.e", b"x", T).await.unwrap();
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    async_nats::jetstream::new(n.client().clone())
+        .delete_key_value("putex")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let s2 = open_retrying(&url).await;
+    assert!(s2.epoch() > s.epoch());
+    let t2 = s2.create("lock.e", b"y", T).await.unwrap();
+    assert_eq!(t2.revision, t.revision, "revisions restart in a new bucket");
+    assert!(t2 > t, "but tokens compare higher");
+    let e = s2.update("lock.e", b"z", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+}
+
+/// Keys names on the wire: the layout DESIGN §3 and docs/stores.md describe.
+#[tokio::test]
+async fn store_key_layout() {
+    use putex::store::keys;
+    let s = AnyStore::from(MemoryStore::new());
+    let lock = keys::lock("pg").unwrap();
+    let member = keys::member("pg", "db1.example.com").unwrap();
+    let probe = keys::probe("db1.example.com").unwrap();
+    for k in [&lock, &member, &probe] {
+        s.put(k, b"x", T).await.unwrap();
+    }
+    let mut w = s
+        .watch(&keys::members_of("pg").unwrap(), None, T)
+        .await
+        .unwrap();
+    let ev = next_event(&mut w).await.unwrap();
+    assert_eq!(ev.key, "member.pg.db1.example.com");
+    let names: HashSet<_> = [lock, member, probe].into_iter().collect();
+    assert_eq!(names.len(), 3);
+    assert!(keys::lock("bad.name")
+        .unwrap_err()
+        .to_string()
+        .contains("nightly-report"));
+}
+
+/// A bucket whose records expire is refused; one without history is
+/// accepted (with a warning); one the server cannot create as asked (three
+/// replicas on a lone server) is a configuration error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_refuses_unfit_buckets() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: "ttl".into(),
+        history: 5,
+        max_age: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let url = StoreUrl::parse(&format!("{}?bucket=ttl", server.url)).unwrap();
+    match AnyStore::open(&url).await {
+        Err(StoreError::Config { reason }) => assert!(reason.contains("never expire"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: "nohistory".into(),
+        history: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let url = StoreUrl::parse(&format!("{}?bucket=nohistory", server.url)).unwrap();
+    let s = AnyStore::open(&url).await.unwrap();
+    s.create("lock.x", b"x", T).await.unwrap();
+
+    // Three replicas on a lone server: the server refuses, and that is a
+    // configuration error, not something to retry.
+    let url = StoreUrl::parse(&format!("{}?bucket=r3&replicas=3", server.url)).unwrap();
+    match AnyStore::open(&url).await {
+        Err(StoreError::Config { reason }) => assert!(reason.contains("replica"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// No server at the address: opening is unknown (retrying may help), not a
+/// configuration error, and comes back within its deadline.
+#[tokio::test]
+async fn store_nats_unreachable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = StoreUrl::parse(&format!("nats://127.0.0.1:{port}")).unwrap();
+    let started = Instant::now();
+    match AnyStore::open(&url).await {
+        Err(StoreError::Unknown { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(16));
+}
+
+/// Set in a child process of [`store_sqlite_many_processes`].
+const SQLITE_CHILD_ENV: &str = "PUTEX_TEST_SQLITE_CHILD";
+const INCREMENTS: u64 = 50;
+
+/// Increments a counter by compare-and-swap, retrying on conflict.
+async fn increment(s: &AnyStore, key: &str) {
+    loop {
+        let e = s.get(key, ReadMode::Leader, T).await.unwrap().unwrap();
+        let n: u64 = String::from_utf8(e.value).unwrap().parse().unwrap();
+        match s
+            .update(key, (n + 1).to_string().as_bytes(), e.token, T)
+            .await
+        {
+            Ok(_) => return,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// The child half of [`store_sqlite_many_processes`]; a no-op otherwise.
+#[tokio::test]
+async fn store_sqlite_child_writer() {
+    let Some(path) = std::env::var_os(SQLITE_CHILD_ENV) else {
+        return;
+    };
+    let s = AnyStore::from(SqliteStore::open(path.into()).await.unwrap());
+    for _ in 0..INCREMENTS {
+        increment(&s, "lock.counter").await;
+    }
+}
+
+/// Four processes increment one counter by compare-and-swap on one SQLite
+/// file: no increment is lost, none applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_many_processes() {
+    const PROCS: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    s.create("lock.counter", b"0", T).await.unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..PROCS)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "store_contract::store_sqlite_child_writer",
+                    "--quiet",
+                ])
+                .env(SQLITE_CHILD_ENV, &path)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let e = s
+        .get("lock.counter", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(e.value).unwrap(),
+        (PROCS * INCREMENTS).to_string()
+    );
+}

@@ -1,0 +1,621 @@
+//! Supervision with real processes: the keeper's deadline, process-tree
+//! stops (cgroup scope and subreaper fallback), adoption, and hooks.
+//!
+//! Every test runs in bounded time (deadlines of a few hundred ms) and
+//! cleans up its keeper and processes even when it fails.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use putex::clock::boot_time_now;
+use putex::core::agent::StopKind;
+use putex::core::{Instant, Token};
+use putex::hooks::{Hook, HookEnv, HookKind, HookRunner, HookStatus};
+use putex::keeper::{socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use putex::process::{proc_table, CgroupRoot, TreeInfo};
+
+fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
+    KeeperConfig {
+        exe: PathBuf::from(env!("CARGO_BIN_EXE_putex")),
+        socket: socket_path(dir, "test-store", lock),
+        lock: lock.into(),
+        node: "n1".into(),
+        deactivate: None,
+        stop_timeout: Duration::from_millis(300),
+        emergency_timeout: Duration::from_millis(200),
+        cgroup,
+    }
+}
+
+/// Pids of processes whose command line is exactly `sleep <arg>`.
+fn sleeps(arg: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in proc_table() {
+        if e.is_dead() {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(format!("/proc/{}/cmdline", e.pid)) else {
+            continue;
+        };
+        let parts: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if parts.len() >= 2 && parts[0].ends_with(b"sleep") && parts[1] == arg.as_bytes() {
+            out.push(e.pid);
+        }
+    }
+    out
+}
+
+/// A shell that starts a plain, a `setsid` and a double-forked sleep, each
+/// ignoring SIGTERM when `stubborn`, and waits.
+fn tree_script(tag: &str, stubborn: bool) -> (Vec<String>, [String; 3]) {
+    let args = [
+        format!("1000.{tag}1"),
+        format!("1000.{tag}2"),
+        format!("1000.{tag}3"),
+    ];
+    let trap = if stubborn { "trap '' TERM; " } else { "" };
+    let script = format!(
+        "{trap}sleep {} & setsid sleep {} & (sleep {} &) ; wait",
+        args[0], args[1], args[2]
+    );
+    (vec!["/bin/sh".into(), "-c".into(), script], args)
+}
+
+async fn wait_for(mut cond: impl FnMut() -> bool, within: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cond()
+}
+
+fn all_gone(args: &[String]) -> bool {
+    args.iter().all(|a| sleeps(a).is_empty())
+}
+
+fn all_running(args: &[String]) -> bool {
+    args.iter().all(|a| sleeps(a).len() == 1)
+}
+
+/// Kills what a test left behind: the keeper, the sleeps, the scope.
+struct Cleanup {
+    keeper: Option<i32>,
+    sleeps: Vec<String>,
+    scope: Option<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(pid) = self.keeper {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        for a in &self.sleeps {
+            for pid in sleeps(a) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        if let Some(s) = &self.scope {
+            std::thread::sleep(Duration::from_millis(20));
+            let _ = std::fs::remove_dir(s);
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn start(
+    dir: &Path,
+    lock: &str,
+    cgroup: bool,
+    tag: &str,
+    stubborn: bool,
+) -> (KeeperClient, Cleanup, [String; 3]) {
+    let (client, adopted) = KeeperClient::spawn_or_adopt(&config(dir, lock, cgroup))
+        .await
+        .unwrap();
+    assert!(!adopted);
+    let st = client.status().await.unwrap();
+    let (argv, args) = tree_script(tag, stubborn);
+    let mut cleanup = Cleanup {
+        keeper: Some(st.pid),
+        sleeps: args.to_vec(),
+        scope: None,
+    };
+    let (_pid, tree) = client.spawn_child(argv, vec![]).await.unwrap();
+    if let TreeInfo::Cgroup(p) = &tree {
+        cleanup.scope = Some(p.clone());
+    }
+    if !cgroup {
+        assert!(
+            matches!(tree, TreeInfo::ProcessGroup(_)),
+            "subreaper forced: {tree:?}"
+        );
+    } else if CgroupRoot::detect().is_some() {
+        assert!(
+            matches!(tree, TreeInfo::Cgroup(_)),
+            "cgroup available but not used: {tree:?}"
+        );
+    } else {
+        eprintln!("no usable cgroup2 here: testing the subreaper fallback instead");
+    }
+    assert!(
+        wait_for(|| all_running(&args), Duration::from_secs(5)).await,
+        "tree did not start"
+    );
+    (client, cleanup, args)
+}
+
+async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut client, _cleanup, args) =
+        start(dir.path(), &format!("fire{tag}"), cgroup, tag, true).await;
+    let deadline = boot_time_now() + Duration::from_millis(300);
+    client
+        .arm(deadline, Some(Token::new(1, 2)), None)
+        .await
+        .unwrap();
+    let mut client = if drop_agent {
+        drop(client); // the agent is killed: its connection closes
+        None
+    } else {
+        // The agent is frozen: its connection stays open, nothing is sent.
+        Some(&mut client)
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(all_running(&args), "stopped before the deadline");
+    assert!(
+        wait_for(|| all_gone(&args), Duration::from_secs(3)).await,
+        "tree survived the deadline"
+    );
+    let late = boot_time_now().saturating_since(deadline);
+    eprintln!(
+        "cgroup={cgroup} drop_agent={drop_agent}: tree gone {:.1} ms after the deadline",
+        ms(late)
+    );
+    // The tree ignores SIGTERM: the kill comes after emergency_timeout/2 = 100 ms.
+    assert!(
+        late < Duration::from_millis(100 + 150),
+        "emergency stop too late: {late:?}"
+    );
+    if let Some(c) = client.as_mut() {
+        let ev = tokio::time::timeout(Duration::from_secs(2), c.next_event())
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                ev,
+                KeeperEvent::Fired { ok: true } | KeeperEvent::ChildExited(_)
+            ),
+            "{ev:?}"
+        );
+        let st = c.status().await.unwrap();
+        assert!(st.fired);
+        assert_eq!(
+            c.extend(boot_time_now() + Duration::from_secs(1))
+                .await
+                .unwrap_err()
+                .to_string(),
+            "keeper refused: fired"
+        );
+    }
+}
+
+#[tokio::test]
+async fn supervision_keeper_fires_at_deadline_after_agent_killed_cgroup() {
+    fires_at_deadline(true, "11", true).await;
+}
+
+#[tokio::test]
+async fn supervision_keeper_fires_at_deadline_while_agent_frozen_cgroup() {
+    fires_at_deadline(true, "12", false).await;
+}
+
+#[tokio::test]
+async fn supervision_keeper_fires_at_deadline_after_agent_killed_subreaper() {
+    fires_at_deadline(false, "13", true).await;
+}
+
+/// Not a test on its own: the stand-in agent process of
+/// `supervision_keeper_fires_while_agent_process_sigstopped`, which runs this
+/// test binary again with `PUTEX_TEST_AGENT_SOCKET` set.
+#[tokio::test]
+async fn supervision_agent_stand_in() {
+    let Ok(socket) = std::env::var("PUTEX_TEST_AGENT_SOCKET") else {
+        return;
+    };
+    let deadline: u64 = std::env::var("PUTEX_TEST_AGENT_DEADLINE")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let client = KeeperClient::adopt(Path::new(&socket))
+        .await
+        .unwrap()
+        .unwrap();
+    client
+        .arm(Instant::from_nanos(deadline), None, None)
+        .await
+        .unwrap();
+    println!("armed");
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A real agent process, frozen with SIGSTOP while it holds the keeper's
+/// connection: the keeper fires at the deadline regardless.
+#[tokio::test]
+async fn supervision_keeper_fires_while_agent_process_sigstopped() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _cleanup, args) = start(dir.path(), "sigstop", true, "14", false).await;
+    drop(client);
+    let deadline = boot_time_now() + Duration::from_millis(400);
+    let mut agent = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "supervision::supervision_agent_stand_in",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "PUTEX_TEST_AGENT_SOCKET",
+            config(dir.path(), "sigstop", true).socket,
+        )
+        .env("PUTEX_TEST_AGENT_DEADLINE", deadline.as_nanos().to_string())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(agent.stdout.take().unwrap()).lines();
+    let armed = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if l.trim().ends_with("armed") {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(
+        armed.await.unwrap(),
+        "the stand-in agent did not arm the keeper"
+    );
+    let agent_pid = Pid::from_raw(agent.id().unwrap() as i32);
+    kill(agent_pid, Signal::SIGSTOP).unwrap();
+    assert!(all_running(&args));
+    assert!(
+        wait_for(|| all_gone(&args), Duration::from_secs(3)).await,
+        "tree survived the deadline"
+    );
+    let late = boot_time_now().saturating_since(deadline);
+    eprintln!(
+        "agent SIGSTOPped: tree (TERM-able) gone {:.1} ms after the deadline",
+        ms(late)
+    );
+    assert!(late < Duration::from_millis(100), "{late:?}");
+    let _ = kill(agent_pid, Signal::SIGKILL);
+    let _ = agent.wait().await;
+}
+
+#[tokio::test]
+async fn supervision_late_extension_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _adopted) = KeeperClient::spawn_or_adopt(&config(dir.path(), "late", true))
+        .await
+        .unwrap();
+    let _cleanup = Cleanup {
+        keeper: Some(client.status().await.unwrap().pid),
+        sleeps: vec![],
+        scope: None,
+    };
+    assert!(
+        matches!(client.extend(boot_time_now()).await, Err(KeeperError::Refused(r)) if r == "not armed")
+    );
+    let d = boot_time_now() + Duration::from_millis(50);
+    client.arm(d, None, None).await.unwrap();
+    client.extend(d + Duration::from_millis(20)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let r = client
+        .extend(boot_time_now() + Duration::from_secs(10))
+        .await;
+    assert!(matches!(r, Err(KeeperError::Refused(_))), "{r:?}");
+    // A new tenure needs a new arm.
+    client
+        .arm(boot_time_now() + Duration::from_secs(5), None, None)
+        .await
+        .unwrap();
+    client.disarm().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn supervision_keeper_killed_is_noticed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut client, _cleanup, args) = start(dir.path(), "lost", true, "21", false).await;
+    let pid = client.status().await.unwrap().pid;
+    client
+        .arm(boot_time_now() + Duration::from_secs(30), None, None)
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(1), client.next_event())
+        .await
+        .unwrap();
+    let noticed = t0.elapsed();
+    eprintln!("keeper death noticed after {:.2} ms", ms(noticed));
+    assert_eq!(ev, KeeperEvent::Lost);
+    assert!(noticed < Duration::from_millis(100));
+    assert!(matches!(
+        client.extend(boot_time_now()).await,
+        Err(KeeperError::Lost)
+    ));
+    // The agent's own emergency stop.
+    assert!(all_running(&args));
+    assert!(
+        client
+            .stop_tree_without_keeper(Duration::from_millis(500))
+            .await
+    );
+    assert!(all_gone(&args));
+}
+
+async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _cleanup, args) =
+        start(dir.path(), &format!("stop{tag}"), cgroup, tag, true).await;
+    client
+        .arm(boot_time_now() + Duration::from_secs(30), None, None)
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let ok = client.stop(kind).await.unwrap();
+    let took = t0.elapsed();
+    eprintln!(
+        "cgroup={cgroup} {kind:?} stop of a TERM-ignoring tree took {:.1} ms",
+        ms(took)
+    );
+    assert!(ok, "stop not proven");
+    assert!(
+        all_gone(&args),
+        "a descendant survived: {:?}",
+        args.iter().map(|a| sleeps(a)).collect::<Vec<_>>()
+    );
+    match kind {
+        // TERM is ignored: SIGKILL after --stop-timeout (300 ms).
+        StopKind::Graceful => {
+            assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2))
+        }
+        // TERM, then KILL after half the emergency timeout (200 ms).
+        _ => assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(250)),
+    }
+    client.disarm().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn supervision_graceful_stop_kills_whole_tree_cgroup() {
+    stop_case(true, StopKind::Graceful, "31").await;
+}
+
+#[tokio::test]
+async fn supervision_emergency_stop_kills_whole_tree_cgroup() {
+    stop_case(true, StopKind::Emergency, "32").await;
+}
+
+#[tokio::test]
+async fn supervision_graceful_stop_kills_whole_tree_subreaper() {
+    stop_case(false, StopKind::Graceful, "33").await;
+}
+
+#[tokio::test]
+async fn supervision_emergency_stop_kills_whole_tree_subreaper() {
+    stop_case(false, StopKind::Emergency, "34").await;
+}
+
+#[tokio::test]
+async fn supervision_restarted_agent_adopts_keeper() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _cleanup, args) = start(dir.path(), "adopt", true, "41", false).await;
+    let old_deadline = boot_time_now() + Duration::from_millis(300);
+    client.arm(old_deadline, None, None).await.unwrap();
+    drop(client); // the agent dies
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (client, adopted) = KeeperClient::spawn_or_adopt(&config(dir.path(), "adopt", true))
+        .await
+        .unwrap();
+    assert!(adopted, "a new keeper was started instead of adopting");
+    let st = client.status().await.unwrap();
+    assert_eq!(st.deadline_ns, Some(old_deadline.as_nanos()));
+    assert!(st.child.as_ref().is_some_and(|c| c.tree_alive));
+    while boot_time_now() < old_deadline + Duration::from_millis(500) {
+        client
+            .extend(boot_time_now() + Duration::from_millis(200))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        all_running(&args),
+        "the service did not survive past the old deadline"
+    );
+    assert!(!client.status().await.unwrap().fired);
+    assert!(client.stop(StopKind::Graceful).await.unwrap());
+    assert!(all_gone(&args));
+    client.disarm().await.unwrap();
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn supervision_keeper_ignores_signals_and_is_recognisable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _) = KeeperClient::spawn_or_adopt(&config(dir.path(), "sigs", true))
+        .await
+        .unwrap();
+    let pid = client.status().await.unwrap().pid;
+    let _cleanup = Cleanup {
+        keeper: Some(pid),
+        sleeps: vec![],
+        scope: None,
+    };
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        kill(Pid::from_raw(pid), s).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(client.status().await.unwrap().pid, pid);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        cmdline.windows(12).any(|w| w == b"keeper\0sigs\0"),
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm.trim(), "putex-keeper");
+    // Lowering oom_score_adj needs CAP_SYS_RESOURCE; containers often lack it.
+    let may_lower = std::process::Command::new("/bin/sh")
+        .args(["-c", "echo -1000 > /proc/self/oom_score_adj"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if may_lower {
+        let adj = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
+        assert_eq!(adj.trim(), "-1000");
+    }
+    client.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn supervision_keeper_runs_deactivate_hook_when_it_fires() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("deactivated");
+    let mut cfg = config(dir.path(), "hookfire", true);
+    cfg.deactivate = Some(format!(
+        "echo \"$PUTEX_STOP $PUTEX_TOKEN $PUTEX_ROLE\" > {}",
+        out.display()
+    ));
+    let (mut client, _) = KeeperClient::spawn_or_adopt(&cfg).await.unwrap();
+    let _cleanup = Cleanup {
+        keeper: Some(client.status().await.unwrap().pid),
+        sleeps: vec![],
+        scope: None,
+    };
+    let deadline: Instant = boot_time_now() + Duration::from_millis(200);
+    client
+        .arm(deadline, Some(Token::new(3, 9)), None)
+        .await
+        .unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(3), client.next_event())
+        .await
+        .unwrap();
+    let late = boot_time_now().saturating_since(deadline);
+    eprintln!("deactivate hook done {:.1} ms after the deadline", ms(late));
+    assert_eq!(ev, KeeperEvent::Fired { ok: true });
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "emergency 3:9 lapsed\n"
+    );
+    client.shutdown().await.unwrap();
+}
+
+async fn hook_timeout_case(runner: HookRunner, tag: &str) {
+    let args = [format!("1000.{tag}1"), format!("1000.{tag}2")];
+    let _cleanup = Cleanup {
+        keeper: None,
+        sleeps: args.to_vec(),
+        scope: None,
+    };
+    let hook = Hook::new(
+        HookKind::Activate,
+        format!("sleep {} & setsid sleep {} & wait", args[0], args[1]),
+    );
+    let t0 = std::time::Instant::now();
+    let out = runner
+        .run(&hook, &HookEnv::default(), None, Duration::from_millis(300))
+        .await
+        .unwrap();
+    eprintln!(
+        "hook (cgroup={}) timed out, tree killed after {:.1} ms",
+        runner.uses_cgroup(),
+        ms(t0.elapsed())
+    );
+    assert_eq!(out.status, HookStatus::TimedOut);
+    assert!(out.tree_gone);
+    assert!(!out.ok());
+    assert!(all_gone(&args), "a hook descendant survived");
+}
+
+#[tokio::test]
+async fn supervision_hook_timeout_kills_whole_tree_cgroup() {
+    hook_timeout_case(HookRunner::detect(), "51").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_timeout_kills_whole_tree_without_cgroup() {
+    hook_timeout_case(HookRunner::without_cgroup(), "52").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_environment_and_arguments_are_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = format!(
+        "{{ printf '%s\\n' \"$0\" \"$#\"; env | grep '^PUTEX_' | sort; }} > {} ; printf 'args:'",
+        out.display()
+    );
+    let env = HookEnv {
+        lock: "pg".into(),
+        node: "n1".into(),
+        role: "active".into(),
+        token: Some(Token::new(5, 77)),
+        previous: Some("n2".into()),
+        stop: Some(StopKind::Graceful),
+    };
+    let runner = HookRunner::detect();
+    let health = Hook::new(HookKind::Health, script.clone());
+    let r = runner
+        .run(&health, &env, Some("active"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "putex-hook\n1\nPUTEX_HOOK=healthcheck\nPUTEX_LOCK=pg\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_TOKEN=5:77\n"
+    );
+    // The mode is the last argument.
+    let last = dir.path().join("last");
+    let h = Hook::new(
+        HookKind::Health,
+        format!(
+            "f() {{ eval \"echo \\${{$#}}\" > {}; }}; f x",
+            last.display()
+        ),
+    );
+    assert!(runner
+        .run(&h, &env, Some("standby"), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .ok());
+    assert_eq!(std::fs::read_to_string(&last).unwrap(), "standby\n");
+    let deact = Hook::new(HookKind::Deactivate, script);
+    let r = runner
+        .run(&deact, &env, None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(r.ok());
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "putex-hook\n0\nPUTEX_HOOK=deactivate\nPUTEX_LOCK=pg\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_STOP=graceful\nPUTEX_TOKEN=5:77\n"
+    );
+    let failing = Hook::new(HookKind::Fence, "exit 3");
+    let r = runner
+        .run(&failing, &env, None, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(r.status, HookStatus::Exited(e) if e.code == Some(3)));
+}
