@@ -9,13 +9,17 @@
 //! | [`process`] | process-tree control: cgroup v2 scopes, or a child subreaper |
 //! | [`hooks`] | running hooks (`/bin/sh -c`) with their environment and timeouts |
 //! | [`keeper`] | the dead-man's switch that owns the service and its deadline |
+//! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
+//! | [`lease`] | a named lease for Rust programs: acquire, hold (renewed), learn it was lost, release |
 //!
-//! The driver, the CLI and the HTTP server follow.
+//! The CLI and the HTTP server follow.
 
 pub use putex_core as core;
 
 pub mod clock;
+pub mod driver;
 pub mod hooks;
 pub mod keeper;
+pub mod lease;
 pub mod process;
 pub mod store;

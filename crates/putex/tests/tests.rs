@@ -1,4 +1,5 @@
 //! The integration tests of the putex crate: one binary, shared helpers.
 
+mod lease;
 mod store_contract;
 mod supervision;

@@ -1,0 +1,276 @@
+//! The driver: runs a core [`Agent`] against a store, the boot-time clock and
+//! a [`Host`] that carries out everything else.
+//!
+//! The loop is quinn's: feed the machine one input with the current
+//! `CLOCK_BOOTTIME` reading, drain its outputs, sleep until its next timeout.
+//! Every output that takes time (a store call, a health check, a hook, a
+//! stop) runs as its own task and comes back as an [`Input`] on one channel,
+//! so the machine is never blocked by any of them. Store calls get their
+//! deadline from the machine (H5) and are reported as `Unknown` when it
+//! passes. A watch on the lock record turns changes into [`Input::Watch`]
+//! and is re-established from the last seen revision when it breaks.
+//!
+//! The driver holds no safety logic of its own: every decision is the core's.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use putex_core::{
+    Agent, Event, ExitReason, HealthMode, Input, Instant, KeeperCommand, Key, Output, StopKind,
+    StoreOp, StoreOutcome, Token,
+};
+use tokio::sync::mpsc;
+
+use crate::clock;
+use crate::store::{AnyStore, ReadMode, Store};
+
+/// Everything the driver asks of the host besides the store: hooks, the
+/// service, the keeper and the local state file. The agent CLI implements it
+/// with hooks and a keeper; the lease library with notifications.
+///
+/// Futures must finish by their deadline (reporting failure if they had to
+/// give up); the driver does not wait for them in any case.
+pub trait Host: Send + Sync + 'static {
+    /// Runs the health check with `mode` as its last argument.
+    fn health_check(&self, mode: HealthMode, deadline: Instant) -> BoxFuture<'static, bool>;
+    /// Runs the fence hook; `true` when it succeeded.
+    fn fence(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool>;
+    /// Starts the service; `true` when it started.
+    fn activate(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool>;
+    /// Stops the service; `true` only with proof that it stopped (H6).
+    fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool>;
+    /// Passes a command to the keeper.
+    fn keeper(&self, command: KeeperCommand);
+    /// Persists the highest fencing token seen for the lock (S6).
+    fn persist_highest(&self, token: Token);
+    /// Something worth logging or observing happened.
+    fn event(&self, event: &Event);
+}
+
+/// Where the driver's machine keeps its records.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    /// The lock record's key.
+    pub lock: String,
+    /// This node's probe record's key.
+    pub probe: String,
+}
+
+impl Keys {
+    fn of(&self, key: Key) -> &str {
+        match key {
+            Key::Lock => &self.lock,
+            Key::Probe => &self.probe,
+        }
+    }
+}
+
+/// Runs `agent` until it exits, and returns why.
+///
+/// When `shutdown` completes the agent is asked to stop gracefully (H2, H6:
+/// graceful stop while still renewing, then release); the driver keeps
+/// running it until it has done so.
+pub async fn run(
+    agent: Agent,
+    store: AnyStore,
+    keys: Keys,
+    host: Arc<dyn Host>,
+    shutdown: impl Future<Output = ()>,
+) -> ExitReason {
+    let (_inject, inputs) = mpsc::unbounded_channel::<Input>();
+    run_with_inputs(agent, store, keys, host, shutdown, inputs).await
+}
+
+/// [`run`], with a channel for inputs that come from the host's own sources
+/// (the keeper's `fired`, `child-exited` and its loss). When every sender of
+/// `inputs` is gone the channel is simply no longer read.
+pub async fn run_with_inputs(
+    mut agent: Agent,
+    store: AnyStore,
+    keys: Keys,
+    host: Arc<dyn Host>,
+    shutdown: impl Future<Output = ()>,
+    mut inputs: mpsc::UnboundedReceiver<Input>,
+) -> ExitReason {
+    let mut inputs_open = true;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
+    let watch = tokio::spawn(watch_lock(store.clone(), keys.lock.clone(), tx.clone()));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutting_down = false;
+    let exit = loop {
+        let mut exited = None;
+        while let Some(output) = agent.poll_output() {
+            match output {
+                Output::Exit(reason) => exited = Some(reason),
+                other => dispatch(other, &store, &keys, &host, &tx),
+            }
+        }
+        if let Some(reason) = exited {
+            break reason;
+        }
+        let sleep = agent
+            .poll_timeout()
+            .map_or(Duration::from_secs(3600), clock::until);
+        tokio::select! {
+            input = rx.recv() => {
+                let input = input.expect("the driver holds a sender");
+                agent.handle(clock::boot_time_now(), input);
+            }
+            input = inputs.recv(), if inputs_open => match input {
+                Some(input) => agent.handle(clock::boot_time_now(), input),
+                None => inputs_open = false,
+            },
+            () = tokio::time::sleep(sleep) => agent.handle_timeout(clock::boot_time_now()),
+            () = &mut shutdown, if !shutting_down => {
+                shutting_down = true;
+                agent.handle(clock::boot_time_now(), Input::Shutdown);
+            }
+        }
+    };
+    watch.abort();
+    exit
+}
+
+fn dispatch(
+    output: Output,
+    store: &AnyStore,
+    keys: &Keys,
+    host: &Arc<dyn Host>,
+    tx: &mpsc::UnboundedSender<Input>,
+) {
+    match output {
+        Output::Store(request) => {
+            let store = store.clone();
+            let tx = tx.clone();
+            let key = keys.of(store_key(&request.op)).to_owned();
+            tokio::spawn(async move {
+                let timeout = clock::until(request.deadline);
+                let outcome = perform(&store, &key, request.op, timeout).await;
+                let _ = tx.send(Input::Store {
+                    id: request.id,
+                    outcome,
+                });
+            });
+        }
+        Output::HealthCheck { id, mode, deadline } => {
+            let check = host.health_check(mode, deadline);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let ok = check.await;
+                let _ = tx.send(Input::Health { id, ok });
+            });
+        }
+        Output::Fence {
+            token,
+            previous,
+            deadline,
+        } => {
+            let hook = host.fence(token, previous, deadline);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let ok = hook.await;
+                let _ = tx.send(Input::Hook {
+                    hook: putex_core::Hook::Fence,
+                    ok,
+                });
+            });
+        }
+        Output::Activate {
+            token,
+            previous,
+            deadline,
+        } => {
+            let hook = host.activate(token, previous, deadline);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let ok = hook.await;
+                let _ = tx.send(Input::Hook {
+                    hook: putex_core::Hook::Activate,
+                    ok,
+                });
+            });
+        }
+        Output::Stop { id, kind, deadline } => {
+            let stop = host.stop(kind, deadline);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let ok = stop.await;
+                let _ = tx.send(Input::Stopped { id, ok });
+            });
+        }
+        Output::Keeper(command) => host.keeper(command),
+        Output::PersistHighest(token) => host.persist_highest(token),
+        Output::Event(event) => host.event(&event),
+        Output::Exit(_) => {}
+    }
+}
+
+fn store_key(op: &StoreOp) -> Key {
+    match op {
+        StoreOp::Get { key, .. }
+        | StoreOp::Create { key, .. }
+        | StoreOp::Update { key, .. }
+        | StoreOp::Put { key, .. } => *key,
+    }
+}
+
+/// Performs one store operation and classifies its outcome.
+async fn perform(store: &AnyStore, key: &str, op: StoreOp, timeout: Duration) -> StoreOutcome {
+    let result = match op {
+        StoreOp::Get { leader, .. } => {
+            let mode = if leader {
+                ReadMode::Leader
+            } else {
+                ReadMode::Any
+            };
+            return match store.get(key, mode, timeout).await {
+                Ok(entry) => StoreOutcome::Read(entry),
+                Err(e) => e.outcome(),
+            };
+        }
+        StoreOp::Create { value, .. } => store.create(key, &value, timeout).await,
+        StoreOp::Update {
+            value, expected, ..
+        } => store.update(key, &value, expected, timeout).await,
+        StoreOp::Put { value, .. } => store.put(key, &value, timeout).await,
+    };
+    match result {
+        Ok(token) => StoreOutcome::Written(token),
+        Err(e) => e.outcome(),
+    }
+}
+
+/// Feeds changes of the lock record to the machine, re-establishing the
+/// watch from the last seen revision whenever it ends. Polling by the
+/// machine covers the gaps.
+async fn watch_lock(store: AnyStore, key: String, tx: mpsc::UnboundedSender<Input>) {
+    let mut from: Option<u64> = None;
+    loop {
+        match store.watch(&key, from, Duration::from_secs(2)).await {
+            Ok(mut stream) => {
+                while let Some(event) = stream.next().await {
+                    let Ok(event) = event else { break };
+                    from = Some(event.revision + 1);
+                    if tx.send(Input::Watch(event.entry)).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(key = %key, error = %e, "watch failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
