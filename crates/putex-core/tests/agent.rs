@@ -50,21 +50,18 @@ impl Harness {
         };
         h.drain();
         // S5: the service is made sure to be stopped first.
-        let stop = h.take(|o| {
-            matches!(
-                o,
-                Output::Stop {
-                    kind: StopKind::Startup,
-                    ..
-                }
-            )
-        });
+        h.answer_stop(StopKind::Startup, true);
+        assert_eq!(h.agent.role(), Role::Standby);
+        h
+    }
+
+    /// Answers the pending stop of `kind`: `ok` is the proof (H6).
+    fn answer_stop(&mut self, kind: StopKind, ok: bool) {
+        let stop = self.take(|o| matches!(o, Output::Stop { kind: k, .. } if *k == kind));
         let Output::Stop { id, .. } = stop else {
             unreachable!()
         };
-        h.input(Input::Stopped { id, ok: true });
-        assert_eq!(h.agent.role(), Role::Standby);
-        h
+        self.input(Input::Stopped { id, ok });
     }
 
     fn drain(&mut self) {
@@ -342,10 +339,9 @@ fn h1_the_licence_runs_from_the_send_time_and_a_late_ack_restores_nothing() {
     assert_eq!(h.agent.role(), Role::Lapsed);
 }
 
-#[test]
-fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
-    let mut h = holding();
-    // --start-grace is 5 s: standby checks until 105 s, which do not count.
+/// K = 3 failed `active` checks in a row, after --start-grace (5 s): standby
+/// checks until 105 s do not count.
+fn fail_three_active_checks(h: &mut Harness) {
     h.advance_to(104.5);
     h.out.clear();
     for second in 5..=7 {
@@ -358,20 +354,14 @@ fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
         h.input(Input::Health { id, ok: false });
         h.forget_store();
     }
+}
+
+#[test]
+fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
+    let mut h = holding();
+    fail_three_active_checks(&mut h);
     assert_eq!(h.agent.role(), Role::SteppingDown);
-    let stop = h.take(|o| {
-        matches!(
-            o,
-            Output::Stop {
-                kind: StopKind::Graceful,
-                ..
-            }
-        )
-    });
-    let Output::Stop { id, .. } = stop else {
-        unreachable!()
-    };
-    h.input(Input::Stopped { id, ok: true });
+    h.answer_stop(StopKind::Graceful, true);
     let (id, op) = h.store();
     let StoreOp::Update { value, .. } = op else {
         panic!("{op:?}")
@@ -388,20 +378,8 @@ fn h6_a_failed_graceful_stop_writes_no_release() {
     let mut h = holding();
     h.input(Input::ServiceExited);
     assert_eq!(h.agent.role(), Role::SteppingDown);
-    let stop = h.take(|o| {
-        matches!(
-            o,
-            Output::Stop {
-                kind: StopKind::Graceful,
-                ..
-            }
-        )
-    });
-    let Output::Stop { id, .. } = stop else {
-        unreachable!()
-    };
     h.forget_store();
-    h.input(Input::Stopped { id, ok: false });
+    h.answer_stop(StopKind::Graceful, false);
     assert_eq!(h.agent.role(), Role::Lapsed);
     assert!(h.find(|o| matches!(
         o,
@@ -491,26 +469,8 @@ fn store_deadlines_never_reach_past_the_licence() {
 #[test]
 fn h2_a_node_that_stepped_down_for_health_backs_off_before_acquiring_again() {
     let mut h = holding();
-    h.advance_to(104.5);
-    h.out.clear();
-    for second in 5..=7 {
-        h.advance_to(100.0 + f64::from(second));
-        h.health(false);
-        h.forget_store();
-    }
-    let stop = h.take(|o| {
-        matches!(
-            o,
-            Output::Stop {
-                kind: StopKind::Graceful,
-                ..
-            }
-        )
-    });
-    let Output::Stop { id, .. } = stop else {
-        unreachable!()
-    };
-    h.input(Input::Stopped { id, ok: true });
+    fail_three_active_checks(&mut h);
+    h.answer_stop(StopKind::Graceful, true);
     let (id, _) = h.store();
     h.reply(id, StoreOutcome::Written(Token::new(1, 30)));
     assert_eq!(h.agent.role(), Role::Standby);
