@@ -440,6 +440,10 @@ struct Acquire {
     previous: Option<String>,
     /// Why a stale record was judged stale, for the transition's reason.
     evidence: Option<(Duration, Option<Duration>)>,
+    /// The highest token seen when the acquisition was sent: activation
+    /// needs a higher one (S6). Taken at send time, because our own write
+    /// may reach us through the watch before its reply does.
+    floor: Option<Token>,
     /// The record this acquisition expected to replace. After a store
     /// rollback a revision can be reused; if that revision turns out to hold
     /// other contents, the CAS may have hit a record we never judged (S6).
@@ -812,6 +816,7 @@ impl Agent {
                         owed_gap: self.timing.gap(),
                         previous: None,
                         evidence: None,
+                        floor: None,
                         over: None,
                     },
                     activate_at: self.now,
@@ -1481,6 +1486,10 @@ impl Agent {
                 self.outputs
                     .push_back(Output::Keeper(KeeperCommand::Disarm));
                 self.finish_start();
+                if self.shutdown {
+                    // Asked to stop while the start-up stop ran.
+                    return self.exit(ExitReason::Shutdown { released: false });
+                }
                 self.resume_without_keeper_check();
             }
             Role::SteppingDown if run.kind == StopKind::Graceful => {
@@ -1764,6 +1773,7 @@ impl Agent {
             owed_gap: self.timing.gap(),
             previous: None,
             evidence: None,
+            floor: None,
             over: None,
         });
     }
@@ -1866,6 +1876,7 @@ impl Agent {
                 owed_gap,
                 previous,
                 evidence: None,
+                floor: None,
                 over: None,
             });
         }
@@ -1879,6 +1890,7 @@ impl Agent {
                 owed_gap: Duration::ZERO,
                 previous,
                 evidence: None,
+                floor: None,
                 over: None,
             });
         }
@@ -1904,6 +1916,7 @@ impl Agent {
                     owed_gap,
                     previous,
                     evidence: Some((unchanged_for, store_age)),
+                    floor: None,
                     over: None,
                 });
             }
@@ -1997,6 +2010,7 @@ impl Agent {
     }
 
     fn acquire(&mut self, mut acquire: Acquire) {
+        acquire.floor = self.highest;
         acquire.over = self
             .seen
             .as_ref()
@@ -2045,7 +2059,7 @@ impl Agent {
 
     /// S2/S3/S4: the acquisition landed; work out when we may activate.
     fn on_acquired(&mut self, token: Token, write: String, sent: Instant, mut acquire: Acquire) {
-        let floor = self.highest;
+        let floor = acquire.floor;
         let reused = match (&acquire.over, &self.seen) {
             (Some((t, expected)), Some(seen))
                 if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>

@@ -503,3 +503,60 @@ fn transition_reasons_explain_themselves() {
         "lock stale: rev 1:41 unchanged for 10.21s, store age 10.24s"
     );
 }
+
+#[test]
+fn s3_our_own_acquisition_seen_first_by_the_watch_does_not_delay_activation() {
+    let mut h = Harness::new("a");
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, op) = h.store();
+    let StoreOp::Update { value, .. } = op else {
+        panic!("{op:?}")
+    };
+    // The watch delivers our own write before the CAS reply arrives.
+    let ours = Entry {
+        value,
+        token: Token::new(1, 8),
+        time: StoreTime {
+            era: 1,
+            nanos: 51 * SEC,
+        },
+    };
+    h.input(Input::Watch(Some(ours)));
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    assert!(
+        h.activated(),
+        "S3 activates at once; the floor is taken when the CAS is sent"
+    );
+}
+
+#[test]
+fn s5_a_shutdown_during_the_start_up_stop_exits_when_it_finishes() {
+    let config = AgentConfig {
+        identity: Identity {
+            node: "a".into(),
+            machine: "m".into(),
+            instance: "i".into(),
+        },
+        timing: timing(),
+        previous: None,
+        highest_token: None,
+        mutations: Default::default(),
+    };
+    let mut agent = Agent::new(config, at(1.0));
+    let Some(Output::Stop { id, .. }) = agent.poll_output() else {
+        panic!("a start-up stop first")
+    };
+    agent.handle(at(1.1), Input::Shutdown);
+    agent.handle(at(1.2), Input::Stopped { id, ok: true });
+    let outputs: Vec<Output> = std::iter::from_fn(|| agent.poll_output()).collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Exit(putex_core::ExitReason::Shutdown { .. }))),
+        "{outputs:#?}"
+    );
+    assert_eq!(agent.role(), Role::Exited);
+}
