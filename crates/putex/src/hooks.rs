@@ -372,6 +372,11 @@ impl HookRunner {
             }
         }
         match status {
+            // A passing health check runs once per R: not worth an info line.
+            HookStatus::Exited(e) if hook.kind == HookKind::Health && e.success() => {
+                tracing::debug!(hook = name, code = ?e.code, signal = ?e.signal,
+                duration_ms = duration.as_millis() as u64, "hook finished")
+            }
             HookStatus::Exited(e) => {
                 tracing::info!(hook = name, code = ?e.code, signal = ?e.signal,
                 duration_ms = duration.as_millis() as u64, "hook finished")

@@ -11,11 +11,18 @@
 //! | [`keeper`] | the dead-man's switch that owns the service and its deadline |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`lease`] | a named lease for Rust programs: acquire, hold (renewed), learn it was lost, release |
+//! | [`cli`] | the command line: flags → validated settings → `run`, `check`, `status`, `demo` |
 //!
-//! The CLI and the HTTP server follow.
+//! The HTTP server follows.
 
 pub use putex_core as core;
 
+/// The README's Rust examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
+pub mod cli;
 pub mod clock;
 pub mod driver;
 pub mod hooks;

@@ -1,30 +1,50 @@
 //! The `putex` command line.
-//!
-//! The user-facing subcommands (run, check, status, lock, id, serve) arrive
-//! with the agent issue; for now the binary carries the keeper, which the
-//! supervision layer starts as a separate process of the same binary.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use putex::cli::config::AgentArgs;
+use putex::cli::demo::DemoArgs;
+use putex::cli::status::StatusArgs;
+use putex::cli::CliError;
+use std::process::ExitCode;
 
 /// Run a piece of work in exactly one place at a time, and move it safely
 /// when that place dies.
 ///
 /// putex coordinates through NATS JetStream KV (production) or an embedded
-/// SQLite store (one machine). The user-facing subcommands are on their way;
-/// see the README.
+/// SQLite store (one machine, the default). `putex run` is the failover
+/// agent; `putex check` validates its settings and prints the timeline;
+/// `putex status` shows holders and members; `putex demo` shows a failover.
 #[derive(Parser, Debug)]
-#[command(name = "putex", version, about, long_about)]
+#[command(name = "putex", version, about, long_about, after_help = putex::cli::EXIT_CODES_HELP)]
 struct Cli {
+    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The failover agent: runs the service (hooks or a child) on exactly
+    /// one node of the lock, and takes over when that node dies.
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    Run(AgentArgs),
+    /// Validates the settings of `putex run` (and, if the store answers,
+    /// against the store) and prints the timeline; exits non-zero naming the
+    /// bad option.
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    Check(AgentArgs),
+    /// Shows who holds a lock, since when, with which fencing token, and the
+    /// members' roles and health.
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    Status(StatusArgs),
+    /// Starts three agents on a temporary SQLite store, crashes the active
+    /// one, and reports the failover time against its bound.
+    Demo(DemoArgs),
     /// The keeper process that owns a service and its licence deadline.
     /// Started by the agent; not meant to be run by hand.
     #[command(hide = true)]
@@ -59,9 +79,10 @@ struct KeeperArgs {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let command = match cli.command {
         Some(Command::Keeper(a)) => {
-            match putex::keeper::run_keeper(putex::keeper::KeeperOptions {
+            return match putex::keeper::run_keeper(putex::keeper::KeeperOptions {
                 lock: a.lock,
                 node: a.node,
                 socket: a.socket,
@@ -72,15 +93,37 @@ fn main() -> ExitCode {
                 announce: a.announce,
             }) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("putex keeper: {e}");
-                    ExitCode::from(1)
-                }
-            }
+                Err(e) => CliError::Other(format!("keeper: {e}")).report(),
+            };
         }
+        Some(c) => c,
         None => {
-            eprintln!("putex: no user-facing subcommands are implemented yet; see `putex --help`");
-            ExitCode::from(2)
+            eprintln!("putex: a command is needed; see `putex --help`");
+            return ExitCode::from(2);
         }
+    };
+    putex::cli::init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return CliError::Other(format!("cannot start the runtime: {e}")).report(),
+    };
+    let result = runtime.block_on(async {
+        match command {
+            Command::Run(a) => putex::cli::run::run(&a).await,
+            Command::Check(a) => putex::cli::check::run(&a).await,
+            Command::Status(a) => putex::cli::status::run(&a).await,
+            Command::Demo(a) => putex::cli::demo::run(&a).await,
+            Command::Keeper(_) => unreachable!("handled above"),
+        }
+    });
+    // Hooks, watches and timers may still be pending; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(),
     }
 }

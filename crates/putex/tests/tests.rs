@@ -1,5 +1,7 @@
 //! The integration tests of the putex crate: one binary, shared helpers.
 
+mod agent_e2e;
+mod common;
 mod lease;
 mod store_contract;
 mod supervision;

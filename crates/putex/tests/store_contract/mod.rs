@@ -5,9 +5,6 @@
 //! The NATS tests start a real `nats-server` (see `common/nats_server.rs`);
 //! without one they fail and say how to install it.
 
-#[path = "../common/nats_server.rs"]
-mod nats_server;
-
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -17,7 +14,7 @@ use putex::store::{
     AnyStore, MemoryStore, ReadMode, SqliteStore, Store, StoreError, StoreUrl, Token, WatchEvent,
 };
 
-use nats_server::{NatsCluster, NatsServer};
+use crate::common::nats_server::{NatsCluster, NatsServer};
 
 /// The deadline for ordinary calls in these tests.
 const T: Duration = Duration::from_secs(5);

@@ -1,0 +1,234 @@
+//! `putex check`: validate a configuration and print its timeline.
+//!
+//! Everything that does not need the store is checked by
+//! [`AgentSettings::resolve`] (names, hooks, [`TimingConfig::validate`]).
+//! Then, if the store answers, [`measure_store`] learns what
+//! [`Timing::check_store`] needs: whether the bucket is replicated (a NATS
+//! stream with more than one replica: T must ride through a leader
+//! election) and the p99 latency of ~20 compare-and-swaps (R must be at
+//! least ten times it). The timeline is printed with the measured round trip.
+//!
+//! [`TimingConfig::validate`]: putex_core::TimingConfig::validate
+
+use std::time::Duration;
+
+use putex_core::{StoreFacts, Timing};
+
+use super::config::{AgentArgs, AgentSettings, Strictness};
+use super::CliError;
+use crate::store::{keys, AnyStore, ReadMode, Store};
+
+/// How many compare-and-swaps [`measure_store`] times.
+pub const CAS_SAMPLES: usize = 20;
+
+/// What [`measure_store`] found.
+#[derive(Clone, Debug)]
+pub struct StoreMeasurement {
+    /// For [`Timing::check_store`].
+    pub facts: StoreFacts,
+    /// The median compare-and-swap round trip.
+    pub median_cas: Duration,
+    /// Replicas of the bucket (1 for the embedded store).
+    pub replicas: usize,
+}
+
+/// Learns the store facts: replication, and the p99 of [`CAS_SAMPLES`]
+/// compare-and-swaps on this node's probe record.
+pub async fn measure_store(
+    store: &AnyStore,
+    node: &str,
+    timeout: Duration,
+) -> Result<StoreMeasurement, CliError> {
+    let replicas = replicas(store).await;
+    let key = keys::probe(node).map_err(|e| CliError::Usage(format!("--node: {e}")))?;
+    let value = br#"{"v":1,"node":"putex-check","write":"putex-check"}"#;
+    let store_err = |e: crate::store::StoreError| CliError::Store(format!("store: {e}"));
+    let mut token = store.put(&key, value, timeout).await.map_err(store_err)?;
+    let mut samples = Vec::with_capacity(CAS_SAMPLES);
+    for _ in 0..CAS_SAMPLES {
+        let started = std::time::Instant::now();
+        token = store
+            .update(&key, value, token, timeout)
+            .await
+            .map_err(store_err)?;
+        samples.push(started.elapsed());
+    }
+    // A read, so a store that answers writes but not reads is caught here.
+    store
+        .get(&key, ReadMode::Any, timeout)
+        .await
+        .map_err(store_err)?;
+    samples.sort();
+    let p99 = samples[(samples.len() * 99).div_ceil(100) - 1];
+    Ok(StoreMeasurement {
+        facts: StoreFacts {
+            p99_cas: Some(p99),
+            replicated: replicas > 1,
+        },
+        median_cas: samples[samples.len() / 2],
+        replicas,
+    })
+}
+
+/// The bucket's replica count: NATS from the stream's configuration, 1 for
+/// the embedded and memory stores.
+async fn replicas(store: &AnyStore) -> usize {
+    match store {
+        AnyStore::Nats(n) => {
+            let js = async_nats::jetstream::new(n.client().clone());
+            match js.get_stream(format!("KV_{}", n.bucket_name())).await {
+                Ok(s) => s.cached_info().config.num_replicas.max(1),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the bucket's replica count; assuming 3");
+                    3
+                }
+            }
+        }
+        _ => 1,
+    }
+}
+
+/// Opens the store a URL names; failure is exit code 3.
+///
+/// The embedded store is retried a few times: agents started together on
+/// a fresh file can find it locked while one of them sets it up.
+pub async fn open_store(settings: &AgentSettings) -> Result<AnyStore, CliError> {
+    let attempts = match settings.store {
+        crate::store::StoreUrl::Sqlite { .. } => 10,
+        _ => 1,
+    };
+    let mut last = None;
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match AnyStore::open(&settings.store).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.expect("at least one attempt");
+    Err(CliError::Store(format!("store {}: {e}", settings.store)))
+}
+
+/// Checks the store-dependent rules, naming the option on failure.
+pub fn check_store(timing: &Timing, m: &StoreMeasurement) -> Result<(), CliError> {
+    timing
+        .check_store(&m.facts)
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// `putex check`: prints the settings, the store facts and the timeline.
+pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
+    let settings = AgentSettings::from_args(args, Strictness::Check)?;
+    let t = &settings.timing;
+    println!(
+        "lock {}  node {}  store {}",
+        settings.lock.as_deref().unwrap_or("(not given)"),
+        settings.node,
+        settings.store
+    );
+    println!(
+        "R = {:?}  F = {}  C = {}  K = {}  S = {}  ε = {}%  health-check timeout {:?}  store timeout {:?}",
+        t.renew(),
+        t.config().failures,
+        t.config().confirm,
+        t.unhealthy(),
+        t.successes(),
+        f64::from(t.drift().ppm()) / 10_000.0,
+        t.healthcheck_timeout(),
+        t.store_timeout(),
+    );
+    let rtt = match open_store(&settings).await {
+        Ok(store) => {
+            let m = measure_store(
+                &store,
+                &settings.node,
+                t.store_timeout().max(Duration::from_secs(2)),
+            )
+            .await?;
+            println!(
+                "store: {} replica(s); compare-and-swap median {:?}, p99 {:?} over {} operations",
+                m.replicas,
+                m.median_cas,
+                m.facts.p99_cas.unwrap_or_default(),
+                CAS_SAMPLES
+            );
+            check_store(t, &m)?;
+            m.median_cas
+        }
+        Err(e) => {
+            println!(
+                "warning: {e}; the store-dependent checks (replication, latency) were skipped"
+            );
+            t.store_timeout()
+        }
+    };
+    println!();
+    println!("{}", t.timeline(rtt));
+    println!();
+    println!("ok");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::config::FileConfig;
+
+    fn fast(extra: impl FnOnce(&mut AgentArgs)) -> Result<AgentSettings, CliError> {
+        let mut a = AgentArgs {
+            renew: Some(Duration::from_millis(100)),
+            failures: Some(3),
+            confirm: Some(1),
+            ..AgentArgs::default()
+        };
+        extra(&mut a);
+        AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Check)
+    }
+
+    fn replicated() -> StoreMeasurement {
+        StoreMeasurement {
+            facts: StoreFacts {
+                p99_cas: Some(Duration::from_millis(2)),
+                replicated: true,
+            },
+            median_cas: Duration::from_millis(1),
+            replicas: 3,
+        }
+    }
+
+    #[test]
+    fn a_short_lease_on_a_replicated_bucket_needs_allow_short_lease() {
+        let s = fast(|_| {}).unwrap();
+        let e = check_store(&s.timing, &replicated()).unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert!(e.to_string().contains("--allow-short-lease"), "{e}");
+        let s = fast(|a| a.allow_short_lease = true).unwrap();
+        check_store(&s.timing, &replicated()).unwrap();
+    }
+
+    #[test]
+    fn renew_must_be_ten_times_the_p99() {
+        let s = fast(|_| {}).unwrap();
+        let mut m = replicated();
+        m.facts.replicated = false;
+        m.facts.p99_cas = Some(Duration::from_millis(20));
+        let e = check_store(&s.timing, &m).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--renew (100ms) must be at least ten times"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn measures_the_memory_store() {
+        let store = AnyStore::from(crate::store::MemoryStore::new());
+        let m = measure_store(&store, "n1", Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(!m.facts.replicated);
+        assert!(m.facts.p99_cas.is_some());
+        assert_eq!(m.replicas, 1);
+    }
+}

@@ -1,0 +1,600 @@
+//! The agent's configuration: flags > environment (`PUTEX_*`) > config file
+//! (`--config`, TOML) > defaults.
+//!
+//! [`AgentArgs`] is what clap parsed: every value optional, so that "not
+//! given" can fall through to the file and then to the defaults (clap fills
+//! in the `PUTEX_*` variable of a flag that was not given). [`FileConfig`]
+//! is the TOML file, with the flags' names as keys:
+//!
+//! ```toml
+//! lock = "pg"
+//! store = "nats://10.0.0.1:4222,10.0.0.2:4222,10.0.0.3:4222?replicas=3"
+//! healthcheck = "/usr/local/bin/pg-health"
+//! activate = "systemctl start postgresql"
+//! deactivate = "systemctl stop postgresql"
+//! renew = "1s"
+//! failures = 10
+//! max-drift = "1%"
+//! ```
+//!
+//! [`AgentSettings::resolve`] merges them and validates everything it can
+//! without the store: names, hooks, and the timing rules
+//! ([`TimingConfig::validate`]). Every error names the flag (and the file
+//! key or variable) to change.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use putex_core::{Drift, Timing, TimingConfig};
+use serde::Deserialize;
+
+use crate::hooks::{Hook, HookKind};
+use crate::store::{keys, StoreUrl};
+
+use super::CliError;
+
+/// Parses a duration like `100ms`, `2s`, `1m30s` (humantime), for clap.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e}: write a duration like 100ms, 2s or 1m30s"))
+}
+
+/// Parses a clock-rate bound: `1%`, `0.5%`, or a bare number of percent.
+pub fn parse_drift(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('%').trim();
+    let v: f64 = t
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage: write e.g. 1% or 0.5%"))?;
+    if !(0.0..100.0).contains(&v) || !v.is_finite() {
+        return Err(format!("{s:?} must be at least 0% and below 100%"));
+    }
+    Ok(v)
+}
+
+/// The flags shared by `putex run` and `putex check`, as parsed: `None`
+/// means "not given on the command line nor in the environment".
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AgentArgs {
+    /// The lock name: [A-Za-z0-9_-]{1,64}.
+    #[arg(long, env = "PUTEX_LOCK")]
+    pub lock: Option<String>,
+    /// The store URL: `nats://host:port[,...][?options]`, `sqlite:` or
+    /// sqlite:///path.db (default: the embedded SQLite store).
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+    /// This node's id (default: the hostname).
+    #[arg(long, env = "PUTEX_NODE")]
+    pub node: Option<String>,
+    /// Health check, run with `active` or `standby` as its last argument.
+    #[arg(long, env = "PUTEX_HEALTHCHECK")]
+    pub healthcheck: Option<String>,
+    /// Hook mode: starts the service.
+    #[arg(long, env = "PUTEX_ACTIVATE")]
+    pub activate: Option<String>,
+    /// Hook mode: stops the service (PUTEX_STOP says why).
+    #[arg(long, env = "PUTEX_DEACTIVATE")]
+    pub deactivate: Option<String>,
+    /// Hook mode: fences the previous holder out before activating.
+    #[arg(long, env = "PUTEX_FENCE")]
+    pub fence: Option<String>,
+    /// R: health-check and renew once per R [default: 1s].
+    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration)]
+    pub renew: Option<Duration>,
+    /// F: lease length in renewals, T = F·R, at least 2 [default: 10].
+    #[arg(long, env = "PUTEX_FAILURES")]
+    pub failures: Option<u32>,
+    /// C: confirmation count, fencing gap G = C·R [default: 2].
+    #[arg(long, env = "PUTEX_CONFIRM")]
+    pub confirm: Option<u32>,
+    /// K: failed `active` checks in a row before stepping down [default: 3].
+    #[arg(long, env = "PUTEX_UNHEALTHY")]
+    pub unhealthy: Option<u32>,
+    /// S: good checks in a row before (re)acquiring [default: 1].
+    #[arg(long, env = "PUTEX_SUCCESSES")]
+    pub successes: Option<u32>,
+    /// ε: clock-rate bound, e.g. 1% [default: 1%].
+    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
+    pub max_drift: Option<f64>,
+    /// Longest lease any holder may advertise (used when a record is lost).
+    #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
+    pub max_lease: Option<Duration>,
+    /// Allow T < 10 s on a replicated NATS bucket.
+    #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
+    pub allow_short_lease: bool,
+    /// `standby` checks are used for this long after activation [default: 5s].
+    #[arg(long, env = "PUTEX_START_GRACE", value_parser = parse_duration)]
+    pub start_grace: Option<Duration>,
+    /// Scheduling margin kept out of the emergency budget [default: min(50ms, G/10)].
+    #[arg(long, env = "PUTEX_SCHED_MARGIN", value_parser = parse_duration)]
+    pub sched_margin: Option<Duration>,
+    /// Health-check timeout [default: R/2].
+    #[arg(long, env = "PUTEX_HEALTHCHECK_TIMEOUT", value_parser = parse_duration)]
+    pub healthcheck_timeout: Option<Duration>,
+    /// Deadline of each store call [default: 2R/5].
+    #[arg(long, env = "PUTEX_STORE_TIMEOUT", value_parser = parse_duration)]
+    pub store_timeout: Option<Duration>,
+    /// Time allowed for the fence and activate hooks [default: 60s].
+    #[arg(long, env = "PUTEX_ACTIVATE_TIMEOUT", value_parser = parse_duration)]
+    pub activate_timeout: Option<Duration>,
+    /// Time allowed for a graceful stop [default: 30s].
+    #[arg(long, env = "PUTEX_STOP_TIMEOUT", value_parser = parse_duration)]
+    pub stop_timeout: Option<Duration>,
+    /// Time allowed for an emergency stop [default: the budget G·(1−ε)/(1+ε) − margin].
+    #[arg(long, env = "PUTEX_EMERGENCY_TIMEOUT", value_parser = parse_duration)]
+    pub emergency_timeout: Option<Duration>,
+    /// Directory of the keeper sockets, lock files and state files
+    /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
+    #[arg(long, env = "PUTEX_KEEPER_DIR")]
+    pub keeper_dir: Option<PathBuf>,
+    /// A TOML file with the same settings (keys are the flag names).
+    #[arg(long, env = "PUTEX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Child mode: the service command, run under the keeper while active.
+    #[arg(last = true, value_name = "CHILD")]
+    pub child: Vec<String>,
+}
+
+/// The config file (`--config`): the flags' names as keys, durations as
+/// strings (`"100ms"`), `max-drift` as `"1%"`. Unknown keys are refused.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    /// `lock`.
+    pub lock: Option<String>,
+    /// `store`.
+    pub store: Option<String>,
+    /// `node`.
+    pub node: Option<String>,
+    /// `healthcheck`.
+    pub healthcheck: Option<String>,
+    /// `activate`.
+    pub activate: Option<String>,
+    /// `deactivate`.
+    pub deactivate: Option<String>,
+    /// `fence`.
+    pub fence: Option<String>,
+    /// `child`: the child command as a list, e.g. `["my-server", "--port", "5432"]`.
+    pub child: Option<Vec<String>>,
+    /// `renew`.
+    pub renew: Option<String>,
+    /// `failures`.
+    pub failures: Option<u32>,
+    /// `confirm`.
+    pub confirm: Option<u32>,
+    /// `unhealthy`.
+    pub unhealthy: Option<u32>,
+    /// `successes`.
+    pub successes: Option<u32>,
+    /// `max-drift`.
+    pub max_drift: Option<String>,
+    /// `max-lease`.
+    pub max_lease: Option<String>,
+    /// `allow-short-lease`.
+    pub allow_short_lease: Option<bool>,
+    /// `start-grace`.
+    pub start_grace: Option<String>,
+    /// `sched-margin`.
+    pub sched_margin: Option<String>,
+    /// `healthcheck-timeout`.
+    pub healthcheck_timeout: Option<String>,
+    /// `store-timeout`.
+    pub store_timeout: Option<String>,
+    /// `activate-timeout`.
+    pub activate_timeout: Option<String>,
+    /// `stop-timeout`.
+    pub stop_timeout: Option<String>,
+    /// `emergency-timeout`.
+    pub emergency_timeout: Option<String>,
+    /// `keeper-dir`.
+    pub keeper_dir: Option<PathBuf>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file; errors name the file and the key.
+    pub fn load(path: &Path) -> Result<FileConfig, CliError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CliError::Usage(format!("--config {}: cannot read it: {e}", path.display()))
+        })?;
+        FileConfig::parse(&text)
+            .map_err(|e| CliError::Usage(format!("--config {}: {e}", path.display())))
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<FileConfig, String> {
+        toml::from_str(text).map_err(|e| e.message().to_string() + &location(text, &e))
+    }
+}
+
+fn location(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+/// How the service is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceMode {
+    /// `--activate`/`--deactivate` (and optionally `--fence`) hooks.
+    Hooks {
+        /// `--activate`.
+        activate: String,
+        /// `--deactivate`.
+        deactivate: String,
+        /// `--fence`.
+        fence: Option<String>,
+    },
+    /// `-- CHILD ARGS...`, spawned and owned by the keeper.
+    Child {
+        /// The child's argv.
+        argv: Vec<String>,
+        /// `--fence`, run before the child is spawned.
+        fence: Option<String>,
+    },
+}
+
+/// Validated settings of `putex run` / `putex check`.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    /// The lock name (`None` only for a lenient `check`).
+    pub lock: Option<String>,
+    /// The store.
+    pub store: StoreUrl,
+    /// The node id.
+    pub node: String,
+    /// The health check (`None` only for a lenient `check`).
+    pub healthcheck: Option<String>,
+    /// Hooks or child (`None` only for a lenient `check`).
+    pub service: Option<ServiceMode>,
+    /// The timing as given.
+    pub timing_config: TimingConfig,
+    /// The timing, validated.
+    pub timing: Timing,
+    /// Keeper sockets, lock files and state files live here.
+    pub keeper_dir: PathBuf,
+}
+
+/// Whether the hooks and the lock name are required (`run`) or optional
+/// (`check`, which can validate timing alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strictness {
+    /// Everything `putex run` needs must be there.
+    Run,
+    /// Only what is given is checked.
+    Check,
+}
+
+fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}
+
+/// The flag, its variable and its file key, for messages.
+fn names(flag: &str) -> String {
+    let var = format!("PUTEX_{}", flag.replace('-', "_").to_ascii_uppercase());
+    format!("--{flag} (or {var}, or `{flag}` in the config file)")
+}
+
+fn file_duration(key: &str, v: &Option<String>) -> Result<Option<Duration>, CliError> {
+    v.as_deref()
+        .map(|s| parse_duration(s).map_err(|e| usage(format!("config key `{key}` = {s:?}: {e}"))))
+        .transpose()
+}
+
+/// This host's name, the default node id.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl AgentSettings {
+    /// Merges flags/environment (`args`), the config file (`file`) and the
+    /// defaults, and validates the result.
+    pub fn resolve(
+        args: &AgentArgs,
+        file: &FileConfig,
+        strict: Strictness,
+    ) -> Result<AgentSettings, CliError> {
+        let pick = |a: &Option<String>, f: &Option<String>| {
+            a.clone()
+                .or_else(|| f.clone())
+                .filter(|s| !s.trim().is_empty())
+        };
+        let lock = pick(&args.lock, &file.lock);
+        match &lock {
+            Some(l) => keys::validate_name(l).map_err(|e| usage(format!("--lock: {e}")))?,
+            None if strict == Strictness::Run => {
+                return Err(usage(format!("missing {}", names("lock"))))
+            }
+            None => {}
+        }
+        let store = match pick(&args.store, &file.store) {
+            Some(u) => StoreUrl::parse(&u).map_err(|e| usage(format!("--store: {e}")))?,
+            // PUTEX_STORE was clap's; NATS_URL (and NATS_CREDS), else sqlite:.
+            None => StoreUrl::from_env().map_err(|e| usage(format!("--store: {e}")))?,
+        };
+        let node = pick(&args.node, &file.node).unwrap_or_else(hostname);
+        keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+
+        let healthcheck = pick(&args.healthcheck, &file.healthcheck);
+        let activate = pick(&args.activate, &file.activate);
+        let deactivate = pick(&args.deactivate, &file.deactivate);
+        let fence = pick(&args.fence, &file.fence);
+        let child = if args.child.is_empty() {
+            file.child.clone().unwrap_or_default()
+        } else {
+            args.child.clone()
+        };
+        if healthcheck.is_none() && strict == Strictness::Run {
+            return Err(usage(format!("missing {}", names("healthcheck"))));
+        }
+        let service =
+            match (activate, deactivate, child.is_empty()) {
+                (Some(_), _, false) | (_, Some(_), false) => return Err(usage(
+                    "give either --activate and --deactivate (hook mode) or `-- CHILD ARGS...` \
+                     (child mode), not both",
+                )),
+                (Some(activate), Some(deactivate), true) => Some(ServiceMode::Hooks {
+                    activate,
+                    deactivate,
+                    fence,
+                }),
+                (Some(_), None, true) => {
+                    return Err(usage(format!(
+                        "--activate needs {} to stop the service",
+                        names("deactivate")
+                    )))
+                }
+                (None, Some(_), true) => {
+                    return Err(usage(format!(
+                        "--deactivate needs {} to start the service",
+                        names("activate")
+                    )))
+                }
+                (None, None, false) => Some(ServiceMode::Child { argv: child, fence }),
+                (None, None, true) if strict == Strictness::Run => {
+                    return Err(usage(
+                        "nothing to run: give --activate and --deactivate (hook mode) or \
+                     `-- CHILD ARGS...` after the flags (child mode)",
+                    ))
+                }
+                (None, None, true) => None,
+            };
+        validate_hooks(healthcheck.as_deref(), service.as_ref())?;
+
+        let timing_config = TimingConfig {
+            renew: args
+                .renew
+                .or(file_duration("renew", &file.renew)?)
+                .unwrap_or(putex_core::timing::DEFAULT_RENEW),
+            failures: args
+                .failures
+                .or(file.failures)
+                .unwrap_or(putex_core::timing::DEFAULT_FAILURES),
+            confirm: args
+                .confirm
+                .or(file.confirm)
+                .unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
+            unhealthy: args
+                .unhealthy
+                .or(file.unhealthy)
+                .unwrap_or(putex_core::timing::DEFAULT_UNHEALTHY),
+            successes: args
+                .successes
+                .or(file.successes)
+                .unwrap_or(putex_core::timing::DEFAULT_SUCCESSES),
+            max_drift: match args.max_drift {
+                Some(p) => Drift::from_percent(p),
+                None => match &file.max_drift {
+                    Some(s) => Drift::from_percent(
+                        parse_drift(s)
+                            .map_err(|e| usage(format!("config key `max-drift`: {e}")))?,
+                    ),
+                    None => Drift::from_ppm(putex_core::timing::DEFAULT_MAX_DRIFT_PPM),
+                },
+            },
+            max_lease: args
+                .max_lease
+                .or(file_duration("max-lease", &file.max_lease)?),
+            allow_short_lease: args.allow_short_lease || file.allow_short_lease.unwrap_or(false),
+            start_grace: args
+                .start_grace
+                .or(file_duration("start-grace", &file.start_grace)?)
+                .unwrap_or(putex_core::timing::DEFAULT_START_GRACE),
+            sched_margin: args
+                .sched_margin
+                .or(file_duration("sched-margin", &file.sched_margin)?),
+            healthcheck_timeout: args.healthcheck_timeout.or(file_duration(
+                "healthcheck-timeout",
+                &file.healthcheck_timeout,
+            )?),
+            store_timeout: args
+                .store_timeout
+                .or(file_duration("store-timeout", &file.store_timeout)?),
+            activate_timeout: args
+                .activate_timeout
+                .or(file_duration("activate-timeout", &file.activate_timeout)?)
+                .unwrap_or(putex_core::timing::DEFAULT_ACTIVATE_TIMEOUT),
+            stop_timeout: args
+                .stop_timeout
+                .or(file_duration("stop-timeout", &file.stop_timeout)?)
+                .unwrap_or(putex_core::timing::DEFAULT_STOP_TIMEOUT),
+            emergency_timeout: args
+                .emergency_timeout
+                .or(file_duration("emergency-timeout", &file.emergency_timeout)?),
+        };
+        let timing = timing_config.validate().map_err(|e| usage(e.to_string()))?;
+        let keeper_dir = args
+            .keeper_dir
+            .clone()
+            .or_else(|| file.keeper_dir.clone())
+            .unwrap_or_else(crate::keeper::default_keeper_dir);
+        Ok(AgentSettings {
+            lock,
+            store,
+            node,
+            healthcheck,
+            service,
+            timing_config,
+            timing,
+            keeper_dir,
+        })
+    }
+
+    /// Resolves `args`, reading the config file it names (if any).
+    pub fn from_args(args: &AgentArgs, strict: Strictness) -> Result<AgentSettings, CliError> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        AgentSettings::resolve(args, &file, strict)
+    }
+
+    /// The lock name; present for `run` settings.
+    pub fn lock_name(&self) -> &str {
+        self.lock.as_deref().unwrap_or("")
+    }
+
+    /// A stable id of the store for the keeper socket and the lock file
+    /// (the URL without secrets).
+    pub fn store_id(&self) -> String {
+        self.store.to_string()
+    }
+}
+
+fn validate_hooks(
+    healthcheck: Option<&str>,
+    service: Option<&ServiceMode>,
+) -> Result<(), CliError> {
+    let mut hooks: Vec<(&str, Hook)> = Vec::new();
+    if let Some(h) = healthcheck {
+        hooks.push(("--healthcheck", Hook::new(HookKind::Health, h)));
+    }
+    match service {
+        Some(ServiceMode::Hooks {
+            activate,
+            deactivate,
+            fence,
+        }) => {
+            hooks.push((
+                "--activate",
+                Hook::new(HookKind::Activate, activate.as_str()),
+            ));
+            hooks.push((
+                "--deactivate",
+                Hook::new(HookKind::Deactivate, deactivate.as_str()),
+            ));
+            if let Some(f) = fence {
+                hooks.push(("--fence", Hook::new(HookKind::Fence, f.as_str())));
+            }
+        }
+        Some(ServiceMode::Child { fence: Some(f), .. }) => {
+            hooks.push(("--fence", Hook::new(HookKind::Fence, f.as_str())));
+        }
+        _ => {}
+    }
+    for (flag, hook) in hooks {
+        hook.validate().map_err(|e| usage(format!("{flag}: {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> AgentArgs {
+        AgentArgs {
+            lock: Some("pg".into()),
+            node: Some("n1".into()),
+            store: Some("memory:".into()),
+            healthcheck: Some("true".into()),
+            activate: Some("true".into()),
+            deactivate: Some("true".into()),
+            ..AgentArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_file_which_beats_the_defaults() {
+        let file =
+            FileConfig::parse("renew = \"200ms\"\nfailures = 4\nconfirm = 3\nmax-drift = \"2%\"\n")
+                .unwrap();
+        let mut a = args();
+        a.failures = Some(5);
+        let s = AgentSettings::resolve(&a, &file, Strictness::Run).unwrap();
+        assert_eq!(s.timing.renew(), Duration::from_millis(200));
+        assert_eq!(s.timing_config.failures, 5, "the flag wins");
+        assert_eq!(s.timing_config.confirm, 3, "the file beats the default");
+        assert_eq!(s.timing.drift().ppm(), 20_000);
+        assert_eq!(s.timing_config.unhealthy, 3, "the default");
+    }
+
+    #[test]
+    fn file_errors_name_the_key() {
+        let e = FileConfig::parse("renw = \"1s\"\n").unwrap_err();
+        assert!(e.contains("renw"), "{e}");
+        let file = FileConfig::parse("renew = \"soon\"\n").unwrap();
+        let e = AgentSettings::resolve(&args(), &file, Strictness::Run)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("config key `renew`"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        let mut a = args();
+        a.failures = Some(1);
+        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run).unwrap_err();
+        assert_eq!(e.code(), 2);
+        assert_eq!(e.to_string(), "--failures must be at least 2 (got 1)");
+        let mut a = args();
+        a.lock = None;
+        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--lock (or PUTEX_LOCK"), "{e}");
+        let mut a = args();
+        a.child = vec!["sleep".into(), "1".into()];
+        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not both"), "{e}");
+        let mut a = args();
+        a.lock = Some("a.b".into());
+        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--lock: "), "{e}");
+    }
+
+    #[test]
+    fn check_is_lenient_and_defaults_apply() {
+        let s = AgentSettings::resolve(
+            &AgentArgs::default(),
+            &FileConfig::default(),
+            Strictness::Check,
+        )
+        .unwrap();
+        assert_eq!(s.timing.lease(), Duration::from_secs(10));
+        assert!(matches!(s.store, StoreUrl::Sqlite { .. }), "{:?}", s.store);
+        assert!(!s.node.is_empty());
+    }
+
+    #[test]
+    fn durations_and_drift_parse() {
+        assert_eq!(parse_duration("100ms").unwrap(), Duration::from_millis(100));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("1").is_err());
+        assert_eq!(parse_drift("1%").unwrap(), 1.0);
+        assert_eq!(parse_drift("0.5").unwrap(), 0.5);
+        assert!(parse_drift("x").is_err());
+        assert!(parse_drift("150%").is_err());
+    }
+}

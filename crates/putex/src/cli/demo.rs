@@ -1,0 +1,278 @@
+//! `putex demo`: three agents on a temporary SQLite store, a host crash, the
+//! failover measured against its bound.
+//!
+//! The demo starts three `putex run` processes of this binary (nodes
+//! `node-1`…`node-3`, fast timing R = 100 ms, F = 3, C = 1) in child mode
+//! with a trivial service that leaves a marker file when it starts. It waits
+//! for one to be active, then crashes that "host": SIGKILL of the agent, its
+//! keeper and its service at once. It reports who was active when, the
+//! measured failover time and the bound B = W + G' + three store round trips
+//! from the timeline, and stops the survivors with SIGTERM (graceful stop,
+//! release).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::check::measure_store;
+use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness};
+use super::CliError;
+use crate::process::proc_table;
+use crate::store::AnyStore;
+
+/// `putex demo` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// Keep the temporary directory (store, logs) afterwards.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+const LOCK: &str = "demo";
+
+struct Node {
+    name: &'static str,
+    child: tokio::process::Child,
+    keeper_dir: PathBuf,
+}
+
+fn other(e: impl std::fmt::Display) -> CliError {
+    CliError::Other(format!("demo: {e}"))
+}
+
+/// Pids whose command line contains `needle`.
+fn pids_matching(needle: &str) -> Vec<i32> {
+    proc_table()
+        .into_iter()
+        .filter(|e| !e.is_dead())
+        .filter(|e| {
+            std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .map(|e| e.pid)
+        .collect()
+}
+
+/// The service markers present: (node, service pid).
+fn markers(dir: &Path) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for n in NODES {
+        if let Ok(s) = std::fs::read_to_string(dir.join(format!("active-{n}"))) {
+            if let Ok(pid) = s.trim().parse() {
+                out.push((n.to_string(), pid));
+            }
+        }
+    }
+    out
+}
+
+/// Waits until a node other than `except` has a marker; returns it and when.
+async fn wait_active(
+    dir: &Path,
+    except: Option<&str>,
+    within: Duration,
+) -> Option<(String, i32, Instant)> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some((n, pid)) = markers(dir)
+            .into_iter()
+            .find(|(n, _)| Some(n.as_str()) != except)
+        {
+            return Some((n, pid, Instant::now()));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// `putex demo`.
+pub async fn run(args: &DemoArgs) -> Result<(), CliError> {
+    let dir = std::env::temp_dir().join(format!("putex-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(other)?;
+    let result = demo(&dir).await;
+    if args.keep {
+        println!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn demo(dir: &Path) -> Result<(), CliError> {
+    let exe = std::env::current_exe().map_err(other)?;
+    let store_url = format!("sqlite://{}", dir.join("store.db").display());
+    let fast = AgentArgs {
+        lock: Some(LOCK.into()),
+        store: Some(store_url.clone()),
+        node: Some("node-1".into()),
+        healthcheck: Some("true".into()),
+        renew: Some(Duration::from_millis(100)),
+        failures: Some(3),
+        confirm: Some(1),
+        child: vec!["true".into()],
+        ..AgentArgs::default()
+    };
+    let settings = AgentSettings::resolve(&fast, &FileConfig::default(), Strictness::Run)?;
+    let store = AnyStore::open(&settings.store)
+        .await
+        .map_err(|e| CliError::Store(format!("store {store_url}: {e}")))?;
+    let m = measure_store(&store, "demo", Duration::from_secs(1)).await?;
+    let timeline = settings.timing.timeline(m.median_cas);
+    println!("putex demo: 3 agents for lock {LOCK:?} on {store_url}");
+    println!(
+        "timing: R = 100ms, F = 3, C = 1 → T = {:?}, W = {:?}, G = {:?}; bound B = W + G + 3 round trips = {:?}",
+        timeline.lease, timeline.staleness_wait, timeline.gap, timeline.crash_failover
+    );
+    println!("logs: {}/node-*.log", dir.display());
+    println!();
+
+    let t0 = Instant::now();
+    let stamp = |t: Instant| format!("{:>7.3}s", t.saturating_duration_since(t0).as_secs_f64());
+    let mut nodes = Vec::new();
+    for name in NODES {
+        let keeper_dir = dir.join(name);
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).map_err(other)?;
+        let marker = dir.join(format!("active-{name}"));
+        let service = format!(
+            "echo $$ > {m}.tmp && mv {m}.tmp {m} && exec sleep 100000",
+            m = marker.display()
+        );
+        let child = tokio::process::Command::new(&exe)
+            .args(["run", "--lock", LOCK, "--store", &store_url, "--node", name])
+            .args([
+                "--healthcheck",
+                "true",
+                "--renew",
+                "100ms",
+                "--failures",
+                "3",
+            ])
+            .args(["--confirm", "1", "--stop-timeout", "2s", "--keeper-dir"])
+            .arg(&keeper_dir)
+            .args(["--", "/bin/sh", "-c", &service])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(other)?;
+        nodes.push(Node {
+            name,
+            child,
+            keeper_dir,
+        });
+    }
+    println!(
+        "{} started node-1, node-2, node-3 (first use of the lock waits W + G)",
+        stamp(Instant::now())
+    );
+
+    let outcome = crash_and_fail_over(dir, &mut nodes, &timeline, &stamp).await;
+
+    // Stop the survivors gracefully.
+    for n in &nodes {
+        if let Some(pid) = n.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+    let stop_start = Instant::now();
+    for n in &mut nodes {
+        let _ = tokio::time::timeout(Duration::from_secs(5), n.child.wait()).await;
+    }
+    println!(
+        "{} stopped the survivors (SIGTERM: graceful stop and release) in {:?}",
+        stamp(Instant::now()),
+        stop_start.elapsed()
+    );
+    // Leftovers (keepers that outlive their agents) of this demo only.
+    for n in &nodes {
+        for pid in pids_matching(&n.keeper_dir.display().to_string()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    outcome
+}
+
+async fn crash_and_fail_over(
+    dir: &Path,
+    nodes: &mut [Node],
+    timeline: &putex_core::Timeline,
+    stamp: &impl Fn(Instant) -> String,
+) -> Result<(), CliError> {
+    let Some((first, service_pid, at)) = wait_active(dir, None, Duration::from_secs(15)).await
+    else {
+        return Err(other("no agent became active within 15 s; see the logs"));
+    };
+    println!("{} {first} active", stamp(at));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let active_now: Vec<String> = markers(dir).into_iter().map(|(n, _)| n).collect();
+    if active_now.len() != 1 {
+        return Err(other(format!(
+            "expected exactly one active node, found {active_now:?}"
+        )));
+    }
+    println!(
+        "{} steady: exactly one active ({first}), two standing by",
+        stamp(Instant::now())
+    );
+
+    // The host crash: agent, keeper and service, all at once.
+    let node = nodes
+        .iter_mut()
+        .find(|n| n.name == first)
+        .expect("the active node is one of ours");
+    let keeper_pids = pids_matching(&node.keeper_dir.display().to_string());
+    let agent_pid = node.child.id().map(|p| p as i32);
+    let _ = std::fs::remove_file(dir.join(format!("active-{first}")));
+    for pid in agent_pid
+        .into_iter()
+        .chain(keeper_pids)
+        .chain([service_pid])
+    {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let crashed = Instant::now();
+    let _ = node.child.wait().await;
+    println!(
+        "{} {first} crashed (SIGKILL of its agent, keeper and service)",
+        stamp(crashed)
+    );
+
+    let within = timeline.crash_failover * 3 + Duration::from_secs(2);
+    let Some((second, _, at)) = wait_active(dir, Some(&first), within).await else {
+        return Err(other(format!("no standby took over within {within:?}")));
+    };
+    let took = at.saturating_duration_since(crashed);
+    println!("{} {second} active", stamp(at));
+    println!();
+    let target = timeline.crash_failover + Duration::from_millis(100);
+    println!(
+        "failover: {:.0} ms after the crash; bound B = {:.0} ms from the last renewal the standby \
+         saw (up to R before the crash); target on one machine B + 100 ms = {:.0} ms{}",
+        took.as_secs_f64() * 1000.0,
+        timeline.crash_failover.as_secs_f64() * 1000.0,
+        target.as_secs_f64() * 1000.0,
+        if took <= target {
+            ""
+        } else {
+            " — SLOWER THAN THE TARGET"
+        }
+    );
+    println!(
+        "by the rules {second} could not start earlier than W + G = {:.0} ms after {first}'s last \
+         renewal: never while {first}'s licence could still run",
+        (timeline.staleness_wait + timeline.gap).as_secs_f64() * 1000.0
+    );
+    println!();
+    Ok(())
+}

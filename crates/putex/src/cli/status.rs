@@ -1,0 +1,408 @@
+//! `putex status`: who holds a lock, since when, with which token, and how
+//! its members are doing.
+//!
+//! Ages come from store timestamps only: the store's "now" is read by a
+//! probe write (`probe._status`) and compared with the records' store
+//! times, so no host's wall clock is compared with another's. A record
+//! from another clock domain (the embedded store after a reboot) has no
+//! age (`null`).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use putex_core::{Observed, StoreGap, StoreTime};
+use serde::Serialize;
+
+use super::run::MemberRecord;
+use super::CliError;
+use crate::store::{keys, AnyStore, ReadMode, Store, StoreUrl};
+
+/// `putex status` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatusArgs {
+    /// The lock (or use --lock); all locks when omitted.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The lock name.
+    #[arg(long, env = "PUTEX_LOCK", conflicts_with = "name")]
+    pub lock: Option<String>,
+    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// Output format of `putex status`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A table for people.
+    Table,
+    /// JSON for programs.
+    Json,
+}
+
+/// One lock as `status` reports it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LockStatus {
+    /// The lock name.
+    pub lock: String,
+    /// The holder's node id (also for `released` and `revoked` records:
+    /// the last holder).
+    pub holder: Option<String>,
+    /// `active`, `confirming`, `released`, `revoked`, `absent` or `unreadable`.
+    pub state: String,
+    /// The fencing token `epoch:revision`.
+    pub token: Option<String>,
+    /// The record's revision.
+    pub revision: Option<u64>,
+    /// Store time since the record was last written (renewed), in ms.
+    pub renewed_ago_ms: Option<u64>,
+    /// The lease T the holder advertises, in ms.
+    pub lease_ms: Option<u64>,
+    /// The emergency-stop gap the holder advertises, in ms.
+    pub gap_ms: Option<u64>,
+    /// The holder's instance id.
+    pub instance: Option<String>,
+    /// Whether the record is older than its advertised lease (the holder
+    /// stopped renewing: a takeover is due).
+    pub stale: bool,
+    /// The members' records.
+    pub members: Vec<MemberStatus>,
+}
+
+/// One member as `status` reports it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MemberStatus {
+    /// The node id.
+    pub node: String,
+    /// The agent's role.
+    pub role: String,
+    /// Whether its last health check passed.
+    pub healthy: Option<bool>,
+    /// Its last health check.
+    pub last_health: Option<String>,
+    /// Its fencing token while holding.
+    pub token: Option<String>,
+    /// Store time since its member record was written, in ms.
+    pub last_seen_ms: Option<u64>,
+    /// Whether it has not written its record for more than 10 of its R.
+    pub silent: bool,
+}
+
+fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
+    match now?.gap_since(then) {
+        StoreGap::Forward(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        StoreGap::Backwards => Some(0),
+        StoreGap::Unbounded => None,
+    }
+}
+
+/// The store's current time, by a probe write and read.
+async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
+    let key = keys::probe("_status").ok()?;
+    store
+        .put(
+            &key,
+            br#"{"v":1,"node":"_status","write":"status"}"#,
+            timeout,
+        )
+        .await
+        .ok()?;
+    Some(store.get(&key, ReadMode::Leader, timeout).await.ok()??.time)
+}
+
+/// The latest entry of every key under `filter`: a watch's initial
+/// delivery, read until it goes quiet.
+async fn snapshot(
+    store: &AnyStore,
+    filter: &str,
+    timeout: Duration,
+) -> Result<Vec<(String, crate::store::Entry)>, CliError> {
+    let mut w = store
+        .watch(filter, None, timeout)
+        .await
+        .map_err(|e| CliError::Store(format!("store: {e}")))?;
+    let mut latest = std::collections::BTreeMap::new();
+    let overall = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let quiet = tokio::time::Instant::now() + Duration::from_millis(300);
+        match tokio::time::timeout_at(quiet.min(overall), w.next()).await {
+            Ok(Some(Ok(ev))) => {
+                match ev.entry {
+                    Some(e) => latest.insert(ev.key, e),
+                    None => latest.remove(&ev.key),
+                };
+            }
+            _ => break,
+        }
+    }
+    Ok(latest.into_iter().collect())
+}
+
+/// Reads one lock's status.
+pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, CliError> {
+    let timeout = Duration::from_secs(2);
+    let key = keys::lock(lock).map_err(|e| CliError::Usage(format!("--lock: {e}")))?;
+    let now = store_now(store, timeout).await;
+    let entry = store
+        .get(&key, ReadMode::Any, timeout)
+        .await
+        .map_err(|e| CliError::Store(format!("store: {e}")))?;
+    let mut st = LockStatus {
+        lock: lock.to_owned(),
+        holder: None,
+        state: "absent".into(),
+        token: None,
+        revision: None,
+        renewed_ago_ms: None,
+        lease_ms: None,
+        gap_ms: None,
+        instance: None,
+        stale: false,
+        members: Vec::new(),
+    };
+    if let Some(e) = entry {
+        st.token = Some(e.token.to_string());
+        st.revision = Some(e.token.revision);
+        st.renewed_ago_ms = age(now, e.time);
+        match Observed::decode(&e.value) {
+            Observed::Record(r) => {
+                st.holder = Some(r.node.clone());
+                st.state = serde_json::to_value(r.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                st.lease_ms = Some(r.lease_ms);
+                st.gap_ms = Some(r.gap_ms);
+                st.instance = Some(r.instance.clone());
+                st.stale = matches!(st.state.as_str(), "active" | "confirming")
+                    && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
+            }
+            Observed::Garbage => st.state = "unreadable".into(),
+        }
+    }
+    let filter = keys::members_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
+    for (_, e) in snapshot(store, &filter, timeout).await? {
+        let Ok(m) = serde_json::from_slice::<MemberRecord>(&e.value) else {
+            continue;
+        };
+        let last_seen_ms = age(now, e.time);
+        st.members.push(MemberStatus {
+            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1) * 10),
+            node: m.node,
+            role: m.role,
+            healthy: m.healthy,
+            last_health: m.last_health,
+            token: m.token,
+            last_seen_ms,
+        });
+    }
+    Ok(st)
+}
+
+fn ago(ms: Option<u64>) -> String {
+    match ms {
+        Some(ms) if ms < 10_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        Some(ms) => format!("{}s ago", ms / 1000),
+        None => "long ago".into(),
+    }
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Renders one lock for people.
+pub fn render(st: &LockStatus) -> String {
+    let mut rows = vec![vec![
+        "LOCK".to_string(),
+        "HOLDER".into(),
+        "STATE".into(),
+        "TOKEN".into(),
+        "RENEWED".into(),
+        "LEASE".into(),
+    ]];
+    let state = if st.stale {
+        format!("{} (STALE: not renewed within its lease)", st.state)
+    } else {
+        st.state.clone()
+    };
+    rows.push(vec![
+        st.lock.clone(),
+        st.holder.clone().unwrap_or_else(|| "-".into()),
+        state,
+        st.token.clone().unwrap_or_else(|| "-".into()),
+        if st.revision.is_some() {
+            ago(st.renewed_ago_ms)
+        } else {
+            "-".into()
+        },
+        st.lease_ms
+            .map(|l| format!("{:.1}s", l as f64 / 1000.0))
+            .unwrap_or_else(|| "-".into()),
+    ]);
+    let mut out = table(&rows);
+    if st.members.is_empty() {
+        out.push_str("no members have reported\n");
+        return out;
+    }
+    out.push('\n');
+    let mut rows = vec![vec![
+        "NODE".to_string(),
+        "ROLE".into(),
+        "HEALTHY".into(),
+        "LAST CHECK".into(),
+        "LAST SEEN".into(),
+    ]];
+    for m in &st.members {
+        rows.push(vec![
+            m.node.clone(),
+            m.role.clone(),
+            match m.healthy {
+                Some(true) => "yes".into(),
+                Some(false) => "NO".into(),
+                None => "-".into(),
+            },
+            m.last_health.clone().unwrap_or_else(|| "-".into()),
+            if m.silent && m.role != "exited" {
+                format!("{} (SILENT)", ago(m.last_seen_ms))
+            } else {
+                ago(m.last_seen_ms)
+            },
+        ]);
+    }
+    out.push_str(&table(&rows));
+    out
+}
+
+/// `putex status`.
+pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
+    let url = match &args.store {
+        Some(u) => StoreUrl::parse(u).map_err(|e| CliError::Usage(format!("--store: {e}")))?,
+        None => StoreUrl::from_env().map_err(|e| CliError::Usage(format!("--store: {e}")))?,
+    };
+    let store = AnyStore::open(&url)
+        .await
+        .map_err(|e| CliError::Store(format!("store {url}: {e}")))?;
+    let name = args.name.clone().or_else(|| args.lock.clone());
+    let names = match name {
+        Some(n) => {
+            keys::validate_name(&n).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
+            vec![n]
+        }
+        None => snapshot(&store, keys::LOCK_PREFIX, Duration::from_secs(2))
+            .await?
+            .into_iter()
+            .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
+            .collect(),
+    };
+    let mut all = Vec::new();
+    for n in &names {
+        all.push(lock_status(&store, n).await?);
+    }
+    match args.output {
+        Format::Json => {
+            let v = if args.name.is_some() || args.lock.is_some() {
+                serde_json::to_string_pretty(&all[0])
+            } else {
+                serde_json::to_string_pretty(&all)
+            };
+            println!("{}", v.expect("status serialises"));
+        }
+        Format::Table => {
+            if all.is_empty() {
+                println!("no locks in {url}");
+            }
+            for (i, st) in all.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", render(st));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use putex_core::{LockRecord, LockState};
+
+    #[tokio::test]
+    async fn reports_holder_age_and_members() {
+        let store = AnyStore::from(crate::store::MemoryStore::new());
+        let rec = LockRecord {
+            v: 1,
+            node: "db1".into(),
+            machine: "m".into(),
+            instance: "i".into(),
+            state: LockState::Active,
+            write: "w1".into(),
+            lease_ms: 10_000,
+            gap_ms: 2_000,
+        };
+        let t = Duration::from_secs(1);
+        store.create("lock.pg", &rec.encode(), t).await.unwrap();
+        let m = MemberRecord {
+            v: 1,
+            node: "db1".into(),
+            role: "active".into(),
+            healthy: Some(true),
+            last_health: Some("active ok".into()),
+            renew_ms: 1000,
+            ..MemberRecord::default()
+        };
+        store
+            .put("member.pg.db1", &serde_json::to_vec(&m).unwrap(), t)
+            .await
+            .unwrap();
+        let st = lock_status(&store, "pg").await.unwrap();
+        assert_eq!(st.holder.as_deref(), Some("db1"));
+        assert_eq!(st.state, "active");
+        assert!(!st.stale);
+        assert!(st.renewed_ago_ms.is_some_and(|a| a < 5_000), "{st:?}");
+        assert_eq!(st.members.len(), 1);
+        assert_eq!(st.members[0].healthy, Some(true));
+        let text = render(&st);
+        assert!(
+            text.contains("HOLDER") && text.contains("db1") && text.contains("active ok"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&st).unwrap();
+        for k in [
+            "lock",
+            "holder",
+            "state",
+            "revision",
+            "renewed_ago_ms",
+            "lease_ms",
+            "members",
+        ] {
+            assert!(json.get(k).is_some(), "{k} missing in {json}");
+        }
+        let absent = lock_status(&store, "other").await.unwrap();
+        assert_eq!(absent.state, "absent");
+    }
+}
