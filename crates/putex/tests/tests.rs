@@ -3,5 +3,6 @@
 mod agent_e2e;
 mod common;
 mod lease;
+mod store_auth;
 mod store_contract;
 mod supervision;

@@ -117,6 +117,17 @@ fn has_durability_fix(v: (u64, u64, u64)) -> bool {
     v >= (2, 12, 3) || (v.0 == 2 && v.1 == 11 && v.2 >= 12)
 }
 
+/// Whether a connect error is a TLS handshake that failed on certificates
+/// or protocol (an untrusted server certificate, a client certificate the
+/// server wants or refuses): rustls errors reach async-nats as an I/O error
+/// of kind `InvalidData` (tokio-rustls wraps them so) and are filed under
+/// `Io`, like a lost connection; retrying will not change them.
+fn tls_refused(e: &async_nats::ConnectError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData && io.get_ref().is_some())
+}
+
 fn publish_error(op: Op, key: &str, e: &jetstream::context::PublishError) -> StoreError {
     use jetstream::context::PublishErrorKind as K;
     match e.kind() {
@@ -177,6 +188,22 @@ impl NatsStore {
             }
             NatsAuth::Token(t) => async_nats::ConnectOptions::with_token(t.clone()),
         };
+        // async-nats reads these files only while connecting, and its error
+        // does not name the file: check them here.
+        for (what, file) in [
+            ("tls_ca", &cfg.tls.ca),
+            ("tls_cert", &cfg.tls.cert),
+            ("tls_key", &cfg.tls.key),
+        ] {
+            if let Some(path) = file {
+                if let Err(e) = std::fs::File::open(path) {
+                    return Err(StoreError::config(format!(
+                        "NATS {what} file {}: {e}",
+                        path.display()
+                    )));
+                }
+            }
+        }
         if cfg.tls.required {
             opts = opts.require_tls(true);
         }
@@ -209,6 +236,9 @@ impl NatsStore {
                 K::Authentication | K::AuthorizationViolation | K::Tls | K::ServerParse => {
                     StoreError::config(format!("NATS {where_}: {e}"))
                 }
+                K::Io if tls_refused(&e) => StoreError::config(format!(
+                    "NATS {where_}: TLS handshake failed: {e}; check tls_ca (the CA that signed the server's certificate), and tls_cert and tls_key if the server verifies clients"
+                )),
                 _ => StoreError::unknown(Op::Open, &where_, format_args!("cannot connect: {e}")),
             }
         })?;

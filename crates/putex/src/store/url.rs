@@ -13,8 +13,9 @@
 //! (default 1; 3 or 5 in production), `creds` (a `.creds` file), `nkey` (a
 //! seed), `user` and `password`, `token`, `tls_ca`, `tls_cert` and
 //! `tls_key` (file paths; `tls_cert` needs `tls_key`), `tls=true`. User and
-//! password may also come as `nats://user:password@host:port`. Values are
-//! percent-decoded.
+//! password may also come as `nats://user:password@host:port`, a token as
+//! `nats://token@host:port` (user-info without a colon, as the NATS clients
+//! read it). Values are percent-decoded.
 //!
 //! Environment ([`StoreUrl::from_env`]): `PUTEX_STORE` is the URL; without
 //! it `NATS_URL` (a NATS server list) selects NATS; without either the
@@ -111,8 +112,11 @@ fn redact(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         let auth_end = rest.find(['?', '/']).unwrap_or(rest.len());
         if let Some(at) = rest[..auth_end].rfind('@') {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            out = format!("{scheme}://{user}:***@{}", &rest[at + 1..]);
+            // `user:password@` keeps the user; a lone `token@` is a secret.
+            out = match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{}", &rest[at + 1..]),
+                None => format!("{scheme}://***@{}", &rest[at + 1..]),
+            };
         }
     }
     for key in ["password=", "token=", "nkey="] {
@@ -282,12 +286,19 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
         },
     };
     let (mut user, mut password) = (None, None);
-    if let Some(info) = userinfo {
-        let (u, p) = info.split_once(':').unwrap_or((info, ""));
-        user = Some(percent_decode(url, u)?);
-        password = Some(percent_decode(url, p)?);
-    }
     let mut auth_kinds = Vec::new();
+    match userinfo.map(|info| (info, info.split_once(':'))) {
+        Some((_, Some((u, p)))) => {
+            user = Some(percent_decode(url, u)?);
+            password = Some(percent_decode(url, p)?);
+        }
+        // `nats://TOKEN@host`: a token, as the NATS clients and CLI read it.
+        Some((info, None)) => {
+            auth_kinds.push("token");
+            cfg.auth = NatsAuth::Token(percent_decode(url, info)?);
+        }
+        None => {}
+    }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(url, v)?;
@@ -478,6 +489,19 @@ mod tests {
             NatsAuth::Token("s3cret".into())
         );
         assert_eq!(nats("nats://h?nkey=SU").auth, NatsAuth::Nkey("SU".into()));
+        // User-info without a colon is a token (as in the NATS clients);
+        // with one, a user with a possibly empty password.
+        assert_eq!(
+            nats("nats://s3cr%40t@h:1").auth,
+            NatsAuth::Token("s3cr@t".into())
+        );
+        assert_eq!(
+            nats("nats://u:@h").auth,
+            NatsAuth::UserPassword {
+                user: "u".into(),
+                password: String::new()
+            }
+        );
     }
 
     #[test]
@@ -492,6 +516,7 @@ mod tests {
             ("nats://h?replicas=7", "replicas must be 1 to 5"),
             ("nats://h?bucket=a.b", "bucket"),
             ("nats://u:p@h?token=t", "more than one kind of credentials"),
+            ("nats://t@h?nkey=SU", "more than one kind of credentials"),
             ("nats://h?tls_cert=/c", "tls_cert and tls_key go together"),
             ("nats://h/path", "no path"),
             ("nats:h", "expected //"),
@@ -518,6 +543,8 @@ mod tests {
         let msg = err("nats://u:hunter2@h?bogus=1");
         assert!(!msg.contains("hunter2"), "{msg}");
         let msg = err("nats://h?token=hunter2&bogus=1");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        let msg = err("nats://hunter2@h?bogus=1");
         assert!(!msg.contains("hunter2"), "{msg}");
         let shown = StoreUrl::parse("nats://u:hunter2@h").unwrap().to_string();
         assert!(!shown.contains("hunter2"), "{shown}");

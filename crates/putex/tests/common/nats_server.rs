@@ -73,6 +73,30 @@ impl NatsServer {
         Self::spawn(dir, args)
     }
 
+    /// A single JetStream server on a loopback ephemeral port, configured
+    /// by a configuration file: `extra` (e.g. an `authorization` or `tls`
+    /// block) follows the listen address and the `jetstream` block.
+    pub fn start_with_config(extra: &str) -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sd = dir.path().join("store");
+        let conf = dir.path().join("server.conf");
+        let text = format!(
+            "host: 127.0.0.1\nport: -1\njetstream {{ store_dir: {:?} }}\n{extra}\n",
+            sd.display().to_string()
+        );
+        std::fs::write(&conf, text).expect("write server.conf");
+        let args = vec!["-c".into(), conf.display().to_string()];
+        Self::spawn(dir, args)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {:?}", self.url))
+    }
+
     fn spawn(dir: tempfile::TempDir, mut args: Vec<String>) -> NatsServer {
         let ports_dir = dir.path().join("ports");
         std::fs::create_dir_all(&ports_dir).expect("ports dir");
@@ -130,6 +154,18 @@ impl NatsServer {
         }
     }
 
+    /// Kills the server (SIGKILL, as a crash) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return; // gone already: its pid may belong to another process
+        }
+        // A paused server would not die of SIGKILL any slower, but thaw it
+        // so nothing lingers stopped if the kill races.
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
         self.signal(Signal::SIGCONT);
@@ -148,11 +184,7 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        // A paused server would not die of SIGKILL any slower, but thaw it
-        // so nothing lingers stopped if the kill races.
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
@@ -235,6 +267,17 @@ impl NatsCluster {
             })
             .collect();
         NatsCluster { servers }
+    }
+
+    /// Kills the node a JetStream API answer names (`n1`, `n2` or `n3`,
+    /// the server names given at start), as a crash.
+    pub fn kill_node(&mut self, name: &str) {
+        let i: usize = name
+            .strip_prefix('n')
+            .and_then(|n| n.parse().ok())
+            .filter(|n| (1..=self.servers.len()).contains(n))
+            .unwrap_or_else(|| panic!("no node named {name:?}"));
+        self.servers[i - 1].kill();
     }
 
     /// A store URL naming every server.
