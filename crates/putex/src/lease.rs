@@ -292,7 +292,19 @@ impl Drop for Lease {
 }
 
 /// `/etc/machine-id`, or a stand-in where there is none.
+///
+/// `PUTEX_MACHINE_ID`, when set and not empty, replaces it. It is a test
+/// knob (the end-to-end tests run two "machines" on one host to check the
+/// duplicate-node-id refusal, S5); never set it in production, where two
+/// hosts must never share a machine id.
 pub fn machine_id() -> String {
+    if let Some(id) = std::env::var("PUTEX_MACHINE_ID")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+    {
+        return id;
+    }
     std::fs::read_to_string("/etc/machine-id")
         .map(|s| s.trim().to_owned())
         .ok()

@@ -1,6 +1,7 @@
 //! The integration tests of the putex crate: one binary, shared helpers.
 
 mod agent_e2e;
+mod agent_faults;
 mod common;
 mod lease;
 mod store_auth;

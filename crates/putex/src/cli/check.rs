@@ -118,6 +118,26 @@ pub fn check_store(timing: &Timing, m: &StoreMeasurement) -> Result<(), CliError
         .map_err(|e| CliError::Usage(e.to_string()))
 }
 
+/// Settings that validate but do not do what they seem to: each a sentence
+/// naming the options, for `putex check` to print and `putex run` to log.
+pub fn timing_warnings(t: &Timing) -> Vec<String> {
+    let mut w = Vec::new();
+    let (k, f) = (t.unhealthy(), t.config().failures);
+    if k >= f {
+        // A failed check skips its renewal (H2): after K − 1 of them the
+        // licence has K − 1 rounds fewer to run, and with K ≥ F it ends
+        // about when the K-th check is due.
+        w.push(format!(
+            "--unhealthy ({k}) is not below --failures ({f}): a holder whose health checks \
+             fail lapses when its licence ends (an emergency stop, no release, a full \
+             stale takeover) before it can step down gracefully after {k} failed checks; \
+             use --unhealthy {} or more --failures",
+            f - 1
+        ));
+    }
+    w
+}
+
 /// `putex check`: prints the settings, the store facts and the timeline.
 pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
     let settings = AgentSettings::from_args(args, Strictness::Check)?;
@@ -164,6 +184,9 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
             t.store_timeout()
         }
     };
+    for w in timing_warnings(t) {
+        println!("warning: {w}");
+    }
     println!();
     println!("{}", t.timeline(rtt));
     println!();
@@ -219,6 +242,27 @@ mod tests {
             e.starts_with("--renew (100ms) must be at least ten times"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn unhealthy_not_below_failures_is_warned_about() {
+        let s = fast(|_| {}).unwrap(); // K = 3, F = 3
+        let w = timing_warnings(&s.timing);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("--unhealthy (3) is not below --failures (3)"),
+            "{w:?}"
+        );
+        assert!(w[0].contains("use --unhealthy 2"), "{w:?}");
+        let s = fast(|a| a.unhealthy = Some(2)).unwrap();
+        assert!(timing_warnings(&s.timing).is_empty());
+        let s = AgentSettings::resolve(
+            &AgentArgs::default(),
+            &FileConfig::default(),
+            Strictness::Check,
+        )
+        .unwrap(); // the defaults: K = 3, F = 10
+        assert!(timing_warnings(&s.timing).is_empty());
     }
 
     #[tokio::test]

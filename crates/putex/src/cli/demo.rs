@@ -118,6 +118,7 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
         renew: Some(Duration::from_millis(100)),
         failures: Some(3),
         confirm: Some(1),
+        unhealthy: Some(2),
         child: vec!["true".into()],
         ..AgentArgs::default()
     };
@@ -156,7 +157,8 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
                 "--failures",
                 "3",
             ])
-            .args(["--confirm", "1", "--stop-timeout", "2s", "--keeper-dir"])
+            .args(["--confirm", "1", "--unhealthy", "2", "--stop-timeout", "2s"])
+            .arg("--keeper-dir")
             .arg(&keeper_dir)
             .args(["--", "/bin/sh", "-c", &service])
             .env_remove("RUST_LOG")

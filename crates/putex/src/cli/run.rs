@@ -236,6 +236,9 @@ struct Inner {
     state_dirty: Notify,
     /// Set by the first SIGTERM/SIGINT.
     shutdown_requested: std::sync::atomic::AtomicBool,
+    /// A second signal asked for an emergency stop: exit 1 however the
+    /// running stop ends.
+    emergency_requested: std::sync::atomic::AtomicBool,
     /// Inputs for the driver from the host's own sources.
     inject: mpsc::UnboundedSender<Input>,
 }
@@ -602,6 +605,11 @@ async fn member_writer(host: AgentHost, store: AnyStore, key: String) {
     let timeout = host.inner.settings.timing.store_timeout();
     loop {
         let rec = host.member_record();
+        // The last record (`exited`) is run_agent's to write, or not to
+        // write: a refused duplicate leaves the holder's record alone.
+        if host.set(|st| st.role == Some(Role::Exited)) {
+            return;
+        }
         let bytes = serde_json::to_vec(&rec).expect("member record serialises");
         if let Err(e) = store.put(&key, &bytes, timeout).await {
             tracing::debug!(error = %e, "member record not written");
@@ -724,6 +732,9 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         p99_cas = ?m.facts.p99_cas.unwrap_or_default(),
         "store ok"
     );
+    for w in super::check::timing_warnings(&settings.timing) {
+        tracing::warn!("{w}");
+    }
     let timeline = settings.timing.timeline(m.median_cas);
     tracing::info!(
         lease = ?timeline.lease,
@@ -801,6 +812,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             member_dirty: Notify::new(),
             state_dirty: Notify::new(),
             shutdown_requested: std::sync::atomic::AtomicBool::new(false),
+            emergency_requested: std::sync::atomic::AtomicBool::new(false),
             inject: inject.clone(),
         }),
     };
@@ -825,7 +837,13 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
                 .store(true, std::sync::atomic::Ordering::SeqCst);
             let _ = first_tx.send(());
             signals.next().await;
-            tracing::error!("second signal: emergency stop, exiting without a release");
+            tracing::error!(
+                "second signal: emergency stop; the lock is released only if the stop under way \
+                 proves the service stopped in time"
+            );
+            inner
+                .emergency_requested
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             let ok = tokio::time::timeout(emergency + STOP_SLACK, keeper.stop(StopKind::Emergency))
                 .await
                 .ok()
@@ -877,23 +895,34 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     )
     .await;
 
-    // A last member record, so status shows the agent gone.
-    let mut rec = host.member_record();
-    rec.role = "exited".into();
-    rec.token = None;
-    if let Ok(key) = keys::member(&lock, &node) {
-        let bytes = serde_json::to_vec(&rec).expect("member record serialises");
-        let _ = store
-            .put(&key, &bytes, settings.timing.store_timeout())
-            .await;
-    }
+    // A last member record, so status shows the agent gone — unless the
+    // record is another machine's: a refused duplicate must not mark the
+    // running holder's member record `exited` (S5: it is not disturbed).
     tasks.abort_all();
+    if !matches!(exit, ExitReason::DuplicateNode { .. }) {
+        let mut rec = host.member_record();
+        rec.role = "exited".into();
+        rec.token = None;
+        if let Ok(key) = keys::member(&lock, &node) {
+            let bytes = serde_json::to_vec(&rec).expect("member record serialises");
+            let _ = store
+                .put(&key, &bytes, settings.timing.store_timeout())
+                .await;
+        }
+    }
     match exit {
         ExitReason::Shutdown { released } => {
             if keeper.shutdown().await.is_err() {
                 tracing::debug!("the keeper stays (it still guards something, or is gone)");
             }
             tracing::info!(released, "agent stopped");
+            if host
+                .inner
+                .emergency_requested
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(CliError::Other("stopped at once by a second signal".into()));
+            }
             Ok(())
         }
         ExitReason::DuplicateNode { machine } => Err(CliError::Duplicate(format!(

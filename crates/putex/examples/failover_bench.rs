@@ -1,0 +1,714 @@
+//! Failover benchmark of `putex run`: crash failovers, clean handovers, and
+//! what an idle agent costs. Not a test: it prints figures for
+//! `docs/performance.md`.
+//!
+//! ```text
+//! cargo run --release -p putex --example failover_bench -- [--runs N] [--putex PATH]
+//! ```
+//!
+//! It starts a single-node nats-server on a loopback port (the binary is
+//! `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else `nats-server` on
+//! `PATH`; `scripts/install-nats-server` installs it) and three agents with
+//! the fast profile (R = 100 ms, F = 3, C = 1) in hook mode. The hooks
+//! append `start NODE NS TOKEN` and `stop NODE NS KIND` lines (wall-clock
+//! nanoseconds from `date +%s%N`) to a file:
+//!
+//! 1. **crash failover**, N times: SIGKILL of the active agent and its
+//!    keeper (a host crash) → the next `start` line; compared with the bound
+//!    B that `putex check` prints for the same flags;
+//! 2. **clean handover**, N times: SIGTERM of the active agent → its
+//!    `graceful` stop line → the next `start` line;
+//! 3. **idle cost**: two agents at R = 1 s (one active, one standby) for 10 s:
+//!    VmRSS and CPU time (utime + stime) of each agent process and keeper
+//!    from `/proc`, hook processes excluded.
+//!
+//! The `putex` binary is the one built beside this example (it is built if
+//! missing or older than the example), or `--putex PATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use putex::process::proc_table;
+
+const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
+const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
+const IDLE_WINDOW: Duration = Duration::from_secs(10);
+
+fn usage() -> ! {
+    eprintln!("usage: failover_bench [--runs N] [--putex PATH]");
+    std::process::exit(2);
+}
+
+fn main() {
+    let mut runs = 20usize;
+    let mut putex_bin: Option<PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--runs" => {
+                runs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| usage())
+            }
+            "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
+            _ => usage(),
+        }
+    }
+    let putex_bin = putex_bin.unwrap_or_else(find_putex);
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("putex: {}", putex_bin.display());
+    println!("nats-server: {} ({})", nats.bin.display(), nats.url);
+    println!(
+        "host: {} CPU(s), load average {}\n",
+        num_cpus(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+
+    // The bound B for these flags, with the store's measured round trip.
+    let out = Command::new(&putex_bin)
+        .args(["check", "--store", &nats.url])
+        .args(FAST)
+        .output()
+        .expect("putex check");
+    let check = String::from_utf8_lossy(&out.stdout).to_string();
+    print!("putex check {}:\n{check}\n", FAST.join(" "));
+    let bound = parse_bound(&check).unwrap_or_else(|| {
+        eprintln!(
+            "cannot read B from putex check:\n{check}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::process::exit(1)
+    });
+
+    let mut bench = Bench {
+        putex: putex_bin.clone(),
+        dir: dir.path().to_path_buf(),
+        url: nats.url.clone(),
+        events: dir.path().join("events"),
+        agents: Vec::new(),
+    };
+    for n in ["n1", "n2", "n3"] {
+        bench.start(n);
+    }
+    bench.wait_starts(1, Duration::from_secs(10));
+
+    // 1. Crash failovers.
+    let mut failovers = Vec::new();
+    for i in 0..runs {
+        let active = bench.steady();
+        let before = bench.starts().len();
+        let killed = bench.crash(&active);
+        let next = bench.wait_starts(before + 1, Duration::from_secs(5));
+        let took = ns_between(killed, next.ns);
+        println!(
+            "crash {:>2}: {active} killed → {} active after {took:?}",
+            i + 1,
+            next.node
+        );
+        failovers.push(took);
+        bench.start(&active);
+    }
+
+    // 2. Clean handovers.
+    let mut handovers = Vec::new();
+    let mut totals = Vec::new();
+    for i in 0..runs {
+        let active = bench.steady();
+        let before = bench.starts().len();
+        let termed = wall_ns();
+        bench.agent(&active).sigterm();
+        let next = bench.wait_starts(before + 1, Duration::from_secs(5));
+        let stop = bench
+            .events()
+            .into_iter()
+            .find(|l| {
+                l.what == "stop" && l.node == active && l.extra == "graceful" && l.ns >= termed
+            })
+            .expect("a graceful stop line");
+        let gap = ns_between(stop.ns, next.ns);
+        let total = ns_between(termed, next.ns);
+        println!(
+            "handover {:>2}: SIGTERM {active} → graceful stop +{:?} → {} active +{gap:?} (total {total:?})",
+            i + 1,
+            ns_between(termed, stop.ns),
+            next.node
+        );
+        handovers.push(gap);
+        totals.push(total);
+        bench.agent(&active).wait_exit(Duration::from_secs(5));
+        bench.start(&active);
+    }
+    bench.stop_all();
+
+    // 3. Idle cost at R = 1 s.
+    let idle = idle_cost(&putex_bin, &nats.url, dir.path());
+
+    // Summary.
+    failovers.sort();
+    handovers.sort();
+    totals.sort();
+    let med = |v: &[Duration]| v[v.len() / 2];
+    let max = |v: &[Duration]| *v.last().expect("runs");
+    println!(
+        "\n== summary ({runs} runs each; R = 100 ms, F = 3, C = 1, single-node nats-server) =="
+    );
+    println!(
+        "crash failover (kill → next activate): median {:?}, max {:?}; B = {bound:?}: median {:.0}% of B, max {:.0}% of B; target max ≤ B + 100 ms = {:?}: {}",
+        med(&failovers),
+        max(&failovers),
+        pct(med(&failovers), bound),
+        pct(max(&failovers), bound),
+        bound + Duration::from_millis(100),
+        verdict(max(&failovers) <= bound + Duration::from_millis(100))
+    );
+    println!(
+        "clean handover (graceful stop → next activate): median {:?}, max {:?}; target median < 20 ms: {}",
+        med(&handovers),
+        max(&handovers),
+        verdict(med(&handovers) < Duration::from_millis(20))
+    );
+    println!(
+        "clean handover (SIGTERM → next activate, stop included): median {:?}, max {:?}",
+        med(&totals),
+        max(&totals)
+    );
+    for p in &idle {
+        println!(
+            "idle {} at R = 1 s: VmRSS {:.1} MB (peak), CPU {:.2}% of a core over {IDLE_WINDOW:?} (utime+stime; {:.3}% by schedstat){}",
+            p.what,
+            p.rss_kb as f64 / 1024.0,
+            p.cpu_percent,
+            p.sched_percent,
+            if p.what.contains("agent") {
+                format!(
+                    "; target < 15 MB and < 1%: {}",
+                    verdict(
+                        p.rss_kb < 15 * 1024 && p.cpu_percent < 1.0 && p.sched_percent < 1.0
+                    )
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn pct(d: Duration, of: Duration) -> f64 {
+    d.as_secs_f64() / of.as_secs_f64() * 100.0
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// B from `putex check`'s line "worst-case crash failover ≈ … = 0.407s".
+fn parse_bound(check: &str) -> Option<Duration> {
+    let line = check
+        .lines()
+        .find(|l| l.contains("worst-case crash failover"))?;
+    let v = line.rsplit("= ").next()?.split_whitespace().next()?;
+    humantime::parse_duration(v).ok()
+}
+
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+fn ns_between(a: u128, b: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
+}
+
+// ---------------------------------------------------------------------------
+// Binaries.
+
+/// The `putex` binary beside this example (`<profile>/examples/…` →
+/// `<profile>/putex`), built with cargo when missing or older.
+fn find_putex() -> PathBuf {
+    let me = std::env::current_exe().expect("current exe");
+    let profile_dir = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("examples dir")
+        .to_path_buf();
+    let bin = profile_dir.join("putex");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let stale = match (mtime(&bin), mtime(&me)) {
+        (Some(b), Some(e)) => b < e,
+        _ => true,
+    };
+    if stale {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("building {} …", bin.display());
+        let ok = cmd.status().is_ok_and(|s| s.success());
+        if !ok || !bin.is_file() {
+            eprintln!(
+                "cannot build {}; build it with `cargo build --release -p putex` or pass --putex PATH",
+                bin.display()
+            );
+            std::process::exit(1);
+        }
+    }
+    bin
+}
+
+struct NatsServer {
+    bin: PathBuf,
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    fn binary() -> PathBuf {
+        if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
+            return p.into();
+        }
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/nats-server");
+        if local.is_file() {
+            return local;
+        }
+        std::env::var_os("PATH")
+            .and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|d| d.join("nats-server"))
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| {
+                eprintln!(
+                    "nats-server not found: set PUTEX_NATS_SERVER or run scripts/install-nats-server"
+                );
+                std::process::exit(1)
+            })
+    }
+
+    fn start() -> NatsServer {
+        let bin = Self::binary();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports = dir.path().join("ports");
+        std::fs::create_dir_all(&ports).expect("ports dir");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+        let child = Command::new(&bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
+            .arg(dir.path().join("store"))
+            .arg("--ports_file_dir")
+            .arg(&ports)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let mut server = NatsServer {
+            bin,
+            child,
+            url: String::new(),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let url = std::fs::read_dir(&ports)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
+            if let Some(url) = url {
+                server.url = url;
+                return server;
+            }
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Agents.
+
+struct Agent {
+    node: String,
+    child: Child,
+    keeper_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts `putex run` for `lock` as `node`, with its keeper directory
+    /// and log in `dir`; the hooks write to `events`.
+    fn spawn(
+        putex: &Path,
+        url: &str,
+        lock: &str,
+        node: &str,
+        timing: &[&str],
+        dir: &Path,
+        events: &Path,
+    ) -> Agent {
+        let keeper_dir = dir.join(format!("keeper-{lock}-{node}"));
+        let log = dir.join(format!("{lock}-{node}-{}.log", wall_ns()));
+        let e = events.display();
+        let mut cmd = Command::new(putex);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .args(["run", "--lock", lock, "--store", url, "--node", node])
+            .args(timing)
+            .args(["--healthcheck", "true"])
+            .args([
+                "--activate",
+                &format!("echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {e}"),
+                "--deactivate",
+                &format!("echo stop $PUTEX_NODE $(date +%s%N) $PUTEX_STOP >> {e}"),
+            ])
+            .arg("--keeper-dir")
+            .arg(&keeper_dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start putex run");
+        Agent {
+            node: node.into(),
+            child,
+            keeper_dir,
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The keeper: the process whose command line names the keeper dir.
+    fn keepers(&self) -> Vec<i32> {
+        let needle = self.keeper_dir.display().to_string();
+        proc_table()
+            .into_iter()
+            .filter(|e| !e.is_dead() && e.pid != self.pid())
+            .filter(|e| {
+                std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                    .map(|c| {
+                        String::from_utf8_lossy(&c)
+                            .replace('\0', " ")
+                            .contains(&needle)
+                    })
+                    .unwrap_or(false)
+            })
+            .map(|e| e.pid)
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn sigterm(&self) {
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+    }
+
+    fn wait_exit(&mut self, within: Duration) {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.kill();
+    }
+
+    fn kill(&mut self) {
+        let keepers = self.keepers();
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        for k in keepers {
+            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Line {
+    what: String,
+    node: String,
+    ns: u128,
+    extra: String,
+}
+
+struct Bench {
+    putex: PathBuf,
+    dir: PathBuf,
+    url: String,
+    events: PathBuf,
+    agents: Vec<Agent>,
+}
+
+impl Bench {
+    /// Starts (or restarts) `node`'s agent with its keeper dir.
+    fn start(&mut self, node: &str) {
+        self.agents.retain(|a| a.node != node);
+        let a = Agent::spawn(
+            &self.putex,
+            &self.url,
+            "bench",
+            node,
+            &FAST,
+            &self.dir,
+            &self.events,
+        );
+        self.agents.push(a);
+    }
+
+    fn agent(&mut self, node: &str) -> &mut Agent {
+        self.agents
+            .iter_mut()
+            .find(|a| a.node == node)
+            .expect("agent")
+    }
+
+    fn events(&self) -> Vec<Line> {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some(Line {
+                    what: it.next()?.into(),
+                    node: it.next()?.into(),
+                    ns: it.next()?.parse().ok()?,
+                    extra: it.next().unwrap_or("").into(),
+                })
+            })
+            .collect()
+    }
+
+    fn starts(&self) -> Vec<Line> {
+        self.events()
+            .into_iter()
+            .filter(|l| l.what == "start")
+            .collect()
+    }
+
+    /// Waits for the `n`-th start line and returns it.
+    fn wait_starts(&self, n: usize, within: Duration) -> Line {
+        let until = Instant::now() + within;
+        loop {
+            let mut s = self.starts();
+            if s.len() >= n {
+                return s.swap_remove(n - 1);
+            }
+            if Instant::now() > until {
+                for a in &self.agents {
+                    eprintln!("--- {}:\n{}", a.node, a.log_text());
+                }
+                panic!("no activation #{n} within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Waits until every agent is up (active or standby) and a few
+    /// renewals have been seen; returns the active node.
+    fn steady(&self) -> String {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !self
+            .agents
+            .iter()
+            .all(|a| a.log_text().contains("-> standby"))
+        {
+            assert!(Instant::now() < until, "agents did not come up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        self.starts().last().expect("an active node").node.clone()
+    }
+
+    /// A host crash: SIGKILL of the agent and its keeper at once. Returns
+    /// the wall-clock time of the kill.
+    fn crash(&mut self, node: &str) -> u128 {
+        let a = self.agent(node);
+        let keepers = a.keepers();
+        let t = wall_ns();
+        let _ = kill(Pid::from_raw(a.pid()), Signal::SIGKILL);
+        for k in keepers {
+            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
+        }
+        let _ = a.child.wait();
+        t
+    }
+
+    fn stop_all(&mut self) {
+        for a in &self.agents {
+            a.sigterm();
+        }
+        for a in &mut self.agents {
+            a.wait_exit(Duration::from_secs(5));
+        }
+        self.agents.clear();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Idle cost.
+
+struct Cost {
+    what: String,
+    rss_kb: u64,
+    /// From utime + stime (clock ticks).
+    cpu_percent: f64,
+    /// From the threads' schedstat (nanoseconds).
+    sched_percent: f64,
+}
+
+fn rss_kb(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// utime + stime of `pid` itself (not its children), in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s[s.rfind(')')? + 1..].to_owned();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the command: state is field 3, utime 14, stime 15.
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+/// On-CPU time of every live thread of `pid`, in nanoseconds
+/// (`/proc/PID/task/*/schedstat`, precise where utime + stime count ticks).
+fn cpu_ns(pid: i32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn idle_cost(putex: &Path, url: &str, dir: &Path) -> Vec<Cost> {
+    let events = dir.join("idle-events");
+    let mut agents: Vec<Agent> = ["i1", "i2"]
+        .iter()
+        .map(|n| Agent::spawn(putex, url, "idle", n, &IDLE, dir, &events))
+        .collect();
+    // First use of the name waits W + G' ≈ 4.1 s; then settle.
+    let until = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .contains("start ")
+    {
+        assert!(Instant::now() < until, "no idle activation");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let active = std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("start "))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_default();
+    let mut procs: Vec<(String, i32)> = Vec::new();
+    for a in &agents {
+        let role = if a.node == active {
+            "active"
+        } else {
+            "standby"
+        };
+        procs.push((format!("{role} agent"), a.pid()));
+        for k in a.keepers() {
+            procs.push((format!("{role} keeper"), k));
+        }
+    }
+    // Clock ticks per second of /proc/PID/stat (USER_HZ, 100 on Linux).
+    let tck: u64 = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100);
+    let before: Vec<u64> = procs.iter().map(|(_, p)| cpu_ticks(*p)).collect();
+    let before_ns: Vec<u64> = procs.iter().map(|(_, p)| cpu_ns(*p)).collect();
+    let t0 = Instant::now();
+    let mut peak = vec![0u64; procs.len()];
+    while t0.elapsed() < IDLE_WINDOW {
+        for (i, (_, p)) in procs.iter().enumerate() {
+            peak[i] = peak[i].max(rss_kb(*p));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let costs = procs
+        .iter()
+        .enumerate()
+        .map(|(i, (what, p))| {
+            let ticks = cpu_ticks(*p).saturating_sub(before[i]);
+            let ns = cpu_ns(*p).saturating_sub(before_ns[i]);
+            Cost {
+                what: what.clone(),
+                rss_kb: peak[i],
+                cpu_percent: ticks as f64 / tck as f64 / secs * 100.0,
+                sched_percent: ns as f64 / 1e9 / secs * 100.0,
+            }
+        })
+        .collect();
+    for a in &agents {
+        a.sigterm();
+    }
+    for a in &mut agents {
+        a.wait_exit(Duration::from_secs(5));
+    }
+    costs
+}

@@ -1,0 +1,847 @@
+//! `putex run` under faults, end to end: real agent processes against a real
+//! single-node nats-server, fast timing (R = 100 ms, F = 3, C = 1), hooks
+//! that append `start`/`stop` lines to a file (helpers in
+//! `common/agent.rs`, shared with `agent_e2e.rs` and serialised with it).
+//!
+//! - health: K failed `active` checks step the holder down with a release;
+//!   flapping checks under `--successes`/`--unhealthy` cause no transition;
+//!   a service that fails everywhere rotates with back-off, not forever;
+//! - the holder cut off from the store (a TCP proxy in front of its store
+//!   URL), and the store itself paused shorter and longer than T;
+//! - the holder's agent frozen (SIGSTOP) while its keeper runs;
+//! - a second machine with the same node id.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::sync::watch;
+
+use crate::common::agent::{
+    assert_no_overlap, dump, events, hooks, putex, serial, starts, wait_for, wall_ns, Agent, Line,
+    R,
+};
+use crate::common::nats_server::NatsServer;
+
+/// T = F·R of the fast profile.
+const T: Duration = Duration::from_millis(300);
+
+/// Slack for a hook to run and write its line after the agent decided
+/// (a fork of `sh` and `date` on a loaded two-core machine).
+const HOOK_SLACK: Duration = Duration::from_millis(100);
+
+fn ms(ns: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+/// A test's agents, events file and health control directory.
+struct Cluster {
+    dir: tempfile::TempDir,
+    url: String,
+    ev: PathBuf,
+    agents: Vec<Agent>,
+}
+
+impl Cluster {
+    fn new(url: &str) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ev = dir.path().join("events");
+        let c = Cluster {
+            url: url.into(),
+            ev,
+            agents: Vec::new(),
+            dir,
+        };
+        std::fs::write(c.health_script(), HEALTH_SCRIPT.replace("@DIR@", &c.dir())).unwrap();
+        c
+    }
+
+    fn dir(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    fn health_script(&self) -> PathBuf {
+        self.dir.path().join("health.sh")
+    }
+
+    /// Sets `node`'s health: `ok`, `sick` (its `active` checks fail), or
+    /// `flap` (every other check fails).
+    fn set_health(&self, node: &str, mode: &str) {
+        let p = self.dir.path().join(format!("health-{node}"));
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, format!("{mode}\n")).unwrap();
+        std::fs::rename(tmp, p).unwrap();
+    }
+
+    /// Starts an agent for lock `svc` in hook mode with the health script,
+    /// on `url` (the cluster's if `None`), with `extra` flags and `env`.
+    fn start(
+        &mut self,
+        node: &str,
+        url: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
+        let mut flags = hooks(&self.ev);
+        flags.push("--healthcheck".into());
+        flags.push(format!("/bin/sh {}", self.health_script().display()));
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let keeper_dir = self
+            .dir
+            .path()
+            .join(format!("keeper-{node}-{}", self.agents.len()));
+        let url = url.unwrap_or(&self.url).to_owned();
+        self.agents.push(Agent::start_with(
+            self.dir.path(),
+            &url,
+            "svc",
+            node,
+            &flags,
+            &keeper_dir,
+            env,
+        ));
+        self.agents.len() - 1
+    }
+
+    fn agent(&self, node: &str) -> &Agent {
+        self.agents
+            .iter()
+            .rev()
+            .find(|a| a.node == node)
+            .expect("agent")
+    }
+
+    fn events(&self) -> Vec<Line> {
+        events(&self.ev)
+    }
+
+    fn starts(&self) -> Vec<Line> {
+        starts(&self.ev)
+    }
+
+    fn dump(&self) -> String {
+        dump(&self.agents.iter().collect::<Vec<_>>(), &self.ev)
+    }
+
+    /// Waits until `node` has logged a transition to standby.
+    fn wait_standby(&self, node: &str, within: Duration) {
+        let a = self.agent(node);
+        assert!(
+            wait_for(within, || a.log_text().contains("-> standby")),
+            "{node} did not reach standby\n{}",
+            self.dump()
+        );
+    }
+
+    /// Starts `first` alone and waits for it to activate, then the others
+    /// and waits for them to stand by: a steady state with `first` active.
+    fn steady(&mut self, first: (&str, Option<&str>), others: &[&str], extra: &[&str]) {
+        self.start(first.0, first.1, extra, &[]);
+        assert!(
+            wait_for(Duration::from_secs(5), || !self.starts().is_empty()),
+            "{} did not activate\n{}",
+            first.0,
+            self.dump()
+        );
+        for n in others {
+            self.start(n, None, extra, &[]);
+        }
+        for n in others {
+            self.wait_standby(n, Duration::from_secs(5));
+        }
+        // A few renewals seen by everyone.
+        std::thread::sleep(R * 3);
+        assert_eq!(self.starts().len(), 1, "{}", self.dump());
+    }
+
+    /// Prints the events and logs when `PUTEX_E2E_DUMP` is set.
+    fn maybe_dump(&self) {
+        if std::env::var_os("PUTEX_E2E_DUMP").is_some() {
+            eprintln!("{}", self.dump());
+        }
+    }
+
+    /// Transition lines logged by every agent so far.
+    fn transitions(&self) -> usize {
+        self.agents
+            .iter()
+            .map(|a| a.log_text().matches("transition ").count())
+            .sum()
+    }
+
+    /// Nodes whose service runs according to the events file.
+    fn running(&self) -> Vec<String> {
+        running(&self.events())
+    }
+}
+
+/// Nodes that started and have not stopped since (start-up stops aside).
+fn running(lines: &[Line]) -> Vec<String> {
+    let mut on: Vec<String> = Vec::new();
+    for l in lines {
+        match l.what.as_str() {
+            "start" => on.push(l.node.clone()),
+            "stop" if l.extra != "startup" => on.retain(|n| *n != l.node),
+            _ => {}
+        }
+    }
+    on
+}
+
+/// The health check. Its mode comes from `health-$PUTEX_NODE` (default
+/// `ok`); shell builtins only, so that it stays far inside its R/2 timeout.
+const HEALTH_SCRIPT: &str = r#"mode=ok
+[ -e "@DIR@/health-$PUTEX_NODE" ] && read mode < "@DIR@/health-$PUTEX_NODE"
+case "$mode" in
+  ok) exit 0 ;;
+  sick) [ "$1" != active ] ;;
+  flap)
+    f="@DIR@/count-$PUTEX_NODE"
+    n=0
+    [ -e "$f" ] && read n < "$f"
+    echo $((n + 1)) > "$f"
+    [ $((n % 2)) -eq 0 ] ;;
+  *) exit 1 ;;
+esac
+"#;
+
+// ---------------------------------------------------------------------------
+// Health.
+
+#[test]
+fn agent_faults_k_failed_active_checks_step_down_with_a_release() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    // K = 2 < F = 3. With K = F the K-th failed check races the licence: the
+    // holder skipped K − 1 renewals, so its licence ends just as the K-th
+    // check is due, and it often lapses (an emergency stop, no release)
+    // instead of stepping down.
+    let extra = ["--start-grace", "0s", "--unhealthy", "2"];
+    c.steady(("n1", None), &["n2", "n3"], &extra);
+
+    let sick = wall_ns();
+    c.set_health("n1", "sick");
+    assert!(
+        wait_for(Duration::from_secs(3), || c.starts().len() >= 2),
+        "nobody took over from the unhealthy holder\n{}",
+        c.dump()
+    );
+    std::thread::sleep(R * 3);
+    let all = c.events();
+    let stop = all
+        .iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
+        .expect("n1 stopped")
+        .clone();
+    let next = c.starts()[1].clone();
+    let detect = ms(stop.ns - sick);
+    let handover = ms(next.ns.saturating_sub(stop.ns));
+    eprintln!(
+        "K = 2 failed checks → graceful stop after {detect:?}; next start {handover:?} later"
+    );
+    assert_eq!(stop.extra, "graceful", "{}", c.dump());
+    assert_ne!(next.node, "n1");
+    // The second failed check in a row: at least R after the first one.
+    assert!(detect >= R, "stepped down after {detect:?}\n{}", c.dump());
+    assert!(
+        detect <= R * 3 + HOOK_SLACK,
+        "stepped down only after {detect:?}\n{}",
+        c.dump()
+    );
+    // Released (S3): no staleness wait (W + G ≈ 400 ms) for the next one.
+    assert!(next.ns >= stop.ns, "{}", c.dump());
+    assert!(
+        handover <= Duration::from_millis(200),
+        "handover took {handover:?}: no release?\n{}",
+        c.dump()
+    );
+    let log = c.agent("n1").log_text();
+    assert!(log.contains("reason=Unhealthy"), "{log}");
+    assert_no_overlap(&all, &[], &c.dump());
+    assert_eq!(c.running(), vec![next.node.clone()], "{}", c.dump());
+    // The unhealthy node stays up as a standby.
+    assert!(c.agents[0].child.try_wait().unwrap().is_none(), "{log}");
+    c.maybe_dump();
+}
+
+#[test]
+fn agent_faults_flapping_health_changes_nothing_under_hysteresis() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    // F = 5: a flapping holder renews every 2 R, inside T = 3 R already,
+    // but one slow health check (a timeout counts as a failure) on a loaded
+    // machine would make that 4 R.
+    let extra = [
+        "--start-grace",
+        "0s",
+        "--successes",
+        "3",
+        "--unhealthy",
+        "3",
+        "--failures",
+        "5",
+    ];
+    c.set_health("n2", "flap");
+    c.steady(("n1", None), &["n2"], &extra);
+
+    // The holder flaps too: pass, fail, pass, … never K failures in a row,
+    // and its renewals every 2 R stay inside its licence.
+    c.set_health("n1", "flap");
+    let before = (c.events().len(), c.transitions());
+    std::thread::sleep(Duration::from_secs(3));
+    let after = (c.events().len(), c.transitions());
+    eprintln!(
+        "flapping for 3 s: {} new events, {} new transitions",
+        after.0 - before.0,
+        after.1 - before.1
+    );
+    assert_eq!(before, after, "transitions while flapping\n{}", c.dump());
+    assert_eq!(c.running(), vec!["n1".to_string()], "{}", c.dump());
+
+    // A free lock is not taken by a standby that never passes S = 3 checks
+    // in a row, and is as soon as it does.
+    let n1 = c.agents.iter_mut().find(|a| a.node == "n1").unwrap();
+    n1.sigterm();
+    assert_eq!(n1.wait_exit(Duration::from_secs(5)), Some(0));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        c.starts().len(),
+        1,
+        "the flapping standby took the lock\n{}",
+        c.dump()
+    );
+    let healed = wall_ns();
+    c.set_health("n2", "ok");
+    assert!(
+        wait_for(Duration::from_secs(2), || c.starts().len() == 2),
+        "n2 did not take the released lock once healthy\n{}",
+        c.dump()
+    );
+    let took = ms(c.starts()[1].ns - healed);
+    eprintln!("healthy standby acquired the released lock {took:?} after its checks recovered");
+    // S = 3 good checks: at least 2 R after the first one.
+    assert!(took >= R * 2, "acquired after {took:?}\n{}", c.dump());
+    c.maybe_dump();
+}
+
+#[test]
+fn agent_faults_a_service_failing_everywhere_rotates_with_back_off() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    // K = 1: a holder steps down at its first failed `active` check, so
+    // without back-off the lock would move about every R.
+    let extra = ["--start-grace", "0s", "--unhealthy", "1"];
+    for n in ["n1", "n2", "n3"] {
+        c.set_health(n, "sick");
+        c.start(n, None, &extra, &[]);
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || !c.starts().is_empty()),
+        "nobody activated\n{}",
+        c.dump()
+    );
+    let first = c.starts()[0].ns;
+    let window = Duration::from_secs(5);
+    std::thread::sleep(window);
+    let end = first + window.as_nanos();
+    let all: Vec<Line> = c.events().into_iter().filter(|l| l.ns <= end).collect();
+    let starts: Vec<&Line> = all.iter().filter(|l| l.what == "start").collect();
+    let stops: Vec<&Line> = all
+        .iter()
+        .filter(|l| l.what == "stop" && l.extra != "startup")
+        .collect();
+
+    // One cycle without back-off: a tenure (activation to the end of the
+    // stop) plus the release handover.
+    let mut tenures = Vec::new();
+    let mut handovers = Vec::new();
+    for s in &starts {
+        if let Some(stop) = stops.iter().find(|x| x.node == s.node && x.ns >= s.ns) {
+            tenures.push(stop.ns - s.ns);
+            if let Some(n) = starts.iter().find(|n| n.ns >= stop.ns) {
+                handovers.push(n.ns - stop.ns);
+            }
+        }
+    }
+    tenures.sort_unstable();
+    handovers.sort_unstable();
+    assert!(
+        tenures.len() >= 3,
+        "fewer than 3 step-downs: {tenures:?}\n{}",
+        c.dump()
+    );
+    let cycle =
+        tenures[tenures.len() / 2] + handovers.get(handovers.len() / 2).copied().unwrap_or(0);
+    let without = window.as_nanos() / cycle.max(1);
+    eprintln!(
+        "service failing everywhere: {} activations in {window:?}; one cycle (median tenure + handover) {:?}, so ≈ {without} without back-off",
+        starts.len(),
+        ms(cycle)
+    );
+    assert!(
+        (starts.len() as u128) * 2 <= without,
+        "{} activations in {window:?}, not far fewer than {without}\n{}",
+        starts.len(),
+        c.dump()
+    );
+
+    // Each node waits T after its first health step-down, 2 T after its
+    // second, … before it acquires again. The back-off starts at the
+    // decision, a little before the stop hook writes its line.
+    for node in ["n1", "n2", "n3"] {
+        let node_stops: Vec<u128> = stops
+            .iter()
+            .filter(|l| l.node == node)
+            .map(|l| l.ns)
+            .collect();
+        let node_starts: Vec<u128> = starts
+            .iter()
+            .filter(|l| l.node == node)
+            .map(|l| l.ns)
+            .collect();
+        for (k, stop) in node_stops.iter().enumerate() {
+            let Some(next) = node_starts.iter().find(|s| **s > *stop) else {
+                continue;
+            };
+            let backoff = T * (1u32 << k.min(4));
+            let waited = ms(next - stop);
+            assert!(
+                waited + Duration::from_millis(50) >= backoff.mul_f64(0.99),
+                "{node} acquired {waited:?} after its step-down #{}, before its back-off {backoff:?}\n{}",
+                k + 1,
+                c.dump()
+            );
+        }
+    }
+    assert_no_overlap(&all, &[], &c.dump());
+    c.maybe_dump();
+}
+
+// ---------------------------------------------------------------------------
+// The store out of reach.
+
+/// A TCP proxy on loopback in front of the nats-server, with a switch: cut
+/// closes every forwarded connection and holds new ones without forwarding
+/// anything (a black hole); heal drops the held ones and forwards again.
+struct Proxy {
+    url: String,
+    cut: Arc<AtomicBool>,
+    epoch: watch::Sender<u64>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Proxy {
+    fn start(upstream: &str) -> Proxy {
+        let upstream: SocketAddr = upstream
+            .trim_start_matches("nats://")
+            .parse()
+            .expect("upstream address");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("nats://{}", listener.local_addr().unwrap());
+        let cut = Arc::new(AtomicBool::new(false));
+        let epoch = watch::Sender::new(0u64);
+        let (cut2, epoch2) = (cut.clone(), epoch.clone());
+        rt.spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut changed = epoch2.subscribe();
+                let blackhole = cut2.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if blackhole {
+                        let _ = changed.changed().await;
+                        return;
+                    }
+                    let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                        _ = changed.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy {
+            url,
+            cut,
+            epoch,
+            _rt: rt,
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+}
+
+/// After a fault: one node runs the service and it stays so for a while.
+fn assert_one_active_and_stable(c: &Cluster, within: Duration) {
+    assert!(
+        wait_for(within, || c.running().len() == 1),
+        "not exactly one active: {:?}\n{}",
+        c.running(),
+        c.dump()
+    );
+    let n = c.events().len();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.running().len(), 1, "{}", c.dump());
+    assert_eq!(c.events().len(), n, "not stable\n{}", c.dump());
+}
+
+#[test]
+fn agent_faults_the_holder_cut_off_from_the_store_stops_before_anyone_starts() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let proxy = Proxy::start(&server.url);
+    let mut c = Cluster::new(&server.url);
+    c.steady(("n1", Some(&proxy.url)), &["n2", "n3"], &[]);
+
+    let cut = wall_ns();
+    proxy.cut();
+    assert!(
+        wait_for(Duration::from_secs(3), || c.starts().len() >= 2),
+        "nobody took over from the isolated holder\n{}",
+        c.dump()
+    );
+    std::thread::sleep(R);
+    let all = c.events();
+    let stop = all
+        .iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
+        .unwrap_or_else(|| panic!("the isolated holder never stopped\n{}", c.dump()))
+        .clone();
+    let next = c.starts()[1].clone();
+    eprintln!(
+        "cut off: n1 stopped ({}) {:?} after the cut; {} started {:?} after the cut",
+        stop.extra,
+        ms(stop.ns - cut),
+        next.node,
+        ms(next.ns - cut)
+    );
+    assert!(
+        stop.ns < next.ns,
+        "the new holder started first\n{}",
+        c.dump()
+    );
+    // Its licence ended at most T after its last renewal, sent before the cut.
+    assert!(
+        ms(stop.ns - cut) <= T + HOOK_SLACK,
+        "the isolated holder stopped {:?} after the cut\n{}",
+        ms(stop.ns - cut),
+        c.dump()
+    );
+    assert_no_overlap(&all, &[], &c.dump());
+
+    // Healed: the old holder reconnects and stays a standby; one active.
+    let healed = Instant::now();
+    proxy.heal();
+    let n1 = c.agent("n1");
+    assert!(
+        wait_for(Duration::from_secs(8), || n1
+            .log_text()
+            .matches("event: connected")
+            .count()
+            >= 2),
+        "n1 did not reconnect\n{}",
+        c.dump()
+    );
+    eprintln!("n1 reconnected {:?} after healing", healed.elapsed());
+    assert!(
+        wait_for(Duration::from_secs(2), || member_role(&c, "n1")
+            == "standby"),
+        "n1 is not a standby after healing\n{}",
+        c.dump()
+    );
+    assert_one_active_and_stable(&c, Duration::from_secs(2));
+    assert_eq!(c.running(), vec![next.node.clone()], "{}", c.dump());
+    assert_no_overlap(&c.events(), &[], &c.dump());
+    c.maybe_dump();
+}
+
+/// Records every distinct version of `node`'s member record of lock `svc`
+/// into `seen` until `done`.
+fn poll_member(
+    url: &str,
+    node: &str,
+    seen: &std::sync::Mutex<Vec<serde_json::Value>>,
+    done: &AtomicBool,
+) {
+    use putex::store::{keys, AnyStore, ReadMode, Store, StoreUrl};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = AnyStore::open(&StoreUrl::parse(url).unwrap())
+            .await
+            .unwrap();
+        let key = keys::member("svc", node).unwrap();
+        let mut last = None;
+        while !done.load(Ordering::SeqCst) {
+            if let Ok(Some(e)) = store
+                .get(&key, ReadMode::Leader, Duration::from_secs(1))
+                .await
+            {
+                if last != Some(e.token) {
+                    last = Some(e.token);
+                    if let Ok(v) = serde_json::from_slice(&e.value) {
+                        seen.lock().unwrap().push(v);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+}
+
+/// `putex status -o json` for lock `svc`.
+fn status(c: &Cluster) -> serde_json::Value {
+    let out = putex()
+        .args(["status", "svc", "--store", &c.url, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `node`'s role in its member record.
+fn member_role(c: &Cluster, node: &str) -> String {
+    status(c)["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node"] == node)
+        .and_then(|m| m["role"].as_str())
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[test]
+fn agent_faults_a_store_pause_shorter_than_t_changes_nothing() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.steady(("n1", None), &["n2", "n3"], &[]);
+    let before = (c.events().len(), c.transitions());
+    for _ in 0..3 {
+        server.pause();
+        std::thread::sleep(T / 3);
+        server.resume();
+        std::thread::sleep(T * 2);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let after = (c.events().len(), c.transitions());
+    eprintln!(
+        "store paused 3 × T/3: {} new events, {} new transitions",
+        after.0 - before.0,
+        after.1 - before.1
+    );
+    assert_eq!(
+        before,
+        after,
+        "a store pause of T/3 caused transitions\n{}",
+        c.dump()
+    );
+    assert_eq!(c.running(), vec!["n1".to_string()], "{}", c.dump());
+    c.maybe_dump();
+}
+
+#[test]
+fn agent_faults_a_store_pause_longer_than_t_lapses_the_holder_then_one_active() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.steady(("n1", None), &["n2", "n3"], &[]);
+    let paused = wall_ns();
+    server.pause();
+    std::thread::sleep(T * 3);
+    let stopped_by_then = c
+        .events()
+        .into_iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup");
+    server.resume();
+    let stop = stopped_by_then.unwrap_or_else(|| {
+        panic!(
+            "the holder did not lapse while the store was paused\n{}",
+            c.dump()
+        )
+    });
+    eprintln!(
+        "store paused for 3 T: n1 stopped ({}) {:?} after the pause began",
+        stop.extra,
+        ms(stop.ns - paused)
+    );
+    assert!(
+        ms(stop.ns - paused) <= T + HOOK_SLACK,
+        "n1 stopped {:?} after the pause began\n{}",
+        ms(stop.ns - paused),
+        c.dump()
+    );
+    assert_one_active_and_stable(&c, Duration::from_secs(5));
+    let all = c.events();
+    assert!(
+        all.iter()
+            .filter(|l| l.what == "start")
+            .all(|l| l.ns < paused || l.ns > stop.ns),
+        "{}",
+        c.dump()
+    );
+    assert_no_overlap(&all, &[], &c.dump());
+    c.maybe_dump();
+}
+
+// ---------------------------------------------------------------------------
+// A frozen agent.
+
+#[test]
+fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.steady(("n1", None), &["n2", "n3"], &[]);
+    let pid = Pid::from_raw(c.agent("n1").pid());
+    let frozen = wall_ns();
+    kill(pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(T * 3);
+    let during = c.events();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let stop = during
+        .iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
+        .unwrap_or_else(|| panic!("the keeper did not stop the service\n{}", c.dump()))
+        .clone();
+    let next = during.iter().find(|l| l.what == "start" && l.node != "n1");
+    eprintln!(
+        "agent frozen: the keeper stopped the service ({}) {:?} after SIGSTOP; next start {:?} after it",
+        stop.extra,
+        ms(stop.ns - frozen),
+        next.map(|n| ms(n.ns - frozen))
+    );
+    assert_eq!(stop.extra, "emergency", "{}", c.dump());
+    assert!(
+        ms(stop.ns - frozen) <= T + HOOK_SLACK,
+        "the keeper stopped {:?} after the freeze\n{}",
+        ms(stop.ns - frozen),
+        c.dump()
+    );
+    let next = next.unwrap_or_else(|| panic!("nobody took over within 3 T\n{}", c.dump()));
+    assert!(stop.ns < next.ns, "{}", c.dump());
+
+    // Thawed: the old agent finds itself displaced; one active.
+    let n1 = c.agent("n1");
+    assert!(
+        wait_for(Duration::from_secs(3), || n1
+            .log_text()
+            .matches("-> standby")
+            .count()
+            >= 2),
+        "the thawed agent did not return to standby\n{}",
+        c.dump()
+    );
+    assert_one_active_and_stable(&c, Duration::from_secs(2));
+    assert_eq!(c.running(), vec![next.node.clone()], "{}", c.dump());
+    assert_no_overlap(&c.events(), &[], &c.dump());
+    c.maybe_dump();
+}
+
+// ---------------------------------------------------------------------------
+// Identity.
+
+#[test]
+fn agent_faults_a_duplicate_node_id_from_another_machine_is_refused() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.start("n1", None, &[], &[("PUTEX_MACHINE_ID", "machine-a")]);
+    assert!(
+        wait_for(Duration::from_secs(5), || !c.starts().is_empty()),
+        "{}",
+        c.dump()
+    );
+    std::thread::sleep(R * 3);
+    // Every version of n1's member record while the newcomer lives.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<serde_json::Value>::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (url, seen, done) = (c.url.clone(), seen.clone(), done.clone());
+        std::thread::spawn(move || poll_member(&url, "n1", &seen, &done))
+    };
+    std::thread::sleep(R);
+    let i = c.start("n1", None, &[], &[("PUTEX_MACHINE_ID", "machine-b")]);
+    let began = Instant::now();
+    let code = c.agents[i].wait_exit(Duration::from_secs(5));
+    eprintln!(
+        "duplicate refused after {:?} with {code:?}",
+        began.elapsed()
+    );
+    let log = c.agents[i].log_text();
+    assert_eq!(code, Some(4), "{log}");
+    assert!(log.contains("another machine (machine-a)"), "{log}");
+    std::thread::sleep(R);
+    done.store(true, Ordering::SeqCst);
+    poller.join().unwrap();
+    // The refused agent did not mark the holder's member record exited.
+    let dup = c.agents[i].pid();
+    let seen = seen.lock().unwrap();
+    let mine: Vec<&serde_json::Value> = seen.iter().filter(|m| m["pid"] == dup).collect();
+    let roles: Vec<&str> = mine.iter().filter_map(|m| m["role"].as_str()).collect();
+    // Known: before it sees the holder renew, the newcomer writes its own
+    // `starting`/`standby` versions; the holder rewrites it within 3 R.
+    eprintln!("the newcomer wrote n1's member record as {roles:?}");
+    assert!(
+        !mine.iter().any(|m| m["role"] == "exited"),
+        "the refused newcomer marked the holder's member record exited: {mine:?}"
+    );
+
+    // The holder is undisturbed: still running, never stopped, still
+    // renewing, and its member record still says active.
+    std::thread::sleep(R * 5);
+    assert!(
+        c.agents[0].child.try_wait().unwrap().is_none(),
+        "{}",
+        c.dump()
+    );
+    let all = c.events();
+    assert_eq!(
+        all.iter().filter(|l| l.what == "start").count(),
+        1,
+        "{}",
+        c.dump()
+    );
+    assert!(
+        !all.iter().any(|l| l.what == "stop" && l.extra != "startup"),
+        "{}",
+        c.dump()
+    );
+    let st = status(&c);
+    assert_eq!(st["holder"], "n1", "{st}");
+    assert_eq!(st["state"], "active", "{st}");
+    assert!(st["renewed_ago_ms"].as_u64().unwrap() < 300, "{st}");
+    let member = &st["members"][0];
+    assert_eq!(member["role"], "active", "{st}");
+    c.maybe_dump();
+}
