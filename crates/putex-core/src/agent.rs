@@ -448,6 +448,9 @@ struct Acquire {
     /// rollback a revision can be reused; if that revision turns out to hold
     /// other contents, the CAS may have hit a record we never judged (S6).
     over: Option<(Token, Option<Observed>)>,
+    /// Set when, while this acquisition was in flight, its expected revision
+    /// showed up with other contents (see `over`).
+    reused: bool,
 }
 
 /// Where the service is in this tenure.
@@ -817,6 +820,7 @@ impl Agent {
                         previous: None,
                         evidence: None,
                         floor: None,
+                        reused: false,
                         over: None,
                     },
                     activate_at: self.now,
@@ -1624,6 +1628,24 @@ impl Agent {
             return;
         }
         let observed = entry.as_ref().map(|e| Observed::decode(&e.value));
+        // S6: the revision our in-flight acquisition expects, with other
+        // contents: the store reused it, and the CAS may hit a record we
+        // never judged. Remember it for when the reply comes (our own write
+        // may be seen before that reply and replace what we saw).
+        if let (
+            Some(e),
+            Some(Pending {
+                what: LockOp::Acquire { acquire, .. },
+                ..
+            }),
+        ) = (&entry, self.lock_op.as_mut())
+        {
+            if let Some((t, expected)) = &acquire.over {
+                if *t == e.token && observed.as_ref() != expected.as_ref() {
+                    acquire.reused = true;
+                }
+            }
+        }
         // S5: a live record with our node id from another machine.
         if let (Some(e), Some(Observed::Record(r))) = (&entry, &observed) {
             if r.node == self.id.node
@@ -1774,6 +1796,7 @@ impl Agent {
             previous: None,
             evidence: None,
             floor: None,
+            reused: false,
             over: None,
         });
     }
@@ -1877,6 +1900,7 @@ impl Agent {
                 previous,
                 evidence: None,
                 floor: None,
+                reused: false,
                 over: None,
             });
         }
@@ -1891,6 +1915,7 @@ impl Agent {
                 previous,
                 evidence: None,
                 floor: None,
+                reused: false,
                 over: None,
             });
         }
@@ -1917,6 +1942,7 @@ impl Agent {
                     previous,
                     evidence: Some((unchanged_for, store_age)),
                     floor: None,
+                    reused: false,
                     over: None,
                 });
             }
@@ -2061,6 +2087,7 @@ impl Agent {
     fn on_acquired(&mut self, token: Token, write: String, sent: Instant, mut acquire: Acquire) {
         let floor = acquire.floor;
         let reused = match (&acquire.over, &self.seen) {
+            (Some((t, _)), _) if acquire.reused => Some(*t),
             (Some((t, expected)), Some(seen))
                 if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>
             {
@@ -2120,6 +2147,17 @@ impl Agent {
         });
         self.fail_streak = 0;
         self.set_role(Role::Confirming, reason, Some(token));
+        // A foreign write newer than ours was already seen while the reply
+        // was on its way: settle it with an own-writes read before
+        // activating (H3; `try_activate` waits for the read).
+        let newer = self.seen.as_ref().is_some_and(|s| {
+            s.entry
+                .is_some_and(|(t, _)| t.epoch == token.epoch && t > token)
+                && !matches!(&s.observed, Some(Observed::Record(r)) if r.instance == self.id.instance)
+        });
+        if newer && self.lock_op.is_none() {
+            self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
+        }
         self.try_activate();
     }
 

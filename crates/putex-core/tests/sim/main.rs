@@ -4,7 +4,8 @@
 //! every step (see `check.rs`).
 //!
 //! - `PUTEX_SIM_SEEDS=N` sets the seeds per test (default 10,000 for the main
-//!   chaos test; other tests use a fraction of it).
+//!   chaos test; other tests use a fraction of it); `PUTEX_SIM_FIRST_SEED`
+//!   where they start.
 //! - A failing seed prints a one-line replay command.
 //! - `PUTEX_SIM_REPLAY=profile:seed[:Rule] cargo test -p putex-core --test sim
 //!   -- --ignored --nocapture replay` prints the trace of one run.
@@ -76,6 +77,15 @@ pub fn seeds(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// `PUTEX_SIM_FIRST_SEED` starts a sweep elsewhere than 0 (to continue a
+/// deep sweep, or to look at fresh seeds).
+pub fn first_seed() -> u64 {
+    std::env::var("PUTEX_SIM_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 pub struct Sweep {
     pub failures: Vec<(u64, String)>,
     pub runs: u64,
@@ -112,8 +122,8 @@ pub fn sweep(profile: Profile, n: u64, mutations: Mutations, stop_after: usize) 
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= n || out.lock().unwrap().failures.len() >= stop_after {
+                let seed = first_seed() + next.fetch_add(1, Ordering::Relaxed);
+                if seed >= first_seed() + n || out.lock().unwrap().failures.len() >= stop_after {
                     break;
                 }
                 let (r, _) = run_one(profile, seed, mutations, false);

@@ -77,3 +77,25 @@ regression!(
     Profile::Chaos,
     4042
 );
+// Found by a 100,000-seed sweep. After a rollback the revision a takeover
+// expected was reused; the evidence arrived while the CAS was in flight,
+// then our own write's watch event replaced it before the reply. Fixed: the
+// in-flight acquisition remembers the reuse itself.
+regression!(
+    r09_reuse_seen_while_the_takeover_is_in_flight,
+    Profile::Chaos,
+    15418
+);
+// A foreign write (garbage) landed on our fresh record before the CAS reply:
+// verify before activating.
+regression!(
+    r10_a_newer_foreign_write_is_verified_before_activating,
+    Profile::Chaos,
+    25229
+);
+// The checker forgot an absence when a late event of the old epoch arrived.
+regression!(
+    r11_late_old_epoch_event_after_a_recreate,
+    Profile::Chaos,
+    32354
+);

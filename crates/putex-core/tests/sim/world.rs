@@ -151,10 +151,13 @@ pub struct Host {
     /// When each record (revision and contents: a rollback can reuse a
     /// revision) was first delivered, on the host's clock.
     pub first_seen: HashMap<(Token, u64), u64>,
+    /// When the host last saw the record absent, on its clock.
     pub absent_since: Option<u64>,
     /// Highest lock token delivered by reads and watches (host-wide, like its disk).
     pub max_seen: Option<Token>,
     pub max_seen_before_tenure: Option<Token>,
+    /// `max_seen` when the host last sent an acquisition.
+    pub max_seen_at_acquire: Option<Token>,
     /// Tokens that arrived below what the host had seen, or in a new epoch.
     pub regressed: std::collections::HashSet<Token>,
     pub tenure_token: Option<Token>,
@@ -287,6 +290,7 @@ impl World {
                     absent_since: None,
                     max_seen: None,
                     max_seen_before_tenure: None,
+                    max_seen_at_acquire: None,
                     regressed: Default::default(),
                     tenure_token: None,
                     tenure_ack: None,
@@ -536,11 +540,7 @@ impl World {
                 host.first_seen
                     .entry((e.token, fingerprint(&e.value)))
                     .or_insert(local);
-                // Our own create can be seen (by the watch) before its reply.
                 let own = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == host.instance);
-                if !own {
-                    host.absent_since = None;
-                }
                 if own {
                     return; // our own records say nothing about other holders
                 }
@@ -554,9 +554,11 @@ impl World {
                     host.max_seen = Some(e.token);
                 }
             }
-            Some(None) => {
-                host.absent_since.get_or_insert(local);
-            }
+            // The latest absence seen: a create lands only while the record
+            // is absent, so the core's S4 wait (from the create's reply) is
+            // never shorter than one measured from here. Late events of a
+            // present record do not erase it.
+            Some(None) => host.absent_since = Some(local),
             None => {}
         }
     }
@@ -605,6 +607,17 @@ impl World {
                     | StoreOp::Put { key, .. } => *key,
                 };
                 self.hosts[h].op_keys.insert(req.id, key);
+                // What the host had seen when it sent an acquisition: the
+                // core's S6 floor is taken at the same moment.
+                let acquiring = key == Key::Lock
+                    && matches!(
+                        req.op,
+                        StoreOp::Create { .. } | StoreOp::Update { .. } | StoreOp::Put { .. }
+                    )
+                    && self.hosts[h].role() == Some(Role::Standby);
+                if acquiring {
+                    self.hosts[h].max_seen_at_acquire = self.hosts[h].max_seen;
+                }
                 if let StoreOp::Update { value, .. } = &req.op {
                     // H6 is judged when the release is sent: it may land late.
                     if let Observed::Record(r) = Observed::decode(value) {
@@ -702,7 +715,7 @@ impl World {
                 host.tenure_ack = Some(local);
                 host.absent_before_tenure = host.absent_since;
                 host.activated_in_tenure = false;
-                host.max_seen_before_tenure = host.max_seen;
+                host.max_seen_before_tenure = host.max_seen_at_acquire;
             }
             if *to == Role::Active {
                 // Also a resume with an adopted keeper (no activation output).
