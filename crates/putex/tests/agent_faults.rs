@@ -768,6 +768,50 @@ fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
     c.maybe_dump();
 }
 
+#[test]
+fn agent_faults_a_killed_agent_is_covered_by_its_keeper() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.steady(("n1", None), &["n2", "n3"], &[]);
+    // kill -9 of the agent alone: its keeper and service live on, and
+    // nothing restarts the agent.
+    let killed = wall_ns();
+    crate::common::agent::sigkill(c.agent("n1").pid());
+    std::thread::sleep(T * 3);
+    let lines = c.events();
+    let stop = lines
+        .iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
+        .unwrap_or_else(|| panic!("the keeper did not stop the service\n{}", c.dump()))
+        .clone();
+    let next = lines
+        .iter()
+        .find(|l| l.what == "start" && l.node != "n1")
+        .unwrap_or_else(|| panic!("nobody took over within 3 T\n{}", c.dump()))
+        .clone();
+    eprintln!(
+        "agent killed: the keeper stopped the service ({}) {:?} after the kill; next start {:?} after it",
+        stop.extra,
+        ms(stop.ns - killed),
+        ms(next.ns - killed)
+    );
+    assert_eq!(stop.extra, "emergency", "{}", c.dump());
+    assert!(
+        ms(stop.ns - killed) <= T + HOOK_SLACK,
+        "the keeper stopped {:?} after the kill\n{}",
+        ms(stop.ns - killed),
+        c.dump()
+    );
+    assert!(
+        stop.ns < next.ns,
+        "the keeper's stop came after the next start\n{}",
+        c.dump()
+    );
+    assert_no_overlap(&lines, &[], &c.dump());
+    c.maybe_dump();
+}
+
 // ---------------------------------------------------------------------------
 // Identity.
 
