@@ -236,6 +236,36 @@ fn check(args: &[&str]) -> Output {
     putex().arg("check").args(args).output().unwrap()
 }
 
+/// On a replicated bucket a lease shorter than a stream-leader election
+/// (T < 10 s) is refused unless `--allow-short-lease`.
+#[test]
+fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
+    let _serial = serial();
+    let cluster = crate::common::nats_server::NatsCluster::start();
+    let url = format!("{}?bucket=putex_short&replicas=3", cluster.url());
+    let fast = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
+    // The cluster may still be electing its meta leader: retry a little.
+    let mut out = check(&[&["--store", url.as_str()], &fast[..]].concat());
+    for _ in 0..40 {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("--allow-short-lease") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        out = check(&[&["--store", url.as_str()], &fast[..]].concat());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--allow-short-lease"), "{err}");
+    let out = check(&[&["--store", url.as_str(), "--allow-short-lease"], &fast[..]].concat());
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn agent_check_rejects_bad_options_by_name_and_prints_the_timeline() {
     let _serial = serial();
