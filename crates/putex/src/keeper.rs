@@ -505,7 +505,7 @@ fn klog(lock: &str, msg: &str) {
 /// A `timerfd` on `CLOCK_BOOTTIME` with an absolute expiry. A thread of its
 /// own blocks reading it and reports each expiry on a channel; setting the
 /// timer from the event loop changes what that read waits for.
-struct BootTimer(Arc<TimerFd>);
+struct BootTimer(Arc<TimerFd>, Arc<std::sync::atomic::AtomicBool>);
 
 impl BootTimer {
     fn start() -> Result<(BootTimer, mpsc::UnboundedReceiver<()>), KeeperError> {
@@ -522,7 +522,7 @@ impl BootTimer {
                 }
             })
             .map_err(|e| KeeperError::Setup(format!("timer thread: {e}")))?;
-        Ok((BootTimer(fd), rx))
+        Ok((BootTimer(fd, Arc::default()), rx))
     }
 
     fn set(&self, at: Option<Instant>) {
@@ -535,9 +535,17 @@ impl BootTimer {
             ),
             None => self.0.unset(),
         };
+        let failed = r.is_err();
         if let Err(e) = r {
             tracing::error!(error = %e, "timerfd_settime failed; relying on the 50 ms check");
         }
+        self.1.store(failed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the last `set` failed: the event loop then checks the
+    /// deadline every 50 ms instead of trusting the timerfd.
+    fn degraded(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -616,9 +624,13 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
         .map_err(|e| KeeperError::Setup(format!("SIGCHLD: {e}")))?;
     let (msg_tx, mut msg_rx) = mpsc::unbounded_channel::<(u64, Option<ToKeeper>)>();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(StopOrigin, bool)>();
-    // A safety net for the timerfd, and the reaper's fallback.
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    // The reaper's fallback (children are reaped on SIGCHLD) and a slow
+    // safety net for the timerfd; a fast one only while the timerfd is
+    // failing. Every wake-up scans /proc, so an idle keeper wakes rarely.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut fast = tokio::time::interval(Duration::from_millis(50));
+    fast.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let started = std::time::Instant::now();
 
     let cgroup_root = if opts.cgroup {
@@ -664,6 +676,7 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
             _ = sigchld.recv() => Ev::Child,
             Some((o, ok)) = done_rx.recv() => Ev::StopDone(o, ok),
             _ = tick.tick() => Ev::Tick,
+            _ = fast.tick(), if timer.degraded() => Ev::Tick,
         };
         // Every wake-up checks the deadline first, so a request that arrives
         // after it is judged against a fired keeper.
