@@ -1276,6 +1276,20 @@ impl Agent {
             self.on_lock_seen(Some(entry), true);
             return;
         }
+        if entry.token == lease_token && !self.is_lease_write(&entry) {
+            // Our revision, someone else's write: the store lost our write
+            // and handed the revision out again (S6).
+            self.outputs.push_back(Output::Event(Event::StoreRegressed {
+                highest: self.highest.unwrap_or(lease_token),
+                now: entry.token,
+            }));
+            self.lose(
+                Reason::Lost("store reused our revision".into()),
+                Some(lease_token),
+            );
+            self.on_lock_seen(Some(entry), true);
+            return;
+        }
         if entry.token == lease_token {
             // Nothing of ours has landed (yet): go on with the CAS. Should an
             // unknown write land later, the CAS conflicts and the next own-writes
@@ -1723,6 +1737,14 @@ impl Agent {
         }
     }
 
+    /// Whether `entry` is the write our lease runs on (same write id).
+    fn is_lease_write(&self, entry: &Entry) -> bool {
+        let Some(lease) = &self.lease else {
+            return false;
+        };
+        matches!(Observed::decode(&entry.value), Observed::Record(r) if r.write == lease.write)
+    }
+
     /// While confirming: if the revision our acquisition replaced shows up
     /// with other contents, the store reused it (S6): wait as for an absent
     /// record, counted from now.
@@ -1754,7 +1776,7 @@ impl Agent {
     fn holder_sees(&mut self, entry: Option<Entry>) {
         let Some(lease) = &self.lease else { return };
         if let Some(e) = &entry {
-            if e.token == lease.token {
+            if e.token == lease.token && self.is_lease_write(e) {
                 return;
             }
             let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
@@ -2086,7 +2108,14 @@ impl Agent {
     /// S2/S3/S4: the acquisition landed; work out when we may activate.
     fn on_acquired(&mut self, token: Token, write: String, sent: Instant, mut acquire: Acquire) {
         let floor = acquire.floor;
+        // Our new revision already seen holding someone else's write: the
+        // store lost that write and handed its revision to us (S6).
+        let ours_reused = self.seen.as_ref().is_some_and(|s| {
+            s.entry.is_some_and(|(t, _)| t == token)
+                && !matches!(&s.observed, Some(Observed::Record(r)) if r.write == write)
+        });
         let reused = match (&acquire.over, &self.seen) {
+            _ if ours_reused => Some(token),
             (Some((t, _)), _) if acquire.reused => Some(*t),
             (Some((t, expected)), Some(seen))
                 if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>

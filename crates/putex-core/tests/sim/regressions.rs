@@ -99,3 +99,14 @@ regression!(
     Profile::Chaos,
     32354
 );
+// Found by seeds 10,000-100,000. A rollback lost a node's fresh
+// acquisition over a release and handed the same revision to a second
+// node's CAS: both activated. Fixed: a record at our own revision carrying
+// someone else's write id is a store regression (S6) - for a holder's
+// own-writes read or watch, and for a fresh acquisition (which then owes
+// the absent-record wait).
+regression!(
+    r12_a_revision_reissued_after_a_rollback_is_noticed,
+    Profile::Chaos,
+    65824
+);
