@@ -234,13 +234,9 @@ struct Inner {
     member_dirty: Notify,
     /// Wakes the state-file writer.
     state_dirty: Notify,
-    /// Set by the first SIGTERM/SIGINT.
-    shutdown_requested: std::sync::atomic::AtomicBool,
     /// A second signal asked for an emergency stop: exit 1 however the
     /// running stop ends.
     emergency_requested: std::sync::atomic::AtomicBool,
-    /// Inputs for the driver from the host's own sources.
-    inject: mpsc::UnboundedSender<Input>,
 }
 
 /// The agent's [`Host`]: hooks, the keeper, the state file, member records.
@@ -514,25 +510,17 @@ impl Host for AgentHost {
                     }
                 });
                 // lock and node come from the agent's span.
+                // e.g. `standby -> confirming (lock stale: rev 1:41 unchanged
+                // for 10.21s, store age 10.24s)`.
                 tracing::info!(
                     role = %to,
                     from = %from,
                     reason = ?reason,
                     token = token.map(tracing::field::display),
                     revision = token.map(|t| t.revision),
-                    "transition {from} -> {to}"
+                    "transition {from} -> {to} ({reason})"
                 );
                 self.inner.member_dirty.notify_one();
-                // Workaround: the core forgets a shutdown asked for while its
-                // start-up stop runs (it moves on to standby); ask again.
-                if *to == Role::Standby
-                    && self
-                        .inner
-                        .shutdown_requested
-                        .load(std::sync::atomic::Ordering::SeqCst)
-                {
-                    let _ = self.inner.inject.send(Input::Shutdown);
-                }
             }
             Event::StoreRegressed { highest, now } => tracing::error!(
                 %highest,
@@ -811,9 +799,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             stops: watch::Sender::new(0),
             member_dirty: Notify::new(),
             state_dirty: Notify::new(),
-            shutdown_requested: std::sync::atomic::AtomicBool::new(false),
             emergency_requested: std::sync::atomic::AtomicBool::new(false),
-            inject: inject.clone(),
         }),
     };
     let mut tasks = tokio::task::JoinSet::new();
@@ -832,9 +818,6 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         tasks.spawn(async move {
             signals.next().await;
             tracing::info!("signal: stopping gracefully and releasing the lock (send it again to stop at once)");
-            inner
-                .shutdown_requested
-                .store(true, std::sync::atomic::Ordering::SeqCst);
             let _ = first_tx.send(());
             signals.next().await;
             tracing::error!(
