@@ -619,3 +619,55 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
         .unwrap();
     assert!(matches!(r.status, HookStatus::Exited(e) if e.code == Some(3)));
 }
+
+/// SIGINT/SIGTERM for the supervised command reach it through its keeper
+/// (how `putex lock` forwards the signals it receives to CMD), and the
+/// signal forwarder hands this process's signals to a callback.
+#[tokio::test]
+async fn supervision_signals_reach_the_child_through_the_keeper() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let (client, _adopted) = KeeperClient::spawn_or_adopt(&config(dir.path(), "sig", true))
+        .await
+        .unwrap();
+    let st = client.status().await.unwrap();
+    let tag = format!("1000.{}7", std::process::id());
+    let mut cleanup = Cleanup {
+        keeper: Some(st.pid),
+        sleeps: vec![tag.clone()],
+        scope: None,
+    };
+    // The child records which signal it got, then exits.
+    let script = format!(
+        "trap 'echo INT > {g}; exit 0' INT; trap 'echo TERM > {g}; exit 0' TERM; \
+         sleep {tag} & wait",
+        g = got.display()
+    );
+    let argv = vec!["/bin/sh".into(), "-c".into(), script];
+    let (_pid, tree) = client.spawn_child(argv, vec![]).await.unwrap();
+    if let TreeInfo::Cgroup(p) = &tree {
+        cleanup.scope = Some(p.clone());
+    }
+    assert!(wait_for(|| !sleeps(&tag).is_empty(), Duration::from_secs(5)).await);
+    client.signal(Signal::SIGINT).await.unwrap();
+    assert!(
+        wait_for(|| got.exists(), Duration::from_secs(5)).await,
+        "the child never saw the forwarded SIGINT"
+    );
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "INT");
+    client.stop(StopKind::Graceful).await.unwrap();
+    client.shutdown().await.unwrap();
+
+    // The forwarder: a SIGHUP to this process reaches the callback.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = putex::process::forward_signals(move |s| {
+        let _ = tx.send(s);
+    })
+    .unwrap();
+    kill(Pid::this(), Signal::SIGHUP).unwrap();
+    let forwarded = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the forwarder saw no signal");
+    assert_eq!(forwarded, Some(Signal::SIGHUP));
+    task.abort();
+}
