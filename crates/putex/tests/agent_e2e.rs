@@ -156,6 +156,25 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     );
 }
 
+/// An agent in child mode running `sh -c SCRIPT`, once the child's
+/// `sleep TAG` runs.
+fn start_child(
+    dir: &std::path::Path,
+    url: &str,
+    lock: &str,
+    node: &str,
+    script: &str,
+    tag: &str,
+) -> Agent {
+    let a = Agent::start(dir, url, lock, node, &["--", "/bin/sh", "-c", script]);
+    assert!(
+        wait_for(Duration::from_secs(10), || !sleeps(tag).is_empty()),
+        "the child did not start\n{}",
+        a.log_text()
+    );
+    a
+}
+
 #[test]
 fn agent_child_mode_leaves_no_process_behind() {
     let _serial = serial();
@@ -163,18 +182,7 @@ fn agent_child_mode_leaves_no_process_behind() {
     let dir = tempfile::tempdir().unwrap();
     let tag = format!("1000.{}", std::process::id());
     let script = format!("sleep {tag} & wait");
-    let mut a = Agent::start(
-        dir.path(),
-        &server.url,
-        "child",
-        "c1",
-        &["--", "/bin/sh", "-c", &script],
-    );
-    assert!(
-        wait_for(Duration::from_secs(10), || !sleeps(&tag).is_empty()),
-        "the child did not start\n{}",
-        a.log_text()
-    );
+    let mut a = start_child(dir.path(), &server.url, "child", "c1", &script, &tag);
     a.sigterm();
     assert_eq!(
         a.wait_exit(Duration::from_secs(5)),
@@ -416,18 +424,7 @@ fn agent_second_signal_makes_an_emergency_stop_and_exits() {
     // The service ignores SIGTERM, so the graceful stop would take the whole
     // --stop-timeout (2 s); the second signal cuts it short.
     let script = format!("trap '' TERM; sleep {tag} & wait; wait");
-    let mut a = Agent::start(
-        dir.path(),
-        &server.url,
-        "twice",
-        "s1",
-        &["--", "/bin/sh", "-c", &script],
-    );
-    assert!(
-        wait_for(Duration::from_secs(10), || !sleeps(&tag).is_empty()),
-        "the child did not start\n{}",
-        a.log_text()
-    );
+    let mut a = start_child(dir.path(), &server.url, "twice", "s1", &script, &tag);
     a.sigterm();
     // Two signals sent close together can merge into one pending signal
     // before the agent's handler runs (a loaded machine): send the second
