@@ -611,7 +611,6 @@ pub struct Agent {
     step_down_deadline: Option<Instant>,
     release_after_stop: bool,
     shutdown: bool,
-    released_on_exit: bool,
 
     outputs: VecDeque<Output>,
 }
@@ -653,7 +652,6 @@ impl Agent {
             step_down_deadline: None,
             release_after_stop: false,
             shutdown: false,
-            released_on_exit: false,
             outputs: VecDeque::new(),
         };
         agent.start(now);
@@ -1579,7 +1577,6 @@ impl Agent {
         }
         self.set_role(Role::Standby, reason, token);
         if self.shutdown {
-            self.released_on_exit = released;
             self.exit(ExitReason::Shutdown { released });
         }
     }

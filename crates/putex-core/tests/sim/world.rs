@@ -166,7 +166,6 @@ pub struct Host {
     pub absent_before_tenure: Option<u64>,
     pub activated_in_tenure: bool,
     pub previous_instance: Option<String>,
-    pub transitions: u32,
 }
 
 impl Host {
@@ -297,7 +296,6 @@ impl World {
                     absent_before_tenure: None,
                     activated_in_tenure: false,
                     previous_instance: None,
-                    transitions: 0,
                 }
             })
             .collect();
@@ -709,7 +707,6 @@ impl World {
         {
             let local = self.hosts[h].local(self.now);
             let host = &mut self.hosts[h];
-            host.transitions += 1;
             if *to == Role::Confirming {
                 host.tenure_token = *token;
                 host.tenure_ack = Some(local);
