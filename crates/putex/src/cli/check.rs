@@ -89,26 +89,10 @@ async fn replicas(store: &AnyStore) -> usize {
 }
 
 /// Opens the store a URL names; failure is exit code 3.
-///
-/// The embedded store is retried a few times: agents started together on
-/// a fresh file can find it locked while one of them sets it up.
 pub async fn open_store(settings: &AgentSettings) -> Result<AnyStore, CliError> {
-    let attempts = match settings.store {
-        crate::store::StoreUrl::Sqlite { .. } => 10,
-        _ => 1,
-    };
-    let mut last = None;
-    for attempt in 0..attempts {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        match AnyStore::open(&settings.store).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    let e = last.expect("at least one attempt");
-    Err(CliError::Store(format!("store {}: {e}", settings.store)))
+    AnyStore::open(&settings.store)
+        .await
+        .map_err(|e| CliError::Store(format!("store {}: {e}", settings.store)))
 }
 
 /// Checks the store-dependent rules, naming the option on failure.

@@ -107,10 +107,23 @@ impl SqliteStore {
         let conn = Connection::open(&path).map_err(|e| cfg("cannot open", &e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| cfg("busy_timeout", &e))?;
-        // journal_mode returns a row; WAL needs no write lock once set.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(|e| cfg("cannot switch to WAL", &e))?;
+        // journal_mode returns a row; WAL needs no write lock once set. The
+        // switch does not wait on the busy handler: processes opening a
+        // fresh file at the same moment see SQLITE_BUSY, so retry it here,
+        // within the same budget as any other lock wait.
+        let started = std::time::Instant::now();
+        let mode: String = loop {
+            match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)) {
+                Ok(mode) => break mode,
+                Err(rusqlite::Error::SqliteFailure(f, _))
+                    if f.code == rusqlite::ErrorCode::DatabaseBusy
+                        && started.elapsed() < BUSY_TIMEOUT =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(cfg("cannot switch to WAL", &e)),
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(cfg("journal mode", &format!("got {mode}, need wal")));
         }

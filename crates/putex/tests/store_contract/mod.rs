@@ -730,6 +730,22 @@ async fn store_sqlite_child_writer() {
     }
 }
 
+/// Several agents started together all open one fresh SQLite file: none
+/// fails while another sets it up (the WAL switch is retried in the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_fresh_file_opened_by_many_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
+    let opens: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(putex::store::SqliteStore::open(path.clone())))
+        .collect();
+    for open in opens {
+        open.await
+            .unwrap()
+            .expect("a concurrent first open succeeds");
+    }
+}
+
 /// Four processes increment one counter by compare-and-swap on one SQLite
 /// file: no increment is lost, none applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
