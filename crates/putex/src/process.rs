@@ -300,6 +300,26 @@ impl ProcEntry {
     }
 }
 
+/// Pids of live processes (other than this one) whose command line
+/// contains `needle`, e.g. a keeper's socket directory.
+pub fn pids_matching(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    proc_table()
+        .into_iter()
+        .filter(|e| !e.is_dead() && e.pid != me)
+        .filter(|e| {
+            std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .map(|e| e.pid)
+        .collect()
+}
+
 /// Every process on the host, from `/proc`.
 pub fn proc_table() -> Vec<ProcEntry> {
     let Ok(dir) = fs::read_dir("/proc") else {

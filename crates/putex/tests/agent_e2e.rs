@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::agent::{
     assert_no_overlap, bound, dump, events, hooks, putex, serial, sigkill, sleeps, starts,
-    wait_for, wall_ns, Agent, R,
+    status_json, wait_for, wall_ns, Agent, R,
 };
 use crate::common::nats_server::NatsServer;
 
@@ -47,16 +47,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     let first = s[0].node.clone();
 
     // `putex status -o json` sees the holder and three members.
-    let out = putex()
-        .args(["status", "svc", "--store", &server.url, "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let st = status_json(&server.url, "svc");
     assert_eq!(st["holder"], first.as_str(), "{st}");
     assert_eq!(st["state"], "active", "{st}");
     assert!(st["renewed_ago_ms"].as_u64().unwrap() < 1000, "{st}");
@@ -99,13 +90,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
 
     // SIGTERM of the new active: graceful stop, release, fast handover.
     let j = agents.iter().position(|a| a.node == second.node).unwrap();
-    agents[j].sigterm();
-    assert_eq!(
-        agents[j].wait_exit(Duration::from_secs(5)),
-        Some(0),
-        "{}",
-        agents[j].log_text()
-    );
+    agents[j].stop_cleanly();
     assert!(
         wait_for(Duration::from_secs(3), || starts(&ev).len() >= 3),
         "no handover\n{}",
@@ -147,13 +132,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
 
     // The last agent stops cleanly too.
     let k = agents.iter().position(|a| a.node == third.node).unwrap();
-    agents[k].sigterm();
-    assert_eq!(
-        agents[k].wait_exit(Duration::from_secs(5)),
-        Some(0),
-        "{}",
-        agents[k].log_text()
-    );
+    agents[k].stop_cleanly();
 }
 
 /// An agent in child mode running `sh -c SCRIPT`, once the child's
@@ -183,13 +162,7 @@ fn agent_child_mode_leaves_no_process_behind() {
     let tag = format!("1000.{}", std::process::id());
     let script = format!("sleep {tag} & wait");
     let mut a = start_child(dir.path(), &server.url, "child", "c1", &script, &tag);
-    a.sigterm();
-    assert_eq!(
-        a.wait_exit(Duration::from_secs(5)),
-        Some(0),
-        "{}",
-        a.log_text()
-    );
+    a.stop_cleanly();
     assert!(
         wait_for(Duration::from_secs(1), || sleeps(&tag).is_empty()),
         "the child's sleep survived the stop\n{}",
@@ -231,13 +204,7 @@ fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
         a.child.try_wait().unwrap().is_none(),
         "the first agent was disturbed"
     );
-    a.sigterm();
-    assert_eq!(
-        a.wait_exit(Duration::from_secs(5)),
-        Some(0),
-        "{}",
-        a.log_text()
-    );
+    a.stop_cleanly();
 }
 
 fn check(args: &[&str]) -> Output {
@@ -402,13 +369,7 @@ fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running
         "the service was restarted\n{}",
         b.log_text()
     );
-    b.sigterm();
-    assert_eq!(
-        b.wait_exit(Duration::from_secs(5)),
-        Some(0),
-        "{}",
-        b.log_text()
-    );
+    b.stop_cleanly();
     assert!(
         wait_for(Duration::from_secs(1), || sleeps(&tag).is_empty()),
         "the service survived the stop"

@@ -22,8 +22,7 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 
 use crate::common::agent::{
-    assert_no_overlap, dump, events, hooks, putex, serial, starts, wait_for, wall_ns, Agent, Line,
-    R,
+    assert_no_overlap, dump, events, hooks, serial, starts, wait_for, wall_ns, Agent, Line, R,
 };
 use crate::common::nats_server::NatsServer;
 
@@ -619,16 +618,7 @@ fn poll_member(
 
 /// `putex status -o json` for lock `svc`.
 fn status(c: &Cluster) -> serde_json::Value {
-    let out = putex()
-        .args(["status", "svc", "--store", &c.url, "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::common::agent::status_json(&c.url, "svc")
 }
 
 /// `node`'s role in its member record.

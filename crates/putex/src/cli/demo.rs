@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use super::check::measure_store;
 use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness};
 use super::CliError;
-use crate::process::proc_table;
+use crate::process::pids_matching;
 use crate::store::AnyStore;
 
 /// `putex demo` flags.
@@ -42,24 +42,6 @@ struct Node {
 
 fn other(e: impl std::fmt::Display) -> CliError {
     CliError::Other(format!("demo: {e}"))
-}
-
-/// Pids whose command line contains `needle`.
-fn pids_matching(needle: &str) -> Vec<i32> {
-    proc_table()
-        .into_iter()
-        .filter(|e| !e.is_dead())
-        .filter(|e| {
-            std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
-        })
-        .map(|e| e.pid)
-        .collect()
 }
 
 /// The service markers present: (node, service pid).

@@ -245,16 +245,22 @@ pub struct AgentHost {
     inner: Arc<Inner>,
 }
 
+impl Status {
+    /// The role as hooks and member records name it.
+    fn role_name(&self) -> String {
+        self.role
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "starting".into())
+    }
+}
+
 impl AgentHost {
     fn env(&self, token: Option<Token>) -> HookEnv {
         let st = self.inner.status.lock().unwrap_or_else(|e| e.into_inner());
         HookEnv {
             lock: self.inner.lock.clone(),
             node: self.inner.node.clone(),
-            role: st
-                .role
-                .map(|r| r.to_string())
-                .unwrap_or_else(|| "starting".into()),
+            role: st.role_name(),
             token: token.or(st.token),
             previous: st.previous.clone(),
             stop: None,
@@ -270,10 +276,7 @@ impl AgentHost {
             v: 1,
             node: self.inner.node.clone(),
             instance: self.inner.instance.clone(),
-            role: st
-                .role
-                .map(|r| r.to_string())
-                .unwrap_or_else(|| "starting".into()),
+            role: st.role_name(),
             healthy: st.healthy,
             last_health: st.last_health.clone(),
             token: st.token.map(|t| t.to_string()),

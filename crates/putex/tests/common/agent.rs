@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::core::TimingConfig;
+pub use putex::process::pids_matching;
 use putex::process::proc_table;
 
 pub static SERIAL: Mutex<()> = Mutex::new(());
@@ -57,22 +58,18 @@ pub fn putex() -> Command {
     c
 }
 
-/// Pids of live processes whose command line contains `needle`.
-pub fn pids_matching(needle: &str) -> Vec<i32> {
-    proc_table()
-        .into_iter()
-        .filter(|e| !e.is_dead() && e.pid != std::process::id() as i32)
-        .filter(|e| {
-            std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
-        })
-        .map(|e| e.pid)
-        .collect()
+/// `putex status LOCK -o json` against `url`; the command must succeed.
+pub fn status_json(url: &str, lock: &str) -> serde_json::Value {
+    let out = putex()
+        .args(["status", lock, "--store", url, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Pids of live `sleep ARG` processes.
@@ -188,6 +185,18 @@ impl Agent {
             sigkill(k);
         }
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the agent must exit 0 within 5 s (graceful stop and
+    /// release, H6).
+    pub fn stop_cleanly(&mut self) {
+        self.sigterm();
+        assert_eq!(
+            self.wait_exit(Duration::from_secs(5)),
+            Some(0),
+            "{}",
+            self.log_text()
+        );
     }
 
     pub fn sigterm(&self) {
