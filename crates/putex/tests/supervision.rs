@@ -650,11 +650,13 @@ async fn supervision_signals_reach_the_child_through_the_keeper() {
     }
     assert!(wait_for(|| !sleeps(&tag).is_empty(), Duration::from_secs(5)).await);
     client.signal(Signal::SIGINT).await.unwrap();
+    // `echo … > got` creates the file before it writes: wait for the text.
+    let read = || std::fs::read_to_string(&got).unwrap_or_default();
     assert!(
-        wait_for(|| got.exists(), Duration::from_secs(5)).await,
+        wait_for(|| !read().trim().is_empty(), Duration::from_secs(5)).await,
         "the child never saw the forwarded SIGINT"
     );
-    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "INT");
+    assert_eq!(read().trim(), "INT");
     client.stop(StopKind::Graceful).await.unwrap();
     client.shutdown().await.unwrap();
 
