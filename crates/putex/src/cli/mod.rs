@@ -53,6 +53,60 @@ pub enum CliError {
     Duplicate(String),
     /// Exit 1: anything else.
     Other(String),
+    /// An explicit exit code with a message: `putex lock` and `putex id`
+    /// use the [`sysexits`] codes, and `putex lock` passes on its
+    /// command's status.
+    Exit(u8, String),
+}
+
+/// The exit codes of `putex lock` and `putex id`, after BSD's
+/// `sysexits.h`, so that they do not collide with the small codes a
+/// script's own command returns.
+///
+/// | code | name | meaning |
+/// |---|---|---|
+/// | 64 | `USAGE` | a flag, name or argument is wrong (the message names it) |
+/// | 65 | `DATAERR` | `putex id check` found an inconsistency |
+/// | 69 | `UNAVAILABLE` | the store cannot be reached or opened |
+/// | 70 | `SOFTWARE` | internal failure: a stop that could not be proven, the keeper failed |
+/// | 75 | `TEMPFAIL` | not acquired: the lock is held (`--no-wait`, `--wait` ran out), or an id pool is exhausted |
+/// | 76 | `LOST` | the lock was lost while the command ran; it and its whole tree were stopped |
+/// | 124 | `TIMEOUT` | `--max-duration` passed; the command and its tree were stopped (as `timeout(1)`) |
+/// | 126 | `NOT_EXECUTABLE` | the command exists but cannot be executed |
+/// | 127 | `NOT_FOUND` | the command was not found |
+/// | 128+n | | the command was killed by signal n |
+pub mod sysexits {
+    /// A flag, name or argument is wrong.
+    pub const USAGE: u8 = 64;
+    /// `putex id check` found an inconsistency.
+    pub const DATAERR: u8 = 65;
+    /// The store cannot be reached or opened.
+    pub const UNAVAILABLE: u8 = 69;
+    /// Internal failure (an unproven stop, the keeper).
+    pub const SOFTWARE: u8 = 70;
+    /// Not acquired (held by another, or the pool is exhausted).
+    pub const TEMPFAIL: u8 = 75;
+    /// The lock was lost while the command ran.
+    pub const LOST: u8 = 76;
+    /// `--max-duration` passed.
+    pub const TIMEOUT: u8 = 124;
+    /// The command cannot be executed.
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+impl CliError {
+    /// The same error with `putex lock`/`putex id` codes: usage errors
+    /// become 64, an unreachable store 69, other failures 70.
+    pub fn into_sysexits(self) -> CliError {
+        match self {
+            CliError::Usage(m) => CliError::Exit(sysexits::USAGE, m),
+            CliError::Store(m) => CliError::Exit(sysexits::UNAVAILABLE, m),
+            CliError::Duplicate(m) | CliError::Other(m) => CliError::Exit(sysexits::SOFTWARE, m),
+            e @ CliError::Exit(..) => e,
+        }
+    }
 }
 
 impl CliError {
@@ -63,12 +117,16 @@ impl CliError {
             CliError::Usage(_) => 2,
             CliError::Store(_) => 3,
             CliError::Duplicate(_) => 4,
+            CliError::Exit(code, _) => *code,
         }
     }
 
     /// Prints the error and returns its exit code.
     pub fn report(&self) -> ExitCode {
-        eprintln!("putex: {self}");
+        // An exit code passed on from a command carries no message.
+        if !self.to_string().is_empty() {
+            eprintln!("putex: {self}");
+        }
         ExitCode::from(self.code())
     }
 }
@@ -79,7 +137,8 @@ impl fmt::Display for CliError {
             CliError::Usage(m)
             | CliError::Store(m)
             | CliError::Duplicate(m)
-            | CliError::Other(m) => f.write_str(m),
+            | CliError::Other(m)
+            | CliError::Exit(_, m) => f.write_str(m),
         }
     }
 }
