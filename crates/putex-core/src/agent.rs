@@ -197,6 +197,11 @@ pub enum Input {
     KeeperLost,
     /// Stop on purpose (SIGTERM, `systemctl stop`).
     Shutdown,
+    /// Whether it is this node's turn to acquire: a host that queues its
+    /// waiters fairly (`putex lock`) holds back all but the first. It only
+    /// ever delays an acquisition, so it cannot weaken any rule; staleness
+    /// is still observed while it is not our turn. Initially `true`.
+    Turn(bool),
 }
 
 /// A command for the keeper, the process that owns the service (DESIGN "Keeper").
@@ -611,6 +616,8 @@ pub struct Agent {
     step_down_deadline: Option<Instant>,
     release_after_stop: bool,
     shutdown: bool,
+    /// Whether the host lets this node acquire now ([`Input::Turn`]).
+    turn: bool,
 
     outputs: VecDeque<Output>,
 }
@@ -652,6 +659,7 @@ impl Agent {
             step_down_deadline: None,
             release_after_stop: false,
             shutdown: false,
+            turn: true,
             outputs: VecDeque::new(),
         };
         agent.start(now);
@@ -703,6 +711,7 @@ impl Agent {
             Input::KeeperFired => self.on_keeper(Reason::KeeperFired),
             Input::KeeperLost => self.on_keeper(Reason::KeeperLost),
             Input::Shutdown => self.on_shutdown(),
+            Input::Turn(ours) => self.turn = ours,
         }
         self.advance();
     }
@@ -1861,6 +1870,7 @@ impl Agent {
     fn eligible(&self) -> bool {
         self.role == Role::Standby
             && !self.shutdown
+            && self.turn
             && self.ok_streak >= self.timing.successes()
             && self.lock_op.is_none()
             && self.backoff_until.is_none_or(|b| self.now >= b)

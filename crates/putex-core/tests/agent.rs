@@ -225,6 +225,29 @@ fn s3_a_released_record_is_taken_and_activated_at_once() {
 }
 
 #[test]
+fn turn_holds_back_an_acquisition_until_it_is_ours() {
+    // A fair queue (putex lock) holds back every waiter but the first: the
+    // released record is seen, but not taken, until the turn comes.
+    let mut h = Harness::new("a");
+    h.input(Input::Turn(false));
+    let released = entry(&holder(LockState::Released, 10_000), 7, 50.0);
+    look(&mut h, Some(released.clone()));
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "took the lock out of turn"
+    );
+    h.input(Input::Watch(Some(released)));
+    assert!(!h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))));
+    // Our turn: taken at once, without waiting for the next round.
+    h.input(Input::Turn(true));
+    let (_, op) = h.store();
+    assert!(
+        matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(1, 7)),
+        "{op:?}"
+    );
+}
+
+#[test]
 fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
     let mut h = Harness::new("a");
     // The holder advertises T = 20 s, more than our 10 s: W = 20·1.01/0.99.
