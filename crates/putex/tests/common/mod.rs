@@ -2,3 +2,4 @@
 
 pub mod agent;
 pub mod nats_server;
+pub mod proxy;
