@@ -583,3 +583,45 @@ fn s5_a_shutdown_during_the_start_up_stop_exits_when_it_finishes() {
     );
     assert_eq!(agent.role(), Role::Exited);
 }
+
+#[test]
+fn huge_advertised_leases_saturate_and_are_never_stale() {
+    // Persistent `putex id` claims advertise a ten-year lease on a lock
+    // record; a corrupt record may advertise u64::MAX ms. The time
+    // arithmetic saturates: no panic, and the holder is never taken over.
+    for lease_ms in [10 * 365 * 24 * 3600 * 1000, u64::MAX] {
+        for state in [LockState::Active, LockState::Revoked] {
+            let mut h = Harness::new("a");
+            let mut rec = holder(state, lease_ms);
+            rec.gap_ms = u64::MAX;
+            let held = entry(&rec, 5, 1000.0);
+            h.input(Input::Watch(Some(held.clone())));
+            look(&mut h, Some(held.clone()));
+            let mut reads = 0;
+            // Whole days pass at once (a suspended host), then some rounds.
+            for day in 1..=3 {
+                h.now = 100.0 + f64::from(day) * 86_400.0;
+                h.agent.handle_timeout(at(h.now));
+                h.drain();
+                for _ in 0..3 {
+                    h.health(true);
+                    while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+                        let Output::Store(r) = h.out.remove(i) else {
+                            unreachable!()
+                        };
+                        assert!(
+                            matches!(r.op, StoreOp::Get { .. }),
+                            "{state:?} lease {lease_ms} ms: took over on day {day}: {:?}",
+                            r.op
+                        );
+                        h.reply(r.id, StoreOutcome::Read(Some(held.clone())));
+                        reads += 1;
+                    }
+                    h.advance_to(h.now + 1.0);
+                }
+                assert_eq!(h.agent.role(), Role::Standby);
+            }
+            assert!(reads >= 6, "the standby kept polling: {reads} reads");
+        }
+    }
+}

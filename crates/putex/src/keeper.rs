@@ -445,11 +445,15 @@ pub struct KeeperOptions {
     pub cgroup: bool,
     /// Print `ready <pid>` on stdout once listening (for the spawner).
     pub announce: bool,
+    /// Routine messages to the log only, not stderr (`putex lock`, whose
+    /// stderr belongs to a script).
+    pub quiet: bool,
 }
 
 /// Runs a keeper until it is shut down or idle. Blocks; builds its own
 /// single-threaded runtime.
 pub fn run_keeper(opts: KeeperOptions) -> Result<(), KeeperError> {
+    QUIET.store(opts.quiet, Ordering::Relaxed);
     let _ = nix::unistd::setsid();
     let _ = nix::sys::prctl::set_name(c"putex-keeper");
     if let Err(e) = process::set_oom_score_adj(-1000) {
@@ -497,8 +501,21 @@ fn ignore_stop_signals(lock: &str) -> Result<(), KeeperError> {
     Ok(())
 }
 
+/// Set by `--quiet`: routine messages ([`klog`]) go to the log only;
+/// alarms ([`kalarm`]) still reach stderr.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// A routine keeper message: stderr (the agent's journal) and the log.
 fn klog(lock: &str, msg: &str) {
     tracing::info!(lock, "{msg}");
+    if !QUIET.load(Ordering::Relaxed) {
+        eprintln!("putex keeper[{lock}]: {msg}");
+    }
+}
+
+/// A keeper message that must be seen even when quiet: the deadline passed.
+fn kalarm(lock: &str, msg: &str) {
+    tracing::warn!(lock, "{msg}");
     eprintln!("putex keeper[{lock}]: {msg}");
 }
 
@@ -709,7 +726,7 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
                         st.send_to(conn, FromKeeper::Stopped { id, ok })
                     }
                     StopOrigin::Fire => {
-                        klog(
+                        kalarm(
                             &st.opts.lock,
                             &format!(
                                 "emergency stop at the deadline finished, proven stopped: {ok}"
@@ -816,7 +833,7 @@ impl State {
                 Deadline::Fired(d) => now.saturating_since(d),
                 _ => Duration::ZERO,
             };
-            klog(
+            kalarm(
                 &self.opts.lock,
                 &format!(
                     "licence deadline passed ({} µs ago): emergency stop",
@@ -1184,6 +1201,8 @@ pub struct KeeperConfig {
     pub emergency_timeout: Duration,
     /// `false` forces the subreaper fallback.
     pub cgroup: bool,
+    /// Routine keeper messages to the log only ([`KeeperOptions::quiet`]).
+    pub quiet: bool,
 }
 
 impl KeeperConfig {
@@ -1208,6 +1227,9 @@ impl KeeperConfig {
         }
         if !self.cgroup {
             a.push("--no-cgroup".into());
+        }
+        if self.quiet {
+            a.push("--quiet".into());
         }
         a
     }

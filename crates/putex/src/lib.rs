@@ -11,6 +11,9 @@
 //! | [`keeper`] | the dead-man's switch that owns the service and its deadline |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`lease`] | a named lease for Rust programs: acquire, hold (renewed), learn it was lost, release |
+//! | [`queue`] | fair queues: waiters take their turn in arrival order; dead waiters expire |
+//! | [`section`] | critical sections (`putex lock`): a command run under a lock or semaphore slot, stopped before the lock passes on |
+//! | [`idpool`] | identity pools (`putex id`): unique ids from a range, claimed atomically, never duplicated |
 //! | [`cli`] | the command line: flags → validated settings → `run`, `check`, `status`, `demo` |
 //!
 //! The HTTP server follows.
@@ -26,7 +29,10 @@ pub mod cli;
 pub mod clock;
 pub mod driver;
 pub mod hooks;
+pub mod idpool;
 pub mod keeper;
 pub mod lease;
 pub mod process;
+pub mod queue;
+pub mod section;
 pub mod store;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use putex::cli::config::AgentArgs;
 use putex::cli::demo::DemoArgs;
+use putex::cli::lock::LockArgs;
 use putex::cli::status::StatusArgs;
 use putex::cli::CliError;
 use std::process::ExitCode;
@@ -38,6 +39,15 @@ enum Command {
     /// bad option.
     #[command(after_help = putex::cli::EXIT_CODES_HELP)]
     Check(AgentArgs),
+    /// Runs a command while holding a lock: a critical section for scripts,
+    /// cron and configuration runs. The command and everything it started
+    /// are stopped before the lock can pass to anyone else.
+    #[command(after_help = putex::cli::lock::LOCK_EXIT_CODES_HELP)]
+    Lock(LockArgs),
+    /// Identity pools: claims a unique id from a range for this machine
+    /// (e.g. a snowflake worker id), releases, lists and checks them.
+    #[command(after_help = putex::cli::id::ID_EXIT_CODES_HELP)]
+    Id(putex::cli::id::IdArgs),
     /// Shows who holds a lock, since when, with which fencing token, and the
     /// members' roles and health.
     #[command(after_help = putex::cli::EXIT_CODES_HELP)]
@@ -76,10 +86,28 @@ struct KeeperArgs {
     /// Print `ready PID` on stdout once listening.
     #[arg(long)]
     announce: bool,
+    /// Routine messages to the log only (alarms still go to stderr).
+    #[arg(long)]
+    quiet: bool,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // `putex lock` and `putex id` use sysexits codes: 64 for usage.
+            let sysexits = std::env::args()
+                .skip(1)
+                .find(|a| !a.starts_with('-'))
+                .is_some_and(|a| a == "lock" || a == "id");
+            return match e.exit_code() {
+                0 => ExitCode::SUCCESS,
+                _ if sysexits => ExitCode::from(putex::cli::sysexits::USAGE),
+                c => ExitCode::from(u8::try_from(c).unwrap_or(2)),
+            };
+        }
+    };
     let command = match cli.command {
         Some(Command::Keeper(a)) => {
             return match putex::keeper::run_keeper(putex::keeper::KeeperOptions {
@@ -91,6 +119,7 @@ fn main() -> ExitCode {
                 emergency_timeout: Duration::from_millis(a.emergency_timeout_ms),
                 cgroup: !a.no_cgroup,
                 announce: a.announce,
+                quiet: a.quiet,
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => CliError::Other(format!("keeper: {e}")).report(),
@@ -102,7 +131,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    putex::cli::init_logging(cli.verbose);
+    if matches!(command, Command::Lock(_) | Command::Id(_)) {
+        // A critical section's stderr belongs to the script: warnings only.
+        putex::cli::init_quiet_logging(cli.verbose);
+    } else {
+        putex::cli::init_logging(cli.verbose);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -114,7 +148,14 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match command {
             Command::Run(a) => putex::cli::run::run(&a).await,
+            // CMD's status (or putex's own code) without a message.
+            Command::Lock(a) => match putex::cli::lock::run(&a).await {
+                Ok(0) => Ok(()),
+                Ok(code) => Err(CliError::Exit(code, String::new())),
+                Err(e) => Err(e),
+            },
             Command::Check(a) => putex::cli::check::run(&a).await,
+            Command::Id(a) => putex::cli::id::run(&a).await,
             Command::Status(a) => putex::cli::status::run(&a).await,
             Command::Demo(a) => putex::cli::demo::run(&a).await,
             Command::Keeper(_) => unreachable!("handled above"),

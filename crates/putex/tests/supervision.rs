@@ -26,6 +26,7 @@ fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
         stop_timeout: Duration::from_millis(300),
         emergency_timeout: Duration::from_millis(200),
         cgroup,
+        quiet: false,
     }
 }
 

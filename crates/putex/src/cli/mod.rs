@@ -13,6 +13,8 @@
 //! | [`run`] | `putex run`: the failover agent ([`run::AgentHost`]) |
 //! | [`status`] | `putex status`: the lock and member records |
 //! | [`demo`] | `putex demo`: three agents on a temporary SQLite store |
+//! | [`id`] | `putex id`: identity pools — claim, release, list, check (exit codes in [`sysexits`]) |
+//! | [`lock`] | `putex lock`: a command run while a lock is held (exit codes in [`sysexits`]) |
 //!
 //! # Exit codes
 //!
@@ -30,6 +32,8 @@ use std::process::ExitCode;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod id;
+pub mod lock;
 pub mod run;
 pub mod status;
 
@@ -148,12 +152,26 @@ impl std::error::Error for CliError {}
 /// Installs the tracing subscriber: `RUST_LOG` if set, else `info`
 /// (`debug` with `-v`, `trace` with `-vv`), to stderr.
 pub fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
-    let default = match verbose {
+    init_logging_at(match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
-    };
+    })
+}
+
+/// [`init_logging`] for commands whose stderr belongs to a script
+/// (`putex lock`): `warn` by default, `info` with `-v`, `debug` with `-vv`.
+pub fn init_quiet_logging(verbose: u8) {
+    init_logging_at(match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    })
+}
+
+fn init_logging_at(default: &str) {
+    use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -751,6 +751,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         stop_timeout: settings.timing.stop_timeout(),
         emergency_timeout: settings.timing.emergency_timeout(),
         cgroup: true,
+        quiet: false,
     })
     .await
     .map_err(|e| CliError::Other(format!("keeper: {e}")))?;

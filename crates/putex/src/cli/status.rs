@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use putex_core::{Observed, StoreGap, StoreTime};
 use serde::Serialize;
 
@@ -113,32 +112,15 @@ async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
     Some(store.get(&key, ReadMode::Leader, timeout).await.ok()??.time)
 }
 
-/// The latest entry of every key under `filter`: a watch's initial
-/// delivery, read until it goes quiet.
+/// The latest entry of every key under `filter` ([`crate::store::snapshot`]).
 async fn snapshot(
     store: &AnyStore,
     filter: &str,
     timeout: Duration,
 ) -> Result<Vec<(String, crate::store::Entry)>, CliError> {
-    let mut w = store
-        .watch(filter, None, timeout)
+    crate::store::snapshot(store, filter, timeout)
         .await
-        .map_err(|e| CliError::Store(format!("store: {e}")))?;
-    let mut latest = std::collections::BTreeMap::new();
-    let overall = tokio::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let quiet = tokio::time::Instant::now() + Duration::from_millis(300);
-        match tokio::time::timeout_at(quiet.min(overall), w.next()).await {
-            Ok(Some(Ok(ev))) => {
-                match ev.entry {
-                    Some(e) => latest.insert(ev.key, e),
-                    None => latest.remove(&ev.key),
-                };
-            }
-            _ => break,
-        }
-    }
-    Ok(latest.into_iter().collect())
+        .map_err(|e| CliError::Store(format!("store: {e}")))
 }
 
 /// Reads one lock's status.
@@ -202,7 +184,7 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
     Ok(st)
 }
 
-fn ago(ms: Option<u64>) -> String {
+pub(crate) fn ago(ms: Option<u64>) -> String {
     match ms {
         Some(ms) if ms < 10_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
         Some(ms) => format!("{}s ago", ms / 1000),
@@ -210,7 +192,7 @@ fn ago(ms: Option<u64>) -> String {
     }
 }
 
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {

@@ -11,8 +11,17 @@
 //! | `member.<name>.<node>` | node `<node>`'s member record for lock `<name>` |
 //! | `probe.<node>` | node `<node>`'s probe record (reads the store's clock, S1 b) |
 //!
-//! `sem.`, `id.` and `history.` are reserved for semaphores, identity pools
-//! and transition records. A name never contains a dot, so `<name>` is
+//! | `sem.<name>` | semaphore `<name>`'s limit (`putex lock --limit N`) |
+//! | `sem.<name>.<slot>` | slot `<slot>` (0..N−1) of semaphore `<name>`: an ordinary lock record |
+//! | `queue.<name>.<instance>` | a waiter's ticket in lock `<name>`'s fair queue |
+//! | `once.<name>` | the last recorded successful run of `putex lock <name> --once-per` |
+//! | `id.<pool>.meta` | identity pool `<pool>`'s range (`putex id`) |
+//! | `id.<pool>.<n>` | id `<n>` (decimal) of pool `<pool>`: a lock record naming its claimer |
+//! | `id.<pool>.name.<name>` | claim name `<name>`'s index record: which id it holds |
+//! | `id.<pool>.scan` | a marker that `putex id` writes to read the pool consistently |
+//!
+//! `history.` is reserved for transition
+//! records. A name never contains a dot, so `<name>` is
 //! exactly one token and a node id — which may be an FQDN such as
 //! `db1.example.com` — always comes last: `member.pg.` selects every member
 //! of lock `pg` and nothing else.
@@ -32,6 +41,14 @@ pub const LOCK_PREFIX: &str = "lock.";
 pub const MEMBER_PREFIX: &str = "member.";
 /// Prefix of every probe record.
 pub const PROBE_PREFIX: &str = "probe.";
+/// Prefix of semaphore limit and slot records.
+pub const SEM_PREFIX: &str = "sem.";
+/// Prefix of the fair queues' tickets.
+pub const QUEUE_PREFIX: &str = "queue.";
+/// Prefix of the once-per-period records.
+pub const ONCE_PREFIX: &str = "once.";
+/// Prefix of the identity pools' records.
+pub const ID_PREFIX: &str = "id.";
 
 /// A name or node id that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -124,6 +141,70 @@ pub fn member(name: &str, node: &str) -> Result<String, NameError> {
 pub fn members_of(name: &str) -> Result<String, NameError> {
     validate_name(name)?;
     Ok(format!("{MEMBER_PREFIX}{name}."))
+}
+
+/// The key of semaphore `name`'s limit record.
+pub fn semaphore(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{SEM_PREFIX}{name}"))
+}
+
+/// The key of slot `slot` of semaphore `name`: an ordinary lock record.
+pub fn slot(name: &str, slot: u32) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{SEM_PREFIX}{name}.{slot}"))
+}
+
+/// The key of waiter `instance`'s ticket in lock `name`'s queue.
+pub fn ticket(name: &str, instance: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    validate_name(instance)?;
+    Ok(format!("{QUEUE_PREFIX}{name}.{instance}"))
+}
+
+/// The watch filter selecting every ticket in lock `name`'s queue.
+pub fn queue_of(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{QUEUE_PREFIX}{name}."))
+}
+
+/// The key of lock `name`'s once-per-period record.
+pub fn once(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{ONCE_PREFIX}{name}"))
+}
+
+/// The key of id `n`'s record in identity pool `pool`.
+pub fn id_record(pool: &str, n: u64) -> Result<String, NameError> {
+    validate_name(pool)?;
+    Ok(format!("{ID_PREFIX}{pool}.{n}"))
+}
+
+/// The key of claim name `name`'s index record in identity pool `pool`.
+/// `name` is validated like a node id (it may be an FQDN) and comes last.
+pub fn id_name(pool: &str, name: &str) -> Result<String, NameError> {
+    validate_name(pool)?;
+    validate_node(name)?;
+    Ok(format!("{ID_PREFIX}{pool}.name.{name}"))
+}
+
+/// The key of identity pool `pool`'s meta record (its range).
+pub fn id_meta(pool: &str) -> Result<String, NameError> {
+    validate_name(pool)?;
+    Ok(format!("{ID_PREFIX}{pool}.meta"))
+}
+
+/// The key of identity pool `pool`'s scan marker (see
+/// [`snapshot_synced`](super::snapshot_synced)).
+pub fn id_scan(pool: &str) -> Result<String, NameError> {
+    validate_name(pool)?;
+    Ok(format!("{ID_PREFIX}{pool}.scan"))
+}
+
+/// The watch filter selecting every record of identity pool `pool`.
+pub fn id_pool(pool: &str) -> Result<String, NameError> {
+    validate_name(pool)?;
+    Ok(format!("{ID_PREFIX}{pool}."))
 }
 
 /// The key of `node`'s probe record.
@@ -243,6 +324,17 @@ mod tests {
         for k in ["lock.pg", "member.pg.db1.example.com", "probe.a"] {
             validate_key(k).unwrap();
         }
+        assert_eq!(id_record("web", 7).unwrap(), "id.web.7");
+        assert_eq!(
+            id_name("web", "web1.example.com").unwrap(),
+            "id.web.name.web1.example.com"
+        );
+        assert!(filter_matches(
+            &id_pool("web").unwrap(),
+            "id.web.name.web1.example.com"
+        ));
+        assert!(!filter_matches(&id_pool("web").unwrap(), "id.webx.7"));
+        assert!(id_name("web", "a..b").is_err() && id_record("a.b", 1).is_err());
         assert!(lock("a.b").is_err());
         assert!(member("pg", "a..b").is_err());
     }

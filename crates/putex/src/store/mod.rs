@@ -408,6 +408,80 @@ impl Store for AnyStore {
     }
 }
 
+/// The latest entry of every key under `filter` (delete markers dropped):
+/// a watch's initial delivery, read until it goes quiet for 300 ms (or 3 s
+/// pass). Cheap to call, but a store slower than the quiet period yields
+/// a partial answer: for a complete one use [`snapshot_synced`].
+pub async fn snapshot(
+    store: &impl Store,
+    filter: &str,
+    timeout: Duration,
+) -> Result<Vec<(String, Entry)>, StoreError> {
+    use futures::StreamExt;
+    let mut w = store.watch(filter, None, timeout).await?;
+    let mut latest = std::collections::BTreeMap::new();
+    let overall = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let quiet = tokio::time::Instant::now() + Duration::from_millis(300);
+        match tokio::time::timeout_at(quiet.min(overall), w.next()).await {
+            Ok(Some(Ok(ev))) => {
+                match ev.entry {
+                    Some(e) => latest.insert(ev.key, e),
+                    None => latest.remove(&ev.key),
+                };
+            }
+            _ => break,
+        }
+    }
+    Ok(latest.into_iter().collect())
+}
+
+/// The latest entry of every key under `filter` as of now, complete: writes
+/// `marker` (a key under `filter`, unconditionally) and reads the watch's
+/// initial delivery up to the marker. Every backend delivers in revision
+/// order, so every key last written before the marker has been seen by
+/// then. Returns the entries (without the marker and delete markers) and
+/// the marker's store time: the store's "now".
+///
+/// Fails with [`StoreError::Unknown`] when the marker does not arrive within
+/// `timeout`.
+pub async fn snapshot_synced(
+    store: &impl Store,
+    filter: &str,
+    marker: &str,
+    timeout: Duration,
+) -> Result<(std::collections::BTreeMap<String, Entry>, StoreTime), StoreError> {
+    use futures::StreamExt;
+    debug_assert!(
+        keys::filter_matches(filter, marker),
+        "{marker} not under {filter}"
+    );
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mark = store
+        .put(marker, br#"{"v":1,"kind":"scan"}"#, timeout)
+        .await?;
+    let mut w = store.watch(filter, None, timeout).await?;
+    let mut latest = std::collections::BTreeMap::new();
+    loop {
+        let ev = match tokio::time::timeout_at(deadline, w.next()).await {
+            Ok(Some(Ok(ev))) => ev,
+            Ok(Some(Err(e))) => return Err(e),
+            Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
+            Err(_) => return Err(StoreError::timed_out(Op::Watch, filter, timeout)),
+        };
+        if ev.key == marker {
+            if ev.revision >= mark.revision {
+                return Ok((latest, ev.time));
+            }
+            continue;
+        }
+        match ev.entry {
+            Some(e) => latest.insert(ev.key, e),
+            None => latest.remove(&ev.key),
+        };
+    }
+}
+
 /// Runs `fut` with a deadline; expiry is [`StoreError::Unknown`].
 pub(crate) async fn with_deadline<T>(
     op: Op,

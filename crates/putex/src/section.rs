@@ -1,0 +1,1057 @@
+//! Critical sections: a command that runs only while a lock is held, and is
+//! stopped — with everything it started — before the lock can pass on.
+//!
+//! This is `putex lock NAME -- CMD` as a library. [`run`] holds the lock by
+//! the agent's own rules (the core [`Agent`] through the [`driver`], H1–H6
+//! and S1–S7), so a critical section is exactly as safe as a failover
+//! service:
+//!
+//! - CMD is spawned by a **keeper** ([`crate::keeper`]) armed with the
+//!   licence deadline: if this process stalls (SIGSTOP) or dies (SIGKILL),
+//!   the keeper kills CMD's whole tree (cgroup scope or subreaper) at the
+//!   deadline, before a taker's staleness wait W can end;
+//! - when the lock is lost (another holder, revocation, licence ended) CMD's
+//!   tree is stopped at once (emergency stop) and [`Outcome::Lost`] is
+//!   returned;
+//! - when CMD exits, what is left of its tree is stopped too (a graceful
+//!   stop), and only then is `released` written (H6): the next waiter starts
+//!   within a few store round trips (S3);
+//! - `max_duration` stops a CMD that runs too long, so a hung job cannot
+//!   hold the lock forever by being renewed.
+//!
+//! **Semaphores** (`limit` N > 1) are N ordinary locks, the slots
+//! `sem.<name>.0` … `sem.<name>.<N−1>`, with the limit recorded in
+//! `sem.<name>` so that clients disagreeing on N are refused. One agent
+//! runs per slot; the first to arm the keeper wins, and CMD runs under that
+//! slot alone. A slot that another agent of ours took at the same moment is
+//! released at once.
+//!
+//! **Waiting** is watch-driven: a release reaches the waiters as a watch
+//! event, and the first waiter in the fair queue ([`crate::queue`]) takes
+//! it within milliseconds.
+//!
+//! **Once per period** (`once`): before waiting, and again once the lock is
+//! held, the `once.<name>` record is read; if it records a successful run in
+//! the current period (UTC on the store's clock, or an explicit key) CMD is
+//! not run ([`Outcome::AlreadyDone`]). A successful run is recorded while
+//! the lock is still held, just before the release, so the next holder
+//! always sees it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::future::{self, BoxFuture, FutureExt};
+use nix::fcntl::{Flock, FlockArg};
+use putex_core::{
+    Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
+    LockState, Observed, Reason, Role, StopKind, Timing, Token,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::clock;
+use crate::driver::{self, Host, Keys};
+use crate::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
+use crate::process::Exit;
+use crate::queue::{Ticket, Waiter};
+use crate::store::{keys, AnyStore, ReadMode, Store, StoreError};
+
+/// How long to wait for the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Until it is acquired.
+    Forever,
+    /// At most this long; an acquisition already under way (the fencing gap
+    /// of a takeover) is finished.
+    For(Duration),
+    /// Only if it is free now: held by another, or others queue for it, is
+    /// [`Outcome::NotAcquired`] at once.
+    No,
+}
+
+/// Run at most once per period across all hosts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Once {
+    /// Periods of this length aligned to the Unix epoch in UTC on the
+    /// store's clock: `24h` is once per UTC day.
+    Every(Duration),
+    /// An explicit period key (e.g. a date the caller computed).
+    Key(String),
+}
+
+/// What to run and how.
+#[derive(Clone, Debug)]
+pub struct SectionOptions {
+    /// The lock (or semaphore) name.
+    pub name: String,
+    /// This node's id.
+    pub node: String,
+    /// A stable id of the store (URL without secrets), for host-local files.
+    pub store_id: String,
+    /// Validated timing (R, F, C, ε, timeouts).
+    pub timing: Timing,
+    /// 1 for a plain lock, N > 1 for a semaphore of N slots.
+    pub limit: u32,
+    /// How long to wait.
+    pub wait: Wait,
+    /// Once per period.
+    pub once: Option<Once>,
+    /// Stop CMD when it runs longer than this.
+    pub max_duration: Option<Duration>,
+    /// What the lock is held for, shown to operators and given to CMD as
+    /// `PUTEX_TITLE`.
+    pub title: Option<String>,
+    /// CMD and its arguments (executed directly, not through a shell).
+    pub argv: Vec<String>,
+    /// More environment for CMD.
+    pub env: Vec<(String, String)>,
+    /// Where keeper sockets and the highest-token files live.
+    pub keeper_dir: PathBuf,
+    /// Use a cgroup scope for CMD when possible.
+    pub cgroup: bool,
+    /// Wait in the fair queue of `name` ([`crate::queue`]).
+    pub queue: bool,
+    /// Explicit lock keys to compete for, instead of `lock.<name>` or the
+    /// semaphore's slots (leased ids: `id.<pool>.<n>`).
+    pub slots: Option<Slots>,
+}
+
+/// Explicit lock keys for [`SectionOptions::slots`]: CMD runs under one of
+/// them and gets `var` = that slot's value.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    /// The lock keys.
+    pub keys: Vec<String>,
+    /// The environment variable naming the slot (e.g. `PUTEX_ID`).
+    pub var: String,
+    /// Its value for each key.
+    pub values: Vec<String>,
+}
+
+/// How a critical section ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// CMD ran and exited; the lock was released if `released`.
+    Finished {
+        /// CMD's exit status.
+        exit: Exit,
+        /// The fencing token CMD ran under.
+        token: Token,
+        /// Whether a `released` record was written.
+        released: bool,
+    },
+    /// The lock was not acquired (`Wait::No`, or the wait ran out).
+    NotAcquired {
+        /// Who held it, if known.
+        holder: Option<String>,
+    },
+    /// CMD already ran successfully in this period.
+    AlreadyDone {
+        /// The period key.
+        period: String,
+        /// Who ran it, and when.
+        by: String,
+    },
+    /// The lock was lost while CMD ran; CMD and its tree were stopped.
+    Lost {
+        /// Why.
+        reason: String,
+    },
+    /// CMD ran longer than `max_duration` and was stopped.
+    TimedOut {
+        /// The limit.
+        after: Duration,
+        /// Whether a `released` record was written.
+        released: bool,
+    },
+    /// A signal ended the wait before the lock was acquired.
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+    },
+    /// A stop could not be proven: CMD's tree may still run.
+    StopUnproven,
+}
+
+/// Why a critical section could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SectionError {
+    /// A name or limit is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The store failed in a way retrying will not fix, or did not answer.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The keeper could not be started.
+    #[error("keeper: {0}")]
+    Keeper(String),
+}
+
+/// The semaphore limit record, `sem.<name>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SemaphoreRecord {
+    /// Format version (1).
+    pub v: u32,
+    /// N: how many may hold the semaphore at once.
+    pub limit: u32,
+}
+
+/// The once-per-period record, `once.<name>`: the last successful run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnceRecord {
+    /// Format version (1).
+    pub v: u32,
+    /// The period it ran in.
+    pub period: String,
+    /// The node that ran it.
+    pub node: String,
+    /// The fencing token it ran under.
+    pub token: Token,
+    /// When it finished, RFC 3339 UTC on the store's clock.
+    pub at: String,
+}
+
+/// How long `Wait::No` may take to acquire a lock it saw free.
+const NO_WAIT_GRACE: Duration = Duration::from_secs(5);
+
+/// The largest `--limit`: each slot is watched and polled by its own agent.
+pub const MAX_LIMIT: u32 = 64;
+
+/// The lock keys a section competes for: `lock.<name>`, or the semaphore's
+/// slots after checking (or recording) its limit.
+pub async fn targets(
+    store: &AnyStore,
+    name: &str,
+    limit: u32,
+    timeout: Duration,
+) -> Result<Vec<String>, SectionError> {
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(SectionError::Usage(format!(
+            "--limit must be between 1 and {MAX_LIMIT} (got {limit})"
+        )));
+    }
+    let bad = |e: keys::NameError| SectionError::Usage(e.to_string());
+    let sem_key = keys::semaphore(name).map_err(bad)?;
+    let lock_key = keys::lock(name).map_err(bad)?;
+    let read_limit = |entry: Option<crate::store::Entry>| match entry {
+        None => Ok(None),
+        Some(e) => match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
+            Ok(r) if r.v == 1 => Ok(Some(r.limit)),
+            _ => Err(SectionError::Usage(format!(
+                "the semaphore record {sem_key} holds something putex does not understand \
+                 ({} bytes); fix or remove it",
+                e.value.len()
+            ))),
+        },
+    };
+    if limit == 1 {
+        if let Some(n) = read_limit(store.get(&sem_key, ReadMode::Any, timeout).await?)? {
+            return Err(SectionError::Usage(format!(
+                "{name:?} is a semaphore with --limit {n} (record {sem_key}); every client \
+                 must use the same limit"
+            )));
+        }
+        return Ok(vec![lock_key]);
+    }
+    if let Some(entry) = store.get(&lock_key, ReadMode::Any, timeout).await? {
+        let holder = match Observed::decode(&entry.value) {
+            Observed::Record(r) => format!(" (last holder {})", r.node),
+            Observed::Garbage => String::new(),
+        };
+        return Err(SectionError::Usage(format!(
+            "{name:?} is used as a plain lock (--limit 1, record {lock_key}{holder}); every \
+             client must use the same limit"
+        )));
+    }
+    let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
+    let existing = match store.create(&sem_key, &record, timeout).await {
+        Ok(_) => Some(limit),
+        Err(StoreError::Conflict { .. }) => {
+            read_limit(store.get(&sem_key, ReadMode::Leader, timeout).await?)?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match existing {
+        Some(n) if n == limit => {}
+        Some(n) => {
+            return Err(SectionError::Usage(format!(
+                "semaphore {name:?} has --limit {n} (record {sem_key}), not {limit}; every \
+                 client must use the same limit"
+            )))
+        }
+        None => {
+            return Err(SectionError::Usage(format!(
+                "semaphore {name:?}: its limit record {sem_key} vanished; try again"
+            )))
+        }
+    }
+    (0..limit)
+        .map(|i| keys::slot(name, i).map_err(bad))
+        .collect()
+}
+
+/// The current period's key for `once`, on the store's clock.
+pub async fn period_key(store: &AnyStore, once: &Once, node: &str, timeout: Duration) -> String {
+    match once {
+        Once::Key(k) => k.clone(),
+        Once::Every(every) => {
+            let now = store_wall_clock(store, node, timeout).await;
+            let secs = now
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            let len = every.as_secs().max(1);
+            let start = SystemTime::UNIX_EPOCH + Duration::from_secs(secs - secs % len);
+            format!(
+                "{}/{}",
+                humantime::format_rfc3339_seconds(start),
+                humantime::format_duration(*every)
+            )
+        }
+    }
+}
+
+/// The store's wall clock: a NATS bucket's timestamps are its stream
+/// leader's UTC clock (read back from a probe write); the embedded stores
+/// live on this machine, whose clock is theirs.
+async fn store_wall_clock(store: &AnyStore, node: &str, timeout: Duration) -> SystemTime {
+    if let AnyStore::Nats(_) = store {
+        if let Ok(key) = keys::probe(node) {
+            let probe = br#"{"v":1,"node":"once","write":"once"}"#;
+            if store.put(&key, probe, timeout).await.is_ok() {
+                if let Ok(Some(e)) = store.get(&key, ReadMode::Leader, timeout).await {
+                    return SystemTime::UNIX_EPOCH + Duration::from_nanos(e.time.nanos);
+                }
+            }
+        }
+        tracing::warn!("could not read the store's clock; using this host's for --once-per");
+    }
+    SystemTime::now()
+}
+
+/// The recorded run of `name` in `period`, if any: "node at time".
+pub async fn done_in(
+    store: &AnyStore,
+    name: &str,
+    period: &str,
+    timeout: Duration,
+) -> Result<Option<String>, StoreError> {
+    let key = keys::once(name)?;
+    Ok(store
+        .get(&key, ReadMode::Leader, timeout)
+        .await?
+        .and_then(|e| serde_json::from_slice::<OnceRecord>(&e.value).ok())
+        .filter(|r| r.period == period)
+        .map(|r| format!("{} at {} (token {})", r.node, r.at, r.token)))
+}
+
+/// A file beside the keeper sockets holding the highest fencing token this
+/// host has seen for one key (S6), shared by every `putex lock` process on
+/// the host: raised under `flock`, never lowered.
+#[derive(Clone, Debug)]
+pub struct HighestFile {
+    path: PathBuf,
+}
+
+impl HighestFile {
+    /// The file for `key` of store `store_id` in `dir`.
+    pub fn new(dir: &Path, store_id: &str, key: &str) -> HighestFile {
+        let sock = crate::keeper::socket_path(dir, store_id, key);
+        HighestFile {
+            path: sock.with_extension("highest"),
+        }
+    }
+
+    /// The highest token recorded, if any.
+    pub fn load(&self) -> Option<Token> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Records `token` if it is higher than what the file holds.
+    pub fn raise(&self, token: Token) -> std::io::Result<()> {
+        use std::io::{Read, Seek, Write};
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.path)?;
+        let mut f = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        let current: Option<Token> = serde_json::from_str(&text).ok();
+        if current.is_some_and(|c| c >= token) {
+            return Ok(());
+        }
+        f.set_len(0)?;
+        f.rewind()?;
+        f.write_all(&serde_json::to_vec(&token).expect("a token serialises"))?;
+        f.sync_data()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The host: one per slot agent, sharing one keeper and one CMD.
+
+/// A keeper request, in the order the agents asked for them.
+enum KeeperOp {
+    Command(KeeperCommand, Option<Token>),
+    Spawn {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    Barrier(oneshot::Sender<()>),
+}
+
+/// What the slot agents share.
+#[derive(Default)]
+struct State {
+    /// The slot whose agent armed the keeper first: CMD runs under it.
+    winner: Option<usize>,
+    /// The winner's activation began: CMD may be running from then on, so
+    /// the winner is never handed to another slot.
+    activating: bool,
+    /// The winner's token once CMD was spawned.
+    spawned: Option<Token>,
+    /// When CMD was spawned (for `max_duration`).
+    spawned_at: Option<tokio::time::Instant>,
+    /// CMD's exit.
+    exit: Option<Exit>,
+    /// The winner's tenure ended without our asking.
+    lost: Option<String>,
+    /// The winner's release was written.
+    released: bool,
+    /// CMD was not run: it already ran in this period.
+    already_done: Option<(String, String)>,
+    /// A spawn failed.
+    spawn_failed: Option<String>,
+    /// Slots whose agent must stop (lost the race for CMD).
+    losers: Vec<usize>,
+}
+
+struct Shared {
+    opts: SectionOptions,
+    store: AnyStore,
+    keeper: Arc<KeeperClient>,
+    ops: mpsc::UnboundedSender<KeeperOp>,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Shared {
+    /// Changes the state and wakes the section's loop.
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let r = f(&mut self.lock());
+        self.changed.notify_one();
+        r
+    }
+
+    /// The state, for the section's loop (no wake-up).
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_winner(&self, slot: usize) -> bool {
+        self.lock().winner == Some(slot)
+    }
+}
+
+struct SlotHost {
+    slot: usize,
+    shared: Arc<Shared>,
+    highest: HighestFile,
+}
+
+impl Host for SlotHost {
+    fn health_check(&self, _: HealthMode, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn fence(&self, _: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn activate(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool> {
+        if !self.shared.is_winner(self.slot) {
+            // Another slot of ours runs CMD: fail the activation, which
+            // releases this slot (step-down, H6), and stop this agent.
+            self.shared.with(|s| s.losers.push(self.slot));
+            return future::ready(false).boxed();
+        }
+        self.shared.with(|s| s.activating = true);
+        let shared = self.shared.clone();
+        let slot = self.slot;
+        async move {
+            let o = &shared.opts;
+            let timeout = o.timing.store_timeout();
+            if let Some(once) = &o.once {
+                let period = period_key(&shared.store, once, &o.node, timeout).await;
+                match done_in(&shared.store, &o.name, &period, timeout).await {
+                    Ok(Some(by)) => {
+                        shared.with(|s| s.already_done = Some((period, by)));
+                        return false;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the once-per record; not running");
+                        shared.with(|s| s.spawn_failed = Some(format!("once-per record: {e}")));
+                        return false;
+                    }
+                }
+            }
+            let mut env = vec![
+                ("PUTEX_LOCK".to_string(), o.name.clone()),
+                ("PUTEX_NODE".to_string(), o.node.clone()),
+                ("PUTEX_TOKEN".to_string(), token.to_string()),
+                ("PUTEX_REVISION".to_string(), token.revision.to_string()),
+                ("PUTEX_EPOCH".to_string(), token.epoch.to_string()),
+            ];
+            if let Some(slots) = &o.slots {
+                env.push((slots.var.clone(), slots.values[slot].clone()));
+            } else if o.limit > 1 {
+                env.push(("PUTEX_SLOT".into(), slot.to_string()));
+            }
+            if let Some(p) = previous {
+                env.push(("PUTEX_PREVIOUS".into(), p));
+            }
+            if let Some(t) = &o.title {
+                env.push(("PUTEX_TITLE".into(), t.clone()));
+            }
+            env.extend(o.env.iter().cloned());
+            let (reply, rx) = oneshot::channel();
+            let _ = shared.ops.send(KeeperOp::Spawn {
+                argv: o.argv.clone(),
+                env,
+                reply,
+            });
+            let result = tokio::time::timeout(clock::until(deadline), rx).await;
+            match result {
+                Ok(Ok(Ok(()))) => {
+                    shared.with(|s| {
+                        s.spawned = Some(token);
+                        s.spawned_at = Some(tokio::time::Instant::now());
+                    });
+                    true
+                }
+                Ok(Ok(Err(e))) => {
+                    shared.with(|s| s.spawn_failed = Some(e));
+                    false
+                }
+                _ => {
+                    shared.with(|s| s.spawn_failed = Some("the keeper did not answer".into()));
+                    false
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool> {
+        // Start-up stops: the keeper is new, nothing runs. A slot that did
+        // not win never ran anything.
+        if kind == StopKind::Startup || !self.shared.is_winner(self.slot) {
+            return future::ready(true).boxed();
+        }
+        let shared = self.shared.clone();
+        async move {
+            let work = async {
+                let (tx, rx) = oneshot::channel();
+                if shared.ops.send(KeeperOp::Barrier(tx)).is_ok() {
+                    let _ = rx.await;
+                }
+                shared.keeper.stop(kind).await.unwrap_or(false)
+            };
+            let limit = clock::until(deadline) + Duration::from_millis(100);
+            let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
+            if ok && kind == StopKind::Graceful {
+                record_once(&shared, deadline).await;
+            }
+            ok
+        }
+        .boxed()
+    }
+
+    fn keeper(&self, command: KeeperCommand) {
+        let forward = self.shared.with(|s| match (command, s.winner) {
+            (KeeperCommand::Arm(_), None) => {
+                s.winner = Some(self.slot);
+                true
+            }
+            (_, Some(w)) => w == self.slot,
+            (_, None) => false,
+        });
+        if forward {
+            let _ = self.shared.ops.send(KeeperOp::Command(command, None));
+        }
+    }
+
+    fn persist_highest(&self, token: Token) {
+        let file = self.highest.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = file.raise(token) {
+                tracing::warn!(path = %file.path.display(), error = %e, "cannot record the highest token");
+            }
+        });
+    }
+
+    fn event(&self, event: &Event) {
+        match event {
+            Event::Transition {
+                from, to, reason, ..
+            } => {
+                tracing::debug!(slot = self.slot, %from, %to, %reason, "transition");
+                let winner = self.shared.is_winner(self.slot);
+                if !winner {
+                    return;
+                }
+                match (from, to) {
+                    (Role::Active | Role::Confirming, Role::Lapsed | Role::Standby) => {
+                        let ours = matches!(
+                            reason,
+                            Reason::Released | Reason::ReleaseFailed | Reason::ActivationFailed
+                        ) || matches!(reason, Reason::Shutdown);
+                        self.shared.with(|s| {
+                            if !s.activating && !ours {
+                                // Lost before activating (the fencing gap):
+                                // nothing ran; let any slot try again.
+                                tracing::info!(%reason, "lost the lock before running; waiting again");
+                                s.winner = None;
+                            } else if !ours && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| reason.to_string());
+                            }
+                        });
+                    }
+                    (Role::SteppingDown, Role::Standby | Role::Lapsed) => {
+                        self.shared.with(|s| {
+                            if matches!(reason, Reason::Released) {
+                                s.released = true;
+                            } else if !matches!(reason, Reason::ReleaseFailed) && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| reason.to_string());
+                            }
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Event::StoreRegressed { highest, now } => tracing::error!(
+                %highest,
+                %now,
+                "STORE REGRESSED: the lock record's revision went backwards; treating the lock \
+                 as absent (S6)"
+            ),
+            Event::AdvertisedLeaseAboveMax(msg) => tracing::warn!("{msg}"),
+        }
+    }
+}
+
+/// Records a successful run in the once-per record, while the lock is still
+/// held (the graceful stop comes before the release).
+async fn record_once(shared: &Shared, deadline: Instant) {
+    let o = &shared.opts;
+    let Some(once) = &o.once else { return };
+    let (exit, token) = shared.with(|s| (s.exit, s.spawned));
+    let (Some(exit), Some(token)) = (exit, token) else {
+        return;
+    };
+    if exit.code != Some(0) {
+        return;
+    }
+    let timeout = o.timing.store_timeout();
+    let period = period_key(&shared.store, once, &o.node, timeout).await;
+    let at =
+        humantime::format_rfc3339_seconds(store_wall_clock(&shared.store, &o.node, timeout).await)
+            .to_string();
+    let record = OnceRecord {
+        v: 1,
+        period,
+        node: o.node.clone(),
+        token,
+        at,
+    };
+    let value = serde_json::to_vec(&record).expect("serialises");
+    let Ok(key) = keys::once(&o.name) else { return };
+    loop {
+        match shared.store.put(&key, &value, timeout).await {
+            Ok(_) => return,
+            Err(e) if clock::until(deadline) > timeout => {
+                tracing::warn!(error = %e, "recording the run failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                tracing::error!(
+                    error = %e,
+                    "could not record the successful run: another host may run it again \
+                     this period"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Carries out keeper requests in order.
+async fn keeper_ops(keeper: Arc<KeeperClient>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
+    while let Some(op) = rx.recv().await {
+        match op {
+            KeeperOp::Command(cmd, token) => {
+                let r = match cmd {
+                    KeeperCommand::Arm(d) => keeper.arm(d, token, None).await,
+                    other => keeper.apply(other).await,
+                };
+                if let Err(e) = r {
+                    tracing::warn!(?cmd, error = %e, "keeper refused or failed");
+                }
+            }
+            KeeperOp::Spawn { argv, env, reply } => {
+                let r = keeper
+                    .spawn_child(argv, env)
+                    .await
+                    .map(|(pid, tree)| tracing::debug!(pid, ?tree, "command started"))
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            KeeperOp::Barrier(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The section.
+
+/// What a running section needs from its caller besides the options: the
+/// signals to forward or to end the wait with.
+pub type Signals = mpsc::UnboundedReceiver<i32>;
+
+/// Runs `opts.argv` while holding the lock; see the [module docs](self).
+pub async fn run(
+    store: AnyStore,
+    opts: SectionOptions,
+    mut signals: Signals,
+) -> Result<Outcome, SectionError> {
+    let timing = opts.timing.clone();
+    let timeout = timing.store_timeout().max(Duration::from_secs(1));
+    keys::validate_name(&opts.name).map_err(|e| SectionError::Usage(e.to_string()))?;
+    let keys = match &opts.slots {
+        Some(slots) if slots.keys.is_empty() => {
+            return Err(SectionError::Usage("nothing to compete for".into()))
+        }
+        Some(slots) => slots.keys.clone(),
+        None => targets(&store, &opts.name, opts.limit, timeout).await?,
+    };
+
+    // Already done in this period: no need to wait at all.
+    if let Some(once) = &opts.once {
+        let period = period_key(&store, once, &opts.node, timeout).await;
+        if let Some(by) = done_in(&store, &opts.name, &period, timeout).await? {
+            return Ok(Outcome::AlreadyDone { period, by });
+        }
+    }
+    if opts.wait == Wait::No {
+        if let Some(holder) = busy(&store, &keys, timeout).await? {
+            return Ok(Outcome::NotAcquired {
+                holder: Some(holder),
+            });
+        }
+    }
+
+    // The keeper: one per section, on a socket of its own.
+    std::fs::create_dir_all(&opts.keeper_dir).map_err(|e| {
+        SectionError::Usage(format!("--keeper-dir {}: {e}", opts.keeper_dir.display()))
+    })?;
+    let instance = crate::lease::instance_id();
+    let short = &instance[..instance.len().min(12)];
+    let exe = std::env::current_exe()
+        .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
+    let (mut keeper, _) = KeeperClient::spawn_or_adopt(&KeeperConfig {
+        exe,
+        socket: crate::keeper::socket_path(
+            &opts.keeper_dir,
+            &opts.store_id,
+            &format!("{}-{short}", opts.name),
+        ),
+        lock: opts.name.clone(),
+        node: opts.node.clone(),
+        deactivate: None,
+        stop_timeout: timing.stop_timeout(),
+        emergency_timeout: timing.emergency_timeout(),
+        cgroup: opts.cgroup,
+        quiet: true,
+    })
+    .await
+    .map_err(|e| SectionError::Keeper(e.to_string()))?;
+    let mut keeper_events = keeper.take_events();
+    let keeper = Arc::new(keeper);
+    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
+    let ops_task = tokio::spawn(keeper_ops(keeper.clone(), ops_rx));
+
+    let shared = Arc::new(Shared {
+        opts: opts.clone(),
+        store: store.clone(),
+        keeper: keeper.clone(),
+        ops: ops_tx,
+        state: Mutex::new(State::default()),
+        changed: Notify::new(),
+    });
+
+    // The fair queue (not for --no-wait, which never waits behind anyone).
+    let ticket = if opts.wait == Wait::No || !opts.queue {
+        None
+    } else {
+        let waiter = Waiter {
+            name: opts.name.clone(),
+            node: opts.node.clone(),
+            instance: instance.clone(),
+            renew: timing.renew(),
+            store_timeout: timing.store_timeout(),
+            title: opts.title.clone(),
+        };
+        Some(Ticket::join(store.clone(), waiter).await?)
+    };
+    let mut queue_turn = ticket.as_ref().map(Ticket::turn);
+
+    // One agent per slot.
+    let mut inputs = Vec::new();
+    let mut drivers = tokio::task::JoinSet::new();
+    for (slot, key) in keys.iter().enumerate() {
+        let highest = HighestFile::new(&opts.keeper_dir, &opts.store_id, key);
+        let mut agent = Agent::new(
+            AgentConfig {
+                identity: Identity {
+                    node: opts.node.clone(),
+                    machine: crate::lease::machine_id(),
+                    instance: instance.clone(),
+                },
+                timing: timing.clone(),
+                previous: None,
+                highest_token: highest.load(),
+                mutations: Default::default(),
+            },
+            clock::boot_time_now(),
+        );
+        if ticket.is_some() {
+            agent.handle(clock::boot_time_now(), Input::Turn(false));
+        }
+        let host = Arc::new(SlotHost {
+            slot,
+            shared: shared.clone(),
+            highest,
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        inputs.push(tx);
+        let store = store.clone();
+        let probe = keys::probe(&opts.node).map_err(|e| SectionError::Usage(e.to_string()))?;
+        let keys = Keys {
+            lock: key.clone(),
+            probe,
+        };
+        drivers.spawn(async move {
+            let exit =
+                driver::run_with_inputs(agent, store, keys, host, future::pending(), rx).await;
+            (slot, exit)
+        });
+    }
+
+    let wait_until = match opts.wait {
+        Wait::Forever => None,
+        Wait::For(d) => Some(tokio::time::Instant::now() + d),
+        // Free a moment ago: a few round trips take it. The limit only
+        // matters when another waiter took it in between; it is generous
+        // so that a loaded machine still gets the lock it saw free.
+        Wait::No => {
+            Some(tokio::time::Instant::now() + timing.renew() * 2 + timeout.max(NO_WAIT_GRACE))
+        }
+    };
+    let mut turns_sent: Vec<Option<bool>> = vec![None; keys.len()];
+    let mut shutting_down = false;
+    let mut interrupted = None;
+    let mut not_acquired = false;
+    let mut timed_out = false;
+    let mut unproven = false;
+    let mut stopped: Vec<bool> = vec![false; keys.len()];
+    loop {
+        // Turns: the queue's, and only the winner's slot once one armed.
+        let (winner, losers) = {
+            let mut s = shared.lock();
+            (s.winner, std::mem::take(&mut s.losers))
+        };
+        let queue_ok = queue_turn.as_ref().is_none_or(|t| *t.borrow());
+        for (slot, tx) in inputs.iter().enumerate() {
+            let turn = queue_ok && winner.is_none_or(|w| w == slot) && !shutting_down;
+            if turns_sent[slot] != Some(turn) {
+                turns_sent[slot] = Some(turn);
+                let _ = tx.send(Input::Turn(turn));
+            }
+        }
+        for slot in losers {
+            if !stopped[slot] {
+                stopped[slot] = true;
+                let _ = inputs[slot].send(Input::Shutdown);
+            }
+        }
+        // Finished?
+        let (done, spawned_at) = {
+            let s = shared.lock();
+            (
+                s.exit.is_some()
+                    || s.lost.is_some()
+                    || s.already_done.is_some()
+                    || s.spawn_failed.is_some(),
+                s.spawned_at,
+            )
+        };
+        let acquiring = winner.is_some();
+        if (done || not_acquired || interrupted.is_some() || timed_out) && !shutting_down {
+            shutting_down = true;
+            for (slot, tx) in inputs.iter().enumerate() {
+                stopped[slot] = true;
+                let _ = tx.send(Input::Shutdown);
+            }
+        }
+        let max_at = opts.max_duration.zip(spawned_at).map(|(d, at)| at + d);
+        tokio::select! {
+            () = shared.changed.notified() => {}
+            changed = async { queue_turn.as_mut().expect("checked").changed().await }, if queue_turn.is_some() => {
+                if changed.is_err() {
+                    queue_turn = None;
+                }
+            }
+            ev = keeper_events.recv() => match ev.unwrap_or(KeeperEvent::Lost) {
+                KeeperEvent::ChildExited(exit) => {
+                    tracing::debug!(?exit, "command exited");
+                    shared.with(|s| s.exit = Some(exit));
+                }
+                other => {
+                    if other == KeeperEvent::Lost {
+                        tracing::error!("the keeper is gone");
+                    } else {
+                        tracing::error!("the keeper's deadline passed: it stopped the command");
+                    }
+                    if let Some(w) = winner {
+                        let _ = inputs[w].send(other.to_input());
+                    }
+                    if other == KeeperEvent::Lost {
+                        // No more events; keep waiting for the drivers.
+                        keeper_events = mpsc::unbounded_channel().1;
+                    }
+                }
+            },
+            sig = signals.recv() => match sig {
+                Some(sig) if spawned_at.is_some() && !shutting_down => {
+                    tracing::info!(signal = sig, "forwarding the signal to the command");
+                    if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                        let _ = keeper.signal(s).await;
+                    }
+                }
+                Some(sig) => {
+                    if interrupted.is_none() && !acquiring {
+                        interrupted = Some(sig);
+                    } else if !shutting_down {
+                        // Taking the lock (the fencing gap): stop trying.
+                        interrupted = Some(sig);
+                    }
+                }
+                None => {
+                    signals = mpsc::unbounded_channel().1;
+                }
+            },
+            () = sleep_until(wait_until), if !acquiring && !shutting_down => {
+                not_acquired = true;
+            }
+            () = sleep_until(max_at), if max_at.is_some() && !timed_out && !shutting_down => {
+                tracing::warn!(after = ?opts.max_duration, "the command ran past --max-duration; stopping it");
+                timed_out = true;
+            }
+            joined = drivers.join_next() => match joined {
+                Some(Ok((slot, exit))) => {
+                    tracing::debug!(slot, ?exit, "slot agent exited");
+                    if exit == ExitReason::EmergencyStopFailed {
+                        unproven = true;
+                    }
+                    if !stopped[slot] {
+                        // An agent ended on its own (a failed start-up):
+                        // end the section.
+                        not_acquired = true;
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "slot agent failed");
+                    unproven = true;
+                }
+                None => break,
+            },
+        }
+    }
+    ops_task.abort();
+    if let Some(t) = ticket {
+        t.leave().await;
+    }
+    let st = std::mem::take(&mut *shared.lock());
+    if keeper.shutdown().await.is_err() {
+        tracing::debug!("the keeper stays until its tree is gone");
+    }
+    Ok(if unproven {
+        Outcome::StopUnproven
+    } else if let Some((period, by)) = st.already_done {
+        Outcome::AlreadyDone { period, by }
+    } else if let Some(reason) = st.lost {
+        Outcome::Lost { reason }
+    } else if timed_out && st.spawned.is_some() {
+        Outcome::TimedOut {
+            after: opts.max_duration.unwrap_or_default(),
+            released: st.released,
+        }
+    } else if let (Some(exit), Some(token)) = (st.exit, st.spawned) {
+        Outcome::Finished {
+            exit,
+            token,
+            released: st.released,
+        }
+    } else if let Some(e) = st.spawn_failed {
+        return Err(SectionError::Keeper(format!(
+            "cannot start the command: {e}"
+        )));
+    } else if let Some(signal) = interrupted {
+        Outcome::Interrupted { signal }
+    } else {
+        let holder = busy(&store, &keys, timeout).await.ok().flatten();
+        Outcome::NotAcquired { holder }
+    })
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => future::pending().await,
+    }
+}
+
+/// For `Wait::No`: who holds the lock (every slot) or queues for it, if
+/// anyone; `None` when a slot looks free now.
+async fn busy(
+    store: &AnyStore,
+    keys: &[String],
+    timeout: Duration,
+) -> Result<Option<String>, StoreError> {
+    let mut holder = None;
+    for key in keys {
+        match store.get(key, ReadMode::Leader, timeout).await? {
+            None => return Ok(None),
+            Some(e) => match Observed::decode(&e.value) {
+                Observed::Record(r) if r.state == LockState::Released => return Ok(None),
+                Observed::Record(r) => holder = Some(format!("{} ({:?})", r.node, r.state)),
+                Observed::Garbage => holder = Some("an unreadable record".into()),
+            },
+        }
+    }
+    Ok(holder)
+}

@@ -1,0 +1,655 @@
+//! `putex lock` end to end: the built binary against a real nats-server and
+//! the embedded SQLite store — mutual exclusion, fencing tokens, exit codes,
+//! faults (a holder cut off, frozen or killed), `--max-duration`,
+//! `--once-per`, semaphores and bad input.
+//!
+//! Every section uses `--ttl 1s` (R = 100 ms, F = 10, G = 200 ms, W ≈ 1.02 s).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use putex::store::{keys, AnyStore, SqliteStore, Store};
+
+use crate::common::agent::{putex, serial};
+use crate::common::nats_server::NatsServer;
+use crate::common::proxy::{Mode, Proxy};
+
+/// A scratch directory, a store URL and the keeper directory.
+struct Env {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Env {
+    fn sqlite() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        Env { dir, url }
+    }
+
+    fn nats(server: &NatsServer) -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+            url: server.url.clone(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `putex lock NAME --ttl 1s ARGS -- sh -c SCRIPT`, in the scratch
+    /// directory, with `$D` set to it.
+    fn lock(&self, name: &str, args: &[&str], script: &str) -> Command {
+        self.lock_via(&self.url, name, args, script)
+    }
+
+    fn lock_via(&self, url: &str, name: &str, args: &[&str], script: &str) -> Command {
+        let mut c = putex();
+        c.current_dir(self.dir.path())
+            .env("D", self.dir.path())
+            .env("PUTEX_KEEPER_DIR", self.dir.path().join("keepers"))
+            .env("RUST_LOG", "warn")
+            .args(["lock", name, "--ttl", "1s", "--store", url])
+            .args(args)
+            .args(["--", "sh", "-c", script])
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+
+    fn wait_for_lines(&self, name: &str, n: usize, within: Duration) {
+        let started = Instant::now();
+        while self.read(name).lines().count() < n {
+            assert!(
+                started.elapsed() < within,
+                "{name} has fewer than {n} lines after {within:?}: {:?}",
+                self.read(name)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn run(mut c: Command) -> (ExitStatus, String) {
+    let out = c.output().unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn code(c: Command) -> i32 {
+    let (status, stderr) = run(c);
+    status
+        .code()
+        .unwrap_or_else(|| panic!("{status:?}: {stderr}"))
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> Option<i32> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn pid_alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// The script of a critical section that reads, sleeps and writes a
+/// counter, and logs its fencing token.
+const COUNTER: &str = r#"n=$(cat "$D/counter" 2>/dev/null || echo 0)
+sleep 0.01
+echo $((n + 1)) > "$D/counter"
+echo "$PUTEX_EPOCH $PUTEX_REVISION" >> "$D/tokens""#;
+
+fn counter_is_exact(env: &Env) {
+    // Make the name's first use (S4: W + G) before the clients start.
+    assert_eq!(code(env.lock("counter", &[], "true")), 0);
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let cmds: Vec<Command> = (0..15)
+                .map(|_| {
+                    let mut c = env.lock("counter", &[], COUNTER);
+                    c.env("PUTEX_NODE", format!("client{i}"));
+                    c
+                })
+                .collect();
+            std::thread::spawn(move || {
+                for c in cmds {
+                    let (status, stderr) = run(c);
+                    assert!(status.success(), "{status:?}: {stderr}");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(env.read("counter").trim(), "120");
+    let tokens: Vec<(u64, u64)> = env
+        .read("tokens")
+        .lines()
+        .map(|l| {
+            let (e, r) = l.split_once(' ').unwrap();
+            (e.parse().unwrap(), r.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(tokens.len(), 120);
+    for w in tokens.windows(2) {
+        assert!(
+            w[0] < w[1],
+            "fencing tokens must increase in critical-section order: {w:?}"
+        );
+    }
+}
+
+#[test]
+fn eight_clients_count_exactly_on_nats() {
+    let server = NatsServer::start();
+    counter_is_exact(&Env::nats(&server));
+}
+
+#[test]
+fn eight_clients_count_exactly_on_sqlite() {
+    counter_is_exact(&Env::sqlite());
+}
+
+#[test]
+fn exit_codes_pass_through_and_conflicts_are_75() {
+    let env = Env::sqlite();
+    assert_eq!(code(env.lock("codes", &[], "exit 3")), 3);
+    assert_eq!(
+        code(env.lock("codes", &[], "kill -TERM $$")),
+        128 + 15,
+        "a signal n becomes 128+n"
+    );
+    let mut holder = env
+        .lock("codes", &[], r#"echo in > "$D/held"; sleep 3"#)
+        .spawn()
+        .unwrap();
+    env.wait_for_lines("held", 1, Duration::from_secs(10));
+    let started = Instant::now();
+    let (status, stderr) = run(env.lock("codes", &["--no-wait"], "echo ran >> \"$D/ran\""));
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(stderr.contains("not acquired"), "{stderr}");
+    assert_eq!(
+        code(env.lock("codes", &["--no-wait", "--conflict-exit-code", "9"], "true")),
+        9
+    );
+    let started = Instant::now();
+    assert_eq!(code(env.lock("codes", &["--wait", "500ms"], "true")), 75);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    assert_eq!(env.read("ran"), "", "no command ran without the lock");
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), Some(0));
+    // Released: the next one starts at once.
+    let started = Instant::now();
+    let (status, stderr) = run({
+        let mut c = env.lock("codes", &["--no-wait"], "true");
+        c.env("RUST_LOG", "info");
+        c
+    });
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn signals_are_forwarded_and_leftovers_stopped() {
+    let env = Env::sqlite();
+    let mut c = env
+        .lock(
+            "sig",
+            &[],
+            r#"trap 'echo got >> "$D/trap"; exit 7' TERM
+sleep 1000 & echo $! > "$D/pids"
+wait"#,
+        )
+        .spawn()
+        .unwrap();
+    env.wait_for_lines("pids", 1, Duration::from_secs(10));
+    let sleeper: i32 = env.read("pids").trim().parse().unwrap();
+    kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM).unwrap();
+    assert_eq!(wait_exit(&mut c, Duration::from_secs(15)), Some(7));
+    assert_eq!(env.read("trap").trim(), "got");
+    assert!(
+        !pid_alive(sleeper),
+        "the background sleep outlived the section"
+    );
+}
+
+/// A section whose command and grandchild record their pids, and a second
+/// section that checks they are gone when it starts.
+const HOLD: &str = r#"echo $$ > "$D/pids"
+sleep 1000 & echo $! >> "$D/pids"
+wait"#;
+const CHECK: &str = r#"for p in $(cat "$D/pids"); do
+  if kill -0 "$p" 2>/dev/null && ! grep -q ') Z ' "/proc/$p/stat"; then echo "ALIVE $p"; fi
+done > "$D/check"
+echo started >> "$D/second""#;
+
+fn second_holder_finds_the_first_tree_gone(env: &Env, url: &str) {
+    let (status, stderr) = run(env.lock_via(url, "fault", &["--wait", "30s"], CHECK));
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert_eq!(env.read("second").trim(), "started");
+    assert_eq!(
+        env.read("check"),
+        "",
+        "the first holder's command or grandchild still ran"
+    );
+}
+
+#[test]
+fn a_holder_cut_off_from_the_store_loses_its_command_first() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt
+        .block_on(Proxy::start(
+            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
+        ))
+        .unwrap();
+    let mut first = env
+        .lock_via(&proxy.url(), "fault", &[], HOLD)
+        .spawn()
+        .unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    proxy.set(Mode::Blackhole);
+    second_holder_finds_the_first_tree_gone(&env, &server.url);
+    assert_eq!(
+        wait_exit(&mut first, Duration::from_secs(15)),
+        Some(76),
+        "the cut-off holder reports the lost lock"
+    );
+    drop(proxy);
+}
+
+#[test]
+fn a_frozen_holder_loses_its_command_to_the_keeper() {
+    let _serial = serial();
+    let env = Env::sqlite();
+    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    let pid = Pid::from_raw(first.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    second_holder_finds_the_first_tree_gone(&env, &env.url);
+    kill(pid, Signal::SIGCONT).unwrap();
+    assert_eq!(wait_exit(&mut first, Duration::from_secs(15)), Some(76));
+}
+
+#[test]
+fn a_killed_holder_loses_its_command_to_the_keeper() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    second_holder_finds_the_first_tree_gone(&env, &env.url);
+}
+
+#[test]
+fn max_duration_stops_a_hung_command() {
+    let env = Env::sqlite();
+    let started = Instant::now();
+    let (status, stderr) = run(env.lock(
+        "hung",
+        &["--max-duration", "500ms"],
+        r#"sleep 1000 & echo $! > "$D/pids"; wait"#,
+    ));
+    assert_eq!(status.code(), Some(124), "{stderr}");
+    assert!(stderr.contains("--max-duration"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let sleeper: i32 = env.read("pids").trim().parse().unwrap();
+    assert!(!pid_alive(sleeper));
+    // It was released: the lock is free at once.
+    assert_eq!(code(env.lock("hung", &["--no-wait"], "true")), 0);
+}
+
+#[test]
+fn once_per_runs_once_across_five_hosts() {
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let hosts: Vec<Child> = (0..5)
+        .map(|i| {
+            let mut c = env.lock(
+                "daily",
+                &["--once-per", "24h"],
+                r#"echo "$PUTEX_NODE" >> "$D/runs"; sleep 0.2"#,
+            );
+            c.env("PUTEX_NODE", format!("host{i}"))
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for h in hosts {
+        let out = h.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(env.read("runs").lines().count(), 1, "{}", env.read("runs"));
+    let (status, stderr) =
+        run(env.lock("daily", &["--once-per", "24h"], "echo again >> \"$D/runs\""));
+    assert!(status.success());
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert_eq!(env.read("runs").lines().count(), 1);
+    // A failed run does not count; an explicit key is its own period.
+    assert_eq!(
+        code(env.lock("weekly", &["--once-key", "w47"], "exit 1")),
+        1
+    );
+    assert_eq!(
+        code(env.lock("weekly", &["--once-key", "w47"], "echo ok >> \"$D/weekly\"")),
+        0
+    );
+    assert_eq!(
+        code(env.lock("weekly", &["--once-key", "w47"], "echo ok >> \"$D/weekly\"")),
+        0
+    );
+    assert_eq!(env.read("weekly").lines().count(), 1);
+}
+
+fn semaphore_admits_two(env: &Env) {
+    let script = r#"touch "$D/in.$$"
+[ "$(ls "$D" | grep -c '^in\.')" -gt 2 ] && echo over >> "$D/bad"
+mkdir "$D/slot.$PUTEX_SLOT" || echo "dup $PUTEX_SLOT" >> "$D/bad"
+sleep 0.3
+rmdir "$D/slot.$PUTEX_SLOT"
+rm "$D/in.$$"
+echo "$PUTEX_SLOT" >> "$D/slots""#;
+    let clients: Vec<Child> = (0..6)
+        .map(|i| {
+            let mut c = env.lock("sem", &["--limit", "2"], script);
+            c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for c in clients {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(env.read("bad"), "");
+    let slots: Vec<String> = env.read("slots").lines().map(str::to_owned).collect();
+    assert_eq!(slots.len(), 6);
+    assert!(slots.iter().all(|s| s == "0" || s == "1"), "{slots:?}");
+    // Clients that disagree on N are refused, naming the limit.
+    let (status, stderr) = run(env.lock("sem", &["--limit", "3"], "true"));
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--limit 2"), "{stderr}");
+    let (status, stderr) = run(env.lock("sem", &[], "true"));
+    assert_eq!(status.code(), Some(64), "{stderr}");
+}
+
+#[test]
+fn semaphore_admits_two_on_nats() {
+    let server = NatsServer::start();
+    semaphore_admits_two(&Env::nats(&server));
+}
+
+#[test]
+fn semaphore_admits_two_on_sqlite() {
+    semaphore_admits_two(&Env::sqlite());
+}
+
+#[test]
+fn bad_input_is_refused_and_garbage_is_survived() {
+    let env = Env::sqlite();
+    for (args, name) in [
+        (&["--limit", "0"][..], "job"),
+        (&[][..], "a.b"),
+        (&[][..], ""),
+        (&["--ttl", "0s"][..], "job"),
+        (&["--once-per", "0s"][..], "job"),
+    ] {
+        let (status, stderr) = run(env.lock(name, args, "true"));
+        assert_eq!(status.code(), Some(64), "{args:?} {name:?}: {stderr}");
+    }
+    let (status, stderr) = run({
+        let mut c = putex();
+        c.args(["lock", "job", "--store", "nosuch://x", "--", "true"]);
+        c
+    });
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    // Garbage written by someone else into the lock record: stale (S1), taken after W.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = AnyStore::from(SqliteStore::open(env.path("store.db")).await.unwrap());
+        store
+            .create(
+                &keys::lock("garbage").unwrap(),
+                b"\xff not json",
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap();
+        store
+            .create(
+                &keys::semaphore("gsem").unwrap(),
+                b"{\"v\":9}",
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap();
+    });
+    let started = Instant::now();
+    assert_eq!(
+        code(env.lock("garbage", &[], "echo ok > \"$D/garbage\"")),
+        0
+    );
+    assert_eq!(env.read("garbage").trim(), "ok");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "taken before W"
+    );
+    let (status, stderr) = run(env.lock("gsem", &["--limit", "2"], "true"));
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("does not understand"), "{stderr}");
+    let _ = Path::new("");
+}
+
+fn now_ns() -> u128 {
+    crate::common::agent::wall_ns()
+}
+
+/// `start NAME NS` / `end NAME NS` lines of a section that sleeps `secs`.
+fn timed(name: &str, secs: f64) -> String {
+    format!(
+        r#"echo "start {name} $(date +%s%N)" >> "$D/times"; sleep {secs}; echo "end {name} $(date +%s%N)" >> "$D/times""#
+    )
+}
+
+fn times(env: &Env) -> Vec<(String, String, u128)> {
+    env.read("times")
+        .lines()
+        .map(|l| {
+            let mut p = l.split(' ');
+            (
+                p.next().unwrap().to_owned(),
+                p.next().unwrap().to_owned(),
+                p.next().unwrap().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn waiters_take_turns_in_arrival_order_within_milliseconds() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    assert_eq!(code(env.lock("fair", &[], "true")), 0);
+    let mut children = vec![env.lock("fair", &[], &timed("h", 1.5)).spawn().unwrap()];
+    env.wait_for_lines("times", 1, Duration::from_secs(10));
+    for w in ["w1", "w2", "w3"] {
+        children.push(env.lock("fair", &[], &timed(w, 0.2)).spawn().unwrap());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for mut c in children {
+        assert_eq!(wait_exit(&mut c, Duration::from_secs(30)), Some(0));
+    }
+    let t = times(&env);
+    let order: Vec<&str> = t
+        .iter()
+        .map(|(k, n, _)| if k == "start" { n.as_str() } else { "" })
+        .filter(|n| !n.is_empty())
+        .collect();
+    assert_eq!(order, ["h", "w1", "w2", "w3"], "{t:?}");
+    // Each hand-off: the previous command's end → the next one's start.
+    let mut gaps = Vec::new();
+    for w in t.windows(2) {
+        if w[0].0 == "end" && w[1].0 == "start" {
+            gaps.push(Duration::from_nanos((w[1].2 - w[0].2) as u64));
+        }
+    }
+    assert_eq!(gaps.len(), 3, "{t:?}");
+    eprintln!("hand-off gaps (end → next start): {gaps:?}");
+    gaps.sort();
+    // Release is a few store round trips plus two process starts; generous
+    // for a loaded 2-core machine.
+    assert!(
+        gaps[1] < Duration::from_millis(300),
+        "hand-off gaps {gaps:?}"
+    );
+}
+
+#[test]
+fn a_dead_waiter_does_not_block_the_queue() {
+    let _serial = serial();
+    let env = Env::sqlite();
+    assert_eq!(code(env.lock("queue", &[], "true")), 0);
+    let mut holder = env.lock("queue", &[], &timed("h", 1.0)).spawn().unwrap();
+    env.wait_for_lines("times", 1, Duration::from_secs(10));
+    let mut dead = env.lock("queue", &[], &timed("dead", 0.1)).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let mut next = env.lock("queue", &[], &timed("next", 0.1)).spawn().unwrap();
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), Some(0));
+    let released = now_ns();
+    assert_eq!(wait_exit(&mut next, Duration::from_secs(10)), Some(0));
+    let t = times(&env);
+    assert!(t.iter().all(|(_, n, _)| n != "dead"), "{t:?}");
+    let start = t
+        .iter()
+        .find(|(k, n, _)| k == "start" && n == "next")
+        .unwrap()
+        .2;
+    // The dead waiter's ticket expires 3 R + 1 s after its last refresh.
+    assert!(
+        start < released + 2_500_000_000,
+        "the next waiter waited {:?} after the release",
+        Duration::from_nanos((start.saturating_sub(released)) as u64)
+    );
+}
+
+/// `putex id claim POOL --lease --ttl 1s -- sh -c SCRIPT`.
+fn leased_id(env: &Env, script: &str) -> Command {
+    let mut c = putex();
+    c.current_dir(env.dir.path())
+        .env("D", env.dir.path())
+        .env("PUTEX_KEEPER_DIR", env.dir.path().join("keepers"))
+        .env("RUST_LOG", "warn")
+        .args([
+            "id", "claim", "workers", "--range", "1-2", "--store", &env.url,
+        ])
+        .args(["--lease", "--ttl", "1s", "--", "sh", "-c", script])
+        .stdin(Stdio::null());
+    c
+}
+
+#[test]
+fn leased_ids_are_distinct_and_die_with_their_holder() {
+    let _serial = serial();
+    let env = Env::sqlite();
+    // Two concurrent leases: two distinct ids, each only while CMD runs.
+    let script = r#"echo "$PUTEX_ID" >> "$D/ids"; sleep 0.5"#;
+    let a = leased_id(&env, script).spawn().unwrap();
+    let b = leased_id(&env, script).spawn().unwrap();
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+    }
+    let mut ids: Vec<String> = env.read("ids").lines().map(str::to_owned).collect();
+    ids.sort();
+    assert_eq!(ids, ["1", "2"]);
+    // Both free again: a persistent claim takes one of them at once.
+    let out = putex()
+        .args([
+            "id", "claim", "workers", "--name", "fixed", "--store", &env.url,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fixed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    // The other id, held by a lease whose putex is killed: its CMD and
+    // grandchild are gone before the next lease of that id starts.
+    let mut first = leased_id(
+        &env,
+        r#"echo "$PUTEX_ID" > "$D/held"; echo $$ > "$D/pids"; sleep 1000 & echo $! >> "$D/pids"; wait"#,
+    )
+    .spawn()
+    .unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    assert_ne!(env.read("held").trim(), fixed);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let started = Instant::now();
+    let (status, stderr) = run(leased_id(
+        &env,
+        &format!("{CHECK}\necho \"$PUTEX_ID\" > \"$D/second_id\""),
+    ));
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert_eq!(
+        env.read("check"),
+        "",
+        "the killed lease's command still ran"
+    );
+    assert_eq!(env.read("second_id"), env.read("held"));
+    // Not handed out again before W + G' (about 1.2 s with --ttl 1s).
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
