@@ -13,6 +13,7 @@
 //! | [`lease`] | a named lease for Rust programs: acquire, hold (renewed), learn it was lost, release |
 //! | [`queue`] | fair queues: waiters take their turn in arrival order; dead waiters expire |
 //! | [`section`] | critical sections (`putex lock`): a command run under a lock or semaphore slot, stopped before the lock passes on |
+//! | [`gateway`] | the lock gateway behind `putex serve`: locks for HTTP clients, held in the store |
 //! | [`idpool`] | identity pools (`putex id`): unique ids from a range, claimed atomically, never duplicated |
 //! | [`cli`] | the command line: flags → validated settings → `run`, `check`, `status`, `demo` |
 //!
@@ -28,6 +29,7 @@ pub struct ReadmeDoctests;
 pub mod cli;
 pub mod clock;
 pub mod driver;
+pub mod gateway;
 pub mod hooks;
 pub mod idpool;
 pub mod keeper;
