@@ -121,6 +121,7 @@ pub async fn run_with_inputs(
         if let Some(reason) = exited {
             break reason;
         }
+        crate::metrics::global().progress();
         let sleep = agent
             .poll_timeout()
             .map_or(Duration::from_secs(3600), clock::until);
@@ -158,7 +159,10 @@ fn dispatch(
             let key = keys.of(store_key(&request.op)).to_owned();
             tokio::spawn(async move {
                 let timeout = clock::until(request.deadline);
+                let op = op_name(&request.op);
+                let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
+                crate::metrics::global().store_call(op, outcome_name(&outcome), started.elapsed());
                 let _ = tx.send(Input::Store {
                     id: request.id,
                     outcome,
@@ -215,6 +219,24 @@ fn dispatch(
         Output::PersistHighest(token) => host.persist_highest(token),
         Output::Event(event) => host.event(&event),
         Output::Exit(_) => {}
+    }
+}
+
+fn op_name(op: &StoreOp) -> &'static str {
+    match op {
+        StoreOp::Get { .. } => "get",
+        StoreOp::Create { .. } => "create",
+        StoreOp::Update { .. } => "update",
+        StoreOp::Put { .. } => "put",
+    }
+}
+
+fn outcome_name(outcome: &StoreOutcome) -> &'static str {
+    match outcome {
+        StoreOutcome::Written(_) | StoreOutcome::Read(_) => "ok",
+        StoreOutcome::Conflict => "conflict",
+        StoreOutcome::Unknown => "unknown",
+        StoreOutcome::Failed(_) => "failed",
     }
 }
 

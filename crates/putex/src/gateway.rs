@@ -23,11 +23,23 @@
 //! after that record, so it never starts before the lifetime is over.
 //! Administrative deletes write `revoked` (S7).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use putex_core::Token;
+use futures::future::{self, BoxFuture, FutureExt};
+use futures::StreamExt;
+use putex_core::record::ceil_millis;
+use putex_core::{
+    Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockRecord,
+    LockState, Observed, Role, StopKind, StoreTime, Timing, TimingConfig, Token,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{AnyStore, StoreError};
+use crate::clock;
+use crate::driver::{self, Host, Keys};
+use crate::queue::{Ticket, TicketRecord, Waiter};
+use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// A request for a lock.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,6 +94,12 @@ pub enum AcquireError {
     Store(#[from] StoreError),
 }
 
+impl From<keys::NameError> for AcquireError {
+    fn from(e: keys::NameError) -> Self {
+        AcquireError::Invalid(e.to_string())
+    }
+}
+
 /// How the gateway acquires and reports locks.
 #[derive(Clone, Debug)]
 pub struct GatewayOptions {
@@ -93,7 +111,16 @@ pub struct GatewayOptions {
     pub max_lifetime: Duration,
     /// The longest wait a client may ask for.
     pub max_wait: Duration,
+    /// The lease T the gateway acquires with, before it grants the lock and
+    /// advertises the client's lifetime ([`DEFAULT_ACQUIRE_LEASE`]): it
+    /// bounds the first use of a name (S4: W + G') and, as `--max-lease`
+    /// does for agents, what S4 protects after a store lost a record.
+    pub acquire_lease: Duration,
 }
+
+/// The default [`GatewayOptions::acquire_lease`]: the first request for a
+/// never-used resource waits about 2.4 s.
+pub const DEFAULT_ACQUIRE_LEASE: Duration = Duration::from_secs(2);
 
 /// The gateway: cheap to clone, one per `putex serve`.
 #[derive(Clone, Debug)]
@@ -102,8 +129,48 @@ pub struct Gateway {
     opts: GatewayOptions,
 }
 
-fn not_yet() -> StoreError {
-    StoreError::config("the gateway is not implemented yet")
+/// The shortest lifetime a client may ask for: the lease must span a few
+/// renewals while it is being acquired.
+pub const MIN_LIFETIME: Duration = Duration::from_millis(100);
+
+/// Requests that wait less than this are answered at once when the lock is
+/// held, and otherwise get this long to take a free lock.
+pub const MIN_WAIT: Duration = Duration::from_secs(1);
+
+/// A granted HTTP lock's description, `grant.<resource>.<uid>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    /// Format version (1).
+    pub v: u32,
+    /// What it is for.
+    pub title: String,
+    /// The wait it was asked with, in milliseconds.
+    pub wait_ms: u64,
+    /// Its lifetime, in milliseconds.
+    pub lifetime_ms: u64,
+    /// When it was granted, nanoseconds since the Unix epoch (store clock).
+    pub since_ns: u64,
+    /// The fencing token.
+    pub token: Token,
+}
+
+/// The timing an HTTP lock is acquired with: T = `lifetime`, R = T / 10
+/// (at most 1 s), C = 2.
+pub fn timing_for(lifetime: Duration, max_drift: putex_core::Drift) -> Result<Timing, String> {
+    let renew = (lifetime / 10).min(Duration::from_secs(1));
+    let failures = u32::try_from(lifetime.as_nanos().div_ceil(renew.as_nanos().max(1)))
+        .map_err(|_| "lifetime too long".to_string())?
+        .max(2);
+    TimingConfig {
+        renew,
+        failures,
+        confirm: 2,
+        max_drift,
+        allow_short_lease: true,
+        ..TimingConfig::default()
+    }
+    .validate()
+    .map_err(|e| e.to_string())
 }
 
 impl Gateway {
@@ -122,28 +189,412 @@ impl Gateway {
         &self.opts
     }
 
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
     /// Waits up to `req.wait` for the lock and grants it for
     /// `req.lifetime`. Cancel-safe: dropping the future (a client that
     /// disconnects) abandons the request, and a lock granted at that moment
     /// is released at once — a disconnected client never holds a lock.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<LockInfo, AcquireError> {
-        let _ = req;
-        Err(AcquireError::Store(not_yet()))
+        keys::validate_name(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        if req.lifetime < MIN_LIFETIME || req.lifetime > self.opts.max_lifetime {
+            return Err(AcquireError::Invalid(format!(
+                "lifetime must be between {:?} and {:?}",
+                MIN_LIFETIME, self.opts.max_lifetime
+            )));
+        }
+        if req.wait > self.opts.max_wait {
+            return Err(AcquireError::Invalid(format!(
+                "wait must be at most {:?}",
+                self.opts.max_wait
+            )));
+        }
+        // Acquired with a short lease (the waits of S1/S4 use it against
+        // records that advertise less), granted with the lifetime: the
+        // grant's write advertises it to every taker.
+        let timing = timing_for(
+            req.lifetime.min(self.opts.acquire_lease),
+            self.opts.max_drift,
+        )
+        .map_err(AcquireError::Invalid)?;
+        // The work runs in a task of its own; this future only waits for
+        // it. Dropping this future drops `reply`'s receiver: the task then
+        // stops waiting, or releases a lock it has just granted.
+        let (reply, result) = oneshot::channel();
+        let (cancel, cancelled) = oneshot::channel::<()>();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let outcome = this.acquire_task(req, timing, cancelled).await;
+            if let Err(Ok(info)) = reply.send(outcome) {
+                tracing::info!(resource = %info.resource, uid = %info.uid, "the client left; releasing its lock");
+                let _ = this.release(&info.resource, &info.uid).await;
+            }
+        });
+        let _cancel_on_drop = cancel;
+        result.await.unwrap_or_else(|_| {
+            Err(AcquireError::Store(StoreError::config(
+                "gateway task failed",
+            )))
+        })
+    }
+
+    async fn acquire_task(
+        &self,
+        req: AcquireRequest,
+        timing: Timing,
+        mut cancelled: oneshot::Receiver<()>,
+    ) -> Result<LockInfo, AcquireError> {
+        // A short wait is "only if free now": a live holder answers at
+        // once; a free lock still gets the round trips it takes.
+        if req.wait < MIN_WAIT {
+            let key =
+                keys::lock(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+            if let Some(entry) = self
+                .store
+                .get(&key, ReadMode::Leader, self.timeout())
+                .await?
+            {
+                if let Some(rec) = holder_of(&entry) {
+                    if !expired(&entry, &rec, self.store_now().await?) {
+                        return Err(AcquireError::Timeout);
+                    }
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + req.wait.max(MIN_WAIT);
+        let uid = crate::lease::instance_id();
+        let ticket = Ticket::join(
+            self.store.clone(),
+            Waiter {
+                name: req.resource.clone(),
+                node: self.opts.node.clone(),
+                instance: uid.clone(),
+                renew: timing.renew(),
+                store_timeout: timing.store_timeout(),
+                title: Some(req.title.clone()),
+                asked: Some((req.wait, req.lifetime)),
+            },
+        )
+        .await?;
+        let mut turn = ticket.turn();
+        let arrival = ticket.arrival();
+        let cancel_key =
+            keys::cancel(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        let mut cancel_watch = self
+            .store
+            .watch(&cancel_key, None, self.timeout())
+            .await
+            .ok();
+
+        let mut agent = Agent::new(
+            AgentConfig {
+                identity: Identity {
+                    node: self.opts.node.clone(),
+                    machine: crate::lease::machine_id(),
+                    instance: uid.clone(),
+                },
+                timing: timing.clone(),
+                previous: None,
+                highest_token: None,
+                mutations: Default::default(),
+            },
+            clock::boot_time_now(),
+        );
+        agent.handle(clock::boot_time_now(), Input::Turn(false));
+        let (granted_tx, mut granted) = mpsc::unbounded_channel();
+        let (role_tx, role) = tokio::sync::watch::channel(Role::Starting);
+        let host = Arc::new(GatewayHost {
+            granted: granted_tx,
+            role: role_tx,
+            history: crate::history::HistoryWriter::spawn(
+                self.store.clone(),
+                crate::history::WriterConfig::new(
+                    &req.resource,
+                    &self.opts.node,
+                    &uid,
+                    "serve",
+                    self.timeout(),
+                ),
+            ),
+        });
+        let (inputs, rx) = mpsc::unbounded_channel();
+        let lock_key =
+            keys::lock(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        let probe =
+            keys::probe(&self.opts.node).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let mut driver = tokio::spawn(driver::run_with_inputs(
+            agent,
+            self.store.clone(),
+            Keys {
+                lock: lock_key,
+                probe,
+            },
+            host,
+            async move {
+                let _ = stop_rx.await;
+            },
+            rx,
+        ));
+        let _ = inputs.send(Input::Turn(*turn.borrow()));
+        let outcome = loop {
+            tokio::select! {
+                changed = turn.changed() => {
+                    if changed.is_ok() {
+                        let _ = inputs.send(Input::Turn(*turn.borrow_and_update()));
+                    }
+                }
+                token = granted.recv() => {
+                    let Some(token) = token else { break Err(AcquireError::Timeout) };
+                    // Granted: the client holds it from here without
+                    // renewals; the agent stops writing.
+                    driver.abort();
+                    break Ok(token);
+                }
+                ev = next_cancel(&mut cancel_watch) => {
+                    match ev {
+                        Some(revision) if revision > arrival => break Err(AcquireError::Cancelled),
+                        Some(_) => {}
+                        None => cancel_watch = None,
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => break Err(AcquireError::Timeout),
+                _ = &mut cancelled => break Err(AcquireError::Timeout),
+                _ = &mut driver => break Err(AcquireError::Timeout),
+            }
+        };
+        match outcome {
+            Ok(_) => {
+                ticket.leave().await;
+                self.grant(&req, &uid).await
+            }
+            Err(e) => {
+                ticket.leave().await;
+                if *role.borrow() == Role::Confirming {
+                    // Taking the lock over (its fencing gap): leaving now
+                    // would leave a `confirming` record that every taker
+                    // must wait out (H6 allows no release from it). Finish
+                    // in the background instead — activate, grant nothing,
+                    // release — so that the lock is free for the next
+                    // request.
+                    tokio::spawn(async move {
+                        let _ = granted.recv().await;
+                        let _ = stop_tx.send(());
+                        let _ = driver.await;
+                    });
+                } else {
+                    let _ = stop_tx.send(());
+                    if tokio::time::timeout(timing.lease(), &mut driver)
+                        .await
+                        .is_err()
+                    {
+                        driver.abort();
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Grants the lock: one more write of its record — `active`,
+    /// advertising the client's lifetime, so the licence runs a lifetime
+    /// from it — then the grant record, and describes it.
+    async fn grant(&self, req: &AcquireRequest, uid: &str) -> Result<LockInfo, AcquireError> {
+        let t = self.timeout();
+        let key = keys::lock(&req.resource)?;
+        let mut written = None;
+        // The agent's last renewal may still land: retry on our own record.
+        for _ in 0..3 {
+            let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
+                break;
+            };
+            let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+                break;
+            };
+            let granted = LockRecord {
+                state: LockState::Active,
+                write: format!("{uid}-grant"),
+                lease_ms: ceil_millis(req.lifetime).max(rec.lease_ms),
+                ..rec
+            };
+            match self
+                .store
+                .update(&key, &granted.encode(), entry.token, t)
+                .await
+            {
+                Ok(token) => {
+                    written = Some(token);
+                    break;
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Lost between activation and grant: nothing was granted.
+        let Some(token) = written else {
+            return Err(AcquireError::Timeout);
+        };
+        let time = match self.store.get(&key, ReadMode::Leader, t).await? {
+            Some(e) if e.token == token => e.time,
+            _ => self.store_now().await?,
+        };
+        let since = self.wall(time).await;
+        let grant = GrantRecord {
+            v: 1,
+            title: req.title.clone(),
+            wait_ms: ceil_millis(req.wait),
+            lifetime_ms: ceil_millis(req.lifetime),
+            since_ns: nanos_since_epoch(since),
+            token,
+        };
+        self.store
+            .put(
+                &keys::grant(&req.resource, uid)?,
+                &serde_json::to_vec(&grant).expect("serialises"),
+                t,
+            )
+            .await?;
+        Ok(info_of(&req.resource, uid, &grant))
+    }
+
+    async fn read_prefix(&self, prefix: &str) -> Result<Vec<(String, Entry)>, StoreError> {
+        crate::store::read_prefix(&self.store, prefix, self.timeout()).await
+    }
+
+    /// The store's current time, by a probe write.
+    async fn store_now(&self) -> Result<StoreTime, StoreError> {
+        let t = self.timeout();
+        let key = keys::probe(&self.opts.node)?;
+        self.store
+            .put(&key, br#"{"v":1,"node":"gateway","write":"now"}"#, t)
+            .await?;
+        match self.store.get(&key, ReadMode::Leader, t).await? {
+            Some(e) => Ok(e.time),
+            None => Err(StoreError::unknown(
+                crate::store::Op::Get,
+                &key,
+                "probe vanished",
+            )),
+        }
+    }
+
+    /// A store time as UTC: NATS times are the stream leader's clock; the
+    /// embedded stores' are this boot's clock.
+    async fn wall(&self, t: StoreTime) -> SystemTime {
+        match &self.store {
+            AnyStore::Nats(_) => SystemTime::UNIX_EPOCH + Duration::from_nanos(t.nanos),
+            _ => {
+                let now = clock::boot_time_now().as_nanos();
+                SystemTime::now() - Duration::from_nanos(now.saturating_sub(t.nanos))
+            }
+        }
+    }
+
+    /// The lock record of `resource` if `uid` holds it and its lifetime has
+    /// not passed, with its entry.
+    async fn held(
+        &self,
+        resource: &str,
+        uid: &str,
+    ) -> Result<Option<(Entry, LockRecord)>, StoreError> {
+        let t = self.timeout();
+        let key = keys::lock(resource)?;
+        let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
+            return Ok(None);
+        };
+        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+            return Ok(None);
+        };
+        let now = self.store_now().await?;
+        if expired(&entry, &rec, now) {
+            return Ok(None);
+        }
+        Ok(Some((entry, rec)))
     }
 
     /// The lock `uid` on `resource`, if it is granted or waiting and not
     /// expired, released or revoked.
     pub async fn get(&self, resource: &str, uid: &str) -> Result<Option<LockInfo>, StoreError> {
-        let _ = (resource, uid);
-        Err(not_yet())
+        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
+            return Ok(None);
+        }
+        let t = self.timeout();
+        if let Some((_, rec)) = self.held(resource, uid).await? {
+            return Ok(Some(self.granted_info(resource, uid, &rec).await?));
+        }
+        let ticket = self
+            .store
+            .get(&keys::ticket(resource, uid)?, ReadMode::Any, t)
+            .await?;
+        Ok(ticket
+            .and_then(|e| serde_json::from_slice::<TicketRecord>(&e.value).ok())
+            .map(|r| waiting_info(resource, &r)))
+    }
+
+    async fn granted_info(
+        &self,
+        resource: &str,
+        uid: &str,
+        rec: &LockRecord,
+    ) -> Result<LockInfo, StoreError> {
+        let grant = self
+            .store
+            .get(&keys::grant(resource, uid)?, ReadMode::Any, self.timeout())
+            .await?
+            .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok());
+        Ok(match grant {
+            Some(g) => info_of(resource, uid, &g),
+            // Held by another kind of holder (`putex lock`, an agent).
+            None => LockInfo {
+                resource: resource.to_owned(),
+                uid: uid.to_owned(),
+                title: format!("held by {} (putex)", rec.node),
+                wait: Duration::ZERO,
+                lifetime: rec.lease(),
+                active: true,
+                active_since: None,
+                active_expires: None,
+                token: None,
+            },
+        })
     }
 
     /// Releases the granted lock `uid` (`released`, S3: the next waiter
     /// starts at once). `false` if it is not held (expired, released,
     /// revoked or unknown).
     pub async fn release(&self, resource: &str, uid: &str) -> Result<bool, StoreError> {
-        let _ = (resource, uid);
-        Err(not_yet())
+        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
+            return Ok(false);
+        }
+        let t = self.timeout();
+        let key = keys::lock(resource)?;
+        let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
+            return Ok(false);
+        };
+        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+            return Ok(false);
+        };
+        let live = !expired(&entry, &rec, self.store_now().await?);
+        // The client says it is done: that is the proof a release needs
+        // (H6), also after the lifetime passed — the next waiter need not
+        // wait out the staleness.
+        let released = LockRecord {
+            state: LockState::Released,
+            write: format!("{uid}-release"),
+            ..rec
+        };
+        let written = self
+            .store
+            .update(&key, &released.encode(), entry.token, t)
+            .await;
+        if let Ok(grant) = keys::grant(resource, uid) {
+            if let Ok(Some(g)) = self.store.get(&grant, ReadMode::Any, t).await {
+                let _ = self.store.delete(&grant, g.token, t).await;
+            }
+        }
+        Ok(live && written.is_ok())
     }
 
     /// Extends the granted lock `uid` by a new lifetime from now (its own if
@@ -154,31 +605,277 @@ impl Gateway {
         uid: &str,
         lifetime: Option<Duration>,
     ) -> Result<Option<LockInfo>, StoreError> {
-        let _ = (resource, uid, lifetime);
-        Err(not_yet())
+        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
+            return Ok(None);
+        }
+        if let Some(l) = lifetime {
+            if l < MIN_LIFETIME || l > self.opts.max_lifetime {
+                return Err(StoreError::config(format!(
+                    "lifetime must be between {:?} and {:?}",
+                    MIN_LIFETIME, self.opts.max_lifetime
+                )));
+            }
+        }
+        let t = self.timeout();
+        let Some((entry, rec)) = self.held(resource, uid).await? else {
+            return Ok(None);
+        };
+        let lifetime = lifetime.unwrap_or(rec.lease());
+        let renewed = LockRecord {
+            state: LockState::Active,
+            write: format!("{uid}-renew-{}", entry.token.revision),
+            lease_ms: ceil_millis(lifetime),
+            ..rec
+        };
+        let key = keys::lock(resource)?;
+        let token = match self
+            .store
+            .update(&key, &renewed.encode(), entry.token, t)
+            .await
+        {
+            Ok(token) => token,
+            Err(StoreError::Conflict { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let written = match self.store.get(&key, ReadMode::Leader, t).await? {
+            Some(e) if e.token == token => e.time,
+            _ => self.store_now().await?,
+        };
+        let grant_key = keys::grant(resource, uid)?;
+        let mut grant = self
+            .store
+            .get(&grant_key, ReadMode::Any, t)
+            .await?
+            .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok())
+            .unwrap_or(GrantRecord {
+                v: 1,
+                title: String::new(),
+                wait_ms: 0,
+                lifetime_ms: 0,
+                since_ns: 0,
+                token,
+            });
+        grant.lifetime_ms = ceil_millis(lifetime);
+        grant.since_ns = nanos_since_epoch(self.wall(written).await);
+        grant.token = token;
+        self.store
+            .put(
+                &grant_key,
+                &serde_json::to_vec(&grant).expect("serialises"),
+                t,
+            )
+            .await?;
+        Ok(Some(info_of(resource, uid, &grant)))
     }
 
     /// The granted and waiting locks of `resource`.
     pub async fn locks(&self, resource: &str) -> Result<Vec<LockInfo>, StoreError> {
-        let _ = resource;
-        Err(not_yet())
+        keys::validate_name(resource)?;
+        let t = self.timeout();
+        let mut out = Vec::new();
+        if let Some(entry) = self
+            .store
+            .get(&keys::lock(resource)?, ReadMode::Leader, t)
+            .await?
+        {
+            if let Some(rec) = holder_of(&entry) {
+                if !expired(&entry, &rec, self.store_now().await?) {
+                    let uid = rec.instance.clone();
+                    out.push(self.granted_info(resource, &uid, &rec).await?);
+                }
+            }
+        }
+        let mut waiting: Vec<TicketRecord> = self
+            .read_prefix(&keys::queue_of(resource)?)
+            .await?
+            .into_iter()
+            .filter_map(|(_, e)| serde_json::from_slice::<TicketRecord>(&e.value).ok())
+            .filter(|r| r.lifetime_ms.is_some())
+            .collect();
+        waiting.sort_by_key(|r| r.arrival);
+        out.extend(waiting.iter().map(|r| waiting_info(resource, r)));
+        Ok(out)
     }
 
     /// The resources that have a granted or waiting lock.
     pub async fn resources(&self) -> Result<Vec<String>, StoreError> {
-        Err(not_yet())
+        let now = self.store_now().await?;
+        let mut names = std::collections::BTreeSet::new();
+        for (key, entry) in self.read_prefix(keys::LOCK_PREFIX).await? {
+            if let Some(rec) = holder_of(&entry) {
+                if !expired(&entry, &rec, now) {
+                    names.insert(key[keys::LOCK_PREFIX.len()..].to_owned());
+                }
+            }
+        }
+        for (key, entry) in self.read_prefix(keys::QUEUE_PREFIX).await? {
+            if serde_json::from_slice::<TicketRecord>(&entry.value)
+                .is_ok_and(|r| r.lifetime_ms.is_some())
+            {
+                if let Some((name, _)) = key[keys::QUEUE_PREFIX.len()..].split_once('.') {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+        Ok(names.into_iter().collect())
     }
 
     /// Administrative delete of every lock on `resource`: the granted one is
     /// revoked (S7), waiting requests end with [`AcquireError::Cancelled`].
     /// `false` when it had none.
     pub async fn revoke(&self, resource: &str) -> Result<bool, StoreError> {
-        let _ = resource;
-        Err(not_yet())
+        keys::validate_name(resource)?;
+        let t = self.timeout();
+        let mut had = false;
+        let key = keys::lock(resource)?;
+        if let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? {
+            if let Some(rec) = holder_of(&entry) {
+                if !expired(&entry, &rec, self.store_now().await?) {
+                    // S7: keep the holder's identity and advertised timing.
+                    let revoked = LockRecord {
+                        state: LockState::Revoked,
+                        write: format!("{}-revoked", crate::lease::instance_id()),
+                        ..rec
+                    };
+                    self.store
+                        .update(&key, &revoked.encode(), entry.token, t)
+                        .await?;
+                    had = true;
+                }
+            }
+        }
+        let waiting = self.read_prefix(&keys::queue_of(resource)?).await?;
+        if !waiting.is_empty() {
+            let marker = br#"{"v":1,"cancelled":"admin"}"#;
+            self.store.put(&keys::cancel(resource)?, marker, t).await?;
+            had = true;
+        }
+        Ok(had)
     }
 
     /// [`Gateway::revoke`] on every resource.
     pub async fn revoke_all(&self) -> Result<(), StoreError> {
-        Err(not_yet())
+        for r in self.resources().await? {
+            self.revoke(&r).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The next cancel record's revision from a watch; `None` when the watch
+/// ended (it is not re-established: cancellations then reach this waiter
+/// only through its wait running out).
+async fn next_cancel(w: &mut Option<crate::store::WatchStream>) -> Option<u64> {
+    match w {
+        Some(stream) => match stream.next().await {
+            Some(Ok(ev)) => Some(ev.entry.map_or(0, |e| e.token.revision)),
+            _ => None,
+        },
+        None => future::pending().await,
+    }
+}
+
+/// The record's holder, if it holds the lock (`confirming` or `active`).
+fn holder_of(entry: &Entry) -> Option<LockRecord> {
+    match Observed::decode(&entry.value) {
+        Observed::Record(r) if matches!(r.state, LockState::Active | LockState::Confirming) => {
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a lifetime (the record's advertised T) has passed since the
+/// record was written, on the store's clock. Records of another clock
+/// domain (another boot of an embedded store) are expired.
+fn expired(entry: &Entry, rec: &LockRecord, now: StoreTime) -> bool {
+    match now.gap_since(entry.time) {
+        putex_core::StoreGap::Forward(age) => age >= rec.lease(),
+        putex_core::StoreGap::Backwards => false,
+        putex_core::StoreGap::Unbounded => true,
+    }
+}
+
+fn nanos_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn info_of(resource: &str, uid: &str, g: &GrantRecord) -> LockInfo {
+    let since = SystemTime::UNIX_EPOCH + Duration::from_nanos(g.since_ns);
+    let lifetime = Duration::from_millis(g.lifetime_ms);
+    LockInfo {
+        resource: resource.to_owned(),
+        uid: uid.to_owned(),
+        title: g.title.clone(),
+        wait: Duration::from_millis(g.wait_ms),
+        lifetime,
+        active: true,
+        active_since: Some(since),
+        active_expires: Some(since + lifetime),
+        token: Some(g.token),
+    }
+}
+
+fn waiting_info(resource: &str, r: &TicketRecord) -> LockInfo {
+    LockInfo {
+        resource: resource.to_owned(),
+        uid: r.instance.clone(),
+        title: r.title.clone().unwrap_or_default(),
+        wait: Duration::from_millis(r.wait_ms.unwrap_or(0)),
+        lifetime: Duration::from_millis(r.lifetime_ms.unwrap_or(0)),
+        active: false,
+        active_since: None,
+        active_expires: None,
+        token: None,
+    }
+}
+
+/// The agent's host while a request waits: nothing runs, activation is
+/// the grant.
+struct GatewayHost {
+    granted: mpsc::UnboundedSender<Token>,
+    role: tokio::sync::watch::Sender<Role>,
+    /// Transition records for `putex history` (the acquisition; the
+    /// client's release is no transition of this agent).
+    history: crate::history::HistoryWriter,
+}
+
+impl Host for GatewayHost {
+    fn health_check(&self, _: HealthMode, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn fence(&self, _: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn activate(&self, token: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
+        let _ = self.granted.send(token);
+        future::ready(true).boxed()
+    }
+
+    fn stop(&self, _: StopKind, _: Instant) -> BoxFuture<'static, bool> {
+        // The HTTP client is the service; nothing runs here.
+        future::ready(true).boxed()
+    }
+
+    fn keeper(&self, _: KeeperCommand) {}
+
+    fn persist_highest(&self, _: Token) {}
+
+    fn event(&self, event: &Event) {
+        if let Event::Transition {
+            from,
+            to,
+            reason,
+            token,
+        } = event
+        {
+            tracing::debug!(%from, %to, %reason, "gateway lock transition");
+            self.history.transition(*from, *to, reason, *token);
+            self.role.send_replace(*to);
+        }
     }
 }

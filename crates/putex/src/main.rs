@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use putex::cli::config::AgentArgs;
 use putex::cli::demo::DemoArgs;
 use putex::cli::lock::LockArgs;
@@ -17,15 +17,33 @@ use std::process::ExitCode;
 /// putex coordinates through NATS JetStream KV (production) or an embedded
 /// SQLite store (one machine, the default). `putex run` is the failover
 /// agent; `putex check` validates its settings and prints the timeline;
-/// `putex status` shows holders and members; `putex demo` shows a failover.
+/// `putex status` shows holders and members; `putex history` shows who held
+/// a lock when and why it moved, and `putex watch` follows a lock live;
+/// `putex demo` shows a failover; `putex completions` and `putex man` print
+/// shell completions and the manual.
 #[derive(Parser, Debug)]
 #[command(name = "putex", version, about, long_about, after_help = putex::cli::EXIT_CODES_HELP)]
 struct Cli {
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Log format on stderr: `text`, or `json` (one object per line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "PUTEX_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -52,9 +70,29 @@ enum Command {
     /// members' roles and health.
     #[command(after_help = putex::cli::EXIT_CODES_HELP)]
     Status(StatusArgs),
+    /// Shows who held a lock when and why it moved: the transition records
+    /// that agents and `putex lock` write, with each handover and how long
+    /// the lock had no active holder.
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    History(putex::cli::history::HistoryArgs),
+    /// A live view of a lock: its status and last transitions, redrawn on
+    /// every change until SIGINT or SIGTERM (then exit 0).
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    Watch(putex::cli::watch::WatchArgs),
+    /// The HTTP lock gateway: an RDLM-compatible API and a versioned JSON
+    /// API (/v1/, OpenAPI at /openapi.json) over the same store as `putex
+    /// lock`, with optional bearer-token and admin auth and TLS.
+    #[command(after_help = putex::cli::EXIT_CODES_HELP)]
+    Serve(putex::cli::serve::ServeArgs),
     /// Starts three agents on a temporary SQLite store, crashes the active
     /// one, and reports the failover time against its bound.
     Demo(DemoArgs),
+    /// Prints a shell completion script: bash, zsh, fish, elvish or
+    /// powershell (e.g. `putex completions bash > /etc/bash_completion.d/putex`).
+    Completions(putex::cli::manual::CompletionsArgs),
+    /// Prints the putex(1) man page (roff); with --dir, writes one page per
+    /// command into a directory.
+    Man(putex::cli::manual::ManArgs),
     /// The keeper process that owns a service and its licence deadline.
     /// Started by the agent; not meant to be run by hand.
     #[command(hide = true)]
@@ -125,12 +163,27 @@ fn main() -> ExitCode {
                 Err(e) => CliError::Other(format!("keeper: {e}")).report(),
             };
         }
+        Some(Command::Completions(a)) => {
+            let out = &mut std::io::stdout().lock();
+            return match putex::cli::manual::completions(Cli::command(), &a, out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => e.report(),
+            };
+        }
+        Some(Command::Man(a)) => {
+            let out = &mut std::io::stdout().lock();
+            return match putex::cli::manual::man(Cli::command(), &a, out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => e.report(),
+            };
+        }
         Some(c) => c,
         None => {
             eprintln!("putex: a command is needed; see `putex --help`");
             return ExitCode::from(2);
         }
     };
+    putex::cli::set_json_logs(cli.log_format == LogFormat::Json);
     if matches!(command, Command::Lock(_) | Command::Id(_)) {
         // A critical section's stderr belongs to the script: warnings only.
         putex::cli::init_quiet_logging(cli.verbose);
@@ -157,8 +210,13 @@ fn main() -> ExitCode {
             Command::Check(a) => putex::cli::check::run(&a).await,
             Command::Id(a) => putex::cli::id::run(&a).await,
             Command::Status(a) => putex::cli::status::run(&a).await,
+            Command::History(a) => putex::cli::history::run(&a).await,
+            Command::Watch(a) => putex::cli::watch::run(&a).await,
             Command::Demo(a) => putex::cli::demo::run(&a).await,
-            Command::Keeper(_) => unreachable!("handled above"),
+            Command::Serve(a) => putex::cli::serve::run(&a).await,
+            Command::Keeper(_) | Command::Completions(_) | Command::Man(_) => {
+                unreachable!("handled above")
+            }
         }
     });
     // Hooks, watches and timers may still be pending; do not wait for them.

@@ -49,6 +49,16 @@ pub struct TicketRecord {
     /// What the waiter wants the lock for (`--title`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// How long the waiter waits, in milliseconds (HTTP requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// The lifetime the waiter asks for, in milliseconds (HTTP requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifetime_ms: Option<u64>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// How long a ticket may go without a refresh before observers skip it: three
@@ -60,6 +70,7 @@ pub fn expiry(renew: Duration) -> Duration {
 /// A place in a lock's queue, refreshed in the background until
 /// [`Ticket::leave`] (or drop, which leaves it to expire).
 pub struct Ticket {
+    arrival: u64,
     turn: watch::Receiver<bool>,
     leave: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -80,6 +91,8 @@ pub struct Waiter {
     pub store_timeout: Duration,
     /// `--title`, shown to operators.
     pub title: Option<String>,
+    /// For HTTP requests: the wait and the lifetime asked for.
+    pub asked: Option<(Duration, Duration)>,
 }
 
 impl Ticket {
@@ -96,18 +109,27 @@ impl Ticket {
             renew_ms: u64::try_from(waiter.renew.as_millis()).unwrap_or(u64::MAX),
             pid: std::process::id(),
             title: waiter.title.clone(),
+            wait_ms: waiter.asked.map(|(w, _)| millis(w)),
+            lifetime_ms: waiter.asked.map(|(_, l)| millis(l)),
         };
         let token = create_ticket(&store, &key, &mut record, waiter.store_timeout).await?;
+        let arrival = record.arrival;
         let (turn_tx, turn) = watch::channel(false);
         let (leave_tx, leave_rx) = oneshot::channel();
         let task = tokio::spawn(keep(
             store, waiter, key, filter, record, token, turn_tx, leave_rx,
         ));
         Ok(Ticket {
+            arrival,
             turn,
             leave: Some(leave_tx),
             task: Some(task),
         })
+    }
+
+    /// The place in line: the store revision of the ticket's creation.
+    pub fn arrival(&self) -> u64 {
+        self.arrival
     }
 
     /// Whether this waiter is first in line; changes are signalled.

@@ -52,6 +52,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
+use crate::history::{HistoryWriter, TransitionRecord, WriterConfig};
 use crate::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::process::Exit;
 use crate::queue::{Ticket, Waiter};
@@ -439,6 +440,8 @@ struct Shared {
     ops: mpsc::UnboundedSender<KeeperOp>,
     state: Mutex<State>,
     changed: Notify,
+    /// The winner's transition records (`putex history`).
+    history: HistoryWriter,
 }
 
 impl Shared {
@@ -463,6 +466,35 @@ struct SlotHost {
     slot: usize,
     shared: Arc<Shared>,
     highest: HighestFile,
+    /// The slot's lock key for its transition records, when it is not
+    /// `lock.<name>` (a semaphore slot).
+    record_key: Option<String>,
+    /// Transition records made before any slot won: written if this slot
+    /// wins (arms the keeper first), dropped otherwise.
+    pending: Mutex<Vec<TransitionRecord>>,
+}
+
+impl SlotHost {
+    /// Writes the winner's transition records; keeps them while no slot
+    /// has won yet.
+    fn record(&self, from: Role, to: Role, reason: &Reason, token: Option<Token>) {
+        let Some(rec) =
+            self.shared
+                .history
+                .record(from, to, reason, token, self.record_key.as_deref())
+        else {
+            return;
+        };
+        let winner = self.shared.lock().winner;
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        match winner {
+            Some(w) if w == self.slot => self.shared.history.send(rec),
+            Some(_) => pending.clear(),
+            // Back to standby before winning: nothing ran under this slot.
+            None if to == Role::Standby => pending.clear(),
+            None => pending.push(rec),
+        }
+    }
 }
 
 impl Host for SlotHost {
@@ -591,6 +623,12 @@ impl Host for SlotHost {
         if forward {
             let _ = self.shared.ops.send(KeeperOp::Command(command, None));
         }
+        if matches!(command, KeeperCommand::Arm(_)) && self.shared.is_winner(self.slot) {
+            let won = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+            for rec in won {
+                self.shared.history.send(rec);
+            }
+        }
     }
 
     fn persist_highest(&self, token: Token) {
@@ -605,9 +643,13 @@ impl Host for SlotHost {
     fn event(&self, event: &Event) {
         match event {
             Event::Transition {
-                from, to, reason, ..
+                from,
+                to,
+                reason,
+                token,
             } => {
                 tracing::debug!(slot = self.slot, %from, %to, %reason, "transition");
+                self.record(*from, *to, reason, *token);
                 let winner = self.shared.is_winner(self.slot);
                 if !winner {
                     return;
@@ -801,6 +843,10 @@ pub async fn run(
         ops: ops_tx,
         state: Mutex::new(State::default()),
         changed: Notify::new(),
+        history: HistoryWriter::spawn(
+            store.clone(),
+            WriterConfig::new(&opts.name, &opts.node, &instance, "lock", timeout),
+        ),
     });
 
     // The fair queue (not for --no-wait, which never waits behind anyone).
@@ -814,6 +860,7 @@ pub async fn run(
             renew: timing.renew(),
             store_timeout: timing.store_timeout(),
             title: opts.title.clone(),
+            asked: None,
         };
         Some(Ticket::join(store.clone(), waiter).await?)
     };
@@ -845,6 +892,10 @@ pub async fn run(
             slot,
             shared: shared.clone(),
             highest,
+            record_key: keys::lock(&opts.name)
+                .map_or(true, |k| k != *key)
+                .then(|| key.clone()),
+            pending: Mutex::default(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         inputs.push(tx);
@@ -999,6 +1050,7 @@ pub async fn run(
     if keeper.shutdown().await.is_err() {
         tracing::debug!("the keeper stays until its tree is gone");
     }
+    shared.history.flush(Duration::from_secs(2)).await;
     Ok(if unproven {
         Outcome::StopUnproven
     } else if let Some((period, by)) = st.already_done {

@@ -2,10 +2,15 @@
 
 mod agent_e2e;
 mod agent_faults;
+mod agent_http;
 mod common;
+mod gateway;
+mod history;
 mod id_pool;
 mod lease;
 mod lock;
+mod serve;
 mod store_auth;
 mod store_contract;
 mod supervision;
+mod web;

@@ -126,6 +126,10 @@ pub struct AgentArgs {
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,
+    /// Serve /primary, /replica, /health, /liveness, /readiness and
+    /// /metrics on this address (e.g. 0.0.0.0:8008).
+    #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
+    pub http: Option<String>,
     /// A TOML file with the same settings (keys are the flag names).
     #[arg(long, env = "PUTEX_CONFIG")]
     pub config: Option<PathBuf>,
@@ -187,6 +191,8 @@ pub struct FileConfig {
     pub emergency_timeout: Option<String>,
     /// `keeper-dir`.
     pub keeper_dir: Option<PathBuf>,
+    /// `http`.
+    pub http: Option<String>,
 }
 
 impl FileConfig {
@@ -255,6 +261,8 @@ pub struct AgentSettings {
     pub timing: Timing,
     /// Keeper sockets, lock files and state files live here.
     pub keeper_dir: PathBuf,
+    /// `--http`: where the health and metrics endpoints listen.
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// Whether the hooks and the lock name are required (`run`) or optional
@@ -435,6 +443,15 @@ impl AgentSettings {
             .clone()
             .or_else(|| file.keeper_dir.clone())
             .unwrap_or_else(crate::keeper::default_keeper_dir);
+        let http = match pick(&args.http, &file.http) {
+            Some(a) => Some(a.trim().parse().map_err(|e| {
+                usage(format!(
+                    "{}: {a:?} is not an address ({e}); write e.g. 0.0.0.0:8008",
+                    names("http")
+                ))
+            })?),
+            None => None,
+        };
         Ok(AgentSettings {
             lock,
             store,
@@ -444,6 +461,7 @@ impl AgentSettings {
             timing_config,
             timing,
             keeper_dir,
+            http,
         })
     }
 

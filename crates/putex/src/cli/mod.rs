@@ -12,9 +12,13 @@
 //! | [`check`] | `putex check`: validate and print the timeline |
 //! | [`run`] | `putex run`: the failover agent ([`run::AgentHost`]) |
 //! | [`status`] | `putex status`: the lock and member records |
+//! | [`history`] | `putex history`: who held a lock when and why it moved (transition records) |
+//! | [`watch`] | `putex watch`: a live view of a lock's status and last transitions |
+//! | [`manual`] | `putex completions` and `putex man`: generated from the clap definition |
 //! | [`demo`] | `putex demo`: three agents on a temporary SQLite store |
 //! | [`id`] | `putex id`: identity pools — claim, release, list, check (exit codes in [`sysexits`]) |
 //! | [`lock`] | `putex lock`: a command run while a lock is held (exit codes in [`sysexits`]) |
+//! | [`serve`] | `putex serve`: the HTTP lock gateway (RDLM-compatible API, `/v1/` JSON API) |
 //!
 //! # Exit codes
 //!
@@ -32,10 +36,14 @@ use std::process::ExitCode;
 pub mod check;
 pub mod config;
 pub mod demo;
+pub mod history;
 pub mod id;
 pub mod lock;
+pub mod manual;
 pub mod run;
+pub mod serve;
 pub mod status;
+pub mod watch;
 
 /// Text for `putex --help` listing the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
@@ -170,13 +178,27 @@ pub fn init_quiet_logging(verbose: u8) {
     })
 }
 
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--log-format json`: one JSON object per line (for journald and log
+/// shippers), with the span fields (lock, node) and the event's fields
+/// (role, revision, …). Call before [`init_logging`].
+pub fn set_json_logs(json: bool) {
+    JSON_LOGS.store(json, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn init_logging_at(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        builder.json().try_init()
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init()
+    };
 }

@@ -21,7 +21,8 @@
 //! fence/activate hooks through [`HookRunner`], stops and the licence
 //! deadline through the keeper (which owns the child in child mode and runs
 //! the deactivate hook in hook mode), the highest token into the state file,
-//! and transitions into the log and the member record.
+//! and transitions into the log, the member record and a transition record
+//! ([`crate::history`], written in the background for `putex history`).
 //!
 //! Signals: the first SIGTERM or SIGINT asks the core for a graceful stop and
 //! release; a second one makes an emergency stop through the keeper and exits
@@ -217,6 +218,9 @@ struct Status {
     healthy: Option<bool>,
     last_health: Option<String>,
     highest: Option<Token>,
+    /// The activate hook (or the child's spawn) succeeded and no stop was
+    /// asked for since: `/primary` answers 200 only then.
+    service_up: bool,
 }
 
 struct Inner {
@@ -234,9 +238,41 @@ struct Inner {
     member_dirty: Notify,
     /// Wakes the state-file writer.
     state_dirty: Notify,
+    /// Writes the transition records (`putex history`); never waited for.
+    history: crate::history::HistoryWriter,
     /// A second signal asked for an emergency stop: exit 1 however the
     /// running stop ends.
     emergency_requested: std::sync::atomic::AtomicBool,
+    /// `PUTEX_TEST_WEDGE_AFTER`: when the state machine wedges itself.
+    wedge_at: Option<std::time::Instant>,
+}
+
+impl crate::agent_http::AgentView for AgentHost {
+    fn snapshot(&self) -> crate::agent_http::AgentSnapshot {
+        let live = crate::agent_http::live(
+            crate::metrics::global().since_progress(),
+            self.inner.settings.timing.renew(),
+        );
+        self.set(|st| crate::agent_http::AgentSnapshot {
+            lock: self.inner.lock.clone(),
+            node: self.inner.node.clone(),
+            role: st.role_name(),
+            primary: st.role == Some(Role::Active) && st.service_up,
+            healthy: st.healthy,
+            token: st.token.map(|t| t.to_string()),
+            ready: !matches!(st.role, None | Some(Role::Starting | Role::Exited)),
+            live,
+        })
+    }
+}
+
+impl Inner {
+    fn set_service_up(&self, up: bool) {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .service_up = up;
+    }
 }
 
 /// The agent's [`Host`]: hooks, the keeper, the state file, member records.
@@ -297,6 +333,7 @@ impl AgentHost {
         let hook = Hook::new(kind, command);
         match inner.runner.run(&hook, env, arg, timeout).await {
             Ok(o) => {
+                crate::metrics::global().hook(o.name, o.duration);
                 if o.ok() {
                     tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
                 } else {
@@ -355,6 +392,7 @@ impl Host for AgentHost {
                 timeout,
             )
             .await;
+            crate::metrics::global().health_check(health_arg(mode), ok);
             let changed = this.set(|st| {
                 let changed = st.healthy != Some(ok);
                 st.healthy = Some(ok);
@@ -413,7 +451,8 @@ impl Host for AgentHost {
         let inner = self.inner.clone();
         let mut stops = self.inner.stops.subscribe();
         let stops_seen = *stops.borrow_and_update();
-        match self.inner.settings.service.clone() {
+        let up = self.inner.clone();
+        let activation = match self.inner.settings.service.clone() {
             Some(ServiceMode::Hooks { activate, .. }) => async move {
                 tokio::select! {
                     ok = Self::run_hook(&inner, HookKind::Activate, &activate, &env, None, clock::until(deadline)) => ok,
@@ -447,7 +486,16 @@ impl Host for AgentHost {
                 .boxed()
             }
             None => futures::future::ready(false).boxed(),
+        };
+        async move {
+            let ok = activation.await;
+            // Up only if no stop was asked for meanwhile.
+            if ok && *up.stops.borrow() == stops_seen {
+                up.set_service_up(true);
+            }
+            ok
         }
+        .boxed()
     }
 
     fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool> {
@@ -456,6 +504,8 @@ impl Host for AgentHost {
         let inner = self.inner.clone();
         async move {
             let limit = clock::until(deadline) + STOP_SLACK;
+            let started = std::time::Instant::now();
+            inner.set_service_up(false);
             let work = async {
                 // Let every earlier keeper op (an arm, a spawn) finish first,
                 // so that the stop is the last word.
@@ -466,10 +516,15 @@ impl Host for AgentHost {
                 Self::do_stop(inner.clone(), kind, env, clock::until(deadline)).await
             };
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
+            let name = crate::hooks::stop_name(kind);
+            crate::metrics::global().hook(&format!("stop-{name}"), started.elapsed());
             if ok {
-                tracing::info!(kind = crate::hooks::stop_name(kind), "service stopped");
+                tracing::info!(kind = name, "service stopped");
             } else {
-                tracing::error!(kind = crate::hooks::stop_name(kind), "stop not proven");
+                if kind == StopKind::Graceful {
+                    crate::metrics::global().graceful_stop_failed();
+                }
+                tracing::error!(kind = name, "stop not proven");
             }
             ok
         }
@@ -477,6 +532,20 @@ impl Host for AgentHost {
     }
 
     fn keeper(&self, command: KeeperCommand) {
+        if let Some(at) = self.inner.wedge_at {
+            if std::time::Instant::now() >= at {
+                // PUTEX_TEST_WEDGE_AFTER: block the state machine's thread
+                // for good, as a deadlock would (the watchdog test).
+                tracing::error!("PUTEX_TEST_WEDGE_AFTER: wedging the state machine");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+        }
+        crate::metrics::global().licence(match command {
+            KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
+            KeeperCommand::Disarm => None,
+        });
         let token = self.set(|st| st.token);
         let _ = self.inner.ops.send(KeeperOp::Command(command, token));
     }
@@ -498,6 +567,12 @@ impl Host for AgentHost {
                 reason,
                 token,
             } => {
+                crate::metrics::global().transition(*to, token.map(|t| t.revision));
+                if *from == Role::Starting {
+                    // Connected, and the first decision is made.
+                    crate::systemd::notify("READY=1");
+                }
+                crate::systemd::notify(&format!("STATUS={to} ({reason})"));
                 self.set(|st| {
                     st.role = Some(*to);
                     match to {
@@ -524,6 +599,7 @@ impl Host for AgentHost {
                     "transition {from} -> {to} ({reason})"
                 );
                 self.inner.member_dirty.notify_one();
+                self.inner.history.transition(*from, *to, reason, *token);
             }
             Event::StoreRegressed { highest, now } => tracing::error!(
                 %highest,
@@ -708,6 +784,17 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     .save(&paths.state_file)
     .map_err(|e| CliError::Other(format!("state file {}: {e}", paths.state_file.display())))?;
 
+    // The HTTP endpoints' address is taken now, so that a bad --http fails
+    // before anything runs.
+    let http = match settings.http {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| CliError::Usage(format!("--http {addr}: cannot listen: {e}")))?,
+        ),
+        None => None,
+    };
+
     // 3. The store.
     let store = open_store(&settings).await?;
     let m = measure_store(
@@ -803,10 +890,34 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             stops: watch::Sender::new(0),
             member_dirty: Notify::new(),
             state_dirty: Notify::new(),
+            history: crate::history::HistoryWriter::spawn(
+                store.clone(),
+                crate::history::WriterConfig::new(
+                    &lock,
+                    &node,
+                    &instance,
+                    "run",
+                    settings.timing.store_timeout().max(Duration::from_secs(1)),
+                ),
+            ),
             emergency_requested: std::sync::atomic::AtomicBool::new(false),
+            wedge_at: wedge_at(),
         }),
     };
     let mut tasks = tokio::task::JoinSet::new();
+    if let Some(interval) = crate::systemd::watchdog_interval() {
+        let renew = settings.timing.renew();
+        tracing::info!(
+            ?interval,
+            "systemd watchdog: pinging while the state machine progresses"
+        );
+        tasks.spawn(
+            crate::systemd::watchdog(interval, move || {
+                crate::agent_http::live(crate::metrics::global().since_progress(), renew)
+            })
+            .in_current_span(),
+        );
+    }
     tasks.spawn(keeper_ops(host.inner.clone(), ops_rx).in_current_span());
     tasks.spawn(pump_keeper_events(events, inject).in_current_span());
     let member_key = keys::member(&lock, &node).map_err(|e| CliError::Usage(e.to_string()))?;
@@ -821,6 +932,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         let inner = host.inner.clone();
         tasks.spawn(async move {
             signals.next().await;
+            crate::systemd::notify("STOPPING=1");
             tracing::info!("signal: stopping gracefully and releasing the lock (send it again to stop at once)");
             let _ = first_tx.send(());
             signals.next().await;
@@ -870,6 +982,23 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         adopted,
         "agent starting"
     );
+    let (http_stop, http_stopped) = oneshot::channel::<()>();
+    if let Some(listener) = http {
+        let view: Arc<dyn crate::agent_http::AgentView> = Arc::new(host.clone());
+        let page = crate::web::router(store.clone(), Some(vec![lock.clone()]));
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving /primary, /replica, /health, /metrics");
+        tokio::spawn(
+            async move {
+                let stopped = async move {
+                    let _ = http_stopped.await;
+                };
+                if let Err(e) = crate::agent_http::serve(listener, view, page, stopped).await {
+                    tracing::error!(error = %e, "the HTTP endpoints failed");
+                }
+            }
+            .in_current_span(),
+        );
+    }
     let exit = driver::run_with_inputs(
         agent,
         store.clone(),
@@ -881,6 +1010,9 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         inputs,
     )
     .await;
+    let _ = http_stop.send(());
+    // The last transition records (the release) are worth a moment.
+    host.inner.history.flush(Duration::from_secs(2)).await;
 
     // A last member record, so status shows the agent gone — unless the
     // record is another machine's: a refused duplicate must not mark the
@@ -926,6 +1058,15 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     }
 }
 
+/// `PUTEX_TEST_WEDGE_AFTER=DUR`, a test knob: the state machine blocks its
+/// thread for good DUR after start (at its next keeper command), so that the
+/// tests can show the systemd watchdog stops. Never set it in production.
+fn wedge_at() -> Option<std::time::Instant> {
+    let d = std::env::var("PUTEX_TEST_WEDGE_AFTER").ok()?;
+    let d = humantime::parse_duration(d.trim()).ok()?;
+    Some(std::time::Instant::now() + d)
+}
+
 /// Turns keeper events into driver inputs.
 async fn pump_keeper_events(
     mut events: mpsc::UnboundedReceiver<KeeperEvent>,
@@ -934,10 +1075,13 @@ async fn pump_keeper_events(
     loop {
         let ev = events.recv().await.unwrap_or(KeeperEvent::Lost);
         match ev {
-            KeeperEvent::Fired { ok } => tracing::error!(
-                ok,
-                "the keeper's deadline passed: it made the emergency stop"
-            ),
+            KeeperEvent::Fired { ok } => {
+                crate::metrics::global().keeper_fired();
+                tracing::error!(
+                    ok,
+                    "the keeper's deadline passed: it made the emergency stop"
+                )
+            }
             KeeperEvent::ChildExited(exit) => tracing::warn!(?exit, "the child exited"),
             KeeperEvent::Lost => tracing::error!("the keeper is gone"),
         }

@@ -297,6 +297,8 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
             .await?
             .into_iter()
             .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
+            // Scan markers (`lock.=scan`) and foreign keys are no locks.
+            .filter(|n| keys::validate_name(n).is_ok())
             .collect(),
     };
     let mut all = Vec::new();

@@ -15,13 +15,16 @@
 //! | `sem.<name>.<slot>` | slot `<slot>` (0..N−1) of semaphore `<name>`: an ordinary lock record |
 //! | `queue.<name>.<instance>` | a waiter's ticket in lock `<name>`'s fair queue |
 //! | `once.<name>` | the last recorded successful run of `putex lock <name> --once-per` |
+//! | `grant.<resource>.<uid>` | an HTTP lock's title, wait, lifetime and grant time (`putex serve`) |
+//! | `cancel.<resource>` | waiting HTTP requests that arrived before its revision were deleted by an administrator |
 //! | `id.<pool>.meta` | identity pool `<pool>`'s range (`putex id`) |
 //! | `id.<pool>.<n>` | id `<n>` (decimal) of pool `<pool>`: a lock record naming its claimer |
 //! | `id.<pool>.name.<name>` | claim name `<name>`'s index record: which id it holds |
 //! | `id.<pool>.scan` | a marker that `putex id` writes to read the pool consistently |
+//! | `history.<name>.<node>-<instance>-<seq>` | a transition record of lock `<name>` ([`crate::history`]) |
+//! | `history.<name>.=scan` | a marker that `putex history` writes to read the records consistently |
 //!
-//! `history.` is reserved for transition
-//! records. A name never contains a dot, so `<name>` is
+//! A name never contains a dot, so `<name>` is
 //! exactly one token and a node id — which may be an FQDN such as
 //! `db1.example.com` — always comes last: `member.pg.` selects every member
 //! of lock `pg` and nothing else.
@@ -47,8 +50,14 @@ pub const SEM_PREFIX: &str = "sem.";
 pub const QUEUE_PREFIX: &str = "queue.";
 /// Prefix of the once-per-period records.
 pub const ONCE_PREFIX: &str = "once.";
+/// Prefix of the HTTP gateway's grant records.
+pub const GRANT_PREFIX: &str = "grant.";
+/// Prefix of the HTTP gateway's cancel records.
+pub const CANCEL_PREFIX: &str = "cancel.";
 /// Prefix of the identity pools' records.
 pub const ID_PREFIX: &str = "id.";
+/// Prefix of the transition records ([`crate::history`]).
+pub const HISTORY_PREFIX: &str = "history.";
 
 /// A name or node id that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -168,6 +177,20 @@ pub fn queue_of(name: &str) -> Result<String, NameError> {
     Ok(format!("{QUEUE_PREFIX}{name}."))
 }
 
+/// The key of HTTP lock `uid`'s grant record on `resource` (`putex serve`).
+pub fn grant(resource: &str, uid: &str) -> Result<String, NameError> {
+    validate_name(resource)?;
+    validate_name(uid)?;
+    Ok(format!("{GRANT_PREFIX}{resource}.{uid}"))
+}
+
+/// The key of `resource`'s cancel record: waiting HTTP requests that
+/// arrived before its revision were deleted by an administrator.
+pub fn cancel(resource: &str) -> Result<String, NameError> {
+    validate_name(resource)?;
+    Ok(format!("{CANCEL_PREFIX}{resource}"))
+}
+
 /// The key of lock `name`'s once-per-period record.
 pub fn once(name: &str) -> Result<String, NameError> {
     validate_name(name)?;
@@ -205,6 +228,33 @@ pub fn id_scan(pool: &str) -> Result<String, NameError> {
 pub fn id_pool(pool: &str) -> Result<String, NameError> {
     validate_name(pool)?;
     Ok(format!("{ID_PREFIX}{pool}."))
+}
+
+/// The key of transition record `seq` of one writer (`node`, `instance`)
+/// for lock `name`: `history.<name>.<node>-<instance>-<seq>`. Only the
+/// first 8 characters of `instance` are used; `seq` is zero-padded to 8
+/// digits, so that one writer's records sort in order (readers order by
+/// store revision anyway).
+pub fn history(name: &str, node: &str, instance: &str, seq: u64) -> Result<String, NameError> {
+    validate_name(name)?;
+    validate_node(node)?;
+    let instance: String = instance.chars().take(8).collect();
+    validate_name(&instance)?;
+    Ok(format!("{HISTORY_PREFIX}{name}.{node}-{instance}-{seq:08}"))
+}
+
+/// The watch filter selecting every transition record of lock `name`.
+pub fn history_of(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{HISTORY_PREFIX}{name}."))
+}
+
+/// The key of lock `name`'s history scan marker (see
+/// [`snapshot_synced`](super::snapshot_synced)): `=` is neither a name nor
+/// a node character, so it is never a transition record's key.
+pub fn history_scan(name: &str) -> Result<String, NameError> {
+    validate_name(name)?;
+    Ok(format!("{HISTORY_PREFIX}{name}.=scan"))
 }
 
 /// The key of `node`'s probe record.
@@ -337,6 +387,21 @@ mod tests {
         assert!(id_name("web", "a..b").is_err() && id_record("a.b", 1).is_err());
         assert!(lock("a.b").is_err());
         assert!(member("pg", "a..b").is_err());
+    }
+
+    #[test]
+    fn history_layout() {
+        let k = history("pg", "db1.example.com", "0123456789abcdef", 7).unwrap();
+        assert_eq!(k, "history.pg.db1.example.com-01234567-00000007");
+        validate_key(&k).unwrap();
+        let f = history_of("pg").unwrap();
+        let scan = history_scan("pg").unwrap();
+        validate_key(&scan).unwrap();
+        assert!(filter_matches(&f, &k) && filter_matches(&f, &scan));
+        assert!(!filter_matches(&f, "history.pgx.a-0-00000001"));
+        // The marker can never be a record's key: `=` is no node character.
+        assert!(validate_node("=scan").is_err());
+        assert!(history("pg", "a", "x.y", 1).is_err() && history_of("a.b").is_err());
     }
 
     #[test]

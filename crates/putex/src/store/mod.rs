@@ -436,6 +436,19 @@ pub async fn snapshot(
     Ok(latest.into_iter().collect())
 }
 
+/// Every record under `prefix` (ending in `.`) as of now, without the
+/// marker: [`snapshot_synced`] with the marker `<prefix>=scan` — `=` is no
+/// name character, so the marker is never a lock, ticket or member.
+pub async fn read_prefix(
+    store: &impl Store,
+    prefix: &str,
+    timeout: Duration,
+) -> Result<Vec<(String, Entry)>, StoreError> {
+    let marker = format!("{prefix}=scan");
+    let (records, _) = snapshot_synced(store, prefix, &marker, timeout).await?;
+    Ok(records.into_iter().filter(|(k, _)| *k != marker).collect())
+}
+
 /// The latest entry of every key under `filter` as of now, complete: writes
 /// `marker` (a key under `filter`, unconditionally) and reads the watch's
 /// initial delivery up to the marker. Every backend delivers in revision

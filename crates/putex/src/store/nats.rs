@@ -98,6 +98,27 @@ enum Raw {
 
 /// Nanoseconds since the Unix epoch of an async-nats timestamp (a
 /// `time::OffsetDateTime`, used here without naming the `time` crate).
+/// Removes a watch's consumer from the server when the watch is dropped
+/// (best effort: the server removes it anyway after its inactive
+/// threshold).
+struct RemoveConsumerOnDrop {
+    stream: jetstream::stream::Stream,
+    name: String,
+}
+
+impl Drop for RemoveConsumerOnDrop {
+    fn drop(&mut self) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let stream = self.stream.clone();
+            let name = std::mem::take(&mut self.name);
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), stream.delete_consumer(&name))
+                    .await;
+            });
+        }
+    }
+}
+
 macro_rules! nanos {
     ($t:expr) => {
         u64::try_from($t.unix_timestamp_nanos()).unwrap_or(0)
@@ -344,6 +365,29 @@ impl NatsStore {
     /// The underlying NATS client (for tests and diagnostics).
     pub fn client(&self) -> &async_nats::Client {
         &self.inner.client
+    }
+
+    /// Removes every message of `key` from the bucket's stream (a stream
+    /// purge filtered to its subject). Unlike [`Store::delete`], which
+    /// appends a delete marker and keeps the old value in the key's
+    /// history, nothing of the key remains, and watchers see no event.
+    ///
+    /// For write-once records that nobody reads any more (pruned
+    /// transition records, [`crate::history`]); never for lock records.
+    pub async fn purge_key(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
+        validate_key(key)?;
+        let subject = format!("{}{key}", self.inner.subject_prefix);
+        with_deadline(Op::Delete, key, timeout, async {
+            self.inner
+                .kv
+                .stream
+                .purge()
+                .filter(subject)
+                .await
+                .map(drop)
+                .map_err(|e| StoreError::unknown(Op::Delete, key, e))
+        })
+        .await
     }
 
     /// Re-reads the epoch from the stream leader if a reconnect happened.
@@ -614,40 +658,86 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<WatchStream, StoreError> {
         validate_filter(filter)?;
-        let subject = nats_filter(filter);
         let kv = &self.inner.kv;
-        let watch = with_deadline(Op::Watch, filter, timeout, async {
-            let w = match from_revision {
-                None => kv.watch_with_history(&subject).await,
-                Some(r) => kv.watch_from_revision(&subject, r.max(1)).await,
-            };
-            w.map_err(|e| StoreError::unknown(Op::Watch, filter, e))
+        let prefix = kv.prefix.clone();
+        let subject = format!("{prefix}{}", nats_filter(filter));
+        // The watch's consumer is built here rather than by
+        // `kv.watch_with_history`, to remove it when the watch is dropped:
+        // an ephemeral consumer otherwise outlives its watch by its
+        // inactive threshold (30 s, fixed by async-nats for ordered
+        // consumers), and a stream allows 1,000 consumers (nats-server's
+        // default), so a bucket seeing more than ~33 watches a second (each
+        // lease acquisition and queue ticket starts one) would run out.
+        let deliver_policy = match from_revision {
+            None => jetstream::consumer::DeliverPolicy::LastPerSubject,
+            Some(r) => jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: r.max(1),
+            },
+        };
+        let messages = with_deadline(Op::Watch, filter, timeout, async {
+            let consumer = kv
+                .stream
+                .create_consumer(jetstream::consumer::push::OrderedConfig {
+                    deliver_subject: self.inner.client.new_inbox(),
+                    description: Some("putex watch".to_string()),
+                    filter_subject: subject,
+                    replay_policy: jetstream::consumer::ReplayPolicy::Instant,
+                    deliver_policy,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+            let name = consumer.cached_info().name.clone();
+            let messages = consumer
+                .messages()
+                .await
+                .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+            Ok((messages, name))
         })
         .await?;
+        let (messages, name) = messages;
+        let remove = RemoveConsumerOnDrop {
+            stream: kv.stream.clone(),
+            name,
+        };
         let store = self.clone();
         let filter = filter.to_owned();
-        let stream = watch.map(move |item| match item {
-            Ok(e) => {
-                let time = StoreTime {
-                    era: NATS_ERA,
-                    nanos: nanos!(e.created),
-                };
-                let entry = match e.operation {
-                    kv::Operation::Put => Some(Entry {
-                        value: e.value.to_vec(),
-                        token: store.token(e.revision),
-                        time,
-                    }),
-                    kv::Operation::Delete | kv::Operation::Purge => None,
-                };
-                Ok(WatchEvent {
-                    key: e.key,
-                    entry,
-                    revision: e.revision,
-                    time,
+        let stream = messages.map(move |item| {
+            let _owns = &remove;
+            let message = item.map_err(|e| StoreError::unknown(Op::Watch, &filter, e))?;
+            let info = message
+                .info()
+                .map_err(|e| StoreError::unknown(Op::Watch, &filter, e))?;
+            let time = StoreTime {
+                era: NATS_ERA,
+                nanos: nanos!(info.published),
+            };
+            let revision = info.stream_sequence;
+            let deleted = message
+                .headers
+                .as_ref()
+                .and_then(|h| {
+                    h.get("KV-Operation")
+                        .map(|op| op.as_str() != "PUT")
+                        .or_else(|| h.get("Nats-Marker-Reason").map(|_| true))
                 })
-            }
-            Err(e) => Err(StoreError::unknown(Op::Watch, &filter, e)),
+                .unwrap_or(false);
+            let key = message
+                .subject
+                .strip_prefix(prefix.as_str())
+                .unwrap_or(message.subject.as_str())
+                .to_owned();
+            let entry = (!deleted).then(|| Entry {
+                value: message.payload.to_vec(),
+                token: store.token(revision),
+                time,
+            });
+            Ok(WatchEvent {
+                key,
+                entry,
+                revision,
+                time,
+            })
         });
         // End the stream after its first error: the caller re-establishes it.
         let mut done = false;

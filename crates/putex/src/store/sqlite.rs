@@ -177,6 +177,34 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Removes `key`'s row if it is still at `expected`, leaving no
+    /// tombstone: unlike [`Store::delete`], watchers never learn of it.
+    /// Returns whether a row was removed.
+    ///
+    /// For write-once records that nobody reads any more (pruned
+    /// transition records, [`crate::history`]); never for lock records.
+    pub async fn purge_key(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        validate_key(key)?;
+        if expected.epoch != self.inner.epoch {
+            return Ok(false);
+        }
+        let k = key.to_owned();
+        self.blocking(Op::Delete, key, timeout, move |conn| {
+            conn.execute(
+                "DELETE FROM kv WHERE key = ?1 AND revision = ?2",
+                params![k, to_i64(expected.revision)],
+            )
+            .map(|n| n > 0)
+            .map_err(|e| sql_err(Op::Delete, &k, e))
+        })
+        .await
+    }
+
     /// Runs blocking work on the main connection, within the deadline.
     async fn blocking<T: Send + 'static>(
         &self,

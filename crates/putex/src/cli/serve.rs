@@ -1,0 +1,334 @@
+//! `putex serve`: the HTTP lock gateway.
+//!
+//! Flags and `PUTEX_*` variables ([`ServeArgs`]) → validated settings
+//! ([`ServeSettings`], errors name the flag) → the store, a bound listener
+//! and [`crate::http::serve`] until SIGTERM or SIGINT. On the first signal
+//! the server stops accepting, ends waiting lock requests and lets the
+//! others finish for `--grace`; a second signal stops it at once.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use putex_core::timing::DEFAULT_MAX_DRIFT_PPM;
+use putex_core::Drift;
+use tokio::net::TcpListener;
+
+use super::config::{hostname, parse_drift, parse_duration};
+use super::CliError;
+use crate::gateway::{Gateway, GatewayOptions};
+use crate::http::{self, AdminCredentials, AuthSettings, HttpOptions, Secret, TlsSettings};
+use crate::store::{keys, AnyStore, StoreUrl};
+
+/// The default `--listen`: loopback, on RDLM's port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8888";
+
+/// The flags of `putex serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// The address to listen on (`0.0.0.0:8888` for every interface).
+    #[arg(long, env = "PUTEX_LISTEN", default_value = DEFAULT_LISTEN, value_name = "ADDR")]
+    pub listen: String,
+    /// The store URL: `nats://host:port[,...][?options]`, `sqlite:` or
+    /// sqlite:///path.db [default: PUTEX_STORE, NATS_URL, else the embedded SQLite store].
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+    /// This gateway's node id, written as the holder of its locks [default: the hostname].
+    #[arg(long, env = "PUTEX_NODE")]
+    pub node: Option<String>,
+    /// The URL clients reach this server at, for the `Location` of a granted
+    /// lock (e.g. behind a proxy) [default: built from --listen].
+    #[arg(long, env = "PUTEX_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
+    /// The user name of the administrative calls (HTTP Basic).
+    #[arg(
+        long,
+        env = "PUTEX_ADMIN_USER",
+        value_name = "USER",
+        requires = "admin_password_file"
+    )]
+    pub admin_user: Option<String>,
+    /// A file holding the admin's password (one line).
+    #[arg(
+        long,
+        env = "PUTEX_ADMIN_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "admin_user"
+    )]
+    pub admin_password_file: Option<PathBuf>,
+    /// A file holding a bearer token every call but /health must present
+    /// (`Authorization: Bearer TOKEN`).
+    #[arg(long, env = "PUTEX_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The server's TLS certificate chain (PEM, leaf first); with --tls-key.
+    #[arg(long, env = "PUTEX_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, env = "PUTEX_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The longest lifetime a client may ask for.
+    #[arg(long, env = "PUTEX_MAX_LIFETIME", value_parser = parse_duration, default_value = "1h", value_name = "DUR")]
+    pub max_lifetime: Duration,
+    /// The longest wait a client may ask for.
+    #[arg(long, env = "PUTEX_MAX_WAIT", value_parser = parse_duration, default_value = "1h", value_name = "DUR")]
+    pub max_wait: Duration,
+    /// The lease the gateway acquires with before it grants a lock for its
+    /// lifetime: the first request for a never-used resource waits about
+    /// 1.2 times this (S4), and after a store lost a record S4 protects
+    /// holders only up to it (as --max-lease does for agents).
+    #[arg(long, env = "PUTEX_ACQUIRE_LEASE", value_parser = parse_duration, default_value = "2s", value_name = "DUR")]
+    pub acquire_lease: Duration,
+    /// ε: clock-rate bound [default: 1%].
+    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
+    pub max_drift: Option<f64>,
+    /// How long requests in flight may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "PUTEX_GRACE", value_parser = parse_duration, default_value = "5s", value_name = "DUR")]
+    pub grace: Duration,
+}
+
+/// The validated settings of `putex serve`.
+#[derive(Clone, Debug)]
+pub struct ServeSettings {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The store.
+    pub store: StoreUrl,
+    /// The gateway's options.
+    pub gateway: GatewayOptions,
+    /// The HTTP server's options.
+    pub http: HttpOptions,
+}
+
+fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}
+
+/// The first line of a secret file; refuses an unreadable or empty file.
+fn read_secret(flag: &str, path: &Path) -> Result<Secret, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("{flag} {}: cannot read it: {e}", path.display())))?;
+    let line = text.lines().next().unwrap_or_default().trim();
+    if line.is_empty() {
+        return Err(usage(format!(
+            "{flag} {}: the file is empty; put the secret on its first line",
+            path.display()
+        )));
+    }
+    Ok(Secret::new(line))
+}
+
+impl ServeArgs {
+    /// The validated settings; errors name the flag.
+    pub fn settings(&self) -> Result<ServeSettings, CliError> {
+        let listen = self
+            .listen
+            .to_socket_addrs()
+            .map_err(|e| {
+                usage(format!(
+                    "--listen {:?}: {e}; write e.g. 127.0.0.1:8888",
+                    self.listen
+                ))
+            })?
+            .next()
+            .ok_or_else(|| usage(format!("--listen {:?}: no address", self.listen)))?;
+        let store = match &self.store {
+            Some(u) => StoreUrl::parse(u),
+            None => StoreUrl::from_env(),
+        }
+        .map_err(|e| usage(format!("--store: {e}")))?;
+        let node = self.node.clone().unwrap_or_else(hostname);
+        keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+        if self.max_lifetime.is_zero() {
+            return Err(usage("--max-lifetime must be above 0"));
+        }
+        let public_url = self
+            .public_url
+            .as_deref()
+            .map(http::parse_public_url)
+            .transpose()
+            .map_err(|e| usage(format!("--public-url: {e}")))?;
+        let token = self
+            .token_file
+            .as_deref()
+            .map(|p| read_secret("--token-file", p))
+            .transpose()?;
+        let admin = match (&self.admin_user, &self.admin_password_file) {
+            (Some(user), Some(file)) => {
+                if user.is_empty() || user.contains(':') {
+                    return Err(usage(format!(
+                        "--admin-user {user:?}: must be non-empty and without ':'"
+                    )));
+                }
+                Some(AdminCredentials {
+                    user: user.clone(),
+                    password: read_secret("--admin-password-file", file)?,
+                })
+            }
+            (None, None) => None,
+            _ => return Err(usage("--admin-user and --admin-password-file go together")),
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(
+                TlsSettings::from_pem_files(cert, key)
+                    .map_err(|e| usage(format!("--tls-cert/--tls-key: {e}")))?,
+            ),
+            (None, None) => None,
+            _ => return Err(usage("--tls-cert and --tls-key go together")),
+        };
+        Ok(ServeSettings {
+            listen,
+            store,
+            gateway: GatewayOptions {
+                node,
+                max_drift: match self.max_drift {
+                    Some(p) => Drift::from_percent(p),
+                    None => Drift::from_ppm(DEFAULT_MAX_DRIFT_PPM),
+                },
+                max_lifetime: self.max_lifetime,
+                max_wait: self.max_wait,
+                acquire_lease: self.acquire_lease,
+            },
+            http: HttpOptions {
+                public_url,
+                auth: AuthSettings { token, admin },
+                tls,
+                grace: self.grace,
+            },
+        })
+    }
+}
+
+/// Counts SIGTERM and SIGINT: the first asks for a graceful stop, the
+/// second for an immediate one.
+fn signal_count() -> Result<tokio::sync::watch::Receiver<u32>, CliError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let err = |e: std::io::Error| CliError::Other(format!("cannot install signal handlers: {e}"));
+    let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            let n = *tx.borrow() + 1;
+            if n == 1 {
+                tracing::info!("{name}: shutting down (again to stop at once)");
+            }
+            if tx.send(n).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// `putex serve`.
+pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
+    let settings = args.settings()?;
+    let signals = signal_count()?;
+    let store = AnyStore::open(&settings.store)
+        .await
+        .map_err(|e| CliError::Store(format!("store {}: {e}", settings.store)))?;
+    let listener = TcpListener::bind(settings.listen).await.map_err(|e| {
+        CliError::Other(format!("--listen {}: cannot listen: {e}", settings.listen))
+    })?;
+    let gateway = Gateway::new(store, settings.gateway);
+    let app = http::App::new(gateway, settings.http);
+    let at_least = |n: u32| {
+        let mut rx = signals.clone();
+        async move {
+            let _ = rx.wait_for(|c| *c >= n).await;
+        }
+    };
+    tokio::select! {
+        r = http::serve(listener, app, at_least(1)) => r.map_err(|e| CliError::Other(e.to_string())),
+        () = at_least(2) => {
+            tracing::warn!("second signal: stopping at once");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeSettings, String> {
+        let cli = Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.serve.settings().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults() {
+        let s = parse(&["--store", "sqlite:///tmp/x.db", "--node", "gw1"]).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:8888".parse().unwrap());
+        assert_eq!(s.gateway.node, "gw1");
+        assert_eq!(s.gateway.max_lifetime, Duration::from_secs(3600));
+        assert_eq!(s.gateway.max_wait, Duration::from_secs(3600));
+        assert_eq!(s.gateway.max_drift, Drift::from_percent(1.0));
+        assert!(s.http.tls.is_none() && s.http.auth.token.is_none());
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let missing = dir.path().join("missing");
+        let s = |p: &Path| p.display().to_string();
+        for (args, flag) in [
+            (vec!["--listen", "nonsense"], "--listen"),
+            (vec!["--public-url", "locks.example.com"], "--public-url"),
+            (vec!["--token-file", &s(&missing)], "--token-file"),
+            (vec!["--token-file", &s(&empty)], "--token-file"),
+            (
+                vec!["--admin-user", "a", "--admin-password-file", &s(&missing)],
+                "--admin-password-file",
+            ),
+            (vec!["--admin-user", "a"], "--admin-password-file"),
+            (vec!["--tls-cert", &s(&missing)], "--tls-key"),
+            (
+                vec!["--tls-cert", &s(&missing), "--tls-key", &s(&missing)],
+                "--tls-cert",
+            ),
+            (vec!["--max-wait", "soon"], "--max-wait"),
+            (vec!["--max-lifetime", "0s"], "--max-lifetime"),
+        ] {
+            let mut all = vec!["--store", "sqlite:///tmp/x.db", "--node", "gw1"];
+            all.extend(args.iter().copied());
+            let e = parse(&all)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} accepted"));
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_read_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "  s3cret  \nignored\n").unwrap();
+        let p = token.display().to_string();
+        let s = parse(&[
+            "--store",
+            "sqlite:///tmp/x.db",
+            "--node",
+            "gw1",
+            "--token-file",
+            &p,
+        ])
+        .unwrap();
+        assert!(s.http.auth.token.is_some());
+        assert!(!format!("{:?}", s.http.auth).contains("s3cret"));
+    }
+}

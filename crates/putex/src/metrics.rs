@@ -1,0 +1,371 @@
+//! Metrics in OpenMetrics text format, `putex_`-prefixed, for `/metrics`.
+//!
+//! One set per process ([`global`]): the driver records every store call's
+//! latency and its own progress; the agent's host records roles,
+//! transitions, health checks, hook durations, stops and the keeper's
+//! deadline. [`encode`] renders them with the gauges that are computed at
+//! scrape time (licence left, last renewal age).
+//!
+//! | series | type | what |
+//! |---|---|---|
+//! | `putex_role{role}` | gauge | 1 for the current role (`standby`, `confirming`, `active`, …) |
+//! | `putex_held` | gauge | 1 while holding the lock (confirming, active, stepping down) |
+//! | `putex_revision` | gauge | the revision of the fencing token while holding |
+//! | `putex_transitions_total{to}` | counter | role transitions, by the new role |
+//! | `putex_licence_left_seconds` | gauge | until the licence ends (0 when not holding) |
+//! | `putex_last_renewal_age_seconds` | gauge | since the last successful renewal (NaN before the first) |
+//! | `putex_store_call_duration_seconds{op,outcome}` | histogram | store calls by operation and outcome |
+//! | `putex_health_checks_total{mode,result}` | counter | health checks by mode and result |
+//! | `putex_hook_duration_seconds{hook}` | histogram | fence, activate and stop durations |
+//! | `putex_graceful_stop_failures_total` | counter | graceful stops that could not prove the service stopped |
+//! | `putex_keeper_armed` | gauge | 1 while the keeper holds a deadline |
+//! | `putex_keeper_fired_total` | counter | the keeper reached its deadline and stopped the service |
+//! | `putex_build_info{version}` | info | the putex version |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use putex_core::{Instant, Role};
+
+use crate::clock;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToLabel {
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    op: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HealthLabels {
+    mode: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabel {
+    hook: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
+}
+
+/// The process's metrics.
+pub struct Metrics {
+    registry: Registry,
+    role: Family<RoleLabel, Gauge>,
+    held: Gauge,
+    revision: Gauge,
+    transitions: Family<ToLabel, Counter>,
+    licence_left: Gauge<f64, AtomicU64>,
+    renewal_age: Gauge<f64, AtomicU64>,
+    store: Family<StoreLabels, Histogram>,
+    health: Family<HealthLabels, Counter>,
+    hooks: Family<HookLabel, Histogram>,
+    stop_failures: Counter,
+    keeper_armed: Gauge,
+    keeper_fired: Counter,
+    /// The licence deadline (boot-time ns), 0 when not holding.
+    deadline: AtomicU64,
+    /// When the last renewal was acknowledged (boot-time ns), 0 if never.
+    renewed_at: AtomicU64,
+    /// When the driver last went round its loop (boot-time ns).
+    progress: AtomicU64,
+    current_role: Mutex<Option<Role>>,
+}
+
+const ROLES: [Role; 7] = [
+    Role::Starting,
+    Role::Standby,
+    Role::Confirming,
+    Role::Active,
+    Role::SteppingDown,
+    Role::Lapsed,
+    Role::Exited,
+];
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("putex");
+        let role = Family::<RoleLabel, Gauge>::default();
+        registry.register("role", "1 for the agent's current role", role.clone());
+        for r in ROLES {
+            role.get_or_create(&RoleLabel {
+                role: r.to_string(),
+            })
+            .set(i64::from(r == Role::Starting));
+        }
+        let held = Gauge::default();
+        registry.register("held", "1 while this node holds the lock", held.clone());
+        let revision = Gauge::default();
+        registry.register(
+            "revision",
+            "The revision of the fencing token while holding the lock",
+            revision.clone(),
+        );
+        let transitions = Family::<ToLabel, Counter>::default();
+        registry.register(
+            "transitions",
+            "Role transitions, by the new role",
+            transitions.clone(),
+        );
+        for r in ROLES {
+            // Every series exists from the start, at 0.
+            let _ = transitions.get_or_create(&ToLabel { to: r.to_string() });
+        }
+        let licence_left = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "licence_left_seconds",
+            "Seconds until the licence ends (0 when not holding)",
+            licence_left.clone(),
+        );
+        let renewal_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "last_renewal_age_seconds",
+            "Seconds since the last successful renewal (NaN before the first)",
+            renewal_age.clone(),
+        );
+        let store = Family::<StoreLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+        });
+        registry.register(
+            "store_call_duration_seconds",
+            "Store calls by operation and outcome",
+            store.clone(),
+        );
+        let health = Family::<HealthLabels, Counter>::default();
+        registry.register(
+            "health_checks",
+            "Health checks by mode and result",
+            health.clone(),
+        );
+        let hooks = Family::<HookLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 18))
+        });
+        registry.register(
+            "hook_duration_seconds",
+            "Fence, activate and stop durations",
+            hooks.clone(),
+        );
+        let stop_failures = Counter::default();
+        registry.register(
+            "graceful_stop_failures",
+            "Graceful stops that could not prove the service stopped",
+            stop_failures.clone(),
+        );
+        let keeper_armed = Gauge::default();
+        registry.register(
+            "keeper_armed",
+            "1 while the keeper holds a licence deadline",
+            keeper_armed.clone(),
+        );
+        let keeper_fired = Counter::default();
+        registry.register(
+            "keeper_fired",
+            "The keeper reached its deadline and stopped the service",
+            keeper_fired.clone(),
+        );
+        registry.register(
+            "build",
+            "The putex build",
+            Info::new(VersionLabel {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        Metrics {
+            registry,
+            role,
+            held,
+            revision,
+            transitions,
+            licence_left,
+            renewal_age,
+            store,
+            health,
+            hooks,
+            stop_failures,
+            keeper_armed,
+            keeper_fired,
+            deadline: AtomicU64::new(0),
+            renewed_at: AtomicU64::new(0),
+            progress: AtomicU64::new(clock::boot_time_now().as_nanos()),
+            current_role: Mutex::new(None),
+        }
+    }
+
+    /// A role transition.
+    pub fn transition(&self, to: Role, revision: Option<u64>) {
+        for r in ROLES {
+            self.role
+                .get_or_create(&RoleLabel {
+                    role: r.to_string(),
+                })
+                .set(i64::from(r == to));
+        }
+        self.transitions
+            .get_or_create(&ToLabel { to: to.to_string() })
+            .inc();
+        let held = matches!(to, Role::Confirming | Role::Active | Role::SteppingDown);
+        self.held.set(i64::from(held));
+        match revision {
+            Some(r) if held => {
+                self.revision.set(i64::try_from(r).unwrap_or(i64::MAX));
+            }
+            _ if !held => {
+                self.revision.set(0);
+            }
+            _ => {}
+        }
+        *self.current_role.lock().unwrap_or_else(|e| e.into_inner()) = Some(to);
+    }
+
+    /// The current role, once one was reported.
+    pub fn role(&self) -> Option<Role> {
+        *self.current_role.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A store call finished.
+    pub fn store_call(&self, op: &str, outcome: &str, took: Duration) {
+        self.store
+            .get_or_create(&StoreLabels {
+                op: op.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A health check finished.
+    pub fn health_check(&self, mode: &str, ok: bool) {
+        self.health
+            .get_or_create(&HealthLabels {
+                mode: mode.to_string(),
+                result: if ok { "ok" } else { "failed" }.to_string(),
+            })
+            .inc();
+    }
+
+    /// A hook (or stop) finished.
+    pub fn hook(&self, hook: &str, took: Duration) {
+        self.hooks
+            .get_or_create(&HookLabel {
+                hook: hook.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A graceful stop could not prove the service stopped.
+    pub fn graceful_stop_failed(&self) {
+        self.stop_failures.inc();
+    }
+
+    /// The keeper was armed or extended to `deadline` (a renewal
+    /// succeeded), or disarmed (`None`).
+    pub fn licence(&self, deadline: Option<Instant>) {
+        match deadline {
+            Some(d) => {
+                self.deadline.store(d.as_nanos(), Ordering::Relaxed);
+                self.renewed_at
+                    .store(clock::boot_time_now().as_nanos(), Ordering::Relaxed);
+                self.keeper_armed.set(1);
+            }
+            None => {
+                self.deadline.store(0, Ordering::Relaxed);
+                self.keeper_armed.set(0);
+            }
+        }
+    }
+
+    /// The keeper fired.
+    pub fn keeper_fired(&self) {
+        self.keeper_fired.inc();
+        self.deadline.store(0, Ordering::Relaxed);
+        self.keeper_armed.set(0);
+    }
+
+    /// The driver went round its loop.
+    pub fn progress(&self) {
+        self.progress
+            .store(clock::boot_time_now().as_nanos(), Ordering::Relaxed);
+    }
+
+    /// How long since the driver last went round its loop.
+    pub fn since_progress(&self) -> Duration {
+        Duration::from_nanos(
+            clock::boot_time_now()
+                .as_nanos()
+                .saturating_sub(self.progress.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// The metrics in OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let now = clock::boot_time_now().as_nanos();
+        let deadline = self.deadline.load(Ordering::Relaxed);
+        let left = Duration::from_nanos(deadline.saturating_sub(now));
+        self.licence_left.set(left.as_secs_f64());
+        let renewed = self.renewed_at.load(Ordering::Relaxed);
+        self.renewal_age.set(if renewed == 0 {
+            f64::NAN
+        } else {
+            Duration::from_nanos(now.saturating_sub(renewed)).as_secs_f64()
+        });
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// This process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_prefixed_and_change() {
+        let m = Metrics::new();
+        m.transition(Role::Active, Some(42));
+        m.store_call("update", "ok", Duration::from_millis(2));
+        m.health_check("active", true);
+        m.licence(Some(clock::boot_time_now() + Duration::from_secs(5)));
+        let text = m.encode();
+        for series in [
+            "putex_role{role=\"active\"} 1",
+            "putex_held 1",
+            "putex_revision 42",
+            "putex_transitions_total{to=\"active\"} 1",
+            "putex_store_call_duration_seconds_count{op=\"update\",outcome=\"ok\"} 1",
+            "putex_health_checks_total{mode=\"active\",result=\"ok\"} 1",
+            "putex_keeper_armed 1",
+            "putex_build_info{version=",
+        ] {
+            assert!(text.contains(series), "{series} missing in\n{text}");
+        }
+        assert!(text.contains("putex_licence_left_seconds 4."), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,104 @@
+//! The web status page, served by `putex serve` and by the agent's
+//! `--http`: locks, holders, members, health, time since the last renewal,
+//! fencing tokens and a failover timeline, refreshed every second.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /ui` | the page (one HTML file with its script, no assets) |
+//! | `GET /ui/status.json` | what the page shows: every lock's status and its latest transitions |
+//!
+//! The data is what `putex status` and `putex history` read
+//! ([`crate::cli::status::lock_status`], [`crate::history`]); the page
+//! only draws it.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::cli::status::{lock_status, LockStatus};
+use crate::history::{self, HistoryRow};
+use crate::store::{keys, AnyStore};
+
+/// How many transitions per lock the page shows.
+pub const TIMELINE_LEN: usize = 20;
+
+/// What `/ui/status.json` returns.
+#[derive(Clone, Debug, Serialize)]
+pub struct PageData {
+    /// One entry per lock.
+    pub locks: Vec<LockPage>,
+}
+
+/// One lock on the page.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockPage {
+    /// Holder, state, token, members: as `putex status -o json`.
+    pub status: LockStatus,
+    /// The latest transitions, newest last: as `putex history -o json`.
+    pub timeline: Vec<HistoryRow>,
+}
+
+#[derive(Clone)]
+struct Page {
+    store: AnyStore,
+    locks: Option<Vec<String>>,
+}
+
+/// The page's routes for `store`: every lock, or only `locks`.
+pub fn router(store: AnyStore, locks: Option<Vec<String>>) -> Router {
+    Router::new()
+        .route("/ui", get(page))
+        .route("/ui/status.json", get(data))
+        .with_state(Page { store, locks })
+}
+
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("web/status.html"),
+    )
+        .into_response()
+}
+
+async fn data(State(p): State<Page>) -> Response {
+    match collect(&p.store, p.locks.as_deref()).await {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"error": {"code": "store", "message": e}})),
+        )
+            .into_response(),
+    }
+}
+
+/// Reads what the page shows.
+pub async fn collect(store: &AnyStore, only: Option<&[String]>) -> Result<PageData, String> {
+    let timeout = Duration::from_secs(5);
+    let names: Vec<String> = match only {
+        Some(n) => n.to_vec(),
+        None => crate::store::read_prefix(store, keys::LOCK_PREFIX, timeout)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
+            .filter(|n| keys::validate_name(n).is_ok())
+            .collect(),
+    };
+    let mut locks = Vec::with_capacity(names.len());
+    for name in names {
+        let status = lock_status(store, &name).await.map_err(|e| e.to_string())?;
+        let records = history::read(store, &name, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut timeline = history::derive(&records);
+        let skip = timeline.len().saturating_sub(TIMELINE_LEN);
+        timeline.drain(..skip);
+        locks.push(LockPage { status, timeline });
+    }
+    Ok(PageData { locks })
+}

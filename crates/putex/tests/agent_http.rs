@@ -1,0 +1,214 @@
+//! `putex run --http`: the health endpoints flip on a failover, and the
+//! metrics are there and move.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::common::agent::{serial, Agent};
+use crate::common::nats_server::NatsServer;
+
+/// `GET path` with HTTP/1.1 and `Connection: close`: (status, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_status(port: u16, path: &str, want: u16, within: Duration) -> String {
+    let until = Instant::now() + within;
+    loop {
+        if let Some((status, body)) = http_get(port, path) {
+            if status == want {
+                return body;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "{path} on :{port} never answered {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
+}
+
+#[test]
+fn health_endpoints_flip_on_failover_and_metrics_move() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .zip(ports)
+        .map(|(node, port)| {
+            let addr = format!("127.0.0.1:{port}");
+            Agent::start(
+                dir.path(),
+                &server.url,
+                "web",
+                node,
+                &["--http", &addr, "--", "sleep", "1000"],
+            )
+        })
+        .collect();
+    // One of them becomes primary; the other is a healthy replica.
+    let until = Instant::now() + Duration::from_secs(20);
+    let active = loop {
+        let up: Vec<usize> = (0..2)
+            .filter(|i| http_get(ports[*i], "/primary").is_some_and(|(s, _)| s == 200))
+            .collect();
+        if up.len() == 1 {
+            break up[0];
+        }
+        assert!(up.len() < 2, "two primaries");
+        assert!(
+            Instant::now() < until,
+            "no primary: {}",
+            agents[0].log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let standby = 1 - active;
+    let body = wait_status(ports[standby], "/replica", 200, Duration::from_secs(5));
+    assert!(body.contains("\"role\":\"standby\""), "{body}");
+    assert_eq!(http_get(ports[standby], "/primary").unwrap().0, 503);
+    assert_eq!(http_get(ports[active], "/replica").unwrap().0, 503);
+    for path in ["/health", "/liveness", "/readiness"] {
+        assert_eq!(http_get(ports[active], path).unwrap().0, 200, "{path}");
+    }
+    let before = wait_status(ports[standby], "/metrics", 200, Duration::from_secs(5));
+    assert!(
+        before.contains("putex_role{role=\"standby\"} 1"),
+        "{before}"
+    );
+    assert!(before.contains("putex_build_info{version="), "{before}");
+    assert!(
+        before.contains("putex_store_call_duration_seconds_bucket"),
+        "{before}"
+    );
+    let active_metrics = http_get(ports[active], "/metrics").unwrap().1;
+    assert_eq!(metric(&active_metrics, "putex_held"), 1.0);
+    assert!(metric(&active_metrics, "putex_licence_left_seconds") > 0.0);
+    let transitions = metric(&before, "putex_transitions_total{to=\"active\"}");
+
+    // Crash the primary: the replica becomes primary, its metrics move.
+    agents[active].crash();
+    wait_status(ports[standby], "/primary", 200, Duration::from_secs(10));
+    let after = http_get(ports[standby], "/metrics").unwrap().1;
+    assert_eq!(
+        metric(&after, "putex_transitions_total{to=\"active\"}"),
+        transitions + 1.0,
+        "{after}"
+    );
+    assert!(after.contains("putex_role{role=\"active\"} 1"), "{after}");
+    assert!(metric(&after, "putex_revision") > 0.0);
+    agents[standby].stop_cleanly();
+}
+
+/// Datagrams received on a fake `$NOTIFY_SOCKET` within `window`.
+fn notifications(sock: &std::os::unix::net::UnixDatagram, window: Duration) -> Vec<String> {
+    let until = Instant::now() + window;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    while Instant::now() < until {
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        if let Ok(n) = sock.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let notify = path.display().to_string();
+    let mut agent = Agent::start_with(
+        dir.path(),
+        &server.url,
+        "sd",
+        "a",
+        &["--", "sleep", "1000"],
+        &dir.path().join("keeper"),
+        &[
+            ("NOTIFY_SOCKET", notify.as_str()),
+            ("WATCHDOG_USEC", "400000"),
+            ("PUTEX_TEST_WEDGE_AFTER", "3s"),
+        ],
+    );
+    let first = notifications(&sock, Duration::from_millis(2500));
+    assert_eq!(
+        first.iter().filter(|m| *m == "READY=1").count(),
+        1,
+        "{first:?}"
+    );
+    let ready = first.iter().position(|m| m == "READY=1").unwrap();
+    assert!(
+        first[..ready]
+            .iter()
+            .all(|m| !m.starts_with("STATUS=active")),
+        "{first:?}"
+    );
+    assert!(
+        first.iter().any(|m| m.starts_with("STATUS=active")),
+        "{first:?}"
+    );
+    assert!(
+        first.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3,
+        "{first:?}"
+    );
+    // Wedged at 3 s: the pings stop within 3 R + 1 s and stay stopped.
+    let _ = notifications(&sock, Duration::from_millis(2500));
+    let late = notifications(&sock, Duration::from_secs(1));
+    assert!(
+        late.iter().all(|m| m != "WATCHDOG=1"),
+        "a wedged agent still pinged the watchdog: {late:?}\n{}",
+        agent.log_text()
+    );
+    agent.crash();
+
+    // STOPPING=1 on a graceful stop.
+    let mut agent = Agent::start_with(
+        dir.path(),
+        &server.url,
+        "sd2",
+        "b",
+        &["--", "sleep", "1000"],
+        &dir.path().join("keeper2"),
+        &[("NOTIFY_SOCKET", notify.as_str())],
+    );
+    let up = notifications(&sock, Duration::from_millis(1500));
+    assert!(up.iter().any(|m| m.starts_with("STATUS=active")), "{up:?}");
+    agent.stop_cleanly();
+    let down = notifications(&sock, Duration::from_millis(300));
+    assert!(down.iter().any(|m| m == "STOPPING=1"), "{down:?}");
+}

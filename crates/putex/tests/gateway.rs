@@ -1,0 +1,153 @@
+//! The lock gateway's library API (`putex::gateway`) on the embedded store:
+//! grant, expiry, release, waiting in turn, cancellation, revocation, and a
+//! caller that goes away mid-wait. The HTTP layer on top is tested in
+//! `serve`.
+
+use std::time::{Duration, Instant};
+
+use putex::core::Drift;
+use putex::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOptions};
+use putex::store::{AnyStore, SqliteStore};
+
+async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
+    let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
+    Gateway::new(
+        store,
+        GatewayOptions {
+            node: node.into(),
+            max_drift: Drift::from_percent(1.0),
+            max_lifetime: Duration::from_secs(3600),
+            max_wait: Duration::from_secs(3600),
+            acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+        },
+    )
+}
+
+fn req(resource: &str, wait_ms: u64, lifetime_ms: u64) -> AcquireRequest {
+    AcquireRequest {
+        resource: resource.into(),
+        title: "test".into(),
+        wait: Duration::from_millis(wait_ms),
+        lifetime: Duration::from_millis(lifetime_ms),
+    }
+}
+
+/// First use of a name waits W + G (S4), also when the request gives up:
+/// the gateway finishes the takeover in the background and releases.
+async fn warm(g: &Gateway, resource: &str) {
+    let _ = g.acquire(req(resource, 100, 500)).await;
+    let started = Instant::now();
+    loop {
+        match g.acquire(req(resource, 100, 500)).await {
+            Ok(l) => {
+                assert!(g.release(resource, &l.uid).await.unwrap());
+                return;
+            }
+            Err(AcquireError::Timeout) if started.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_expire_release_and_wait_in_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(&dir, "gw1").await;
+    warm(&g, "res").await;
+
+    let a = g.acquire(req("res", 1000, 3000)).await.unwrap();
+    assert!(a.active && a.token.is_some());
+    assert_eq!(g.get("res", &a.uid).await.unwrap().unwrap().uid, a.uid);
+    assert_eq!(g.resources().await.unwrap(), ["res"]);
+    // Held: a short wait times out at about the wait.
+    let started = Instant::now();
+    assert!(matches!(
+        g.acquire(req("res", 1200, 1000)).await,
+        Err(AcquireError::Timeout)
+    ));
+    assert!(
+        started.elapsed() >= Duration::from_millis(1100),
+        "{:?}",
+        started.elapsed()
+    );
+    // Released: gone for GET and DELETE; the next one gets it at once.
+    assert!(g.release("res", &a.uid).await.unwrap());
+    assert!(g.get("res", &a.uid).await.unwrap().is_none());
+    assert!(!g.release("res", &a.uid).await.unwrap());
+    let started = Instant::now();
+    let b = g.acquire(req("res", 1000, 500)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(b.token > a.token);
+    // Expired after its lifetime.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(g.get("res", &b.uid).await.unwrap().is_none());
+
+    // Three waiters get it in arrival order.
+    let c = g.acquire(req("res", 5000, 2000)).await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let g = g.clone();
+        waiters.push(tokio::spawn(async move {
+            let l = g.acquire(req("res", 10_000, 2000)).await.unwrap();
+            let at = Instant::now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(g.release("res", &l.uid).await.unwrap());
+            (i, at)
+        }));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let listed = g.locks("res").await.unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(listed[0].active && !listed[1].active);
+    assert!(g.release("res", &c.uid).await.unwrap());
+    let mut order = Vec::new();
+    for w in waiters {
+        order.push(w.await.unwrap());
+    }
+    order.sort_by_key(|(_, at)| *at);
+    assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let g1 = gateway(&dir, "gw1").await;
+    let g2 = gateway(&dir, "gw2").await;
+    warm(&g1, "adm").await;
+    let held = g1.acquire(req("adm", 1000, 5000)).await.unwrap();
+    // A waiter on the other gateway is cancelled by an admin delete here.
+    let waiter = {
+        let g2 = g2.clone();
+        tokio::spawn(async move { g2.acquire(req("adm", 10_000, 1000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(g1.revoke("adm").await.unwrap());
+    assert!(matches!(
+        waiter.await.unwrap(),
+        Err(AcquireError::Cancelled)
+    ));
+    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "revoked");
+    assert!(!g1.revoke("nothing").await.unwrap());
+
+    // A client that disconnects while waiting never ends up holding it.
+    warm(&g1, "gone").await;
+    let holder = g1.acquire(req("gone", 1000, 5000)).await.unwrap();
+    let dropped = {
+        let g2 = g2.clone();
+        tokio::spawn(async move { g2.acquire(req("gone", 10_000, 5000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dropped.abort();
+    let _ = dropped.await;
+    assert!(g1.release("gone", &holder.uid).await.unwrap());
+    let started = Instant::now();
+    let next = g1.acquire(req("gone", 3000, 1000)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(g1.release("gone", &next.uid).await.unwrap());
+}

@@ -1,0 +1,1395 @@
+//! `putex serve` over HTTP: the RDLM-compatible API's contract (every
+//! status code of RDLM's API.md), the `/v1/` JSON API and its OpenAPI
+//! document, auth, TLS, waiting in turn, parallel resources, a client that
+//! disconnects mid-wait, two gateways on one store, graceful shutdown, and
+//! interplay with `putex lock` on a real nats-server.
+//!
+//! The server runs in-process on `127.0.0.1:0` ([`putex::http::serve`]);
+//! one test runs the built binary. Lifetimes are a second or two.
+//!
+//! The first use of a resource name costs W + G' (S4, about the lifetime
+//! asked for): tests warm their names with a short lifetime first.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use putex::core::Drift;
+use putex::gateway::{Gateway, GatewayOptions};
+use putex::http::{
+    self, AdminCredentials, App, AuthSettings, HttpError, HttpOptions, Secret, TlsSettings,
+};
+use putex::store::{AnyStore, SqliteStore, StoreUrl};
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_rustls::rustls;
+
+use crate::common::agent::putex;
+use crate::common::nats_server::NatsServer;
+
+const MAX_LIFETIME: Duration = Duration::from_secs(60);
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A `putex serve` running in this process.
+struct Served {
+    /// `http://127.0.0.1:PORT` (or `https://`).
+    url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), HttpError>>>,
+}
+
+impl Served {
+    async fn start(store: AnyStore, node: &str, opts: HttpOptions) -> Served {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let gateway = Gateway::new(
+            store,
+            GatewayOptions {
+                node: node.into(),
+                max_drift: Drift::from_percent(1.0),
+                max_lifetime: MAX_LIFETIME,
+                max_wait: MAX_WAIT,
+                acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+            },
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(http::serve(listener, App::new(gateway, opts), async {
+            let _ = stopped.await;
+        }));
+        Served {
+            url: format!("{scheme}://127.0.0.1:{port}"),
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    /// Asks for shutdown; returns how long `serve` took to return.
+    async fn shutdown(mut self) -> Duration {
+        let started = Instant::now();
+        let _ = self.stop.take().unwrap().send(());
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("serve returns after shutdown")
+            .unwrap()
+            .unwrap();
+        started.elapsed()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
+    AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap())
+}
+
+async fn nats(server: &NatsServer) -> AnyStore {
+    AnyStore::open(&StoreUrl::parse(&server.url).unwrap())
+        .await
+        .unwrap()
+}
+
+fn rustls_client_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// A client (reqwest without a crypto provider of its own: ring, as the
+/// server).
+fn client() -> Client {
+    client_trusting(rustls::RootCertStore::empty())
+}
+
+fn client_trusting(roots: rustls::RootCertStore) -> Client {
+    Client::builder()
+        .tls_backend_preconfigured(rustls_client_config(roots))
+        .timeout(Duration::from_secs(40))
+        .build()
+        .unwrap()
+}
+
+fn lock_body(title: &str, wait: f64, lifetime: f64) -> String {
+    json!({"title": title, "wait": wait, "lifetime": lifetime}).to_string()
+}
+
+async fn rdlm_post(c: &Client, s: &Served, resource: &str, wait: f64, lifetime: f64) -> Response {
+    c.post(s.at(&format!("/locks/{resource}")))
+        .body(lock_body("test case", wait, lifetime))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// An RDLM lock's URL, from a `201`.
+fn location(r: &Response) -> String {
+    assert_eq!(r.status(), StatusCode::CREATED);
+    r.headers()["location"].to_str().unwrap().to_owned()
+}
+
+async fn status_of(c: &Client, method: reqwest::Method, url: &str) -> StatusCode {
+    c.request(method, url).send().await.unwrap().status()
+}
+
+/// Takes the name's first use (S4) out of the way: a short lock, released.
+async fn warm(c: &Client, s: &Served, resource: &str) {
+    let r = c
+        .post(s.at(&format!("/v1/locks/{resource}")))
+        .body(lock_body("warm", 5.0, 0.5))
+        .send()
+        .await
+        .unwrap();
+    let url = location(&r);
+    assert_eq!(
+        status_of(c, reqwest::Method::DELETE, &url).await,
+        StatusCode::NO_CONTENT
+    );
+}
+
+/// Waits until `resource` lists `n` locks (granted and waiting).
+async fn wait_listed(c: &Client, s: &Served, resource: &str, n: usize) {
+    let started = Instant::now();
+    loop {
+        let v: Value = c
+            .get(s.at(&format!("/v1/locks/{resource}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["locks"].as_array().unwrap().len() >= n {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{resource} never listed {n} locks: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_hello_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let r = c.get(s.at("/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("Welcome"));
+
+    let post = |path: &str, body: &str| c.post(s.at(path)).body(body.to_owned()).send();
+    for (body, says) in [
+        ("", "empty body"),
+        (&lock_body("t", 5.0, 10.0)[..10], "invalid json body"),
+        ("title=t&wait=5", "invalid json body"),
+        (r#"{"wait": 5, "lifetime": 10}"#, "title is missing"),
+        (r#"{"title": "t", "lifetime": 10}"#, "wait is missing"),
+        (r#"{"title": "t", "wait": 5}"#, "lifetime is missing"),
+        (
+            r#"{"title": "t", "wait": -1, "lifetime": 10}"#,
+            "at least 0",
+        ),
+        (
+            r#"{"title": "t", "wait": 31, "lifetime": 10}"#,
+            "--max-wait",
+        ),
+        (
+            r#"{"title": "t", "wait": 1, "lifetime": 61}"#,
+            "--max-lifetime",
+        ),
+        (
+            r#"{"title": "t", "wait": 1, "lifetime": 0}"#,
+            "lifetime must be at least",
+        ),
+    ] {
+        let r = post("/locks/resource1", body).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{body:?}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(says), "{body:?}: {text}");
+    }
+    // RDLM's names are [a-zA-Z0-9]+: others match no route.
+    let ok = lock_body("t", 1.0, 1.0);
+    assert_eq!(
+        post("/locks/a_b", &ok).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        post("/locks/a%2Fb", &ok).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        post(&format!("/locks/{}", "a".repeat(65)), &ok)
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::BAD_REQUEST
+    );
+    use reqwest::Method as M;
+    for (m, path, want) in [
+        (
+            M::GET,
+            "/locks/resource1/0123456789abcdef",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            M::DELETE,
+            "/locks/resource1/0123456789abcdef",
+            StatusCode::NOT_FOUND,
+        ),
+        (M::GET, "/locks/resource1/not-a-uid", StatusCode::NOT_FOUND),
+        (M::DELETE, "/resources/resource2", StatusCode::NOT_FOUND),
+        (M::GET, "/resources/resource2", StatusCode::OK),
+        (M::GET, "/resources", StatusCode::OK),
+        (M::DELETE, "/resources", StatusCode::NO_CONTENT),
+        (M::GET, "/nothing/here", StatusCode::NOT_FOUND),
+        (M::PUT, "/locks/resource1", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        assert_eq!(
+            status_of(&c, m.clone(), &s.at(path)).await,
+            want,
+            "{m} {path}"
+        );
+    }
+    let r = c.get(s.at("/resources/resource2")).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/hal+json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["name"], "resource2");
+    assert_eq!(v["_links"]["self"]["href"], "/resources/resource2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_lock_get_list_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "resource1").await;
+
+    // Integers and floats are both numbers of seconds.
+    let r = c
+        .post(s.at("/locks/resource1"))
+        .body(r#"{"title": "test case", "wait": 5, "lifetime": 10.5}"#)
+        .send()
+        .await
+        .unwrap();
+    let url = location(&r);
+    let header_token = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
+    assert!(r.text().await.unwrap().is_empty(), "201 has an empty body");
+    let prefix = format!("{}/locks/resource1/", s.url);
+    assert!(url.starts_with(&prefix), "{url}");
+    let uid = &url[prefix.len()..];
+    let (epoch, revision) = header_token.split_once(':').unwrap();
+    assert!(epoch.parse::<u64>().is_ok() && revision.parse::<u64>().is_ok());
+
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/hal+json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["uid"], uid);
+    assert_eq!(v["title"], "test case");
+    assert_eq!(v["wait"], 5);
+    assert_eq!(v["lifetime"], 10.5);
+    assert_eq!(v["active"], true);
+    assert_eq!(v["token"], header_token.as_str());
+    assert_eq!(
+        v["_links"]["self"]["href"],
+        format!("/locks/resource1/{uid}")
+    );
+    assert_eq!(v["_links"]["resource"]["href"], "/resources/resource1");
+    // RDLM's times: "2013-01-22T23:01:16.771799", UTC, no zone.
+    for k in ["active_since", "active_expires"] {
+        let t = v[k].as_str().unwrap();
+        assert_eq!(t.len(), 26, "{k}: {t}");
+        assert_eq!(&t[10..11], "T");
+        let z = humantime::parse_rfc3339(&format!("{t}Z")).unwrap();
+        let off = z
+            .duration_since(SystemTime::now())
+            .unwrap_or_else(|e| e.duration());
+        assert!(off < Duration::from_secs(30), "{k} {t} is not UTC now");
+    }
+
+    let v: Value = c
+        .get(s.at("/resources"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["_embedded"]["resources"][0]["name"], "resource1");
+    assert_eq!(v["_links"]["self"]["href"], "/resources");
+    let v: Value = c
+        .get(s.at("/resources/resource1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["_embedded"]["locks"][0]["uid"], uid);
+
+    use reqwest::Method as M;
+    assert_eq!(status_of(&c, M::DELETE, &url).await, StatusCode::NO_CONTENT);
+    assert_eq!(status_of(&c, M::DELETE, &url).await, StatusCode::NOT_FOUND);
+    assert_eq!(status_of(&c, M::GET, &url).await, StatusCode::NOT_FOUND);
+    let other = url.replace("/resource1/", "/resource2/");
+    assert_eq!(
+        status_of(&c, M::DELETE, &other).await,
+        StatusCode::NOT_FOUND
+    );
+    let v: Value = c
+        .get(s.at("/resources/resource1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v.get("_embedded").is_none(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_408_after_the_wait_and_404_after_the_lifetime() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "resource1").await;
+
+    let first = location(&rdlm_post(&c, &s, "resource1", 5.0, 1.5).await);
+    let started = Instant::now();
+    let r = rdlm_post(&c, &s, "resource1", 1.0, 10.0).await;
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_millis(2000),
+        "408 after {took:?}, the wait was 1s"
+    );
+    // `wait: 0` on a held lock answers at once.
+    let started = Instant::now();
+    let r = rdlm_post(&c, &s, "resource1", 0.0, 10.0).await;
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(started.elapsed() < Duration::from_millis(900));
+
+    // The lifetime runs out: GET says 404, and a waiter gets the lock.
+    // (A waiter with the same lifetime: see the next test for a longer one.)
+    let second = rdlm_post(&c, &s, "resource1", 5.0, 1.5);
+    let (second, ()) = tokio::join!(second, async {
+        tokio::time::sleep(Duration::from_millis(1700)).await;
+        assert_eq!(
+            status_of(&c, reqwest::Method::GET, &first).await,
+            StatusCode::NOT_FOUND,
+            "the lock outlived its lifetime"
+        );
+    });
+    let second = location(&second);
+    assert_eq!(
+        status_of(&c, reqwest::Method::GET, &second).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &first).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// RDLM's `test_expired_lock`: a lock with lifetime 1 s, then a request
+/// waiting 5 s for a lifetime of 60 s gets it once the first expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_a_longer_waiter_gets_an_expired_lock_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "resource1").await;
+    let first = location(&rdlm_post(&c, &s, "resource1", 5.0, 1.0).await);
+    let second = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
+    assert_eq!(
+        second.status(),
+        StatusCode::CREATED,
+        "not granted within 5 s after a 1 s lock"
+    );
+    assert_eq!(
+        status_of(&c, reqwest::Method::GET, &first).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_give_waiters_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
+    let c = client();
+    tokio::join!(warm(&c, &s, "resource1"), warm(&c, &s, "resource2"));
+    let held1 = location(&rdlm_post(&c, &s, "resource1", 5.0, 10.0).await);
+    let held2 = location(&rdlm_post(&c, &s, "resource2", 5.0, 10.0).await);
+
+    // DELETE /resources/{r}: the holder's lock is revoked, the waiter 409.
+    let waiter = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { rdlm_post(&c, &s, "resource1", 20.0, 10.0).await.status() })
+    };
+    wait_listed(&c, &s, "resource1", 2).await;
+    let v: Value = c
+        .get(s.at("/resources/resource1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let locks = v["_embedded"]["locks"].as_array().unwrap();
+    assert_eq!(locks[0]["active"], true);
+    assert_eq!(locks[1]["active"], false, "{v}");
+    let started = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &s.at("/resources/resource1")).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(waiter.await.unwrap(), StatusCode::CONFLICT);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        status_of(&c, reqwest::Method::GET, &held1).await,
+        StatusCode::NOT_FOUND
+    );
+    // S7: the record says `revoked` and keeps the holder.
+    let st: Value = c
+        .get(s.at("/v1/status/resource1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["state"], "revoked", "{st}");
+    assert_eq!(st["holder"], "gw1");
+
+    // DELETE /resources: everything, waiters 409.
+    let waiter = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move { rdlm_post(&c, &s, "resource2", 20.0, 10.0).await.status() })
+    };
+    wait_listed(&c, &s, "resource2", 2).await;
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &s.at("/resources")).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(waiter.await.unwrap(), StatusCode::CONFLICT);
+    assert_eq!(
+        status_of(&c, reqwest::Method::GET, &held2).await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &s.at("/resources/resource2")).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// RDLM clients ask for minutes of lifetime and seconds of wait on names
+/// they have never used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_first_use_of_a_name_is_granted_within_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let r = rdlm_post(&c, &s, "fresh", 5.0, 60.0).await;
+    assert_eq!(
+        r.status(),
+        StatusCode::CREATED,
+        "a never-used name with lifetime 60 s and wait 5 s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_waiters_take_turns_and_four_resources_run_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
+    let c = client();
+
+    // Four resources at once: all four held at the same time.
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let (c, s) = (c.clone(), s.clone());
+            tokio::spawn(async move {
+                let url = location(&rdlm_post(&c, &s, &format!("par{i}"), 10.0, 2.0).await);
+                let granted = Instant::now();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let released = Instant::now();
+                assert_eq!(
+                    status_of(&c, reqwest::Method::DELETE, &url).await,
+                    StatusCode::NO_CONTENT
+                );
+                (granted, released)
+            })
+        })
+        .collect();
+    let mut spans = Vec::new();
+    for t in tasks {
+        spans.push(t.await.unwrap());
+    }
+    let last_grant = spans.iter().map(|s| s.0).max().unwrap();
+    let first_release = spans.iter().map(|s| s.1).min().unwrap();
+    assert!(
+        last_grant < first_release,
+        "four resources were not held at once"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Four waiters on one resource: each in turn, in arrival order.
+    let holder = location(&rdlm_post(&c, &s, "par0", 5.0, 10.0).await);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let (cw, sw, log) = (c.clone(), s.clone(), log.clone());
+        waiters.push(tokio::spawn(async move {
+            let (c, s) = (cw, sw);
+            let r = c
+                .post(s.at("/v1/locks/par0"))
+                .body(lock_body(&format!("w{i}"), 20.0, 5.0))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED);
+            let v: Value = r.json().await.unwrap();
+            log.lock()
+                .unwrap()
+                .push(("grant", i, v["revision"].as_u64().unwrap()));
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            log.lock().unwrap().push(("release", i, 0));
+            let url = s.at(v["href"].as_str().unwrap());
+            assert_eq!(
+                status_of(&c, reqwest::Method::DELETE, &url).await,
+                StatusCode::NO_CONTENT
+            );
+        }));
+        wait_listed(&c, &s, "par0", i + 2).await;
+    }
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &holder).await,
+        StatusCode::NO_CONTENT
+    );
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let kinds: Vec<_> = log.iter().map(|(k, i, _)| (*k, *i)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("grant", 0),
+            ("release", 0),
+            ("grant", 1),
+            ("release", 1),
+            ("grant", 2),
+            ("release", 2),
+            ("grant", 3),
+            ("release", 3)
+        ],
+        "not one at a time in arrival order"
+    );
+    let revisions: Vec<u64> = log.iter().filter(|e| e.0 == "grant").map(|e| e.2).collect();
+    assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_lock_renew_list_status_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "db-backup").await;
+
+    let r = c
+        .post(s.at("/v1/locks/db-backup"))
+        .json(&json!({"title": "nightly", "wait": 5, "lifetime": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let header = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
+    let loc = r.headers()["location"].to_str().unwrap().to_owned();
+    let lock: Value = r.json().await.unwrap();
+    let uid = lock["uid"].as_str().unwrap().to_owned();
+    assert_eq!(loc, format!("{}/v1/locks/db-backup/{uid}", s.url));
+    assert_eq!(lock["fencing_token"], header.as_str());
+    assert_eq!(
+        format!("{}:{}", lock["token"]["epoch"], lock["token"]["revision"]),
+        header
+    );
+    assert_eq!(lock["revision"], lock["token"]["revision"]);
+    assert_eq!(lock["active"], true);
+    assert_eq!(lock["lifetime"], 5.0);
+    assert!(lock["active_since"].as_str().unwrap().ends_with('Z'));
+
+    let got: Value = c.get(&loc).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got["uid"], uid.as_str());
+    assert_eq!(got["title"], "nightly");
+
+    let renewed = c
+        .post(format!("{loc}/renew"))
+        .json(&json!({"lifetime": 8}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renewed.status(), StatusCode::OK);
+    let renewed: Value = renewed.json().await.unwrap();
+    assert_eq!(renewed["lifetime"], 8.0);
+    assert!(renewed["revision"].as_u64() > lock["revision"].as_u64());
+    // An empty body keeps the lock's own lifetime.
+    let again = c.post(format!("{loc}/renew")).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+
+    let all: Value = c
+        .get(s.at("/v1/locks"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["resources"][0]["resource"], "db-backup");
+    assert_eq!(all["resources"][0]["locks"][0]["uid"], uid.as_str());
+
+    // The lock record, as `putex status` sees it.
+    let st: Value = c
+        .get(s.at("/v1/status/db-backup"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["holder"], "gw1");
+    assert_eq!(st["state"], "active");
+    assert_eq!(st["instance"], uid.as_str());
+    assert_eq!(st["revision"], st["token"]["revision"]);
+    assert_eq!(st["lease_ms"], 8000);
+    let all: Value = c
+        .get(s.at("/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(all["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["lock"] == "db-backup"));
+    let m = c
+        .get(s.at("/v1/status/db-backup/members"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(m.status(), StatusCode::OK);
+    let m: Value = m.json().await.unwrap();
+    assert_eq!(m["lock"], "db-backup");
+    assert!(m["members"].is_array());
+
+    let del = c.delete(&loc).send().await.unwrap();
+    assert_eq!(del.status(), StatusCode::NO_CONTENT);
+    for r in [
+        c.delete(&loc).send().await.unwrap(),
+        c.get(&loc).send().await.unwrap(),
+        c.post(format!("{loc}/renew")).send().await.unwrap(),
+    ] {
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "not_found", "{e}");
+    }
+    let st: Value = c
+        .get(s.at("/v1/status/db-backup"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["state"], "released");
+}
+
+/// Operators read a granted lock's record with `putex status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_lock_shows_active_in_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "shown").await;
+    let r = c
+        .post(s.at("/v1/locks/shown"))
+        .body(lock_body("t", 5.0, 5.0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let st: Value = c
+        .get(s.at("/v1/status/shown"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["holder"], "gw1");
+    assert_eq!(st["state"], "active", "{st}");
+}
+
+/// `putex status` without a name lists every `lock.*` key; the gateway's
+/// listings must not leave keys there that are no lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn putex_status_of_all_locks_works_after_gateway_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "listed").await;
+    let r = c.get(s.at("/resources")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let out = putex()
+        .args(["status", "-o", "json", "--store"])
+        .arg(format!("sqlite://{}", dir.path().join("s.db").display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "putex status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_errors_are_json_with_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
+    let c = client();
+    let expect = |status: StatusCode, code: &'static str| {
+        move |r: Response| async move {
+            assert_eq!(r.status(), status);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], code, "{v}");
+            assert!(v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()));
+        }
+    };
+    let bad = expect(StatusCode::BAD_REQUEST, "invalid");
+    for body in [
+        "",
+        "{",
+        "[]",
+        r#"{"lifetime": "soon"}"#,
+        r#"{"lifetime": -1}"#,
+        r#"{"lifetime": 1, "wait": 1e9}"#,
+    ] {
+        bad(c.post(s.at("/v1/locks/x")).body(body).send().await.unwrap()).await;
+    }
+    bad(c
+        .post(s.at("/v1/locks/bad.name"))
+        .json(&json!({"lifetime": 1}))
+        .send()
+        .await
+        .unwrap())
+    .await;
+    bad(c.get(s.at("/v1/status/bad.name")).send().await.unwrap()).await;
+    expect(StatusCode::PAYLOAD_TOO_LARGE, "invalid")(
+        c.post(s.at("/v1/locks/x"))
+            .body(vec![b' '; 200 * 1024])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    expect(StatusCode::NOT_FOUND, "not_found")(c.get(s.at("/v2/x")).send().await.unwrap()).await;
+    expect(StatusCode::NOT_FOUND, "not_found")(
+        c.delete(s.at("/v1/locks/nothing")).send().await.unwrap(),
+    )
+    .await;
+
+    warm(&c, &s, "v1err").await;
+    let held = c
+        .post(s.at("/v1/locks/v1err"))
+        .json(&json!({"wait": 1, "lifetime": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::CREATED);
+    expect(StatusCode::REQUEST_TIMEOUT, "timeout")(
+        c.post(s.at("/v1/locks/v1err"))
+            .json(&json!({"wait": 0, "lifetime": 1}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let waiter = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            c.post(s.at("/v1/locks/v1err"))
+                .json(&json!({"wait": 20, "lifetime": 1}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    wait_listed(&c, &s, "v1err", 2).await;
+    let r = c.delete(s.at("/v1/locks/v1err")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    expect(StatusCode::CONFLICT, "cancelled")(waiter.await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_describes_both_apis() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let r = client().get(s.at("/openapi.json")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let doc: Value = r.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/locks/{resource}",
+        "/resources",
+        "/v1/locks/{resource}",
+        "/health",
+    ] {
+        assert!(paths.contains_key(p), "{p}");
+    }
+    let created = &doc["paths"]["/v1/locks/{resource}"]["post"]["responses"]["201"];
+    assert!(
+        created["headers"].get("X-Putex-Token").is_some(),
+        "{created}"
+    );
+    for schema in ["LockView", "FencingToken", "ErrorBody", "HalLock"] {
+        assert!(
+            doc["components"]["schemas"].get(schema).is_some(),
+            "{schema}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_bearer_token_and_admin_basic() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(&dir).await;
+    let both = HttpOptions {
+        auth: AuthSettings {
+            token: Some(Secret::new("tok-123")),
+            admin: Some(AdminCredentials {
+                user: "admin".into(),
+                password: Secret::new("pw"),
+            }),
+        },
+        ..HttpOptions::default()
+    };
+    let s = Served::start(store.clone(), "gw1", both).await;
+    let c = client();
+    let code = |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().status() };
+
+    assert_eq!(code(c.get(s.at("/health"))).await, StatusCode::OK);
+    let r = c.get(s.at("/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "unauthorized");
+    for path in ["/", "/openapi.json", "/v1/locks", "/locks/x/abc"] {
+        assert_eq!(
+            code(c.get(s.at(path))).await,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+        assert_eq!(
+            code(c.get(s.at(path)).bearer_auth("tok-12")).await,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        code(c.get(s.at("/")).bearer_auth("tok-123")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        code(c.post(s.at("/locks/x")).body("")).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        code(c.post(s.at("/locks/x")).body("").bearer_auth("tok-123")).await,
+        StatusCode::BAD_REQUEST
+    );
+    // Admin calls need the admin's Basic credentials (not the token).
+    for admin in [
+        c.delete(s.at("/resources")),
+        c.get(s.at("/resources")),
+        c.get(s.at("/resources/x")),
+        c.delete(s.at("/resources/x")),
+        c.delete(s.at("/v1/locks/x")),
+    ] {
+        let r = admin.try_clone().unwrap().send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            r.headers()["www-authenticate"],
+            "Basic realm=\"putex admin\""
+        );
+        for wrong in [
+            admin.try_clone().unwrap().bearer_auth("tok-123"),
+            admin.try_clone().unwrap().basic_auth("admin", Some("pw2")),
+            admin.try_clone().unwrap().basic_auth("root", Some("pw")),
+        ] {
+            assert_eq!(code(wrong).await, StatusCode::UNAUTHORIZED);
+        }
+        let ok = code(admin.basic_auth("admin", Some("pw"))).await;
+        assert_ne!(ok, StatusCode::UNAUTHORIZED);
+    }
+    drop(s);
+
+    // Token only: the admin calls take the token.
+    let token_only = HttpOptions {
+        auth: AuthSettings {
+            token: Some(Secret::new("tok-123")),
+            admin: None,
+        },
+        ..HttpOptions::default()
+    };
+    let s = Served::start(store.clone(), "gw1", token_only).await;
+    assert_eq!(
+        code(c.delete(s.at("/resources"))).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        code(c.delete(s.at("/resources")).bearer_auth("tok-123")).await,
+        StatusCode::NO_CONTENT
+    );
+    drop(s);
+
+    // Admin only (RDLM's model): locks are open, admin calls are not.
+    let admin_only = HttpOptions {
+        auth: AuthSettings {
+            token: None,
+            admin: Some(AdminCredentials {
+                user: "admin".into(),
+                password: Secret::new("pw"),
+            }),
+        },
+        ..HttpOptions::default()
+    };
+    let s = Served::start(store, "gw1", admin_only).await;
+    assert_eq!(code(c.get(s.at("/"))).await, StatusCode::OK);
+    assert_eq!(code(c.get(s.at("/v1/locks"))).await, StatusCode::OK);
+    assert_eq!(
+        code(c.delete(s.at("/resources"))).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        code(c.delete(s.at("/resources")).basic_auth("admin", Some("pw"))).await,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_self_signed_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let tls = TlsSettings::from_pem_files(&cert, &key).unwrap();
+    assert!(TlsSettings::from_pem_files(&key, &key)
+        .unwrap_err()
+        .to_string()
+        .contains("key.pem"));
+    let s = Served::start(
+        sqlite(&dir).await,
+        "gw1",
+        HttpOptions {
+            tls: Some(tls),
+            ..HttpOptions::default()
+        },
+    )
+    .await;
+    assert!(s.url.starts_with("https://"));
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    let c = client_trusting(roots);
+    let r = c.get(s.at("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let url = location(&rdlm_post(&c, &s, "tls", 5.0, 1.0).await);
+    assert!(url.starts_with(&format!("{}/locks/tls/", s.url)), "{url}");
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &url).await,
+        StatusCode::NO_CONTENT
+    );
+    // Plain HTTP, or a client that does not trust the certificate: no.
+    let plain = s.url.replace("https://", "http://");
+    assert!(client()
+        .get(format!("{plain}/health"))
+        .send()
+        .await
+        .is_err());
+    assert!(client().get(s.at("/health")).send().await.is_err());
+}
+
+/// Writes a lock request on a raw connection, then closes it while the
+/// request waits.
+async fn post_and_hang_up(s: &Served, resource: &str, wait: f64, lifetime: f64) {
+    let addr = s.url.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = lock_body("gone", wait, lifetime);
+    let req = format!(
+        "POST /locks/{resource} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 64];
+    // No answer while it waits.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), tcp.read(&mut buf))
+            .await
+            .is_err(),
+        "answered while the lock is held"
+    );
+    drop(tcp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_wait_never_holds_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "gone").await;
+    let holder = location(&rdlm_post(&c, &s, "gone", 5.0, 10.0).await);
+    post_and_hang_up(&s, "gone", 20.0, 20.0).await;
+    // The waiter is gone from the queue...
+    let started = Instant::now();
+    loop {
+        let v: Value = c
+            .get(s.at("/v1/locks/gone"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["locks"].as_array().unwrap().len() == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still queued: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...and does not get the lock when it is released: the next client does, at once.
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &holder).await,
+        StatusCode::NO_CONTENT
+    );
+    let started = Instant::now();
+    let next = rdlm_post(&c, &s, "gone", 3.0, 1.0).await;
+    assert_eq!(
+        next.status(),
+        StatusCode::CREATED,
+        "the gone client holds it"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_waiting_requests_and_stops_accepting() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "bye").await;
+    let _held = location(&rdlm_post(&c, &s, "bye", 5.0, 10.0).await);
+    let waiter = {
+        let (c, url) = (c.clone(), s.at("/locks/bye"));
+        tokio::spawn(async move {
+            c.post(url)
+                .body(lock_body("w", 20.0, 1.0))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    wait_listed(&c, &s, "bye", 2).await;
+    let health = s.at("/health");
+    let took = s.shutdown().await;
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+    assert_eq!(waiter.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(c.get(health).send().await.is_err(), "still accepting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_nats_store_act_as_one_service() {
+    let server = NatsServer::start();
+    let store = nats(&server).await;
+    let g1 = Arc::new(Served::start(store.clone(), "gw1", HttpOptions::default()).await);
+    let g2 = Arc::new(Served::start(nats(&server).await, "gw2", HttpOptions::default()).await);
+    let c = client();
+    warm(&c, &g1, "shared").await;
+
+    let on1 = location(&rdlm_post(&c, &g1, "shared", 5.0, 10.0).await);
+    let on2 = on1.replace(&g1.url, &g2.url);
+    let v: Value = c.get(&on2).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["active"], true, "gw2 does not see gw1's lock: {v}");
+    assert_eq!(
+        rdlm_post(&c, &g2, "shared", 1.0, 5.0).await.status(),
+        StatusCode::REQUEST_TIMEOUT
+    );
+    let waiter = {
+        let (c, g2) = (c.clone(), g2.clone());
+        tokio::spawn(async move { location(&rdlm_post(&c, &g2, "shared", 20.0, 10.0).await) })
+    };
+    wait_listed(&c, &g1, "shared", 2).await;
+    // Released through the other gateway: the waiter on gw2 gets it at once.
+    let released = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &on2).await,
+        StatusCode::NO_CONTENT
+    );
+    let waited = waiter.await.unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    let st: Value = c
+        .get(g1.at("/v1/status/shared"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(st["holder"], "gw2", "{st}");
+    // An admin delete on gw1 revokes gw2's lock.
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &g1.at("/resources/shared")).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        status_of(&c, reqwest::Method::GET, &waited).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// `putex lock NAME --ttl 1s` on `url`, with the keeper sockets in `dir`.
+fn putex_lock(
+    url: &str,
+    dir: &std::path::Path,
+    name: &str,
+    args: &[&str],
+    script: &str,
+) -> tokio::process::Command {
+    let mut c = putex();
+    c.current_dir(dir)
+        .env("D", dir)
+        .env("PUTEX_KEEPER_DIR", dir.join("keepers"))
+        .env("RUST_LOG", "warn")
+        .args(["lock", name, "--ttl", "1s", "--store", url])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(std::process::Stdio::null());
+    tokio::process::Command::from(c)
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn read_ns(path: &std::path::Path) -> Option<u128> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_locks_and_putex_lock_exclude_each_other() {
+    let server = NatsServer::start();
+    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    // putex lock holds: HTTP gets 408, then the lock once the command ends.
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "inter",
+        &[],
+        r#"touch "$D/held"; sleep 1.5; date +%s%N > "$D/ended""#,
+    )
+    .spawn()
+    .unwrap();
+    let started = Instant::now();
+    while !d.join("held").exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "putex lock never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        rdlm_post(&c, &s, "inter", 0.0, 5.0).await.status(),
+        StatusCode::REQUEST_TIMEOUT
+    );
+    let r = rdlm_post(&c, &s, "inter", 10.0, 5.0).await;
+    let granted = now_ns();
+    let url = location(&r);
+    let ended = read_ns(&d.join("ended")).expect("granted before the command ended");
+    assert!(ended <= granted);
+    assert!(
+        Duration::from_nanos((granted - ended) as u64) < Duration::from_secs(2),
+        "handover took {:?}",
+        Duration::from_nanos((granted - ended) as u64)
+    );
+    assert_eq!(cmd.wait().await.unwrap().code(), Some(0));
+
+    // HTTP holds: visible in `putex status`; `putex lock` waits for it.
+    let st = crate::common::agent::status_json(&server.url, "inter");
+    assert_eq!(st["holder"], "gw1", "{st}");
+    // `active` is pinned by `a_granted_lock_shows_active_in_status`.
+    assert!(
+        st["state"] == "active" || st["state"] == "confirming",
+        "{st}"
+    );
+    assert!(url.ends_with(st["instance"].as_str().unwrap()));
+    let code = putex_lock(&server.url, d, "inter", &["--no-wait"], "true")
+        .status()
+        .await
+        .unwrap()
+        .code();
+    assert_eq!(code, Some(75), "putex lock ran while HTTP held the lock");
+    let http_revision: u64 = st["revision"].as_u64().unwrap();
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "inter",
+        &["--wait", "10s"],
+        r#"date +%s%N > "$D/ran"; echo $PUTEX_REVISION > "$D/rev""#,
+    )
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !d.join("ran").exists(),
+        "putex lock ran while HTTP held the lock"
+    );
+    let released = now_ns();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &url).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(cmd.wait().await.unwrap().code(), Some(0));
+    let ran = read_ns(&d.join("ran")).unwrap();
+    assert!(ran >= released);
+    assert!(Duration::from_nanos((ran - released) as u64) < Duration::from_secs(3));
+    let rev: u64 = std::fs::read_to_string(d.join("rev"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(rev > http_revision, "fencing tokens go backwards");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_and_stops_on_sigterm() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use tokio::io::AsyncBufReadExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let mut cmd = putex();
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--node",
+        "gw1",
+        "--token-file",
+    ])
+    .arg(&token)
+    .arg("--store")
+    .arg(format!("sqlite://{}", dir.path().join("s.db").display()))
+    .env("RUST_LOG", "info")
+    .stdin(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut child = tokio::process::Command::from(cmd).spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("listen=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("putex serve exited before listening");
+    })
+    .await
+    .expect("putex serve listens");
+    let c = client();
+    let base = format!("http://{addr}");
+    assert_eq!(
+        c.get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        c.get(format!("{base}/")).send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        c.get(format!("{base}/"))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("putex serve stops on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    // Bad flags are usage errors that name the flag.
+    let out = putex()
+        .args(["serve", "--listen", "nowhere", "--node", "gw1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+}

@@ -1,0 +1,141 @@
+//! The web status page in a real browser: headless Chromium loads the
+//! agent's `/ui`, runs its script, and the rendered page shows the holder
+//! and the failover timeline — before and after a failover.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::agent_http::{free_port, http_get};
+use crate::common::agent::{serial, Agent};
+use crate::common::nats_server::NatsServer;
+
+/// `$PUTEX_CHROMIUM`, else chromium on PATH; a missing browser fails the
+/// test with how to install it.
+fn chromium() -> PathBuf {
+    if let Some(p) = std::env::var_os("PUTEX_CHROMIUM").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                let p = dir.join(name);
+                if p.is_file() {
+                    return p;
+                }
+            }
+        }
+    }
+    panic!(
+        "no Chromium found for the web status page test: run scripts/install-chromium \
+         (apt-get install chromium), or set PUTEX_CHROMIUM"
+    );
+}
+
+/// The DOM of `url` after its scripts ran, as headless Chromium renders it.
+fn render(url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(url)
+        .output()
+        .expect("start chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Renders until `pred` holds (the page refreshes every second).
+fn render_until(url: &str, within: Duration, pred: impl Fn(&str) -> bool) -> String {
+    let until = Instant::now() + within;
+    loop {
+        let dom = render(url);
+        if pred(&dom) || Instant::now() > until {
+            return dom;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn timeline_activations(dom: &str, node: &str) -> usize {
+    let Some(timeline) = dom.split("class=\"timeline\"").nth(1) else {
+        return 0;
+    };
+    timeline
+        .split("<tr>")
+        .filter(|row| row.contains(&format!("<td>{node}</td>")) && row.contains("→ active"))
+        .count()
+}
+
+#[test]
+fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut agents: Vec<Agent> = ["web-a", "web-b"]
+        .iter()
+        .zip(ports)
+        .map(|(node, port)| {
+            let addr = format!("127.0.0.1:{port}");
+            Agent::start(
+                dir.path(),
+                &server.url,
+                "site",
+                node,
+                &["--http", &addr, "--", "sleep", "1000"],
+            )
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(20);
+    let active = loop {
+        if let Some(i) =
+            (0..2).find(|i| http_get(ports[*i], "/primary").is_some_and(|(s, _)| s == 200))
+        {
+            break i;
+        }
+        assert!(Instant::now() < until, "no primary");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (holder, other) = (agents[active].node.clone(), agents[1 - active].node.clone());
+    let url = format!("http://127.0.0.1:{}/ui", ports[1 - active]);
+    let dom = render_until(&url, Duration::from_secs(10), |d| {
+        d.contains(&format!("<span class=\"holder\">{holder}</span>"))
+            && timeline_activations(d, &holder) >= 1
+    });
+    assert!(
+        dom.contains(&format!("<span class=\"holder\">{holder}</span>")),
+        "the page does not show the holder {holder}:\n{dom}"
+    );
+    assert!(dom.contains("class=\"token\""), "{dom}");
+    assert_eq!(timeline_activations(&dom, &holder), 1, "{dom}");
+    assert_eq!(timeline_activations(&dom, &other), 0, "{dom}");
+
+    // Failover: the page now shows the new holder and a new timeline entry.
+    agents[active].crash();
+    let dom = render_until(&url, Duration::from_secs(15), |d| {
+        d.contains(&format!("<span class=\"holder\">{other}</span>"))
+            && timeline_activations(d, &other) >= 1
+    });
+    assert!(
+        dom.contains(&format!("<span class=\"holder\">{other}</span>")),
+        "the page does not show the new holder {other}:\n{dom}"
+    );
+    let timeline = dom.split("class=\"timeline\"").nth(1).unwrap_or_default();
+    assert_eq!(timeline_activations(&dom, &other), 1, "{timeline}");
+    assert_eq!(timeline_activations(&dom, &holder), 1, "{timeline}");
+    agents[1 - active].stop_cleanly();
+}
