@@ -415,6 +415,20 @@ echo "$PUTEX_SLOT" >> "$D/slots""#;
     assert!(stderr.contains("--limit 2"), "{stderr}");
     let (status, stderr) = run(env.lock("sem", &[], "true"));
     assert_eq!(status.code(), Some(64), "{stderr}");
+    // `putex status` lists the semaphore with its slots.
+    let out = putex()
+        .args(["status", "-o", "json", "--store", &env.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["semaphores"][0]["name"], "sem", "{v}");
+    assert_eq!(v["semaphores"][0]["limit"], 2, "{v}");
+    assert_eq!(v["semaphores"][0]["slots"][1]["state"], "released", "{v}");
 }
 
 #[test]

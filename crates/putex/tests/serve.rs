@@ -756,6 +756,46 @@ async fn a_granted_lock_shows_active_in_status() {
     assert_eq!(st["state"], "active", "{st}");
 }
 
+/// The web status page is served by `putex serve` too: the page, and its
+/// data naming the HTTP lock's holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_status_page_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    warm(&c, &s, "paged").await;
+    let r = c
+        .post(s.at("/v1/locks/paged"))
+        .body(lock_body("t", 5.0, 5.0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let page = c.get(s.at("/ui")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page
+        .text()
+        .await
+        .unwrap()
+        .contains("<title>putex status</title>"));
+    let data: Value = c
+        .get(s.at("/ui/status.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lock = data["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["status"]["lock"] == "paged")
+        .unwrap_or_else(|| panic!("{data}"));
+    assert_eq!(lock["status"]["holder"], "gw1", "{data}");
+    assert!(!lock["timeline"].as_array().unwrap().is_empty(), "{data}");
+}
+
 /// `putex status` without a name lists every `lock.*` key; the gateway's
 /// listings must not leave keys there that are no lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,8 +128,136 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
     let timeout = Duration::from_secs(2);
     let key = keys::lock(lock).map_err(|e| CliError::Usage(format!("--lock: {e}")))?;
     let now = store_now(store, timeout).await;
-    let entry = store
+    let mut st = record_status(store, lock, &key, now, timeout).await?;
+    let filter = keys::members_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
+    for (_, e) in snapshot(store, &filter, timeout).await? {
+        let Ok(m) = serde_json::from_slice::<MemberRecord>(&e.value) else {
+            continue;
+        };
+        let last_seen_ms = age(now, e.time);
+        st.members.push(MemberStatus {
+            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1) * 10),
+            node: m.node,
+            role: m.role,
+            healthy: m.healthy,
+            last_health: m.last_health,
+            token: m.token,
+            last_seen_ms,
+        });
+    }
+    Ok(st)
+}
+
+/// One semaphore as `status` reports it (`putex lock --limit N`).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SemaphoreStatus {
+    /// The semaphore's name.
+    pub name: String,
+    /// Its limit N.
+    pub limit: u32,
+    /// Its slots, each an ordinary lock record (`lock` is `NAME.SLOT`).
+    pub slots: Vec<LockStatus>,
+}
+
+/// One identity pool as `status` reports it (`putex id`).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PoolStatus {
+    /// The pool.
+    pub pool: String,
+    /// Its range, if recorded.
+    pub range: Option<String>,
+    /// Ids held by persistent claims.
+    pub claimed: usize,
+    /// Id records in all (claimed, leased, released, revoked, unreadable).
+    pub records: usize,
+}
+
+/// Reads a semaphore's slots.
+pub async fn semaphore_status(
+    store: &AnyStore,
+    name: &str,
+) -> Result<Option<SemaphoreStatus>, CliError> {
+    let timeout = Duration::from_secs(2);
+    let key = keys::semaphore(name).map_err(|e| CliError::Usage(e.to_string()))?;
+    let store_err = |e: crate::store::StoreError| CliError::Store(format!("store: {e}"));
+    let Some(e) = store
         .get(&key, ReadMode::Any, timeout)
+        .await
+        .map_err(store_err)?
+    else {
+        return Ok(None);
+    };
+    let limit = serde_json::from_slice::<crate::section::SemaphoreRecord>(&e.value)
+        .map(|r| r.limit)
+        .unwrap_or(0);
+    let now = store_now(store, timeout).await;
+    let mut slots = Vec::new();
+    for i in 0..limit {
+        let slot = keys::slot(name, i).map_err(|e| CliError::Usage(e.to_string()))?;
+        slots.push(record_status(store, &format!("{name}.{i}"), &slot, now, timeout).await?);
+    }
+    Ok(Some(SemaphoreStatus {
+        name: name.to_owned(),
+        limit,
+        slots,
+    }))
+}
+
+/// Every semaphore and identity pool in the store.
+async fn semaphores_and_pools(
+    store: &AnyStore,
+) -> Result<(Vec<SemaphoreStatus>, Vec<PoolStatus>), CliError> {
+    let timeout = Duration::from_secs(2);
+    let store_err = |e: crate::store::StoreError| CliError::Store(format!("store: {e}"));
+    let mut sems = Vec::new();
+    for (k, _) in crate::store::read_prefix(store, keys::SEM_PREFIX, timeout)
+        .await
+        .map_err(store_err)?
+    {
+        let name = &k[keys::SEM_PREFIX.len()..];
+        if keys::validate_name(name).is_ok() {
+            if let Some(s) = semaphore_status(store, name).await? {
+                sems.push(s);
+            }
+        }
+    }
+    let mut pools = std::collections::BTreeSet::new();
+    for (k, _) in crate::store::read_prefix(store, keys::ID_PREFIX, timeout)
+        .await
+        .map_err(store_err)?
+    {
+        if let Some((pool, _)) = k[keys::ID_PREFIX.len()..].split_once('.') {
+            if keys::validate_name(pool).is_ok() {
+                pools.insert(pool.to_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for pool in pools {
+        let l = crate::idpool::list(store, &pool, &crate::idpool::Options::default())
+            .await
+            .map_err(|e| CliError::Store(format!("pool {pool}: {e}")))?;
+        out.push(PoolStatus {
+            pool,
+            range: l.range,
+            claimed: l.claimed,
+            records: l.ids.iter().filter(|e| e.id.is_some()).count(),
+        });
+    }
+    Ok((sems, out))
+}
+
+/// The lock record at `key`, reported as lock `name` (no members).
+async fn record_status(
+    store: &AnyStore,
+    name: &str,
+    key: &str,
+    now: Option<StoreTime>,
+    timeout: Duration,
+) -> Result<LockStatus, CliError> {
+    let lock = name;
+    let entry = store
+        .get(key, ReadMode::Any, timeout)
         .await
         .map_err(|e| CliError::Store(format!("store: {e}")))?;
     let mut st = LockStatus {
@@ -164,22 +292,6 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
             }
             Observed::Garbage => st.state = "unreadable".into(),
         }
-    }
-    let filter = keys::members_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
-    for (_, e) in snapshot(store, &filter, timeout).await? {
-        let Ok(m) = serde_json::from_slice::<MemberRecord>(&e.value) else {
-            continue;
-        };
-        let last_seen_ms = age(now, e.time);
-        st.members.push(MemberStatus {
-            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1) * 10),
-            node: m.node,
-            role: m.role,
-            healthy: m.healthy,
-            last_health: m.last_health,
-            token: m.token,
-            last_seen_ms,
-        });
     }
     Ok(st)
 }
@@ -293,8 +405,9 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
             keys::validate_name(&n).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
             vec![n]
         }
-        None => snapshot(&store, keys::LOCK_PREFIX, Duration::from_secs(2))
-            .await?
+        None => crate::store::read_prefix(&store, keys::LOCK_PREFIX, Duration::from_secs(2))
+            .await
+            .map_err(|e| CliError::Store(format!("store: {e}")))?
             .into_iter()
             .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
             // Scan markers (`lock.=scan`) and foreign keys are no locks.
@@ -305,24 +418,95 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
     for n in &names {
         all.push(lock_status(&store, n).await?);
     }
+    let one = args.name.is_some() || args.lock.is_some();
+    // A single name may be a semaphore's; all names: every semaphore and
+    // identity pool too.
+    let (sems, pools) = if one {
+        let sem = semaphore_status(&store, &names[0]).await?;
+        (sem.into_iter().collect(), Vec::new())
+    } else {
+        semaphores_and_pools(&store).await?
+    };
     match args.output {
         Format::Json => {
-            let v = if args.name.is_some() || args.lock.is_some() {
+            let v = if one && sems.is_empty() {
                 serde_json::to_string_pretty(&all[0])
+            } else if one {
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "lock": all[0],
+                    "semaphore": sems[0],
+                }))
             } else {
-                serde_json::to_string_pretty(&all)
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "locks": all,
+                    "semaphores": sems,
+                    "pools": pools,
+                }))
             };
             println!("{}", v.expect("status serialises"));
         }
         Format::Table => {
-            if all.is_empty() {
+            if all.is_empty() && sems.is_empty() && pools.is_empty() {
                 println!("no locks in {url}");
             }
-            for (i, st) in all.iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for st in &all {
+                if one && st.state == "absent" && !sems.is_empty() {
+                    continue;
+                }
+                if !first {
                     println!();
                 }
+                first = false;
                 print!("{}", render(st));
+            }
+            for sem in &sems {
+                if !first {
+                    println!();
+                }
+                first = false;
+                println!("semaphore {} (limit {})", sem.name, sem.limit);
+                let mut rows = vec![vec![
+                    "SLOT".to_string(),
+                    "HOLDER".into(),
+                    "STATE".into(),
+                    "TOKEN".into(),
+                    "RENEWED".into(),
+                ]];
+                for slot in &sem.slots {
+                    rows.push(vec![
+                        slot.lock.clone(),
+                        slot.holder.clone().unwrap_or_else(|| "-".into()),
+                        slot.state.clone() + if slot.stale { " (STALE)" } else { "" },
+                        slot.token.clone().unwrap_or_else(|| "-".into()),
+                        if slot.revision.is_some() {
+                            ago(slot.renewed_ago_ms)
+                        } else {
+                            "-".into()
+                        },
+                    ]);
+                }
+                print!("{}", table(&rows));
+            }
+            if !pools.is_empty() {
+                if !first {
+                    println!();
+                }
+                let mut rows = vec![vec![
+                    "POOL".to_string(),
+                    "RANGE".into(),
+                    "CLAIMED".into(),
+                    "ID RECORDS".into(),
+                ]];
+                for p in &pools {
+                    rows.push(vec![
+                        p.pool.clone(),
+                        p.range.clone().unwrap_or_else(|| "-".into()),
+                        p.claimed.to_string(),
+                        p.records.to_string(),
+                    ]);
+                }
+                print!("{}", table(&rows));
             }
         }
     }

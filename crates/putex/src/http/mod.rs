@@ -239,6 +239,10 @@ impl App {
         });
         let auth = Arc::new(self.options.auth.clone());
         let token = axum::middleware::from_fn_with_state(auth.clone(), auth::require_token);
+        // The web status page ([`crate::web`]), behind the same token.
+        let page = crate::web::router(self.gateway.store().clone(), None).route_layer(
+            axum::middleware::from_fn_with_state(auth.clone(), auth::require_token),
+        );
         let admin = axum::middleware::from_fn_with_state(auth, auth::require_admin);
         let user_routes = Router::new()
             .route("/", get(rdlm::hello))
@@ -280,6 +284,7 @@ impl App {
             .fallback(v1::not_found)
             .layer(DefaultBodyLimit::max(BODY_LIMIT))
             .with_state(shared)
+            .merge(page)
     }
 }
 
