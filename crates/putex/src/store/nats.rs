@@ -98,6 +98,10 @@ enum Raw {
 
 /// Nanoseconds since the Unix epoch of an async-nats timestamp (a
 /// `time::OffsetDateTime`, used here without naming the `time` crate).
+/// How often a store handle re-reads its bucket's epoch (one stream-info
+/// request) even without a reconnect.
+const EPOCH_RECHECK: Duration = Duration::from_secs(5);
+
 /// Removes a watch's consumer from the server when the watch is dropped
 /// (best effort: the server removes it anyway after its inactive
 /// threshold).
@@ -297,6 +301,20 @@ impl NatsStore {
         check_bucket(&cfg.bucket, cfg.replicas, &stream_info.config)?;
         let epoch = nanos!(stream_info.created);
         let subject_prefix = kv.put_prefix.clone().unwrap_or_else(|| kv.prefix.clone());
+        // A bucket deleted and re-created under a live connection shows no
+        // reconnect: re-read the epoch every EPOCH_RECHECK too, so that a
+        // new bucket is recognised (S6) within seconds rather than taken
+        // for a store that went backwards.
+        let weak = Arc::downgrade(&epoch_stale);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(EPOCH_RECHECK).await;
+                match weak.upgrade() {
+                    Some(stale) => stale.store(true, Ordering::SeqCst),
+                    None => return,
+                }
+            }
+        });
         Ok(NatsStore {
             inner: Arc::new(Inner {
                 client,
