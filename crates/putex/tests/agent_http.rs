@@ -55,27 +55,30 @@ fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
 }
 
-#[test]
-fn health_endpoints_flip_on_failover_and_metrics_move() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
+/// Two `putex run` agents of `lock` in child mode, each with `--http` on a
+/// port of its own; waits until exactly one answers `/primary` with 200.
+/// Returns the ports, the agents and the index of the primary.
+pub fn two_agents_with_http(
+    dir: &std::path::Path,
+    url: &str,
+    lock: &str,
+    nodes: [&str; 2],
+) -> ([u16; 2], Vec<Agent>, usize) {
     let ports = [free_port(), free_port()];
-    let mut agents: Vec<Agent> = ["a", "b"]
+    let agents: Vec<Agent> = nodes
         .iter()
         .zip(ports)
         .map(|(node, port)| {
             let addr = format!("127.0.0.1:{port}");
             Agent::start(
-                dir.path(),
-                &server.url,
-                "web",
+                dir,
+                url,
+                lock,
                 node,
                 &["--http", &addr, "--", "sleep", "1000"],
             )
         })
         .collect();
-    // One of them becomes primary; the other is a healthy replica.
     let until = Instant::now() + Duration::from_secs(20);
     let active = loop {
         let up: Vec<usize> = (0..2)
@@ -92,6 +95,16 @@ fn health_endpoints_flip_on_failover_and_metrics_move() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    (ports, agents, active)
+}
+
+#[test]
+fn health_endpoints_flip_on_failover_and_metrics_move() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (ports, mut agents, active) =
+        two_agents_with_http(dir.path(), &server.url, "web", ["a", "b"]);
     let standby = 1 - active;
     let body = wait_status(ports[standby], "/replica", 200, Duration::from_secs(5));
     assert!(body.contains("\"role\":\"standby\""), "{body}");

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::agent_http::{free_port, http_get};
-use crate::common::agent::{serial, Agent};
+use crate::agent_http::two_agents_with_http;
+use crate::common::agent::serial;
 use crate::common::nats_server::NatsServer;
 
 /// `$PUTEX_CHROMIUM`, else chromium on PATH; a missing browser fails the
@@ -85,31 +85,8 @@ fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port()];
-    let mut agents: Vec<Agent> = ["web-a", "web-b"]
-        .iter()
-        .zip(ports)
-        .map(|(node, port)| {
-            let addr = format!("127.0.0.1:{port}");
-            Agent::start(
-                dir.path(),
-                &server.url,
-                "site",
-                node,
-                &["--http", &addr, "--", "sleep", "1000"],
-            )
-        })
-        .collect();
-    let until = Instant::now() + Duration::from_secs(20);
-    let active = loop {
-        if let Some(i) =
-            (0..2).find(|i| http_get(ports[*i], "/primary").is_some_and(|(s, _)| s == 200))
-        {
-            break i;
-        }
-        assert!(Instant::now() < until, "no primary");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (ports, mut agents, active) =
+        two_agents_with_http(dir.path(), &server.url, "site", ["web-a", "web-b"]);
     let (holder, other) = (agents[active].node.clone(), agents[1 - active].node.clone());
     let url = format!("http://127.0.0.1:{}/ui", ports[1 - active]);
     let dom = render_until(&url, Duration::from_secs(10), |d| {
