@@ -4,11 +4,14 @@
 //!
 //! ```text
 //! cargo run --release -p putex --example failover_bench -- [--runs N] [--putex PATH]
+//!     [--store nats|sqlite] [--json FILE]
 //! ```
 //!
 //! It starts a single-node nats-server on a loopback port (the binary is
 //! `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else `nats-server` on
-//! `PATH`; `scripts/install-nats-server` installs it) and three agents with
+//! `PATH`; `scripts/install-nats-server` installs it) — or, with `--store
+//! sqlite`, gives every agent the same embedded SQLite file in a temporary
+//! directory — and three agents with
 //! the fast profile (R = 100 ms, F = 3, C = 1) in hook mode. The hooks
 //! append `start NODE NS TOKEN` and `stop NODE NS KIND` lines (wall-clock
 //! nanoseconds from `date +%s%N`) to a file:
@@ -23,7 +26,8 @@
 //!    from `/proc`, hook processes excluded.
 //!
 //! The `putex` binary is the one built beside this example (it is built if
-//! missing or older than the example), or `--putex PATH`.
+//! missing or older than the example), or `--putex PATH`. `--json FILE`
+//! also writes the figures as JSON (for `scripts/bench`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,13 +42,17 @@ const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
 
 fn usage() -> ! {
-    eprintln!("usage: failover_bench [--runs N] [--putex PATH]");
+    eprintln!(
+        "usage: failover_bench [--runs N] [--putex PATH] [--store nats|sqlite] [--json FILE]"
+    );
     std::process::exit(2);
 }
 
 fn main() {
     let mut runs = 20usize;
     let mut putex_bin: Option<PathBuf> = None;
+    let mut sqlite = false;
+    let mut json: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -56,14 +64,32 @@ fn main() {
                     .unwrap_or_else(|| usage())
             }
             "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
+            "--store" => match args.next().as_deref() {
+                Some("nats") => sqlite = false,
+                Some("sqlite") => sqlite = true,
+                _ => usage(),
+            },
+            "--json" => json = Some(args.next().unwrap_or_else(|| usage()).into()),
             _ => usage(),
         }
     }
     let putex_bin = putex_bin.unwrap_or_else(find_putex);
-    let nats = NatsServer::start();
     let dir = tempfile::tempdir().expect("temp dir");
+    let nats = (!sqlite).then(NatsServer::start);
+    let url = match &nats {
+        Some(n) => n.url.clone(),
+        None => format!("sqlite://{}", dir.path().join("store.db").display()),
+    };
+    let store_label = if sqlite {
+        "embedded SQLite store (one file, every agent)"
+    } else {
+        "single-node nats-server"
+    };
     println!("putex: {}", putex_bin.display());
-    println!("nats-server: {} ({})", nats.bin.display(), nats.url);
+    match &nats {
+        Some(n) => println!("nats-server: {} ({})", n.bin.display(), n.url),
+        None => println!("store: {url}"),
+    }
     println!(
         "host: {} CPU(s), load average {}\n",
         num_cpus(),
@@ -74,7 +100,7 @@ fn main() {
 
     // The bound B for these flags, with the store's measured round trip.
     let out = Command::new(&putex_bin)
-        .args(["check", "--store", &nats.url])
+        .args(["check", "--store", &url])
         .args(FAST)
         .output()
         .expect("putex check");
@@ -91,7 +117,7 @@ fn main() {
     let mut bench = Bench {
         putex: putex_bin.clone(),
         dir: dir.path().to_path_buf(),
-        url: nats.url.clone(),
+        url: url.clone(),
         events: dir.path().join("events"),
         agents: Vec::new(),
     };
@@ -149,7 +175,7 @@ fn main() {
     bench.stop_all();
 
     // 3. Idle cost at R = 1 s.
-    let idle = idle_cost(&putex_bin, &nats.url, dir.path());
+    let idle = idle_cost(&putex_bin, &url, dir.path());
 
     // Summary.
     failovers.sort();
@@ -157,9 +183,7 @@ fn main() {
     totals.sort();
     let med = |v: &[Duration]| v[v.len() / 2];
     let max = |v: &[Duration]| *v.last().expect("runs");
-    println!(
-        "\n== summary ({runs} runs each; R = 100 ms, F = 3, C = 1, single-node nats-server) =="
-    );
+    println!("\n== summary ({runs} runs each; R = 100 ms, F = 3, C = 1, {store_label}) ==");
     println!(
         "crash failover (kill → next activate): median {:?}, max {:?}; B = {bound:?}: median {:.0}% of B, max {:.0}% of B; target max ≤ B + 100 ms = {:?}: {}",
         med(&failovers),
@@ -198,6 +222,42 @@ fn main() {
                 String::new()
             }
         );
+    }
+
+    if let Some(path) = json {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let all = |v: &[Duration]| v.iter().map(|d| ms(*d)).collect::<Vec<_>>();
+        let figures = serde_json::json!({
+            "bench": "failover",
+            "store": if sqlite { "sqlite" } else { "nats" },
+            "runs": runs,
+            "profile": FAST.join(" "),
+            "bound_ms": ms(bound),
+            "crash_ms": all(&failovers),
+            "crash_median_ms": ms(med(&failovers)),
+            "crash_max_ms": ms(max(&failovers)),
+            "handover_gap_ms": all(&handovers),
+            "handover_gap_median_ms": ms(med(&handovers)),
+            "handover_gap_max_ms": ms(max(&handovers)),
+            "handover_total_median_ms": ms(med(&totals)),
+            "handover_total_max_ms": ms(max(&totals)),
+            "idle_profile": IDLE.join(" "),
+            "idle_window_s": IDLE_WINDOW.as_secs_f64(),
+            "idle": idle
+                .iter()
+                .map(|p| serde_json::json!({
+                    "what": p.what,
+                    "rss_kb": p.rss_kb,
+                    "cpu_percent": p.cpu_percent,
+                    "sched_percent": p.sched_percent,
+                }))
+                .collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&figures).expect("json");
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -555,7 +615,12 @@ impl Bench {
             .iter()
             .all(|a| a.log_text().contains("-> standby"))
         {
-            assert!(Instant::now() < until, "agents did not come up");
+            if Instant::now() > until {
+                for a in &self.agents {
+                    eprintln!("--- {}:\n{}", a.node, a.log_text());
+                }
+                panic!("agents did not come up");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(500));

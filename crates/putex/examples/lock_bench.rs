@@ -4,13 +4,14 @@
 //!
 //! ```text
 //! cargo run --release -p putex --example lock_bench -- [--iters N] [--quick] [--putex PATH]
-//!     [--only uncontended|process|contention]
+//!     [--only uncontended|process|contention] [--json FILE]
 //! ```
 //!
 //! `--quick` (50 iterations, 20 process runs, 2 s of contention) stays under
 //! a minute; the default is 300 iterations, 30 runs and 5 s. `RUST_LOG`
 //! turns on the library's logs, and `LOCK_BENCH_DUMP=1` prints every
-//! message the NATS recorder saw (both on stderr).
+//! message the NATS recorder saw (both on stderr). `--json FILE` also
+//! writes the figures as JSON (for `scripts/bench`).
 //!
 //! Each section starts its own single-node nats-server on a loopback port
 //! with a temporary store directory and the default fsync policy (the
@@ -82,7 +83,7 @@ const COUNT_ITERS: usize = 20;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock_bench [--iters N] [--quick] [--putex PATH] [--only uncontended|process|contention]"
+        "usage: lock_bench [--iters N] [--quick] [--putex PATH] [--only uncontended|process|contention] [--json FILE]"
     );
     std::process::exit(2);
 }
@@ -102,6 +103,7 @@ async fn main() {
     let mut quick = false;
     let mut only: Option<String> = None;
     let mut putex_bin: Option<PathBuf> = None;
+    let mut json: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -119,6 +121,7 @@ async fn main() {
                 _ => usage(),
             },
             "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
+            "--json" => json = Some(args.next().unwrap_or_else(|| usage()).into()),
             _ => usage(),
         }
     }
@@ -148,6 +151,8 @@ async fn main() {
         .into();
     first_use("sqlite", &sqlite).await;
     let mut table = Table::default();
+    // The figures for --json: section → list of objects.
+    let mut figures: BTreeMap<&str, Vec<serde_json::Value>> = BTreeMap::new();
     let mut counts: Vec<(String, String, OpCounts)> = Vec::new();
 
     // 1. Uncontended acquire + release vs raw create + delete, and op counts.
@@ -161,9 +166,22 @@ async fn main() {
             let u = uncontended(store, iters).await;
             u.print();
             u.rows(label, &mut table);
+            figures
+                .entry("uncontended")
+                .or_default()
+                .push(u.to_json(label));
             for (profile, timing) in [("fast", fast()), ("default", TimingConfig::default())] {
                 let c = count_ops(store, timing, &nats.url).await;
                 c.print(label, profile);
+                figures
+                    .entry("op_counts")
+                    .or_default()
+                    .push(serde_json::json!({
+                        "store": label,
+                        "timing": profile,
+                        "iters": c.iters,
+                        "writes_per_acquire_release": c.per_iter(c.writes as usize),
+                    }));
                 counts.push((label.to_string(), profile.to_string(), c));
             }
             report_watches(store, &watch_failures, failed).await;
@@ -174,7 +192,8 @@ async fn main() {
     // 2. Whole-process `putex lock NAME -- true`.
     if run("process") {
         let nats = NatsServer::start();
-        whole_process(&mut table, putex_bin, dir.path(), &nats.url, cli_runs);
+        let rows = whole_process(&mut table, putex_bin, dir.path(), &nats.url, cli_runs);
+        figures.insert("process", rows);
     }
 
     // 3. Contended hand-offs.
@@ -202,6 +221,10 @@ async fn main() {
                 let c = contend(&store, queued, contend_for, fast(), &watch_failures).await;
                 c.print();
                 c.rows(label, what, &mut table);
+                figures
+                    .entry("contention")
+                    .or_default()
+                    .push(c.to_json(label, queued));
                 report_watches(&store, &watch_failures, failed).await;
                 println!();
             }
@@ -216,6 +239,23 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
     table.print();
+    if let Some(path) = &json {
+        let mut out = serde_json::Map::new();
+        out.insert("bench".into(), "lock".into());
+        out.insert("iters".into(), iters.into());
+        out.insert("process_runs".into(), cli_runs.into());
+        out.insert("contention_s".into(), contend_for.as_secs_f64().into());
+        out.insert("waiters".into(), WAITERS.into());
+        out.insert("nats_server".into(), machine.nats_version.clone().into());
+        for (k, v) in figures {
+            out.insert(k.into(), v.into());
+        }
+        let text = serde_json::to_string_pretty(&out).expect("json");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
     if !counts.is_empty() {
         println!();
         println!("store operations per library acquire + release (mean of {COUNT_ITERS}):");
@@ -419,6 +459,25 @@ impl Uncontended {
                 ratio(s.p99, raw.p99)
             );
         }
+    }
+
+    fn to_json(&self, store: &str) -> serde_json::Value {
+        let pairs = |p: &Pairs| {
+            let s = Summary::of(&p.pair);
+            serde_json::json!({
+                "median_ms": ms_f(s.median),
+                "p99_ms": ms_f(s.p99),
+                "first_median_ms": ms_f(Summary::of(&p.first).median),
+                "second_median_ms": ms_f(Summary::of(&p.second).median),
+            })
+        };
+        serde_json::json!({
+            "store": store,
+            "iters": self.raw.pair.len(),
+            "raw_create_delete": pairs(&self.raw),
+            "lease_fast": pairs(&self.fast),
+            "lease_default": pairs(&self.default),
+        })
     }
 
     fn rows(&self, store: &str, table: &mut Table) {
@@ -819,14 +878,15 @@ fn find_putex() -> Option<PathBuf> {
 
 /// Section 2, whole-process `putex lock NAME -- true` against flock and
 /// etcd. The commands are interleaved, one run of each per round, so load
-/// from other work on the machine hits them alike.
+/// from other work on the machine hits them alike. Returns the figures for
+/// `--json`.
 fn whole_process(
     table: &mut Table,
     putex_bin: Option<PathBuf>,
     dir: &Path,
     nats_url: &str,
     runs: usize,
-) {
+) -> Vec<serde_json::Value> {
     println!("== whole process ==");
     let putex_bin = putex_bin.or_else(find_putex);
     let mut entries: Vec<Proc> = Vec::new();
@@ -919,12 +979,21 @@ fn whole_process(
         .iter()
         .find(|e| e.what.contains("flock") && !e.samples.is_empty())
         .map(|e| Summary::of(&e.samples).median);
+    let mut rows = Vec::new();
     for e in &entries {
         if let Some(err) = &e.error {
             println!("{} ({}): {err}", e.what, e.store);
+            rows.push(serde_json::json!({"what": e.what, "store": e.store, "error": err}));
             continue;
         }
         let s = Summary::of(&e.samples);
+        rows.push(serde_json::json!({
+            "what": e.what,
+            "store": e.store,
+            "runs": e.samples.len(),
+            "median_ms": ms_f(s.median),
+            "p90_ms": ms_f(s.p90),
+        }));
         println!("{} ({}): {}", e.what, e.store, s.med_p90());
         let vs = match flock {
             Some(f) if !e.what.contains("flock") => {
@@ -935,9 +1004,15 @@ fn whole_process(
         table.push(&e.what, &e.store, s.med_p90(), vs);
     }
     if let Some(e) = etcd_missing {
+        rows.push(serde_json::json!({
+            "what": "process: `etcdctl lock NAME true`",
+            "store": "etcd",
+            "error": e,
+        }));
         table.push("process: `etcdctl lock NAME true`", "-", e, String::new());
     }
     println!();
+    rows
 }
 
 /// One command timed over several rounds.
@@ -1298,6 +1373,35 @@ impl Contention {
         );
     }
 
+    fn to_json(&self, store: &str, queued: bool) -> serde_json::Value {
+        let waits: Vec<Duration> = self.held.iter().flatten().map(|(_, w)| *w).collect();
+        let s = (!waits.is_empty()).then(|| Summary::of(&waits));
+        let failing = self.first_watch_failure.filter(|f| *f < self.end);
+        let per_task = self.per_task();
+        let mean = (self.total() as f64 / per_task.len() as f64).max(f64::MIN_POSITIVE);
+        serde_json::json!({
+            "store": store,
+            "variant": if queued { "queue" } else { "lease" },
+            "window_s": self.window().as_secs_f64(),
+            "acquisitions": self.total(),
+            "per_s": self.rate(),
+            "to_another_task_per_s":
+                (self.total() - self.repeats) as f64 / self.window().as_secs_f64(),
+            "per_task": per_task,
+            "fairness_max_mean": *per_task.iter().max().unwrap_or(&0) as f64 / mean,
+            "fairness_min_mean": *per_task.iter().min().unwrap_or(&0) as f64 / mean,
+            "wait_p99_ms": s.as_ref().map(|s| ms_f(s.p99)),
+            "wait_max_ms": s.as_ref().map(|s| ms_f(s.max)),
+            "watches_failing_from_s":
+                failing.map(|f| (f.max(self.start) - self.start).as_secs_f64()),
+            "per_s_before_watch_failures":
+                failing.map(|f| self.rate_between(self.start, f.max(self.start))),
+            "per_s_after_watch_failures":
+                failing.map(|f| self.rate_between(f.max(self.start), self.end)),
+            "gave_up": self.gave_up,
+        })
+    }
+
     fn rows(&self, store: &str, what: &str, table: &mut Table) {
         let target = if store == "nats" {
             format!("; target ≥ 1000/s: {}", verdict(self.rate() >= 1000.0))
@@ -1365,6 +1469,11 @@ fn ms(d: Duration) -> String {
     } else {
         format!("{v:.1} ms")
     }
+}
+
+/// Milliseconds as a number, for `--json`.
+fn ms_f(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 fn ratio(a: Duration, b: Duration) -> f64 {

@@ -1,0 +1,1262 @@
+//! Scale benchmark: one process holding many leases, and many agents on one
+//! lock. Not a test: it prints figures for `docs/performance.md` (and, with
+//! `--json FILE`, writes them for `scripts/bench`).
+//!
+//! ```text
+//! cargo run --release -p putex --example scale_bench -- [--quick] [--only leases|agents]
+//!     [--store nats|sqlite|both] [--leases N] [--window SECS] [--acquire-limit SECS]
+//!     [--agents N] [--crashes N] [--putex PATH] [--json FILE]
+//! ```
+//!
+//! 1. **Many leases in one process** (`--leases`, default 1,000): one
+//!    [`Lease::acquire`] per name (`scale-0` …), all at once, with the
+//!    default timing (R = 1 s, F = 10, C = 2) and one store handle. The
+//!    names are new, so every acquisition first waits W + G (S4, about
+//!    12.2 s): that is the warm-up, timed but not measured. Then, over the
+//!    window (`--window`, default 20 s; 5 s with `--quick`): this process's
+//!    CPU time (`utime + stime` of `/proc/self/stat`, every thread), its
+//!    peak VmRSS (sampled every 250 ms from the start of the warm-up to the
+//!    end of the window), the store's writes per second (the
+//!    revision counter: a `put` of a scratch key before and after, every
+//!    write takes one revision), on NATS the nats-server's own CPU time, the
+//!    leases still held at the end, and the lease watches that failed to
+//!    start (the driver logs them at debug level; on NATS each watch is a
+//!    JetStream consumer, and the server allows 1,000 per stream by
+//!    default). Then all are released at once (timed). If not every lease
+//!    was acquired (within `--acquire-limit`, default 43 s = W + G + 30 s;
+//!    25 s with `--quick`) and still held at the end, the
+//!    attempt is repeated with a third as many leases, and each attempt is
+//!    reported.
+//! 2. **Many agents on one lock** (`--agents`, default 50): `putex run`
+//!    agents (the release binary beside this example, or `--putex PATH`)
+//!    with the fast profile R = 100 ms, F = 3, C = 1 in hook mode with
+//!    `--healthcheck true`, the hooks appending `start`/`stop` lines as in
+//!    `failover_bench`. Once all are up: their CPU time (agents, keepers
+//!    and, on NATS, the server) over 5 s, then `--crashes` times (3; 1 with
+//!    `--quick`) a host crash — SIGKILL of the active agent and its keeper —
+//!    timed to the next `start` line and compared with the bound B that
+//!    `putex check` prints for the same flags; 1 s later exactly one live
+//!    agent must be active (its last hook line a `start`). The crashed agent
+//!    is restarted as a standby before the next crash. If the agents cannot
+//!    come up or no standby takes over, the run is repeated with half as
+//!    many agents (down to 2), and each attempt is reported.
+//!
+//! Each store gets a fresh single-node nats-server on a loopback port (the
+//! binary is `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else
+//! `nats-server` on `PATH`; default fsync) or a fresh SQLite file in a
+//! temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use putex::core::TimingConfig;
+use putex::lease::{Lease, LeaseOptions};
+use putex::process::proc_table;
+use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
+
+const DEADLINE: Duration = Duration::from_secs(5);
+const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
+/// How long the agents' CPU time is sampled once they are all up.
+const AGENT_CPU_WINDOW: Duration = Duration::from_secs(5);
+/// After a failover, how long before checking that exactly one is active.
+const SETTLE: Duration = Duration::from_secs(1);
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: scale_bench [--quick] [--only leases|agents] [--store nats|sqlite|both] \
+         [--leases N] [--window SECS] [--acquire-limit SECS] [--agents N] [--crashes N] \
+         [--putex PATH] [--json FILE]"
+    );
+    std::process::exit(2);
+}
+
+fn number<T: std::str::FromStr>(v: Option<String>) -> T {
+    v.and_then(|n| n.parse().ok()).unwrap_or_else(|| usage())
+}
+
+fn main() {
+    let mut quick = false;
+    let mut only: Option<String> = None;
+    let mut stores: Vec<&str> = vec!["nats", "sqlite"];
+    let mut leases = 1000usize;
+    let mut window: Option<u64> = None;
+    let mut limit: Option<u64> = None;
+    let mut agents = 50usize;
+    let mut crashes: Option<usize> = None;
+    let mut putex_bin: Option<PathBuf> = None;
+    let mut json: Option<PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--only" => match args.next().as_deref() {
+                Some(s @ ("leases" | "agents")) => only = Some(s.to_owned()),
+                _ => usage(),
+            },
+            "--store" => {
+                stores = match args.next().as_deref() {
+                    Some("nats") => vec!["nats"],
+                    Some("sqlite") => vec!["sqlite"],
+                    Some("both") => vec!["nats", "sqlite"],
+                    _ => usage(),
+                }
+            }
+            "--leases" => leases = number(args.next()),
+            "--window" => window = Some(number(args.next())),
+            "--acquire-limit" => limit = Some(number(args.next())),
+            "--agents" => agents = number(args.next()),
+            "--crashes" => crashes = Some(number(args.next())),
+            "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
+            "--json" => json = Some(args.next().unwrap_or_else(|| usage()).into()),
+            _ => usage(),
+        }
+    }
+    if leases == 0 || agents < 2 {
+        usage();
+    }
+    let window = Duration::from_secs(window.unwrap_or(if quick { 5 } else { 20 }));
+    // W + G at the default timing is 12.2 s; then 30 s to spare (12 quick).
+    let limit = Duration::from_secs(limit.unwrap_or(if quick { 25 } else { 43 }));
+    let crashes = crashes.unwrap_or(if quick { 1 } else { 3 }).max(1);
+    let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    let watch_failures = WatchFailures::install();
+    println!(
+        "host: {} CPU(s), {}, load average {}",
+        num_cpus(),
+        cpu_model(),
+        load_average()
+    );
+
+    let mut out_leases = Vec::new();
+    let mut out_agents = Vec::new();
+    if run("leases") {
+        for store in &stores {
+            let mut n = leases;
+            loop {
+                println!("\n== {store}: one process holding {n} leases at R = 1 s ==");
+                // A runtime per attempt: dropping it ends every driver task
+                // an attempt leaves behind (an acquisition that timed out
+                // keeps its driver running until then).
+                let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+                let r = rt.block_on(many_leases(store, n, window, limit, &watch_failures));
+                rt.shutdown_timeout(Duration::from_secs(10));
+                r.print();
+                let ok = r.sustained();
+                out_leases.push(r.to_json());
+                if ok || n < 10 {
+                    break;
+                }
+                n /= 3;
+                println!("not sustained: retrying with {n} leases");
+                // Let the machine calm down first.
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        }
+    }
+    if run("agents") {
+        let putex_bin = putex_bin.unwrap_or_else(find_putex);
+        for store in &stores {
+            let mut n = agents;
+            loop {
+                println!(
+                    "\n== {store}: {n} agents on one lock, R = 100 ms, F = 3, C = 1, {crashes} crash(es) =="
+                );
+                let r = many_agents(&putex_bin, store, n, crashes);
+                r.print();
+                let failed = r.failure.is_some();
+                out_agents.push(r.to_json());
+                if !failed || n <= 2 {
+                    break;
+                }
+                n = (n / 2).max(2);
+                println!("retrying with {n} agents");
+            }
+        }
+    }
+    println!("\nload average at the end: {}", load_average());
+    if let Some(path) = json {
+        let v = serde_json::json!({
+            "bench": "scale",
+            "cpus": num_cpus(),
+            "leases": out_leases,
+            "agents": out_agents,
+        });
+        if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&v).expect("json")) {
+            eprintln!("cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. Many leases in one process.
+
+struct ManyLeases {
+    store: String,
+    leases: usize,
+    acquired: usize,
+    acquire_errors: Vec<String>,
+    warm_up: Duration,
+    window: Duration,
+    cpu_percent: f64,
+    server_cpu_percent: Option<f64>,
+    rss_before_kb: u64,
+    rss_peak_kb: u64,
+    writes: u64,
+    held_at_end: usize,
+    watch_failures_warm_up: usize,
+    watch_failures_window: usize,
+    consumers: Option<u64>,
+    /// Threads and open file descriptors of this process at the end of the
+    /// window (tokio's blocking pool; SQLite connections).
+    threads: usize,
+    open_fds: usize,
+    released: usize,
+    release_took: Duration,
+    load_start: String,
+    load_end: String,
+}
+
+async fn many_leases(
+    label: &str,
+    n: usize,
+    window: Duration,
+    limit: Duration,
+    failures: &WatchFailures,
+) -> ManyLeases {
+    let load_start = load_average();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nats = (label == "nats").then(NatsServer::start);
+    let store: AnyStore = match &nats {
+        Some(s) => AnyStore::open(&StoreUrl::parse(&s.url).expect("url"))
+            .await
+            .unwrap_or_else(|e| {
+                eprintln!("cannot open the NATS store at {}: {e}", s.url);
+                std::process::exit(1)
+            }),
+        None => SqliteStore::open(dir.path().join("scale.db"))
+            .await
+            .expect("sqlite store")
+            .into(),
+    };
+    let me = std::process::id() as i32;
+    let rss_before_kb = rss_kb(me);
+    let failed_before = failures.count();
+    // Peak VmRSS, sampled from here to the end of the window.
+    let peak = Arc::new(AtomicUsize::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_kb(me) as usize, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+
+    // Warm-up: every name is new, so each acquisition waits W + G (S4).
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let options =
+                    LeaseOptions::new(format!("scale-{i}"), "scale-node", TimingConfig::default());
+                match tokio::time::timeout(limit, Lease::acquire(store, options)).await {
+                    Ok(Ok(lease)) => Ok(lease),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("not held within {limit:?}")),
+                }
+            })
+        })
+        .collect();
+    let mut held = Vec::with_capacity(n);
+    let mut acquire_errors = Vec::new();
+    for t in tasks {
+        match t.await.expect("an acquire task panicked") {
+            Ok(lease) => held.push(lease),
+            Err(e) => acquire_errors.push(e),
+        }
+    }
+    let warm_up = t0.elapsed();
+    println!(
+        "warm-up: {} of {n} held after {:.1} s (first use of each name waits W + G ≈ 12.2 s)",
+        held.len(),
+        warm_up.as_secs_f64()
+    );
+    let watch_failures_warm_up = failures.count() - failed_before;
+    // Let the renewal rounds spread out before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The window.
+    let server = nats.as_ref().map(|s| s.child.id() as i32);
+    let failed_before = failures.count();
+    let rev0 = revision(&store).await;
+    let cpu0 = cpu_ticks(me);
+    let srv0 = server.map(cpu_ticks);
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu1 = cpu_ticks(me);
+    let srv1 = server.map(cpu_ticks);
+    let rev1 = revision(&store).await;
+    let tck = clock_ticks();
+    let pct = |ticks: u64| ticks as f64 / tck as f64 / secs * 100.0;
+    let held_at_end = held.iter().filter(|l| l.is_held()).count();
+    let watch_failures_window = failures.count() - failed_before;
+    let consumers = consumers(&store).await;
+    let threads = count_dir(&format!("/proc/{me}/task"));
+    let open_fds = count_dir(&format!("/proc/{me}/fd"));
+    sampler.abort();
+    let rss_peak_kb = peak.load(Ordering::Relaxed) as u64;
+
+    // Release them all at once.
+    let t0 = Instant::now();
+    let releases: Vec<_> = held
+        .into_iter()
+        .map(|l| tokio::spawn(async move { l.release().await.unwrap_or(false) }))
+        .collect();
+    let mut released = 0;
+    for r in releases {
+        if r.await.unwrap_or(false) {
+            released += 1;
+        }
+    }
+    let release_took = t0.elapsed();
+    drop(store);
+    drop(nats);
+    ManyLeases {
+        store: label.to_owned(),
+        leases: n,
+        acquired: n - acquire_errors.len(),
+        acquire_errors,
+        warm_up,
+        window: Duration::from_secs_f64(secs),
+        cpu_percent: pct(cpu1 - cpu0),
+        server_cpu_percent: srv0.zip(srv1).map(|(a, b)| pct(b - a)),
+        rss_before_kb,
+        rss_peak_kb,
+        // The second put's own revision is not a lease's write.
+        writes: rev1.saturating_sub(rev0).saturating_sub(1),
+        held_at_end,
+        watch_failures_warm_up,
+        watch_failures_window,
+        consumers,
+        threads,
+        open_fds,
+        released,
+        release_took,
+        load_start,
+        load_end: load_average(),
+    }
+}
+
+impl ManyLeases {
+    /// Every lease acquired and still held at the end of the window.
+    fn sustained(&self) -> bool {
+        self.acquire_errors.is_empty() && self.held_at_end == self.leases
+    }
+
+    fn writes_per_s(&self) -> f64 {
+        self.writes as f64 / self.window.as_secs_f64()
+    }
+
+    fn print(&self) {
+        if !self.acquire_errors.is_empty() {
+            println!(
+                "{} acquisitions failed, e.g. {}",
+                self.acquire_errors.len(),
+                self.acquire_errors[0]
+            );
+        }
+        println!(
+            "over {:.1} s: process CPU {:.1}% of a core ({:.4}% per lease){}; VmRSS {:.1} MB before, \
+             peak {:.1} MB (warm-up and window); store writes {:.0}/s (expected {} leases / R = {}/s); \
+             {} of {} still held at the end",
+            self.window.as_secs_f64(),
+            self.cpu_percent,
+            self.cpu_percent / self.acquired.max(1) as f64,
+            self.server_cpu_percent
+                .map(|p| format!(", nats-server {p:.1}%"))
+                .unwrap_or_default(),
+            self.rss_before_kb as f64 / 1024.0,
+            self.rss_peak_kb as f64 / 1024.0,
+            self.writes_per_s(),
+            self.acquired,
+            self.acquired,
+            self.held_at_end,
+            self.acquired
+        );
+        println!(
+            "{} threads, {} open file descriptors; watches that failed to start: {} during the warm-up, {} in the window{}",
+            self.threads,
+            self.open_fds,
+            self.watch_failures_warm_up,
+            self.watch_failures_window,
+            self.consumers
+                .map(|c| format!("; consumers on the bucket's stream: {c}"))
+                .unwrap_or_default()
+        );
+        println!(
+            "released {} of {} at once in {:.2} s; load average {} → {}",
+            self.released,
+            self.acquired,
+            self.release_took.as_secs_f64(),
+            self.load_start,
+            self.load_end
+        );
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "store": self.store,
+            "leases": self.leases,
+            "acquired": self.acquired,
+            "acquire_errors": self.acquire_errors.len(),
+            "first_acquire_error": self.acquire_errors.first(),
+            "warm_up_s": self.warm_up.as_secs_f64(),
+            "window_s": self.window.as_secs_f64(),
+            "cpu_percent": self.cpu_percent,
+            "server_cpu_percent": self.server_cpu_percent,
+            "rss_before_kb": self.rss_before_kb,
+            "rss_peak_kb": self.rss_peak_kb,
+            "sustained": self.sustained(),
+            "writes": self.writes,
+            "writes_per_s": self.writes_per_s(),
+            "expected_writes_per_s": self.acquired as f64,
+            "held_at_end": self.held_at_end,
+            "watch_failures_warm_up": self.watch_failures_warm_up,
+            "watch_failures_window": self.watch_failures_window,
+            "consumers": self.consumers,
+            "threads": self.threads,
+            "open_fds": self.open_fds,
+            "released": self.released,
+            "release_s": self.release_took.as_secs_f64(),
+            "load_start": self.load_start,
+            "load_end": self.load_end,
+        })
+    }
+}
+
+/// The store's current revision: a `put` of a scratch key.
+async fn revision(store: &AnyStore) -> u64 {
+    store
+        .put("bench.mark", b"{\"v\":1}", DEADLINE)
+        .await
+        .expect("put")
+        .revision
+}
+
+/// NATS only: the consumers on the bucket's stream (one per watch).
+async fn consumers(store: &AnyStore) -> Option<u64> {
+    let AnyStore::Nats(s) = store else {
+        return None;
+    };
+    let subject = format!("$JS.API.STREAM.INFO.KV_{}", s.bucket_name());
+    let reply = s.client().request(subject, "".into()).await.ok()?;
+    serde_json::from_slice::<serde_json::Value>(&reply.payload)
+        .ok()?
+        .pointer("/state/consumer_count")?
+        .as_u64()
+}
+
+/// Counts the lease driver's "watch failed" debug events (`RUST_LOG` adds
+/// the usual log on stderr).
+#[derive(Clone, Default)]
+struct WatchFailures {
+    count: Arc<AtomicUsize>,
+}
+
+impl WatchFailures {
+    fn install() -> WatchFailures {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let counter = WatchFailures::default();
+        let targets = tracing_subscriber::filter::Targets::new()
+            .with_target("putex::driver", tracing::Level::DEBUG);
+        let log = std::env::var_os("RUST_LOG").map(|_| {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+        });
+        tracing_subscriber::registry()
+            .with(counter.clone().with_filter(targets))
+            .with(log)
+            .init();
+        counter
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WatchFailures {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" && format!("{v:?}").contains("watch failed") {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut m = Message(false);
+        event.record(&mut m);
+        if m.0 {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Many agents on one lock.
+
+struct ManyAgents {
+    store: String,
+    agents: usize,
+    bound: Option<Duration>,
+    /// Until all agents were up (first use of the lock included).
+    came_up: Option<Duration>,
+    /// CPU of all agents, all keepers and the server, % of one core.
+    agents_cpu: f64,
+    keepers_cpu: f64,
+    server_cpu: Option<f64>,
+    /// Whole machine: busy share of all cores over the same window.
+    machine_busy: f64,
+    failovers: Vec<Duration>,
+    /// After each failover: live agents whose last hook line is a start.
+    active_after: Vec<usize>,
+    /// Agents that exited at start-up (and were started again), with why.
+    refusals: Vec<String>,
+    failure: Option<String>,
+    load_start: String,
+    load_end: String,
+}
+
+fn many_agents(putex: &Path, label: &str, n: usize, crashes: usize) -> ManyAgents {
+    let mut r = ManyAgents {
+        store: label.to_owned(),
+        agents: n,
+        bound: None,
+        came_up: None,
+        agents_cpu: 0.0,
+        keepers_cpu: 0.0,
+        server_cpu: None,
+        machine_busy: 0.0,
+        failovers: Vec::new(),
+        active_after: Vec::new(),
+        refusals: Vec::new(),
+        failure: None,
+        load_start: load_average(),
+        load_end: String::new(),
+    };
+    if let Err(e) = agents_run(putex, label, n, crashes, &mut r) {
+        println!("FAILED with {n} agents: {e}");
+        r.failure = Some(e);
+    }
+    r.load_end = load_average();
+    r
+}
+
+fn agents_run(
+    putex: &Path,
+    label: &str,
+    n: usize,
+    crashes: usize,
+    r: &mut ManyAgents,
+) -> Result<(), String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nats = (label == "nats").then(NatsServer::start);
+    let url = match &nats {
+        Some(s) => s.url.clone(),
+        None => format!("sqlite://{}", dir.path().join("store.db").display()),
+    };
+    let out = Command::new(putex)
+        .args(["check", "--store", &url])
+        .args(FAST)
+        .output()
+        .map_err(|e| format!("putex check: {e}"))?;
+    let check = String::from_utf8_lossy(&out.stdout).to_string();
+    let bound = parse_bound(&check).ok_or_else(|| format!("cannot read B from:\n{check}"))?;
+    r.bound = Some(bound);
+    println!("B = {bound:?} (putex check {})", FAST.join(" "));
+
+    let mut bench = Agents {
+        putex: putex.to_owned(),
+        dir: dir.path().to_path_buf(),
+        url,
+        events: dir.path().join("events"),
+        agents: Vec::new(),
+    };
+    let t0 = Instant::now();
+    for i in 1..=n {
+        bench.start_up(&format!("a{i:02}"), &mut r.refusals)?;
+    }
+    let up_within = Duration::from_secs(30);
+    bench.wait_starts(1, up_within)?;
+    bench.all_up(up_within)?;
+    r.came_up = Some(t0.elapsed());
+    println!(
+        "all {n} up after {:.1} s (started one after another){}; load average {}",
+        t0.elapsed().as_secs_f64(),
+        refusals_note(&r.refusals),
+        load_average()
+    );
+
+    // CPU while all are up and one is active.
+    let agent_pids: Vec<i32> = bench.agents.iter().map(Agent::pid).collect();
+    let keeper_pids: Vec<i32> = bench.agents.iter().flat_map(Agent::keepers).collect();
+    let server = nats.as_ref().map(|s| s.child.id() as i32);
+    let sum = |pids: &[i32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let (a0, k0, s0, m0) = (
+        sum(&agent_pids),
+        sum(&keeper_pids),
+        server.map(cpu_ticks),
+        machine_ticks(),
+    );
+    let t = Instant::now();
+    std::thread::sleep(AGENT_CPU_WINDOW);
+    let secs = t.elapsed().as_secs_f64();
+    let (a1, k1, s1, m1) = (
+        sum(&agent_pids),
+        sum(&keeper_pids),
+        server.map(cpu_ticks),
+        machine_ticks(),
+    );
+    let tck = clock_ticks() as f64;
+    let pct = |ticks: u64| ticks as f64 / tck / secs * 100.0;
+    r.agents_cpu = pct(a1 - a0);
+    r.keepers_cpu = pct(k1 - k0);
+    r.server_cpu = s0.zip(s1).map(|(a, b)| pct(b - a));
+    r.machine_busy = {
+        let busy = (m1.0 - m0.0) as f64;
+        let all = (m1.1 - m0.1) as f64;
+        busy / all.max(1.0) * 100.0
+    };
+    println!(
+        "CPU over {secs:.1} s: {n} agents {:.1}%, {} keepers {:.1}% of one core{}; machine {:.0}% busy (all cores, any process)",
+        r.agents_cpu,
+        keeper_pids.len(),
+        r.keepers_cpu,
+        r.server_cpu
+            .map(|p| format!(", nats-server {p:.1}%"))
+            .unwrap_or_default(),
+        r.machine_busy
+    );
+
+    for i in 0..crashes {
+        if i > 0 {
+            bench.all_up(up_within)?;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let active = bench
+            .starts()
+            .last()
+            .map(|l| l.node.clone())
+            .ok_or("no active agent")?;
+        let before = bench.starts().len();
+        let killed = bench.crash(&active);
+        let next = bench.wait_starts(before + 1, Duration::from_secs(10))?;
+        let took = ns_between(killed, next.ns);
+        std::thread::sleep(SETTLE);
+        let live = bench.active_live(&active);
+        println!(
+            "crash {}: {active} killed → {} active after {took:?} ({:.0}% of B); {} live agent(s) active {SETTLE:?} later: {}",
+            i + 1,
+            next.node,
+            pct_of(took, bound),
+            live.len(),
+            live.join(" ")
+        );
+        r.failovers.push(took);
+        r.active_after.push(live.len());
+        if i + 1 < crashes {
+            bench.start_up(&active, &mut r.refusals)?;
+        }
+    }
+    bench.stop_all();
+    Ok(())
+}
+
+impl ManyAgents {
+    fn print(&self) {
+        if self.failure.is_some() && !self.refusals.is_empty() {
+            println!(
+                "start-up refusals before the failure{}",
+                refusals_note(&self.refusals)
+            );
+        }
+        let Some(bound) = self.bound else {
+            return;
+        };
+        if self.failovers.is_empty() {
+            return;
+        }
+        let max = *self.failovers.iter().max().expect("failovers");
+        println!(
+            "{} agents: failover max {max:?} = {:.0}% of B = {bound:?}; target ≤ B + 100 ms: {}; exactly one active after every failover: {}",
+            self.agents,
+            pct_of(max, bound),
+            verdict(max <= bound + Duration::from_millis(100)),
+            if self.active_after.iter().all(|n| *n == 1) {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        serde_json::json!({
+            "store": self.store,
+            "agents": self.agents,
+            "bound_ms": self.bound.map(ms),
+            "came_up_s": self.came_up.map(|d| d.as_secs_f64()),
+            "agents_cpu_percent": self.agents_cpu,
+            "keepers_cpu_percent": self.keepers_cpu,
+            "server_cpu_percent": self.server_cpu,
+            "machine_busy_percent": self.machine_busy,
+            "failover_ms": self.failovers.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            "active_after": self.active_after,
+            "start_refusals": self.refusals.len(),
+            "first_start_refusal": self.refusals.first(),
+            "failure": self.failure,
+            "load_start": self.load_start,
+            "load_end": self.load_end,
+        })
+    }
+}
+
+struct Agent {
+    node: String,
+    child: Child,
+    keeper_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The keeper: the process whose command line names the keeper dir.
+    fn keepers(&self) -> Vec<i32> {
+        let needle = self.keeper_dir.display().to_string();
+        proc_table()
+            .into_iter()
+            .filter(|e| !e.is_dead() && e.pid != self.pid())
+            .filter(|e| {
+                std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                    .map(|c| {
+                        String::from_utf8_lossy(&c)
+                            .replace('\0', " ")
+                            .contains(&needle)
+                    })
+                    .unwrap_or(false)
+            })
+            .map(|e| e.pid)
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Why an agent that exited did: its `putex: …` error line, else the
+    /// end of its log.
+    fn refusal(&self) -> String {
+        let log = self.log_text();
+        log.lines()
+            .find(|l| l.starts_with("putex:"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                tail.join(" / ")
+            })
+    }
+
+    fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn kill(&mut self) {
+        let keepers = self.keepers();
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        for k in keepers {
+            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Line {
+    what: String,
+    node: String,
+    ns: u128,
+}
+
+struct Agents {
+    putex: PathBuf,
+    dir: PathBuf,
+    url: String,
+    events: PathBuf,
+    agents: Vec<Agent>,
+}
+
+impl Agents {
+    /// Starts (or restarts) `node`'s agent, with its keeper dir and log.
+    fn start(&mut self, node: &str) {
+        self.agents.retain(|a| a.node != node);
+        let keeper_dir = self.dir.join(format!("keeper-{node}"));
+        let log = self.dir.join(format!("{node}-{}.log", wall_ns()));
+        let e = self.events.display();
+        let mut cmd = Command::new(&self.putex);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .args([
+                "run", "--lock", "scale", "--store", &self.url, "--node", node,
+            ])
+            .args(FAST)
+            .args(["--healthcheck", "true"])
+            .args([
+                "--activate",
+                &format!("echo start $PUTEX_NODE $(date +%s%N) >> {e}"),
+                "--deactivate",
+                &format!("echo stop $PUTEX_NODE $(date +%s%N) >> {e}"),
+            ])
+            .arg("--keeper-dir")
+            .arg(&keeper_dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start putex run");
+        self.agents.push(Agent {
+            node: node.into(),
+            child,
+            keeper_dir,
+            log,
+        });
+    }
+
+    fn events(&self) -> Vec<Line> {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some(Line {
+                    what: it.next()?.into(),
+                    node: it.next()?.into(),
+                    ns: it.next()?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+
+    fn starts(&self) -> Vec<Line> {
+        self.events()
+            .into_iter()
+            .filter(|l| l.what == "start")
+            .collect()
+    }
+
+    /// Waits for the `n`-th start line and returns it.
+    fn wait_starts(&self, n: usize, within: Duration) -> Result<Line, String> {
+        let until = Instant::now() + within;
+        loop {
+            let mut s = self.starts();
+            if s.len() >= n {
+                return Ok(s.swap_remove(n - 1));
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "no activation #{n} within {within:?}{}",
+                    self.exited()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Starts `node` and waits until it is up (in standby), one agent
+    /// after another as separate hosts would come up. An agent that exits
+    /// instead — e.g. refused by the start-up check that R is at least ten
+    /// times the store's p99 compare-and-swap latency, measured while the
+    /// machine is busy — is started again, up to 3 times; each refusal is
+    /// recorded with its reason.
+    fn start_up(&mut self, node: &str, refusals: &mut Vec<String>) -> Result<(), String> {
+        for _ in 0..4 {
+            self.start(node);
+            let until = Instant::now() + Duration::from_secs(15);
+            loop {
+                let a = self.agents.last_mut().expect("just started");
+                if a.log_text().contains("-> standby") {
+                    return Ok(());
+                }
+                if a.exited() {
+                    refusals.push(format!("{node}: {}", a.refusal()));
+                    break;
+                }
+                if Instant::now() > until {
+                    return Err(format!("{node} not up within 15 s"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Err(format!(
+            "{node} exited at start-up 4 times; last: {}",
+            refusals.last().map_or("", String::as_str)
+        ))
+    }
+
+    /// Waits until every agent is up (its log shows it entered standby).
+    fn all_up(&mut self, within: Duration) -> Result<(), String> {
+        let until = Instant::now() + within;
+        loop {
+            for a in &mut self.agents {
+                if a.exited() {
+                    return Err(format!("{} exited: {}", a.node, a.refusal()));
+                }
+            }
+            let down = self
+                .agents
+                .iter()
+                .filter(|a| !a.log_text().contains("-> standby"))
+                .count();
+            if down == 0 {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "{down} of {} agents not up within {within:?}{}",
+                    self.agents.len(),
+                    self.exited()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Agents that exited on their own, with the end of their log.
+    fn exited(&self) -> String {
+        let gone: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|a| {
+                std::fs::read_to_string(format!("/proc/{}/stat", a.pid()))
+                    .map(|s| s.contains(") Z"))
+                    .unwrap_or(true)
+            })
+            .map(|a| format!("{}: {}", a.node, a.refusal()))
+            .collect();
+        if gone.is_empty() {
+            String::new()
+        } else {
+            format!("; exited: {}", gone.join("; "))
+        }
+    }
+
+    /// Live agents (not `crashed`) whose last hook line is a start.
+    fn active_live(&self, crashed: &str) -> Vec<String> {
+        let mut last: std::collections::BTreeMap<String, String> = Default::default();
+        for l in self.events() {
+            last.insert(l.node, l.what);
+        }
+        last.into_iter()
+            .filter(|(node, what)| node != crashed && what == "start")
+            .map(|(node, _)| node)
+            .collect()
+    }
+
+    /// A host crash: SIGKILL of the agent and its keeper at once. Returns
+    /// the wall-clock time of the kill.
+    fn crash(&mut self, node: &str) -> u128 {
+        let a = self
+            .agents
+            .iter_mut()
+            .find(|a| a.node == node)
+            .expect("agent");
+        let keepers = a.keepers();
+        let t = wall_ns();
+        let _ = kill(Pid::from_raw(a.pid()), Signal::SIGKILL);
+        for k in keepers {
+            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
+        }
+        let _ = a.child.wait();
+        t
+    }
+
+    fn stop_all(&mut self) {
+        for a in &self.agents {
+            let _ = kill(Pid::from_raw(a.pid()), Signal::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        for a in &mut self.agents {
+            while Instant::now() < until {
+                if let Ok(Some(_)) = a.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // Drop kills what is left (and the keepers).
+        self.agents.clear();
+    }
+}
+
+/// How many agents exited at start-up and why (the first reason).
+fn refusals_note(refusals: &[String]) -> String {
+    match refusals.first() {
+        None => String::new(),
+        Some(first) => format!(
+            "; {} start(s) refused and retried, first: {first}",
+            refusals.len()
+        ),
+    }
+}
+
+/// B from `putex check`'s line "worst-case crash failover ≈ … = 0.407s".
+fn parse_bound(check: &str) -> Option<Duration> {
+    let line = check
+        .lines()
+        .find(|l| l.contains("worst-case crash failover"))?;
+    let v = line.rsplit("= ").next()?.split_whitespace().next()?;
+    humantime::parse_duration(v).ok()
+}
+
+// ---------------------------------------------------------------------------
+// Measuring.
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn pct_of(d: Duration, of: Duration) -> f64 {
+    d.as_secs_f64() / of.as_secs_f64() * 100.0
+}
+
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+fn ns_between(a: u128, b: u128) -> Duration {
+    Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100)
+}
+
+/// utime + stime of `pid` (every thread, not its children), in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s[s.rfind(')')? + 1..].to_owned();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the command: state is field 3, utime 14, stime 15.
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+/// The whole machine from `/proc/stat`: (busy, total) clock ticks.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    // idle and iowait
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+fn count_dir(path: &str) -> usize {
+    std::fs::read_dir(path).map_or(0, |d| d.count())
+}
+
+fn rss_kb(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------
+// Binaries.
+
+/// The `putex` binary beside this example (`<profile>/examples/…` →
+/// `<profile>/putex`), built with cargo when missing.
+fn find_putex() -> PathBuf {
+    let me = std::env::current_exe().expect("current exe");
+    let profile_dir = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("examples dir")
+        .to_path_buf();
+    let bin = profile_dir.join("putex");
+    if !bin.is_file() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("building {} …", bin.display());
+        if !cmd.status().is_ok_and(|s| s.success()) || !bin.is_file() {
+            eprintln!(
+                "cannot build {}; build it with `cargo build --release -p putex` or pass --putex PATH",
+                bin.display()
+            );
+            std::process::exit(1);
+        }
+    }
+    bin
+}
+
+struct NatsServer {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    fn binary() -> PathBuf {
+        if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
+            return p.into();
+        }
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/nats-server");
+        if local.is_file() {
+            return local;
+        }
+        std::env::var_os("PATH")
+            .and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|d| d.join("nats-server"))
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| {
+                eprintln!(
+                    "nats-server not found: set PUTEX_NATS_SERVER or run scripts/install-nats-server"
+                );
+                std::process::exit(1)
+            })
+    }
+
+    fn start() -> NatsServer {
+        let bin = Self::binary();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports = dir.path().join("ports");
+        std::fs::create_dir_all(&ports).expect("ports dir");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+        let child = Command::new(&bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
+            .arg(dir.path().join("store"))
+            .arg("--ports_file_dir")
+            .arg(&ports)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let mut server = NatsServer {
+            child,
+            url: String::new(),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let url = std::fs::read_dir(&ports)
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
+            if let Some(url) = url {
+                server.url = url;
+                return server;
+            }
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
