@@ -297,12 +297,22 @@ async fn on_conn<T: Send + 'static>(
     .await
 }
 
-/// Every row above revision `after` that `filter` selects, in order.
-fn rows_since(conn: &Connection, after: u64, filter: &str) -> rusqlite::Result<Vec<Row>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT key, value, revision, era, nanos FROM kv WHERE revision > ?1 ORDER BY revision",
-    )?;
-    let rows = stmt.query_map([to_i64(after)], |r| {
+/// Every row above revision `after` that `filter` selects, in order, and
+/// the newest revision committed when they were read: a watch goes on from
+/// there, so that rows other keys changed are never scanned again (with many
+/// watches on one file, scanning them made every poll grow with the number
+/// of writers). Writes are serialised and take their revision in the
+/// writing transaction, so no row at or below that revision can appear
+/// later.
+fn rows_since(conn: &Connection, after: u64, filter: &str) -> rusqlite::Result<(Vec<Row>, u64)> {
+    let upto: u64 = conn
+        .prepare_cached("SELECT revision FROM counter WHERE id = 0")?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .map(from_i64)?;
+    if upto <= after {
+        return Ok((Vec::new(), after));
+    }
+    let map = |r: &rusqlite::Row<'_>| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, Option<Vec<u8>>>(1)?,
@@ -312,15 +322,37 @@ fn rows_since(conn: &Connection, after: u64, filter: &str) -> rusqlite::Result<V
                 nanos: from_i64(r.get(4)?),
             },
         ))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let row = row?;
-        if filter_matches(filter, &row.0) {
-            out.push(row);
-        }
-    }
-    Ok(out)
+    };
+    let (a, b) = (to_i64(after), to_i64(upto));
+    let rows: Vec<Row> = if filter.is_empty() {
+        conn.prepare_cached(
+            "SELECT key, value, revision, era, nanos FROM kv
+             WHERE revision > ?1 AND revision <= ?2 ORDER BY revision",
+        )?
+        .query_map(rusqlite::params![a, b], map)?
+        .collect::<rusqlite::Result<_>>()?
+    } else if let Some(stem) = filter.strip_suffix('.') {
+        // Keys under `stem.` sort between `stem.` and `stem/` ('/' follows '.').
+        conn.prepare_cached(
+            "SELECT key, value, revision, era, nanos FROM kv
+             WHERE key > ?3 AND key < ?4 AND revision > ?1 AND revision <= ?2
+             ORDER BY revision",
+        )?
+        .query_map(rusqlite::params![a, b, filter, format!("{stem}/")], map)?
+        .collect::<rusqlite::Result<_>>()?
+    } else {
+        conn.prepare_cached(
+            "SELECT key, value, revision, era, nanos FROM kv
+             WHERE key = ?3 AND revision > ?1 AND revision <= ?2",
+        )?
+        .query_map(rusqlite::params![a, b, filter], map)?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    let rows = rows
+        .into_iter()
+        .filter(|r| filter_matches(filter, &r.0))
+        .collect();
+    Ok((rows, upto))
 }
 
 impl Store for SqliteStore {
@@ -443,12 +475,11 @@ impl Store for SqliteStore {
             .map_err(|e| StoreError::unknown(Op::Watch, &f, e))?
             .map_err(|e| sql_err(Op::Watch, &f, e))?,
         ));
-        let first = on_conn(conn.clone(), Op::Watch, filter, timeout, move |conn| {
+        let (first, last) = on_conn(conn.clone(), Op::Watch, filter, timeout, move |conn| {
             rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
         })
         .await?;
         let epoch = self.inner.epoch;
-        let last = first.last().map_or(after, |r| r.2);
         let state = (
             conn,
             filter.to_owned(),
@@ -492,10 +523,8 @@ impl Store for SqliteStore {
                 )
                 .await;
                 match polled {
-                    Ok(rows) => {
-                        if let Some(r) = rows.last() {
-                            last = r.2;
-                        }
+                    Ok((rows, upto)) => {
+                        last = upto;
                         queue.extend(rows);
                     }
                     Err(e) => return Some((Err(e), (conn, filter, queue, last, true))),
