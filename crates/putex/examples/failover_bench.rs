@@ -37,6 +37,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::process::proc_table;
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{cpu_ticks, num_cpus, rss_kb, NatsServer};
+
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
@@ -273,10 +277,6 @@ fn pct(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
 }
 
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// B from `putex check`'s line "worst-case crash failover ≈ … = 0.407s".
 fn parse_bound(check: &str) -> Option<Duration> {
     let line = check
@@ -333,83 +333,6 @@ fn find_putex() -> PathBuf {
         }
     }
     bin
-}
-
-struct NatsServer {
-    bin: PathBuf,
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl NatsServer {
-    fn binary() -> PathBuf {
-        if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
-            return p.into();
-        }
-        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/nats-server");
-        if local.is_file() {
-            return local;
-        }
-        std::env::var_os("PATH")
-            .and_then(|path| {
-                std::env::split_paths(&path)
-                    .map(|d| d.join("nats-server"))
-                    .find(|p| p.is_file())
-            })
-            .unwrap_or_else(|| {
-                eprintln!(
-                    "nats-server not found: set PUTEX_NATS_SERVER or run scripts/install-nats-server"
-                );
-                std::process::exit(1)
-            })
-    }
-
-    fn start() -> NatsServer {
-        let bin = Self::binary();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ports = dir.path().join("ports");
-        std::fs::create_dir_all(&ports).expect("ports dir");
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
-        let child = Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
-            .arg(dir.path().join("store"))
-            .arg("--ports_file_dir")
-            .arg(&ports)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut server = NatsServer {
-            bin,
-            child,
-            url: String::new(),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let url = std::fs::read_dir(&ports)
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
-            if let Some(url) = url {
-                server.url = url;
-                return server;
-            }
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -662,31 +585,6 @@ struct Cost {
     cpu_percent: f64,
     /// From the threads' schedstat (nanoseconds).
     sched_percent: f64,
-}
-
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime of `pid` itself (not its children), in clock ticks.
-fn cpu_ticks(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s[s.rfind(')')? + 1..].to_owned();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // After the command: state is field 3, utime 14, stime 15.
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
 }
 
 /// On-CPU time of every live thread of `pid`, in nanoseconds

@@ -61,6 +61,10 @@ use putex::lease::{self, Lease, LeaseOptions};
 use putex::queue::{Ticket, Waiter};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{load_average, NatsServer};
+
 /// The deadline of the raw store calls.
 const DEADLINE: Duration = Duration::from_secs(5);
 /// How long one acquisition may take before the bench gives up.
@@ -1509,16 +1513,6 @@ impl Table {
     }
 }
 
-/// The 1, 5 and 15 minute load averages.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 struct Machine {
     cpus: usize,
     cpu_model: String,
@@ -1565,68 +1559,6 @@ impl Machine {
 // ---------------------------------------------------------------------------
 // nats-server (as failover_bench starts it).
 
-struct NatsServer {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl NatsServer {
-    fn binary() -> PathBuf {
-        if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
-            return p.into();
-        }
-        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/nats-server");
-        if local.is_file() {
-            return local;
-        }
-        on_path("nats-server").unwrap_or_else(|| {
-            eprintln!(
-                "nats-server not found: set PUTEX_NATS_SERVER or run scripts/install-nats-server"
-            );
-            std::process::exit(1)
-        })
-    }
-
-    fn start() -> NatsServer {
-        let bin = Self::binary();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ports = dir.path().join("ports");
-        std::fs::create_dir_all(&ports).expect("ports dir");
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
-        let child = Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
-            .arg(dir.path().join("store"))
-            .arg("--ports_file_dir")
-            .arg(&ports)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut server = NatsServer {
-            child,
-            url: String::new(),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let url = std::fs::read_dir(&ports)
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
-            if let Some(url) = url {
-                server.url = url;
-                return server;
-            }
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 impl NatsServer {
     async fn open(&self) -> AnyStore {
         AnyStore::open(&StoreUrl::parse(&self.url).expect("nats url"))
@@ -1635,12 +1567,5 @@ impl NatsServer {
                 eprintln!("cannot open the NATS store at {}: {e}", self.url);
                 std::process::exit(1)
             })
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

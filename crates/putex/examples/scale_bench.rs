@@ -59,6 +59,10 @@ use putex::lease::{Lease, LeaseOptions};
 use putex::process::proc_table;
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{cpu_ticks, load_average, num_cpus, rss_kb, NatsServer};
+
 const DEADLINE: Duration = Duration::from_secs(5);
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 /// How long the agents' CPU time is sampled once they are all up.
@@ -294,7 +298,7 @@ async fn many_leases(
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The window.
-    let server = nats.as_ref().map(|s| s.child.id() as i32);
+    let server = nats.as_ref().map(NatsServer::pid);
     let failed_before = failures.count();
     let rev0 = revision(&store).await;
     let cpu0 = cpu_ticks(me);
@@ -613,7 +617,7 @@ fn agents_run(
     // CPU while all are up and one is active.
     let agent_pids: Vec<i32> = bench.agents.iter().map(Agent::pid).collect();
     let keeper_pids: Vec<i32> = bench.agents.iter().flat_map(Agent::keepers).collect();
-    let server = nats.as_ref().map(|s| s.child.id() as i32);
+    let server = nats.as_ref().map(NatsServer::pid);
     let sum = |pids: &[i32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
     let (a0, k0, s0, m0) = (
         sum(&agent_pids),
@@ -1071,10 +1075,6 @@ fn ns_between(a: u128, b: u128) -> Duration {
     Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
 }
 
-fn num_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -1087,16 +1087,6 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-/// The 1, 5 and 15 minute load averages.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
 fn clock_ticks() -> u64 {
     Command::new("getconf")
@@ -1106,19 +1096,6 @@ fn clock_ticks() -> u64 {
         .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
         .filter(|t| *t > 0)
         .unwrap_or(100)
-}
-
-/// utime + stime of `pid` (every thread, not its children), in clock ticks.
-fn cpu_ticks(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s[s.rfind(')')? + 1..].to_owned();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // After the command: state is field 3, utime 14, stime 15.
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
 }
 
 /// The whole machine from `/proc/stat`: (busy, total) clock ticks.
@@ -1140,18 +1117,6 @@ fn machine_ticks() -> (u64, u64) {
 
 fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map_or(0, |d| d.count())
-}
-
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------
@@ -1184,79 +1149,4 @@ fn find_putex() -> PathBuf {
         }
     }
     bin
-}
-
-struct NatsServer {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl NatsServer {
-    fn binary() -> PathBuf {
-        if let Some(p) = std::env::var_os("PUTEX_NATS_SERVER").filter(|p| !p.is_empty()) {
-            return p.into();
-        }
-        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/bin/nats-server");
-        if local.is_file() {
-            return local;
-        }
-        std::env::var_os("PATH")
-            .and_then(|path| {
-                std::env::split_paths(&path)
-                    .map(|d| d.join("nats-server"))
-                    .find(|p| p.is_file())
-            })
-            .unwrap_or_else(|| {
-                eprintln!(
-                    "nats-server not found: set PUTEX_NATS_SERVER or run scripts/install-nats-server"
-                );
-                std::process::exit(1)
-            })
-    }
-
-    fn start() -> NatsServer {
-        let bin = Self::binary();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ports = dir.path().join("ports");
-        std::fs::create_dir_all(&ports).expect("ports dir");
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
-        let child = Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
-            .arg(dir.path().join("store"))
-            .arg("--ports_file_dir")
-            .arg(&ports)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut server = NatsServer {
-            child,
-            url: String::new(),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let url = std::fs::read_dir(&ports)
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .and_then(|v| v["nats"][0].as_str().map(str::to_owned));
-            if let Some(url) = url {
-                server.url = url;
-                return server;
-            }
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
