@@ -112,13 +112,14 @@ async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
     Some(store.get(&key, ReadMode::Leader, timeout).await.ok()??.time)
 }
 
-/// The latest entry of every key under `filter` ([`crate::store::snapshot`]).
+/// Every record under `filter` as of now ([`crate::store::read_prefix`]:
+/// no waiting for a watch to go quiet, which busy members never do).
 async fn snapshot(
     store: &AnyStore,
     filter: &str,
     timeout: Duration,
 ) -> Result<Vec<(String, crate::store::Entry)>, CliError> {
-    crate::store::snapshot(store, filter, timeout)
+    crate::store::read_prefix(store, filter, timeout)
         .await
         .map_err(|e| CliError::Store(format!("store: {e}")))
 }

@@ -746,7 +746,7 @@ pub(crate) async fn status_all(State(s): State<Arc<Shared>>) -> Result<Json<Stat
     let store = s.gateway.store();
     let t = Duration::from_secs(2);
     let now = store_now(store, t).await;
-    let entries = crate::store::snapshot(store, keys::LOCK_PREFIX, t).await?;
+    let entries = crate::store::read_prefix(store, keys::LOCK_PREFIX, t).await?;
     let locks = entries
         .iter()
         .filter_map(|(key, entry)| {

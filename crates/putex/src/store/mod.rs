@@ -408,37 +408,9 @@ impl Store for AnyStore {
     }
 }
 
-/// The latest entry of every key under `filter` (delete markers dropped):
-/// a watch's initial delivery, read until it goes quiet for 300 ms (or 3 s
-/// pass). Cheap to call, but a store slower than the quiet period yields
-/// a partial answer: for a complete one use [`snapshot_synced`].
-pub async fn snapshot(
-    store: &impl Store,
-    filter: &str,
-    timeout: Duration,
-) -> Result<Vec<(String, Entry)>, StoreError> {
-    use futures::StreamExt;
-    let mut w = store.watch(filter, None, timeout).await?;
-    let mut latest = std::collections::BTreeMap::new();
-    let overall = tokio::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let quiet = tokio::time::Instant::now() + Duration::from_millis(300);
-        match tokio::time::timeout_at(quiet.min(overall), w.next()).await {
-            Ok(Some(Ok(ev))) => {
-                match ev.entry {
-                    Some(e) => latest.insert(ev.key, e),
-                    None => latest.remove(&ev.key),
-                };
-            }
-            _ => break,
-        }
-    }
-    Ok(latest.into_iter().collect())
-}
-
-/// Every record under `prefix` (ending in `.`) as of now, without the
-/// marker: [`snapshot_synced`] with the marker `<prefix>=scan` — `=` is no
-/// name character, so the marker is never a lock, ticket or member.
+/// Every record under `prefix` (ending in `.`) as of now:
+/// [`snapshot_synced`] with the marker `<prefix>=scan` — `=` is no name
+/// character, so the marker is never a lock, ticket or member.
 pub async fn read_prefix(
     store: &impl Store,
     prefix: &str,
@@ -446,7 +418,7 @@ pub async fn read_prefix(
 ) -> Result<Vec<(String, Entry)>, StoreError> {
     let marker = format!("{prefix}=scan");
     let (records, _) = snapshot_synced(store, prefix, &marker, timeout).await?;
-    Ok(records.into_iter().filter(|(k, _)| *k != marker).collect())
+    Ok(records.into_iter().collect())
 }
 
 /// The latest entry of every key under `filter` as of now, complete: writes
