@@ -110,6 +110,19 @@ async fn grant_expire_release_and_wait_in_turn() {
     assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2]);
 }
 
+/// Waits until a request is queued on `resource` (a loaded machine may
+/// take longer than a fixed pause to get it there).
+async fn waiting(g: &Gateway, resource: &str) {
+    let started = Instant::now();
+    while !g.locks(resource).await.unwrap().iter().any(|l| !l.active) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no waiter queued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -122,7 +135,7 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         let g2 = g2.clone();
         tokio::spawn(async move { g2.acquire(req("adm", 10_000, 1000)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting(&g1, "adm").await;
     assert!(g1.revoke("adm").await.unwrap());
     assert!(matches!(
         waiter.await.unwrap(),
@@ -138,7 +151,7 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         let g2 = g2.clone();
         tokio::spawn(async move { g2.acquire(req("gone", 10_000, 5000)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting(&g1, "gone").await;
     dropped.abort();
     let _ = dropped.await;
     assert!(g1.release("gone", &holder.uid).await.unwrap());
