@@ -202,6 +202,15 @@ pub enum Input {
     /// ever delays an acquisition, so it cannot weaken any rule; staleness
     /// is still observed while it is not our turn. Initially `true`.
     Turn(bool),
+    /// Give the lock back and stay a standby: a program that takes the same
+    /// lock again and again (the lease library's `Lock`). The holder stops
+    /// the service gracefully while renewing and writes `released` (H2, H6),
+    /// exactly as for [`Input::Shutdown`], but does not exit, and health need
+    /// not be re-proven before it acquires again. Pair it with
+    /// `Turn(false)` to stay out until asked. Ignored unless holding; while
+    /// confirming, the tenure is abandoned without a release (as for a
+    /// shutdown: the previous holder may still be inside its gap).
+    Release,
 }
 
 /// A command for the keeper, the process that owns the service (DESIGN "Keeper").
@@ -265,6 +274,8 @@ pub enum Reason {
     Unhealthy,
     /// Shutdown requested.
     Shutdown,
+    /// The program gave the lock back ([`Input::Release`]).
+    ReleaseRequested,
     /// The supervised child exited on its own.
     ServiceExited,
     /// The fence or activate hook failed.
@@ -315,6 +326,7 @@ impl fmt::Display for Reason {
             Reason::Lost(why) => write!(f, "lock lost: {why} (H3)"),
             Reason::Unhealthy => f.write_str("health checks failed K times in a row (H2)"),
             Reason::Shutdown => f.write_str("shutdown requested"),
+            Reason::ReleaseRequested => f.write_str("release requested"),
             Reason::ServiceExited => f.write_str("the service exited on its own"),
             Reason::ActivationFailed => f.write_str("the fence or activate hook failed"),
             Reason::StopTimedOut => f.write_str("graceful stop exceeded --stop-timeout (H2)"),
@@ -484,8 +496,9 @@ struct Tenure {
 /// What we last saw of the lock record (standby).
 #[derive(Clone, Debug)]
 struct Seen {
-    /// `None` when absent.
-    entry: Option<(Token, StoreTime)>,
+    /// `None` when absent. The store time is `None` only for our own
+    /// release, known from its reply, until a read or the watch shows it.
+    entry: Option<(Token, Option<StoreTime>)>,
     observed: Option<Observed>,
     /// When we first saw this revision (S1 a).
     first_seen: Instant,
@@ -618,6 +631,12 @@ pub struct Agent {
     shutdown: bool,
     /// Whether the host lets this node acquire now ([`Input::Turn`]).
     turn: bool,
+    /// The current step-down was asked for with [`Input::Release`]: the
+    /// standby it ends in need not re-prove its health.
+    keep_health: bool,
+    /// The service is proven stopped and the release waits for the
+    /// renewal in flight, which it would otherwise conflict with.
+    release_wanted: bool,
 
     outputs: VecDeque<Output>,
 }
@@ -660,6 +679,8 @@ impl Agent {
             release_after_stop: false,
             shutdown: false,
             turn: true,
+            keep_health: false,
+            release_wanted: false,
             outputs: VecDeque::new(),
         };
         agent.start(now);
@@ -712,6 +733,7 @@ impl Agent {
             Input::KeeperLost => self.on_keeper(Reason::KeeperLost),
             Input::Shutdown => self.on_shutdown(),
             Input::Turn(ours) => self.turn = ours,
+            Input::Release => self.on_release_request(),
         }
         self.advance();
     }
@@ -1041,6 +1063,9 @@ impl Agent {
         if self.role == Role::Confirming {
             self.try_activate();
         }
+        if self.release_wanted && self.lock_op.is_none() && self.role == Role::SteppingDown {
+            self.write_release();
+        }
         if self.now >= self.next_round {
             while self.next_round <= self.now {
                 self.next_round = self.next_round + self.timing.renew();
@@ -1202,7 +1227,7 @@ impl Agent {
                 acquire,
             } => self.on_acquire_outcome(write, sent, *acquire, outcome),
             LockOp::Renew { write, sent } => self.on_renew_outcome(write, sent, outcome),
-            LockOp::Release { .. } => self.on_release_outcome(outcome),
+            LockOp::Release { write } => self.on_release_outcome(&write, outcome),
         }
     }
 
@@ -1350,6 +1375,8 @@ impl Agent {
         self.unconfirmed.clear();
         self.lock_op = None;
         self.release_after_stop = false;
+        self.release_wanted = false;
+        self.keep_health = false;
         self.step_down_deadline = None;
         self.ok_streak = 0;
         if service {
@@ -1490,6 +1517,8 @@ impl Agent {
         self.set_role(Role::SteppingDown, reason, token);
         self.step_down_deadline = Some(self.now + self.timing.stop_timeout());
         self.release_after_stop = true;
+        self.release_wanted = false;
+        self.keep_health = false;
         self.health = None;
         if self.mutations.is(Rule::ReleaseWithoutProof) {
             self.write_release();
@@ -1545,18 +1574,29 @@ impl Agent {
     }
 
     fn write_release(&mut self) {
+        self.release_wanted = false;
         let Some(lease) = &self.lease else { return };
         if self.now >= lease.licence_end {
             return;
         }
-        // An outstanding renewal is abandoned: if it lands, the release
-        // conflicts and the lock goes stale the slow, safe way (H6).
+        // A renewal (or its own-writes read) still out would make the
+        // release conflict if it landed: wait for it, within its deadline.
+        if matches!(
+            self.lock_op.as_ref().map(|p| &p.what),
+            Some(LockOp::Renew { .. } | LockOp::Verify { .. })
+        ) {
+            self.release_wanted = true;
+            return;
+        }
+        // Anything else outstanding is abandoned: if a write of ours lands
+        // anyway, the release conflicts and the lock goes stale the slow,
+        // safe way (H6).
         self.lock_op = None;
         let write = self.write_id();
         self.send_lock(LockOp::Release { write }, self.deadline());
     }
 
-    fn on_release_outcome(&mut self, outcome: StoreOutcome) {
+    fn on_release_outcome(&mut self, write: &str, outcome: StoreOutcome) {
         if self.role != Role::SteppingDown {
             return;
         }
@@ -1573,7 +1613,33 @@ impl Agent {
         self.unconfirmed.clear();
         self.step_down_deadline = None;
         self.release_after_stop = false;
-        self.ok_streak = 0;
+        if !std::mem::take(&mut self.keep_health) {
+            self.ok_streak = 0;
+        }
+        // What a standby saw before this tenure is stale. The store's reply
+        // says what the record is now: our `released` record at the new
+        // revision (its store time comes with the next read or watch event).
+        // A standby may take it over at once (S3); should anything have
+        // changed meanwhile, the CAS finds out.
+        self.probe = None;
+        self.seen = match outcome {
+            StoreOutcome::Written(t) => {
+                if self.trusted.is_none_or(|x| x.epoch == t.epoch && x < t) {
+                    self.trusted = Some(t);
+                }
+                Some(Seen {
+                    entry: Some((t, None)),
+                    observed: Some(Observed::decode(&self.record(
+                        LockState::Released,
+                        write,
+                        None,
+                    ))),
+                    first_seen: self.now,
+                    absent_like: false,
+                })
+            }
+            _ => None,
+        };
         let reason = if released {
             Reason::Released
         } else {
@@ -1587,6 +1653,17 @@ impl Agent {
         self.set_role(Role::Standby, reason, token);
         if self.shutdown {
             self.exit(ExitReason::Shutdown { released });
+        }
+    }
+
+    fn on_release_request(&mut self) {
+        match self.role {
+            Role::Active => {
+                self.step_down(Reason::ReleaseRequested);
+                self.keep_health = true;
+            }
+            Role::Confirming => self.leave_confirming(Reason::ReleaseRequested),
+            _ => {} // not holding, or already stepping down or stopping
         }
     }
 
@@ -1716,14 +1793,25 @@ impl Agent {
                 _ => self.trusted = Some(self.trusted.map_or(e.token, |t| t.max(e.token))),
             }
         }
-        let key = entry.as_ref().map(|e| (e.token, e.time));
+        let key = entry.as_ref().map(|e| (e.token, Some(e.time)));
         // After a rollback a revision can be reused by another write: the
         // same revision with other contents is a new record (S1 a restarts).
         let same = self
             .seen
             .as_ref()
             .is_some_and(|s| s.entry == key && s.observed == observed);
-        if !same {
+        // Our own release, known from its reply, now with its store time.
+        let timed = match (&mut self.seen, &key) {
+            (Some(s), Some((t, time))) if s.observed == observed => match &mut s.entry {
+                Some((st, stime @ None)) if st == t => {
+                    *stime = *time;
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !same && !timed {
             if let (Some(Observed::Record(r)), Some(max)) = (&observed, self.timing.max_lease()) {
                 if r.lease() > max {
                     if let Some(w) = self.timing.advertised_lease_warning(r.lease()) {
@@ -1958,7 +2046,7 @@ impl Agent {
                 let owed_gap = gap_of(&self.timing, &seen.observed);
                 let unchanged_for = self.now.saturating_since(seen.first_seen);
                 let store_age = match (self.probe, seen.entry) {
-                    (Some(p), Some((_, time))) => match p.time.gap_since(time) {
+                    (Some(p), Some((_, Some(time)))) => match p.time.gap_since(time) {
                         StoreGap::Forward(age) => Some(age),
                         StoreGap::Backwards | StoreGap::Unbounded => None,
                     },
@@ -2002,6 +2090,11 @@ impl Agent {
                 }
             }
             ProbeVerdict::Wait => {}
+            ProbeVerdict::ReadFirst => {
+                if self.lock_op.is_none() {
+                    self.send_lock(LockOp::LeaderPoll, self.deadline());
+                }
+            }
         }
     }
 
@@ -2011,7 +2104,9 @@ impl Agent {
         let Some(p) = self.probe.filter(|p| p.for_token == token) else {
             return ProbeVerdict::Probe;
         };
-        let record_time = seen.entry.expect("present").1;
+        let Some(record_time) = seen.entry.expect("present").1 else {
+            return ProbeVerdict::ReadFirst;
+        };
         let needed = if self.mutations.is(Rule::ProbeWitnessLease) {
             match &seen.observed {
                 Some(Observed::Record(r)) => self.timing.lease_against(r.lease()),
@@ -2252,4 +2347,6 @@ enum ProbeVerdict {
     Stale,
     Probe,
     Wait,
+    /// The record's store time is not known yet: read it first.
+    ReadFirst,
 }

@@ -625,3 +625,91 @@ fn huge_advertised_leases_saturate_and_are_never_stale() {
         }
     }
 }
+
+#[test]
+fn release_request_gives_the_lock_back_and_takes_it_again_in_one_write() {
+    // The lease library's `Lock`: release, stay a standby out of turn, and
+    // on the next turn take the lock back with a single CAS over our own
+    // `released` record — no read, no fresh health check.
+    let mut h = holding();
+    h.input(Input::Turn(false));
+    h.input(Input::Release);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    h.answer_stop(StopKind::Graceful, true);
+    let (id, op) = h.store();
+    let StoreOp::Update { value, .. } = op else {
+        panic!("{op:?}")
+    };
+    assert!(
+        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
+    );
+    // The reply alone tells the standby what the record is now: no read,
+    // no waiting for the watch (a polled store's watch lags).
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(_))),
+        "nothing to do out of turn: {:?}",
+        h.out
+    );
+    h.input(Input::Turn(true));
+    let (id, op) = h.store();
+    assert!(
+        matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(1, 9)),
+        "{op:?}"
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+    assert_eq!(h.agent.role(), Role::Active);
+    assert!(h.find(|o| matches!(o, Output::Fence { token, .. } if *token == Token::new(1, 10))));
+}
+
+#[test]
+fn after_an_ordinary_step_down_health_is_proven_again_and_the_old_view_is_forgotten() {
+    // A child that exited (or any step-down but a release request) must
+    // pass a standby check again before the node re-acquires, and the
+    // record seen before the tenure is not CASed against.
+    let mut h = holding();
+    h.input(Input::ServiceExited);
+    h.answer_stop(StopKind::Graceful, true);
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "re-acquired without a health check or a fresh view: {:?}",
+        h.out
+    );
+}
+
+#[test]
+fn h6_the_release_waits_for_the_renewal_in_flight() {
+    // A release sent while a renewal is out would conflict with it when it
+    // lands, leaving the lock to go stale: it waits for the renewal's reply.
+    let mut h = holding();
+    h.input(Input::Release);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    // The next round renews (stepping down renews without health checks).
+    h.advance_to(h.now + 1.0);
+    let (renewal, op) = h.store();
+    assert!(matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(1, 8)));
+    h.answer_stop(StopKind::Graceful, true);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(_))),
+        "released while the renewal was out: {:?}",
+        h.out
+    );
+    h.reply(renewal, StoreOutcome::Written(Token::new(1, 9)));
+    let (id, op) = h.store();
+    let StoreOp::Update {
+        expected, value, ..
+    } = op
+    else {
+        panic!("{op:?}")
+    };
+    assert_eq!(expected, Token::new(1, 9), "released over the renewal");
+    assert!(
+        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}

@@ -105,6 +105,9 @@ pub enum FaultKind {
     StaleView,
     /// The supervised child exits on its own.
     ChildExit,
+    /// The holder gives the lock back and stays a standby, out of turn for
+    /// a while (the lease library's `Lock`: `Turn(false)` + `Release`).
+    Release,
     /// A host's traffic is held for ≥ T, then delivered all at once.
     HoldTraffic,
     /// The holder is cut off and a standby's clock jumps forward by W.
@@ -288,6 +291,7 @@ impl Scenario {
                 (Shutdown, 3),
                 (StaleView, 2),
                 (ChildExit, 2),
+                (Release, 2),
                 (HoldTraffic, 3),
                 (IsolateAndJump, 1),
             ],
@@ -300,6 +304,7 @@ impl Scenario {
                 (Shutdown, 5),
                 (HealthFlap, 5),
                 (ChildExit, 3),
+                (Release, 4),
                 (Partition, 2),
                 (HostCrash, 1),
             ],

@@ -75,6 +75,8 @@ enum Heal {
     Health,
     StaleView,
     StorePause,
+    /// The agent of this generation may acquire again.
+    Turn(u64),
 }
 
 struct Scheduled {
@@ -1310,6 +1312,25 @@ impl World {
                     }
                 }
             }
+            Release => {
+                if let Some(a) = self.holder() {
+                    if self.hosts[a].running && self.hosts[a].stop.is_none() {
+                        let gen = self.hosts[a].agent_gen;
+                        for input in [Input::Turn(false), Input::Release] {
+                            self.at(self.now, Ev::Deliver { h: a, gen, input });
+                        }
+                        self.active_faults += 1;
+                        let back = self.rng.range(0, 2 * t);
+                        self.at(
+                            self.now + back,
+                            Ev::Heal {
+                                h: a,
+                                what: Heal::Turn(gen),
+                            },
+                        );
+                    }
+                }
+            }
             HoldTraffic => {
                 let dur = self.rng.range(t, 2 * t);
                 self.hosts[h].hold_until = self.now + dur;
@@ -1383,6 +1404,7 @@ impl World {
                 self.rewatch(h);
             }
             Heal::StorePause => {}
+            Heal::Turn(gen) => self.deliver(h, gen, Input::Turn(true)),
         }
     }
 
