@@ -5,7 +5,10 @@
 //! `CLOCK_BOOTTIME` reading, drain its outputs, sleep until its next timeout.
 //! Every output that takes time (a store call, a health check, a hook, a
 //! stop) runs as its own task and comes back as an [`Input`] on one channel,
-//! so the machine is never blocked by any of them. Store calls get their
+//! so the machine is never blocked by any of them. A check, hook or stop
+//! whose future is ready at once (a host with nothing to run: the lease
+//! library, a gateway) is fed back at once instead, saving the task and
+//! the channel. Store calls get their
 //! deadline from the machine (H5) and are reported as `Unknown` when it
 //! passes. A watch on the lock record turns changes into [`Input::Watch`]
 //! and is re-established from the last seen revision when it breaks.
@@ -115,7 +118,11 @@ pub async fn run_with_inputs(
         while let Some(output) = agent.poll_output() {
             match output {
                 Output::Exit(reason) => exited = Some(reason),
-                other => dispatch(other, &store, &keys, &host, &tx),
+                other => {
+                    if let Some(input) = dispatch(other, &store, &keys, &host, &tx) {
+                        agent.handle(clock::boot_time_now(), input);
+                    }
+                }
             }
         }
         if let Some(reason) = exited {
@@ -125,15 +132,19 @@ pub async fn run_with_inputs(
         let sleep = agent
             .poll_timeout()
             .map_or(Duration::from_secs(3600), clock::until);
+        // The host's own inputs go first: one it sends while an output is
+        // dispatched (the lease library's `Turn(false)` on activation) must
+        // reach the machine before anything that output leads to.
         tokio::select! {
-            input = rx.recv() => {
-                let input = input.expect("the driver holds a sender");
-                agent.handle(clock::boot_time_now(), input);
-            }
+            biased;
             input = inputs.recv(), if inputs_open => match input {
                 Some(input) => agent.handle(clock::boot_time_now(), input),
                 None => inputs_open = false,
             },
+            input = rx.recv() => {
+                let input = input.expect("the driver holds a sender");
+                agent.handle(clock::boot_time_now(), input);
+            }
             () = tokio::time::sleep(sleep) => agent.handle_timeout(clock::boot_time_now()),
             () = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
@@ -145,13 +156,16 @@ pub async fn run_with_inputs(
     exit
 }
 
+/// Carries out one output. A check, hook or stop that finished on its first
+/// poll is returned as the input it makes; anything still running becomes a
+/// task that reports back on `tx`.
 fn dispatch(
     output: Output,
     store: &AnyStore,
     keys: &Keys,
     host: &Arc<dyn Host>,
     tx: &mpsc::UnboundedSender<Input>,
-) {
+) -> Option<Input> {
     match output {
         Output::Store(request) => {
             let store = store.clone();
@@ -168,58 +182,72 @@ fn dispatch(
                     outcome,
                 });
             });
+            None
         }
         Output::HealthCheck { id, mode, deadline } => {
-            let check = host.health_check(mode, deadline);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let ok = check.await;
-                let _ = tx.send(Input::Health { id, ok });
-            });
+            run_or_spawn(host.health_check(mode, deadline), tx, move |ok| {
+                Input::Health { id, ok }
+            })
         }
         Output::Fence {
             token,
             previous,
             deadline,
-        } => {
-            let hook = host.fence(token, previous, deadline);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let ok = hook.await;
-                let _ = tx.send(Input::Hook {
-                    hook: putex_core::Hook::Fence,
-                    ok,
-                });
-            });
-        }
+        } => run_or_spawn(host.fence(token, previous, deadline), tx, |ok| {
+            Input::Hook {
+                hook: putex_core::Hook::Fence,
+                ok,
+            }
+        }),
         Output::Activate {
             token,
             previous,
             deadline,
-        } => {
-            let hook = host.activate(token, previous, deadline);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let ok = hook.await;
-                let _ = tx.send(Input::Hook {
-                    hook: putex_core::Hook::Activate,
-                    ok,
-                });
-            });
-        }
+        } => run_or_spawn(host.activate(token, previous, deadline), tx, |ok| {
+            Input::Hook {
+                hook: putex_core::Hook::Activate,
+                ok,
+            }
+        }),
         Output::Stop { id, kind, deadline } => {
-            let stop = host.stop(kind, deadline);
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let ok = stop.await;
-                let _ = tx.send(Input::Stopped { id, ok });
-            });
+            run_or_spawn(host.stop(kind, deadline), tx, move |ok| Input::Stopped {
+                id,
+                ok,
+            })
         }
-        Output::Keeper(command) => host.keeper(command),
-        Output::PersistHighest(token) => host.persist_highest(token),
-        Output::Event(event) => host.event(&event),
-        Output::Exit(_) => {}
+        Output::Keeper(command) => {
+            host.keeper(command);
+            None
+        }
+        Output::PersistHighest(token) => {
+            host.persist_highest(token);
+            None
+        }
+        Output::Event(event) => {
+            host.event(&event);
+            None
+        }
+        Output::Exit(_) => None,
     }
+}
+
+/// Polls `work` once: finished, its input is returned; otherwise it goes on
+/// as a task that sends its input on `tx` when done.
+fn run_or_spawn(
+    mut work: BoxFuture<'static, bool>,
+    tx: &mpsc::UnboundedSender<Input>,
+    input: impl FnOnce(bool) -> Input + Send + 'static,
+) -> Option<Input> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if let std::task::Poll::Ready(ok) = work.as_mut().poll(&mut cx) {
+        return Some(input(ok));
+    }
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let ok = work.await;
+        let _ = tx.send(input(ok));
+    });
+    None
 }
 
 fn op_name(op: &StoreOp) -> &'static str {
