@@ -1,17 +1,27 @@
-//! A named lease for Rust programs: the core's rules driven against a store.
+//! Named leases for Rust programs: the core's rules driven against a store.
 //!
-//! [`Lease::acquire`] waits until this process holds the lock named `name`
-//! by every rule of the agent (S1–S6: staleness waits, the fencing gap,
-//! the clean-release fast path) and returns a [`Lease`] carrying its fencing
-//! token. While the lease is held it is renewed in the background once per R
-//! (H1–H5). [`Lease::lost`] completes when it is lost — the licence ended,
-//! another holder took it, or the record was revoked — and from then on the
-//! program must stop acting on the protected resource: that is the lease's
-//! emergency stop. [`Lease::release`] hands it over at once (H6, S3).
+//! Two ways in, with the same rules (S1–S6 to acquire: staleness waits, the
+//! fencing gap, the clean-release fast path; H1–H6 while holding):
+//!
+//! - [`Lock`] is a lock this program takes and gives back again and again.
+//!   It keeps one agent and one watch on the record for its whole life, so
+//!   it always knows the record: taking a lock its last holder released is
+//!   **one CAS**, and so is giving it back. Use it for anything that locks
+//!   more than once.
+//! - [`Lease`] is one tenure: [`Lease::acquire`] starts an agent, waits until
+//!   it holds the lock, and [`Lease::release`] gives it back and stops the
+//!   agent. Besides the CAS it reads the record and sets up a watch first.
+//!
+//! While held, a lease is renewed in the background once per R. [`Lock::lost`]
+//! (or [`Lease::lost`]) completes when it is lost — the licence ended, another
+//! holder took it, or the record was revoked — and from then on the program
+//! must stop acting on the protected resource: that is its emergency stop.
+//! Releasing writes a `released` record, so the next holder starts at once
+//! (H6, S3).
 //!
 //! ```
 //! use std::time::Duration;
-//! use putex::lease::{Lease, LeaseOptions};
+//! use putex::lease::{Lease, Lock, LeaseOptions};
 //! use putex::store::{AnyStore, MemoryStore};
 //! use putex::core::TimingConfig;
 //!
@@ -25,12 +35,25 @@
 //!     confirm: 1,
 //!     ..TimingConfig::default()
 //! };
-//! let mut lease = Lease::acquire(store, LeaseOptions::new("report", "host-a", timing)).await?;
+//!
+//! // One tenure.
+//! let lease = Lease::acquire(store.clone(), LeaseOptions::new("report", "host-a", timing.clone())).await?;
 //! println!("holding with fencing token {}", lease.token());
 //! // ... work, passing lease.token() to the protected resource ...
 //! assert!(lease.is_held());
-//! let released = lease.release().await?;
-//! assert!(released);
+//! assert!(lease.release().await?);
+//!
+//! // Many tenures through one lock.
+//! let mut lock = Lock::new(store, LeaseOptions::new("report", "host-a", timing))?;
+//! let mut last = None;
+//! for _ in 0..3 {
+//!     let token = lock.acquire().await?;
+//!     assert!(last.is_none_or(|t| token > t), "tokens increase");
+//!     last = Some(token);
+//!     // ... work ...
+//!     assert!(lock.release().await?);
+//! }
+//! lock.close().await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -39,11 +62,11 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::{self, BoxFuture, FutureExt};
 use putex_core::{
-    Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Instant, KeeperCommand, Reason,
-    Role, StopKind, Timing, TimingConfig, TimingError, Token,
+    Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
+    Reason, Role, StopKind, Timing, TimingConfig, TimingError, Token,
 };
 use thiserror::Error;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock;
@@ -82,8 +105,9 @@ pub enum LeaseError {
     /// The lock or node name is not valid.
     #[error(transparent)]
     Name(#[from] keys::NameError),
-    /// The agent stopped before the lease was held.
-    #[error("the lease machine exited before acquiring: {0:?}")]
+    /// The agent stopped (another machine runs with this node id, S5), or
+    /// the lock was closed.
+    #[error("the lease machine exited: {0:?}")]
     Exited(ExitReason),
 }
 
@@ -98,20 +122,29 @@ pub enum Lost {
     Released,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum State {
-    Waiting,
-    Held(Token),
-    Ended(Lost),
+/// What the driver has told us about the agent.
+#[derive(Clone, Debug)]
+struct View {
+    role: Role,
+    /// The fencing token of the current tenure, once active.
+    held: Option<Token>,
+    /// How the last tenure ended.
+    ended: Option<Lost>,
+    /// Transitions into standby so far, and the reason of the last one.
+    standbys: u64,
+    last_standby: Option<Reason>,
 }
 
-/// The host side of a lease: no hooks, no keeper; activation and
-/// emergency stops are notifications.
-struct LeaseHost {
-    state: watch::Sender<State>,
+/// The host side of a lock: no hooks, no keeper; activation and loss are
+/// notifications.
+struct LockHost {
+    view: watch::Sender<View>,
+    /// Into the agent: `Turn(false)` on activation, so that a lost lock is
+    /// never taken again behind the program's back.
+    inputs: mpsc::UnboundedSender<Input>,
 }
 
-impl Host for LeaseHost {
+impl Host for LockHost {
     fn health_check(&self, _mode: HealthMode, _deadline: Instant) -> BoxFuture<'static, bool> {
         future::ready(true).boxed()
     }
@@ -121,23 +154,16 @@ impl Host for LeaseHost {
     }
 
     fn activate(&self, token: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
-        self.state.send_replace(State::Held(token));
+        self.view.send_modify(|v| {
+            v.held = Some(token);
+            v.ended = None;
+        });
         future::ready(true).boxed()
     }
 
-    fn stop(&self, kind: StopKind, _deadline: Instant) -> BoxFuture<'static, bool> {
-        // The program is the service: an emergency stop is the notification
-        // that it must stop acting; a graceful one is its own release call.
-        if kind == StopKind::Emergency {
-            self.state.send_if_modified(|s| {
-                if matches!(s, State::Held(_)) {
-                    *s = State::Ended(Lost::LicenceEnded);
-                    true
-                } else {
-                    false
-                }
-            });
-        }
+    fn stop(&self, _kind: StopKind, _deadline: Instant) -> BoxFuture<'static, bool> {
+        // The program is the service: its loss was announced by the
+        // transition before this stop; a graceful stop is its own release.
         future::ready(true).boxed()
     }
 
@@ -146,46 +172,59 @@ impl Host for LeaseHost {
     fn persist_highest(&self, _token: Token) {}
 
     fn event(&self, event: &Event) {
-        if let Event::Transition {
+        let Event::Transition {
             from, to, reason, ..
         } = event
-        {
-            tracing::debug!(%from, %to, ?reason, "lease transition");
-            if matches!(from, Role::Active | Role::SteppingDown) {
-                let lost = match reason {
+        else {
+            return;
+        };
+        tracing::debug!(%from, %to, ?reason, "lease transition");
+        if *to == Role::Active {
+            // The driver reads host inputs first: this reaches the agent
+            // before anything that follows the activation.
+            let _ = self.inputs.send(Input::Turn(false));
+        }
+        self.view.send_modify(|v| {
+            v.role = *to;
+            if matches!(from, Role::Active | Role::SteppingDown) && v.held.take().is_some() {
+                v.ended = Some(match reason {
                     Reason::LicenceEnded => Lost::LicenceEnded,
-                    Reason::Released | Reason::Shutdown => Lost::Released,
-                    other => Lost::TakenOver(format!("{other:?}")),
-                };
-                self.state.send_if_modified(|s| {
-                    if matches!(s, State::Held(_)) {
-                        *s = State::Ended(lost);
-                        true
-                    } else {
-                        false
+                    Reason::Released | Reason::Shutdown | Reason::ReleaseRequested => {
+                        Lost::Released
                     }
+                    other => Lost::TakenOver(other.to_string()),
                 });
             }
-        }
+            if *to == Role::Standby {
+                v.standbys += 1;
+                v.last_standby = Some(reason.clone());
+            }
+        });
     }
 }
 
-/// A held lease. Dropping it without [`Lease::release`] stops renewing it;
-/// the lock then goes stale after W, the slow, safe way.
-pub struct Lease {
-    token: Token,
-    state: watch::Receiver<State>,
+/// A lock this program takes and gives back, again and again.
+///
+/// It runs one agent, with one watch on the record, from [`Lock::new`] to
+/// [`Lock::close`] (or drop), standing by between tenures without taking the
+/// lock: so it always knows the record, and taking the lock from a
+/// `released` record is a single CAS, as is giving it back. Tokens increase
+/// from one tenure to the next, across every holder.
+///
+/// Dropping a lock while it holds stops renewing; the lock then goes stale
+/// after W, the slow, safe way. [`Lock::close`] releases first.
+pub struct Lock {
+    host: Arc<LockHost>,
+    view: watch::Receiver<View>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<ExitReason>>,
+    exit: Option<ExitReason>,
 }
 
-impl Lease {
-    /// Waits until this process holds lock `options.name`.
-    ///
-    /// On first use of a name (no record yet) this takes W + G (S4); over a
-    /// released record it takes a few store round trips (S3); over a live
-    /// holder it waits for that holder to release or go stale.
-    pub async fn acquire(store: AnyStore, options: LeaseOptions) -> Result<Lease, LeaseError> {
+impl Lock {
+    /// Starts standing by for lock `options.name`; nothing is taken until
+    /// [`Lock::acquire`]. Must be called within a Tokio runtime.
+    pub fn new(store: AnyStore, options: LeaseOptions) -> Result<Lock, LeaseError> {
         let timing: Timing = options.timing.validate()?;
         let keys = Keys {
             lock: keys::lock(&options.name)?,
@@ -196,7 +235,8 @@ impl Lease {
             machine: machine_id(),
             instance: instance_id(),
         };
-        let agent = Agent::new(
+        let now = clock::boot_time_now();
+        let mut agent = Agent::new(
             AgentConfig {
                 identity,
                 timing,
@@ -204,43 +244,199 @@ impl Lease {
                 highest_token: None,
                 mutations: Default::default(),
             },
-            clock::boot_time_now(),
+            now,
         );
-        let (state_tx, mut state) = watch::channel(State::Waiting);
-        let host = Arc::new(LeaseHost { state: state_tx });
+        agent.handle(now, Input::Turn(false));
+        let (view_tx, view) = watch::channel(View {
+            role: agent.role(),
+            held: None,
+            ended: None,
+            standbys: 0,
+            last_standby: None,
+        });
+        let (inputs, inputs_rx) = mpsc::unbounded_channel();
+        let host = Arc::new(LockHost {
+            view: view_tx,
+            inputs,
+        });
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-        let mut task = tokio::spawn(driver::run(agent, store, keys, host, async move {
-            let _ = shutdown_rx.await;
-        }));
+        let task = tokio::spawn(driver::run_with_inputs(
+            agent,
+            store,
+            keys,
+            host.clone(),
+            async move {
+                let _ = shutdown_rx.await;
+            },
+            inputs_rx,
+        ));
+        Ok(Lock {
+            host,
+            view,
+            shutdown: Some(shutdown_tx),
+            task: Some(task),
+            exit: None,
+        })
+    }
+
+    /// Waits until this lock is held and returns its fencing token (at once
+    /// if it is held already).
+    ///
+    /// On first use of a name (no record yet) this takes W + G (S4); over a
+    /// released record it takes one CAS once the record is known (S3); over
+    /// a live holder it waits for that holder to release or go stale.
+    /// Cancel-safe: a cancelled acquisition never leaves the lock held.
+    pub async fn acquire(&mut self) -> Result<Token, LeaseError> {
+        if let Some(token) = self.token() {
+            return Ok(token);
+        }
+        self.host.view.send_modify(|v| v.ended = None);
+        let mut guard = WithdrawOnDrop {
+            inputs: self.host.inputs.clone(),
+            armed: true,
+        };
+        self.send(Input::Turn(true));
         loop {
-            tokio::select! {
-                changed = state.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                    let held = match *state.borrow() {
-                        State::Held(token) => Some(token),
-                        _ => None,
-                    };
-                    if let Some(token) = held {
-                        return Ok(Lease {
-                            token,
-                            state,
-                            shutdown: Some(shutdown_tx),
-                            task: Some(task),
-                        });
-                    }
-                }
-                exit = &mut task => {
-                    let reason = exit.unwrap_or(ExitReason::Shutdown { released: false });
-                    return Err(LeaseError::Exited(reason));
-                }
+            if let Some(token) = self.view.borrow_and_update().held {
+                guard.armed = false;
+                return Ok(token);
+            }
+            if self.view.changed().await.is_err() {
+                guard.armed = false;
+                return Err(LeaseError::Exited(self.exit_reason().await));
             }
         }
-        let reason = task
-            .await
-            .unwrap_or(ExitReason::Shutdown { released: false });
-        Err(LeaseError::Exited(reason))
+    }
+
+    /// The fencing token while the lock is held: pass it to the protected
+    /// resource.
+    pub fn token(&self) -> Option<Token> {
+        self.view.borrow().held
+    }
+
+    /// Whether the lock is held (it may end at any moment: prefer
+    /// [`Lock::lost`]).
+    pub fn is_held(&self) -> bool {
+        self.token().is_some()
+    }
+
+    /// Completes when the lock is no longer held — at once if it is not —
+    /// with how its last tenure ended; from then on stop acting on the
+    /// protected resource.
+    pub async fn lost(&mut self) -> Lost {
+        loop {
+            {
+                let v = self.view.borrow_and_update();
+                if v.held.is_none() {
+                    return v.ended.clone().unwrap_or(Lost::Released);
+                }
+            }
+            if self.view.changed().await.is_err() {
+                return Lost::LicenceEnded;
+            }
+        }
+    }
+
+    /// Gives the lock back: a `released` record lets the next holder start
+    /// at once. Returns whether the release was written; `false` when the
+    /// lock was not held, or was lost meanwhile (if held and the write
+    /// failed, the lock goes stale after W).
+    pub async fn release(&mut self) -> Result<bool, LeaseError> {
+        let before = {
+            let v = self.view.borrow_and_update();
+            if v.role == Role::Standby || v.role == Role::Exited {
+                return Ok(false);
+            }
+            v.standbys
+        };
+        self.send(Input::Turn(false));
+        self.send(Input::Release);
+        loop {
+            {
+                let v = self.view.borrow_and_update();
+                if v.standbys > before {
+                    return Ok(v.last_standby == Some(Reason::Released));
+                }
+            }
+            if self.view.changed().await.is_err() {
+                return Err(LeaseError::Exited(self.exit_reason().await));
+            }
+        }
+    }
+
+    /// Releases the lock if held, stops the agent, and returns whether a
+    /// release was written.
+    pub async fn close(mut self) -> Result<bool, LeaseError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.exit_reason().await {
+            ExitReason::Shutdown { released } => Ok(released),
+            other => Err(LeaseError::Exited(other)),
+        }
+    }
+
+    fn send(&self, input: Input) {
+        // A closed channel means the agent exited; the caller finds out
+        // from the view.
+        let _ = self.host.inputs.send(input);
+    }
+
+    async fn exit_reason(&mut self) -> ExitReason {
+        if let Some(task) = self.task.take() {
+            let reason = task
+                .await
+                .unwrap_or(ExitReason::Shutdown { released: false });
+            self.exit = Some(reason);
+        }
+        self.exit
+            .clone()
+            .unwrap_or(ExitReason::Shutdown { released: false })
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Takes back the turn an acquisition asked for, and gives back what it
+/// may have taken, when that acquisition is cancelled.
+struct WithdrawOnDrop {
+    inputs: mpsc::UnboundedSender<Input>,
+    armed: bool,
+}
+
+impl Drop for WithdrawOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.inputs.send(Input::Turn(false));
+            let _ = self.inputs.send(Input::Release);
+        }
+    }
+}
+
+/// One tenure of a lock: acquired, renewed in the background, released.
+/// Dropping it without [`Lease::release`] stops renewing it; the lock then
+/// goes stale after W, the slow, safe way.
+pub struct Lease {
+    lock: Lock,
+    token: Token,
+}
+
+impl Lease {
+    /// Waits until this process holds lock `options.name`.
+    ///
+    /// On first use of a name (no record yet) this takes W + G (S4); over a
+    /// released record it takes a few store round trips (S3); over a live
+    /// holder it waits for that holder to release or go stale.
+    pub async fn acquire(store: AnyStore, options: LeaseOptions) -> Result<Lease, LeaseError> {
+        let mut lock = Lock::new(store, options)?;
+        let token = lock.acquire().await?;
+        Ok(Lease { lock, token })
     }
 
     /// The fencing token of this tenure: pass it to the protected resource.
@@ -251,43 +447,20 @@ impl Lease {
     /// Whether the lease is still held (it may end at any moment: prefer
     /// [`Lease::lost`]).
     pub fn is_held(&self) -> bool {
-        matches!(*self.state.borrow(), State::Held(_))
+        self.lock.token() == Some(self.token)
     }
 
     /// Completes when the lease is lost; from then on stop acting on the
     /// protected resource.
     pub async fn lost(&mut self) -> Lost {
-        loop {
-            if let State::Ended(lost) = &*self.state.borrow_and_update() {
-                return lost.clone();
-            }
-            if self.state.changed().await.is_err() {
-                return Lost::LicenceEnded;
-            }
-        }
+        self.lock.lost().await
     }
 
     /// Hands the lease over: a `released` record lets the next holder start
     /// at once. Returns whether the release was written (if not, the lock
     /// goes stale after W).
-    pub async fn release(mut self) -> Result<bool, LeaseError> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        let task = self.task.take().expect("a lease owns its driver");
-        match task.await {
-            Ok(ExitReason::Shutdown { released }) => Ok(released),
-            Ok(other) => Err(LeaseError::Exited(other)),
-            Err(_) => Ok(false),
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+    pub async fn release(self) -> Result<bool, LeaseError> {
+        self.lock.close().await
     }
 }
 

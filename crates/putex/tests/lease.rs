@@ -1,10 +1,11 @@
 //! The lease library against real store backends (memory and SQLite): the
-//! core's rules driven by the driver, end to end, with fast timing.
+//! core's rules driven by the driver, end to end, with fast timing. `Lease`
+//! is one tenure; `Lock` takes and gives back the same lock again and again.
 
 use std::time::{Duration, Instant};
 
 use putex::core::{LockRecord, LockState, Observed, TimingConfig};
-use putex::lease::{Lease, LeaseOptions, Lost};
+use putex::lease::{Lease, LeaseOptions, Lock, Lost};
 use putex::store::{keys, AnyStore, MemoryStore, ReadMode, SqliteStore, Store};
 
 /// R = 100 ms, T = 300 ms, G = 100 ms, ε = 1 %: W ≈ 306 ms.
@@ -117,4 +118,157 @@ async fn a_lease_survives_a_renewal_whose_outcome_was_unknown() {
     let lost = tokio::time::timeout(Duration::from_millis(1500), lease.lost()).await;
     assert!(lost.is_err(), "the lease was lost: {lost:?}");
     assert!(lease.is_held());
+}
+
+/// The record of lock `name` as the store has it now.
+async fn record(store: &AnyStore, name: &str) -> LockRecord {
+    let entry = store
+        .get(
+            &keys::lock(name).unwrap(),
+            ReadMode::Leader,
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap()
+        .expect("the record exists");
+    match Observed::decode(&entry.value) {
+        Observed::Record(r) => r,
+        Observed::Garbage => panic!("not a putex record"),
+    }
+}
+
+async fn lock_taken_again_and_again(store: AnyStore) {
+    let mut a = Lock::new(store.clone(), LeaseOptions::new("again", "node-a", fast())).unwrap();
+    let mut b = Lock::new(store.clone(), LeaseOptions::new("again", "node-b", fast())).unwrap();
+    assert!(!a.is_held());
+    assert!(!a.release().await.unwrap(), "nothing to release yet");
+    let mut last = a.acquire().await.expect("first use");
+    assert_eq!(
+        a.acquire().await.unwrap(),
+        last,
+        "acquire while held is a no-op"
+    );
+    assert!(a.release().await.unwrap());
+    assert!(!a.is_held());
+    assert_eq!(a.lost().await, Lost::Released);
+
+    // Over its own release a lock is taken again at once, many times.
+    let started = Instant::now();
+    for _ in 0..20 {
+        let token = a.acquire().await.unwrap();
+        assert!(token > last, "tokens increase: {last} then {token}");
+        last = token;
+        assert!(a.release().await.unwrap());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "20 tenures took {:?}",
+        started.elapsed()
+    );
+
+    // Between tenures a lock stands by: the other node gets the lock...
+    let token = b.acquire().await.unwrap();
+    assert!(token > last);
+    last = token;
+    // ...and a waits while b holds it, then takes it over b's release.
+    let waiting = tokio::spawn(async move {
+        let token = a.acquire().await.unwrap();
+        (a, token)
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished(), "node-a took a lock node-b holds");
+    assert!(b.release().await.unwrap());
+    let (a, token) = tokio::time::timeout(Duration::from_millis(500), waiting)
+        .await
+        .expect("taken within round trips of the release")
+        .unwrap();
+    assert!(token > last);
+    assert!(a.close().await.unwrap(), "close releases a held lock");
+    assert_eq!(record(&store, "again").await.state, LockState::Released);
+    assert!(!b.close().await.unwrap(), "nothing to release");
+}
+
+#[tokio::test]
+async fn lock_taken_again_and_again_on_the_memory_store() {
+    lock_taken_again_and_again(AnyStore::from(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn lock_taken_again_and_again_on_the_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("store.db"))
+        .await
+        .unwrap();
+    lock_taken_again_and_again(AnyStore::from(store)).await;
+}
+
+#[tokio::test]
+async fn a_lost_lock_is_not_taken_again_behind_the_programs_back() {
+    let store = AnyStore::from(MemoryStore::new());
+    let mut a = Lock::new(
+        store.clone(),
+        LeaseOptions::new("revoked", "node-a", fast()),
+    )
+    .unwrap();
+    a.acquire().await.unwrap();
+    // An administrator revokes it (S7).
+    let key = keys::lock("revoked").unwrap();
+    let entry = store
+        .get(&key, ReadMode::Leader, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let revoked = LockRecord {
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        ..record(&store, "revoked").await
+    };
+    store
+        .update(&key, &revoked.encode(), entry.token, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(2), a.lost())
+        .await
+        .expect("noticed within a renewal or two");
+    assert!(matches!(lost, Lost::TakenOver(_)), "{lost:?}");
+    // Well past W: the revoked record went stale, but nobody asked for it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!a.is_held());
+    assert_eq!(record(&store, "revoked").await.state, LockState::Revoked);
+    // Asked again, it is taken (after W: a revoked record is stale to takers).
+    let token = tokio::time::timeout(Duration::from_secs(3), a.acquire())
+        .await
+        .expect("acquired")
+        .unwrap();
+    assert!(token > entry.token);
+}
+
+#[tokio::test]
+async fn a_cancelled_acquisition_leaves_nothing_held() {
+    let store = AnyStore::from(MemoryStore::new());
+    let mut a = Lock::new(store.clone(), LeaseOptions::new("cancel", "node-a", fast())).unwrap();
+    let mut b = Lock::new(store.clone(), LeaseOptions::new("cancel", "node-b", fast())).unwrap();
+    a.acquire().await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), b.acquire()).await;
+    assert!(gave_up.is_err(), "node-b acquired a held lock");
+    assert!(a.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!b.is_held());
+    let r = record(&store, "cancel").await;
+    assert_eq!((r.state, r.node.as_str()), (LockState::Released, "node-a"));
+    // A cancelled acquisition that got as far as holding gives it back.
+    {
+        let mut acquiring = Box::pin(b.acquire());
+        assert!(futures::poll!(&mut acquiring).is_pending());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while record(&store, "cancel").await.node != "node-b" {
+            assert!(Instant::now() < deadline, "node-b never took the lock");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_held());
+    let r = record(&store, "cancel").await;
+    assert_eq!((r.state, r.node.as_str()), (LockState::Released, "node-b"));
+    assert!(a.acquire().await.is_ok());
 }
