@@ -23,20 +23,22 @@
 //! lock names are used once, untimed, before anything is measured, so the
 //! first-use wait of S4 is excluded.
 //!
-//! 1. **Uncontended acquire + release** through the library
-//!    ([`Lease::acquire`] + [`Lease::release`], the fast profile R = 100 ms,
-//!    F = 3, C = 1, and the default timing) against the two raw store
-//!    operations `create` + `delete` of one key (the same key every
-//!    iteration). The three are interleaved, one of each per round with a
-//!    2 ms pause after each, so load from other work on the machine hits
-//!    them alike. Then the store operations of one library acquire + release
-//!    are **counted**: on both stores the writes, by the revision counter (a
-//!    `put` of a scratch key before and after 20 acquire + release); on NATS
-//!    every message too, by a second connection subscribed to `>` that
-//!    classifies what it sees (writes to `$KV.<bucket>.<key>` by their
-//!    headers, direct and leader reads, consumer creations for watches,
-//!    watch deliveries), split into the acquire, release and after-release
-//!    phases by marker round trips.
+//! 1. **Uncontended acquire + release** through the library — a standing
+//!    [`Lock`] taken and given back again and again (the ≤ 1.15× target),
+//!    and a one-shot [`Lease::acquire`] + [`Lease::release`], which starts an
+//!    agent and a watch each time — with the fast profile R = 100 ms, F = 3,
+//!    C = 1, and the default timing, against the two raw store operations
+//!    `create` + `delete` of one key (the same key every iteration). The
+//!    variants are interleaved, one of each per round with a 2 ms pause
+//!    after each, so load from other work on the machine hits them alike;
+//!    each standing lock has a name of its own. Then the store operations of
+//!    one library acquire + release are **counted**: on both stores the
+//!    writes, by the revision counter (a `put` of a scratch key before and
+//!    after 20 acquire + release); on NATS every message too, by a second
+//!    connection subscribed to `>` that classifies what it sees (writes to
+//!    `$KV.<bucket>.<key>` by their headers, direct and leader reads,
+//!    consumer creations for watches, watch deliveries), split into the
+//!    acquire, release and after-release phases by marker round trips.
 //! 2. **Whole-process `putex lock NAME -- true`** (the release binary beside
 //!    this example, built if missing or without the `lock` command, or
 //!    `--putex PATH`), default timing, against `flock FILE true` and, when
@@ -57,7 +59,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use putex::core::{TimingConfig, Token};
-use putex::lease::{self, Lease, LeaseOptions};
+use putex::lease::{self, Lease, LeaseOptions, Lock};
 use putex::queue::{Ticket, Waiter};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
@@ -69,8 +71,11 @@ use support::{load_average, NatsServer};
 const DEADLINE: Duration = Duration::from_secs(5);
 /// How long one acquisition may take before the bench gives up.
 const ACQUIRE_LIMIT: Duration = Duration::from_secs(60);
-/// The lock the library measurements use.
+/// The lock the one-shot lease measurements use.
 const LOCK: &str = "bench";
+/// The locks the standing [`Lock`] measurements use (fast and default timing).
+const LOCK_FAST: &str = "bench-lock-fast";
+const LOCK_DEFAULT: &str = "bench-lock-default";
 /// The lock the `putex lock` runs use.
 const CLI_LOCK: &str = "clibench";
 /// Tasks competing for one lock.
@@ -174,8 +179,12 @@ async fn main() {
                 .entry("uncontended")
                 .or_default()
                 .push(u.to_json(label));
-            for (profile, timing) in [("fast", fast()), ("default", TimingConfig::default())] {
-                let c = count_ops(store, timing, &nats.url).await;
+            for (profile, timing, standing) in [
+                ("Lock, fast", fast(), true),
+                ("Lease, fast", fast(), false),
+                ("Lease, default", TimingConfig::default(), false),
+            ] {
+                let c = count_ops(store, timing, standing, &nats.url).await;
                 c.print(label, profile);
                 figures
                     .entry("op_counts")
@@ -203,12 +212,8 @@ async fn main() {
     // 3. Contended hand-offs.
     if run("contention") {
         for label in ["nats", "sqlite"] {
-            for queued in [false, true] {
-                let what = if queued {
-                    "Ticket queue + Lease"
-                } else {
-                    "Lease::acquire"
-                };
+            for mode in [Mode::Lease, Mode::Lock, Mode::Queue] {
+                let what = mode.label();
                 println!("== {label}: {WAITERS} waiters, {what} ==");
                 // A fresh server each time: the consumers a run leaves behind
                 // (see report_watches) must not weigh on the next.
@@ -222,13 +227,13 @@ async fn main() {
                     None => sqlite.clone(),
                 };
                 let failed = watch_failures.count();
-                let c = contend(&store, queued, contend_for, fast(), &watch_failures).await;
+                let c = contend(&store, mode, contend_for, fast(), &watch_failures).await;
                 c.print();
                 c.rows(label, what, &mut table);
                 figures
                     .entry("contention")
                     .or_default()
-                    .push(c.to_json(label, queued));
+                    .push(c.to_json(label, mode));
                 report_watches(&store, &watch_failures, failed).await;
                 println!();
             }
@@ -264,7 +269,7 @@ async fn main() {
         println!();
         println!("store operations per library acquire + release (mean of {COUNT_ITERS}):");
         for (store, profile, c) in &counts {
-            println!("  {store}, {profile} timing: {}", c.summary());
+            println!("  {store}, {profile}: {}", c.summary());
         }
     }
 }
@@ -272,10 +277,13 @@ async fn main() {
 /// The first use of the lock name waits W + G (S4): once, untimed.
 async fn first_use(label: &str, store: &AnyStore) {
     let t = Instant::now();
-    let lease = acquire(store, LOCK, "bench-node", fast()).await;
-    assert!(lease.release().await.expect("release"), "released");
+    for name in [LOCK, LOCK_FAST, LOCK_DEFAULT] {
+        let lease = acquire(store, name, "bench-node", fast()).await;
+        assert!(lease.release().await.expect("release"), "released");
+    }
     println!(
-        "{label}: first use of lock {LOCK:?} (the S4 wait, excluded from the figures): {:.2} s",
+        "{label}: first use of locks {LOCK:?}, {LOCK_FAST:?}, {LOCK_DEFAULT:?} (the S4 waits, \
+         excluded from the figures): {:.2} s",
         t.elapsed().as_secs_f64()
     );
 }
@@ -398,8 +406,30 @@ impl Pairs {
 
 struct Uncontended {
     raw: Pairs,
+    /// A [`Lock`] kept across iterations.
+    lock_fast: Pairs,
+    lock_default: Pairs,
+    /// One [`Lease`] per iteration.
     fast: Pairs,
     default: Pairs,
+}
+
+/// A standing [`Lock`] on `name`, taken once (untimed) so that it knows
+/// the record.
+async fn standing_lock(store: &AnyStore, name: &str, timing: TimingConfig) -> Lock {
+    let mut lock =
+        Lock::new(store.clone(), LeaseOptions::new(name, "bench-node", timing)).expect("lock");
+    lock_acquire(&mut lock).await;
+    assert!(lock.release().await.expect("release"), "released");
+    lock
+}
+
+async fn lock_acquire(lock: &mut Lock) -> Token {
+    match tokio::time::timeout(ACQUIRE_LIMIT, lock.acquire()).await {
+        Ok(Ok(token)) => token,
+        Ok(Err(e)) => panic!("lock acquire: {e}"),
+        Err(_) => panic!("lock acquire: not held within {ACQUIRE_LIMIT:?}"),
+    }
 }
 
 async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
@@ -412,9 +442,15 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
     store.delete(key, t, DEADLINE).await.expect("delete");
     let mut u = Uncontended {
         raw: Pairs::default(),
+        lock_fast: Pairs::default(),
+        lock_default: Pairs::default(),
         fast: Pairs::default(),
         default: Pairs::default(),
     };
+    // Each standing lock has a name of its own: the others' writes must
+    // not reach its watch.
+    let mut lock_fast = standing_lock(store, LOCK_FAST, fast()).await;
+    let mut lock_default = standing_lock(store, LOCK_DEFAULT, TimingConfig::default()).await;
     for _ in 0..iters {
         let t0 = Instant::now();
         let t = store
@@ -425,6 +461,17 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
         store.delete(key, t, DEADLINE).await.expect("delete");
         u.raw.push(t0, t1, Instant::now());
         tokio::time::sleep(PAUSE).await;
+        for (lock, into) in [
+            (&mut lock_fast, &mut u.lock_fast),
+            (&mut lock_default, &mut u.lock_default),
+        ] {
+            let t0 = Instant::now();
+            lock_acquire(lock).await;
+            let t1 = Instant::now();
+            assert!(lock.release().await.expect("release"), "released");
+            into.push(t0, t1, Instant::now());
+            tokio::time::sleep(PAUSE).await;
+        }
         for (timing, into) in [
             (fast(), &mut u.fast),
             (TimingConfig::default(), &mut u.default),
@@ -437,8 +484,36 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
             tokio::time::sleep(PAUSE).await;
         }
     }
+    lock_fast.close().await.expect("close");
+    lock_default.close().await.expect("close");
     u
 }
+
+/// The library variants of the uncontended measurement: JSON key, label,
+/// and whether the ≤ 1.15× target applies (it is about locking again and
+/// again, which is what [`Lock`] is for).
+const VARIANTS: [(&str, &str, bool); 4] = [
+    (
+        "lock_fast",
+        "`Lock` acquire + release, R=100ms F=3 C=1",
+        true,
+    ),
+    (
+        "lock_default",
+        "`Lock` acquire + release, default timing",
+        true,
+    ),
+    (
+        "lease_fast",
+        "one-shot `Lease` acquire + release, R=100ms F=3 C=1",
+        false,
+    ),
+    (
+        "lease_default",
+        "one-shot `Lease` acquire + release, default timing",
+        false,
+    ),
+];
 
 impl Uncontended {
     fn print(&self) {
@@ -449,10 +524,7 @@ impl Uncontended {
             Summary::of(&self.raw.first).median_ms(),
             Summary::of(&self.raw.second).median_ms()
         );
-        for (what, p) in [
-            ("library, fast timing", &self.fast),
-            ("library, default timing", &self.default),
-        ] {
+        for ((_, what, _), p) in VARIANTS.iter().zip(self.variants()) {
             let s = Summary::of(&p.pair);
             println!(
                 "{what}: pair {}; acquire {}, release {}; ratio to raw {:.2}× (median), {:.2}× (p99)",
@@ -479,9 +551,20 @@ impl Uncontended {
             "store": store,
             "iters": self.raw.pair.len(),
             "raw_create_delete": pairs(&self.raw),
+            "lock_fast": pairs(&self.lock_fast),
+            "lock_default": pairs(&self.lock_default),
             "lease_fast": pairs(&self.fast),
             "lease_default": pairs(&self.default),
         })
+    }
+
+    fn variants(&self) -> [&Pairs; 4] {
+        [
+            &self.lock_fast,
+            &self.lock_default,
+            &self.fast,
+            &self.default,
+        ]
     }
 
     fn rows(&self, store: &str, table: &mut Table) {
@@ -496,20 +579,21 @@ impl Uncontended {
                 Summary::of(&self.raw.second).median_ms()
             ),
         );
-        for (what, p) in [
-            ("library acquire + release, R=100ms F=3 C=1", &self.fast),
-            ("library acquire + release, default timing", &self.default),
-        ] {
+        for ((_, what, target), p) in VARIANTS.iter().zip(self.variants()) {
             let s = Summary::of(&p.pair);
             let r = ratio(s.median, raw.median);
+            let target = if *target {
+                format!("target ≤ 1.15×: {}", verdict(r <= 1.15))
+            } else {
+                "starts an agent and a watch each time".to_owned()
+            };
             table.push(
                 what,
                 store,
                 s.med_p99(),
                 format!(
-                    "{r:.2}× raw (p99 {:.2}×); target ≤ 1.15×: {} (acquire {}, release {})",
+                    "{r:.2}× raw (p99 {:.2}×); {target} (acquire {}, release {})",
                     ratio(s.p99, raw.p99),
-                    verdict(r <= 1.15),
                     Summary::of(&p.first).median_ms(),
                     Summary::of(&p.second).median_ms()
                 ),
@@ -540,7 +624,7 @@ impl OpCounts {
 
     fn print(&self, store: &str, profile: &str) {
         println!(
-            "ops per acquire + release ({store}, {profile} timing, mean of {}): {:.2} writes by the revision counter",
+            "ops per acquire + release ({store}, {profile}, mean of {}): {:.2} writes by the revision counter",
             self.iters,
             self.per_iter(self.writes as usize)
         );
@@ -621,7 +705,7 @@ async fn revision(store: &AnyStore) -> u64 {
         .revision
 }
 
-async fn count_ops(store: &AnyStore, timing: TimingConfig, url: &str) -> OpCounts {
+async fn count_ops(store: &AnyStore, timing: TimingConfig, standing: bool, url: &str) -> OpCounts {
     let snoop = match store {
         AnyStore::Nats(_) => Some(Snoop::start(url).await),
         _ => None,
@@ -634,18 +718,31 @@ async fn count_ops(store: &AnyStore, timing: TimingConfig, url: &str) -> OpCount
             }
         }
     };
+    let mut lock = match standing {
+        true => Some(standing_lock(store, LOCK_FAST, timing.clone()).await),
+        false => None,
+    };
     let before = revision(store).await;
     for _ in 0..COUNT_ITERS {
         mark("begin").await;
-        let lease = acquire(store, LOCK, "bench-node", timing.clone()).await;
-        mark("held").await;
-        assert!(lease.release().await.expect("release"), "released");
+        if let Some(lock) = &mut lock {
+            lock_acquire(lock).await;
+            mark("held").await;
+            assert!(lock.release().await.expect("release"), "released");
+        } else {
+            let lease = acquire(store, LOCK, "bench-node", timing.clone()).await;
+            mark("held").await;
+            assert!(lease.release().await.expect("release"), "released");
+        }
         mark("released").await;
         // Let the tail (watch teardown, late deliveries) land in this window.
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     mark("begin").await;
     let after = revision(store).await;
+    if let Some(lock) = lock {
+        lock.close().await.expect("close");
+    }
     let mut counts = OpCounts {
         iters: COUNT_ITERS,
         writes: after - before - 1,
@@ -1164,9 +1261,38 @@ struct Contention {
     first_watch_failure: Option<Instant>,
 }
 
+/// How the contending tasks take the lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A one-shot [`Lease`] per acquisition.
+    Lease,
+    /// One standing [`Lock`] per task.
+    Lock,
+    /// A fair-queue [`Ticket`], then a one-shot [`Lease`].
+    Queue,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Lease => "Lease::acquire",
+            Mode::Lock => "Lock::acquire",
+            Mode::Queue => "Ticket queue + Lease",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Mode::Lease => "lease",
+            Mode::Lock => "lock",
+            Mode::Queue => "queue",
+        }
+    }
+}
+
 async fn contend(
     store: &AnyStore,
-    queued: bool,
+    mode: Mode,
     window: Duration,
     timing: TimingConfig,
     failures: &WatchFailures,
@@ -1193,9 +1319,16 @@ async fn contend(
         tasks.push(tokio::spawn(async move {
             let node = format!("waiter-{i}");
             let mut held = Vec::new();
+            let mut lock = (mode == Mode::Lock).then(|| {
+                Lock::new(
+                    store.clone(),
+                    LeaseOptions::new(LOCK, &node, timing.clone()),
+                )
+                .expect("lock")
+            });
             while Instant::now() < end {
                 let t0 = Instant::now();
-                let ticket = if queued {
+                let ticket = if mode == Mode::Queue {
                     let t = Ticket::join(
                         store.clone(),
                         Waiter {
@@ -1230,7 +1363,14 @@ async fn contend(
                 } else {
                     None
                 };
-                let lease = acquire(&store, LOCK, &node, timing.clone()).await;
+                let (lease, token) = match &mut lock {
+                    Some(lock) => (None, lock_acquire(lock).await),
+                    None => {
+                        let lease = acquire(&store, LOCK, &node, timing.clone()).await;
+                        let token = lease.token();
+                        (Some(lease), token)
+                    }
+                };
                 let held_at = Instant::now();
                 assert_eq!(
                     holders.fetch_add(1, Ordering::SeqCst),
@@ -1240,24 +1380,36 @@ async fn contend(
                 {
                     let mut last = last.lock().expect("last token");
                     assert!(
-                        last.is_none_or(|(l, _)| lease.token() > l),
-                        "fencing token did not increase: {:?} after {:?}",
-                        lease.token(),
+                        last.is_none_or(|(l, _)| token > l),
+                        "fencing token did not increase: {token:?} after {:?}",
                         *last
                     );
                     if last.is_some_and(|(_, by)| by == i) && held_at <= end {
                         repeats.fetch_add(1, Ordering::SeqCst);
                     }
-                    *last = Some((lease.token(), i));
+                    *last = Some((token, i));
                 }
                 tokio::task::yield_now().await;
-                assert!(lease.is_held(), "lease lost inside the critical section");
+                let still = match (&lease, &lock) {
+                    (Some(lease), _) => lease.is_held(),
+                    (None, Some(lock)) => lock.is_held(),
+                    (None, None) => unreachable!("a lease or a lock"),
+                };
+                assert!(still, "lease lost inside the critical section");
                 holders.fetch_sub(1, Ordering::SeqCst);
                 held.push((held_at, held_at - t0));
-                assert!(lease.release().await.expect("release"), "released");
+                let released = match (lease, &mut lock) {
+                    (Some(lease), _) => lease.release().await,
+                    (None, Some(lock)) => lock.release().await,
+                    (None, None) => unreachable!("a lease or a lock"),
+                };
+                assert!(released.expect("release"), "released");
                 if let Some(t) = ticket {
                     t.leave().await;
                 }
+            }
+            if let Some(lock) = lock {
+                lock.close().await.expect("close");
             }
             held
         }));
@@ -1377,7 +1529,7 @@ impl Contention {
         );
     }
 
-    fn to_json(&self, store: &str, queued: bool) -> serde_json::Value {
+    fn to_json(&self, store: &str, mode: Mode) -> serde_json::Value {
         let waits: Vec<Duration> = self.held.iter().flatten().map(|(_, w)| *w).collect();
         let s = (!waits.is_empty()).then(|| Summary::of(&waits));
         let failing = self.first_watch_failure.filter(|f| *f < self.end);
@@ -1385,7 +1537,7 @@ impl Contention {
         let mean = (self.total() as f64 / per_task.len() as f64).max(f64::MIN_POSITIVE);
         serde_json::json!({
             "store": store,
-            "variant": if queued { "queue" } else { "lease" },
+            "variant": mode.key(),
             "window_s": self.window().as_secs_f64(),
             "acquisitions": self.total(),
             "per_s": self.rate(),
