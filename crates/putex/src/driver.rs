@@ -3,12 +3,12 @@
 //!
 //! The loop is quinn's: feed the machine one input with the current
 //! `CLOCK_BOOTTIME` reading, drain its outputs, sleep until its next timeout.
-//! Every output that takes time (a store call, a health check, a hook, a
-//! stop) runs as its own task and comes back as an [`Input`] on one channel,
-//! so the machine is never blocked by any of them. A check, hook or stop
-//! whose future is ready at once (a host with nothing to run: the lease
-//! library, a gateway) is fed back at once instead, saving the task and
-//! the channel. Store calls get their
+//! Nothing that takes time blocks the machine: store calls run concurrently
+//! inside the driver's task (a set of futures polled alongside its other
+//! sources), and a health check, hook or stop runs as its own task that
+//! comes back as an [`Input`] on a channel — unless its future is ready at
+//! once (a host with nothing to run: the lease library, a gateway), when it
+//! is fed back at once. Store calls get their
 //! deadline from the machine (H5) and are reported as `Unknown` when it
 //! passes. A watch on the lock record turns changes into [`Input::Watch`]
 //! and is re-established from the last seen revision when it breaks.
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use putex_core::{
     Agent, Event, ExitReason, HealthMode, Input, Instant, KeeperCommand, Key, Output, StopKind,
@@ -113,13 +114,14 @@ pub async fn run_with_inputs(
     let watch = tokio::spawn(watch_lock(store.clone(), keys.lock.clone(), tx.clone()));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutting_down = false;
+    let mut calls = StoreCalls::new();
     let exit = loop {
         let mut exited = None;
         while let Some(output) = agent.poll_output() {
             match output {
                 Output::Exit(reason) => exited = Some(reason),
                 other => {
-                    if let Some(input) = dispatch(other, &store, &keys, &host, &tx) {
+                    if let Some(input) = dispatch(other, &store, &keys, &host, &tx, &mut calls) {
                         agent.handle(clock::boot_time_now(), input);
                     }
                 }
@@ -141,6 +143,9 @@ pub async fn run_with_inputs(
                 Some(input) => agent.handle(clock::boot_time_now(), input),
                 None => inputs_open = false,
             },
+            Some(input) = calls.next(), if !calls.is_empty() => {
+                agent.handle(clock::boot_time_now(), input);
+            }
             input = rx.recv() => {
                 let input = input.expect("the driver holds a sender");
                 agent.handle(clock::boot_time_now(), input);
@@ -156,32 +161,35 @@ pub async fn run_with_inputs(
     exit
 }
 
-/// Carries out one output. A check, hook or stop that finished on its first
-/// poll is returned as the input it makes; anything still running becomes a
-/// task that reports back on `tx`.
+/// Store calls under way, each ending in the input that reports it.
+type StoreCalls = FuturesUnordered<BoxFuture<'static, Input>>;
+
+/// Carries out one output. A store call joins `calls`; a check, hook or stop
+/// that finished on its first poll is returned as the input it makes, and
+/// one still running becomes a task that reports back on `tx`.
 fn dispatch(
     output: Output,
     store: &AnyStore,
     keys: &Keys,
     host: &Arc<dyn Host>,
     tx: &mpsc::UnboundedSender<Input>,
+    calls: &mut StoreCalls,
 ) -> Option<Input> {
     match output {
         Output::Store(request) => {
             let store = store.clone();
-            let tx = tx.clone();
             let key = keys.of(store_key(&request.op)).to_owned();
-            tokio::spawn(async move {
+            calls.push(Box::pin(async move {
                 let timeout = clock::until(request.deadline);
                 let op = op_name(&request.op);
                 let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
                 crate::metrics::global().store_call(op, outcome_name(&outcome), started.elapsed());
-                let _ = tx.send(Input::Store {
+                Input::Store {
                     id: request.id,
                     outcome,
-                });
-            });
+                }
+            }));
             None
         }
         Output::HealthCheck { id, mode, deadline } => {
