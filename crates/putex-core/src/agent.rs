@@ -365,8 +365,9 @@ pub enum Event {
         /// What the store shows now.
         now: Token,
     },
-    /// A record advertises a lease above `--max-lease`.
-    AdvertisedLeaseAboveMax(String),
+    /// A record advertises a lease above `--max-lease` or a gap above
+    /// `--max-gap`.
+    AdvertisedTimingAboveMax(String),
 }
 
 /// Something the driver must do.
@@ -1812,12 +1813,10 @@ impl Agent {
             _ => false,
         };
         if !same && !timed {
-            if let (Some(Observed::Record(r)), Some(max)) = (&observed, self.timing.max_lease()) {
-                if r.lease() > max {
-                    if let Some(w) = self.timing.advertised_lease_warning(r.lease()) {
-                        self.outputs
-                            .push_back(Output::Event(Event::AdvertisedLeaseAboveMax(w)));
-                    }
+            if let Some(Observed::Record(r)) = &observed {
+                if let Some(w) = self.timing.advertised_timing_warning(r.lease(), r.gap()) {
+                    self.outputs
+                        .push_back(Output::Event(Event::AdvertisedTimingAboveMax(w)));
                 }
             }
             self.seen = Some(Seen {
@@ -1992,7 +1991,7 @@ impl Agent {
         };
         let gap_of = |t: &Timing, o: &Option<Observed>| match o {
             Some(Observed::Record(r)) => t.gap_against(r.gap()),
-            _ => t.gap(),
+            _ => t.gap_unknown(),
         };
         let previous = seen
             .observed
@@ -2000,15 +1999,16 @@ impl Agent {
             .and_then(|o| o.record())
             .map(|r| r.node.clone());
         if seen.absent_like {
-            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G. A
-            // record that survived a regression still advertises timing: use
-            // the larger values, as for any taker.
+            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
+            // (--max-gap or own G): a holder whose record is gone may not
+            // know it yet. A record that survived a regression still
+            // advertises timing: use the larger values, as for any taker.
             let (owed_lease, owed_gap) = match seen.observed.as_ref().and_then(|o| o.record()) {
                 Some(r) => (
                     self.timing.lease_unknown().max(r.lease()),
-                    self.timing.gap_against(r.gap()),
+                    self.timing.gap_unknown().max(r.gap()),
                 ),
-                None => (self.timing.lease_unknown(), self.timing.gap()),
+                None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
             };
             return self.acquire(Acquire {
                 kind: AcquireKind::Absent,
@@ -2312,7 +2312,7 @@ impl Agent {
         }));
         acquire.kind = AcquireKind::Absent;
         acquire.owed_lease = acquire.owed_lease.max(self.timing.lease_unknown());
-        acquire.owed_gap = acquire.owed_gap.max(self.timing.gap());
+        acquire.owed_gap = acquire.owed_gap.max(self.timing.gap_unknown());
     }
 
     /// A standby's own-writes read after an acquisition with unknown outcome.

@@ -80,6 +80,11 @@ pub struct TimingConfig {
     /// Longest lease any holder may advertise (`--max-lease`); used when a
     /// record is absent or unreadable and its holder's T is unknown (S4).
     pub max_lease: Option<Duration>,
+    /// Longest fencing gap G any holder may advertise (`--max-gap`); owed,
+    /// with `--max-lease`, when a record is absent or unreadable and its
+    /// holder's G is unknown (S4): that holder's emergency stop may take up
+    /// to its own G after its licence ends.
+    pub max_gap: Option<Duration>,
     /// Allow T below 10 s on a replicated bucket (`--allow-short-lease`).
     pub allow_short_lease: bool,
     /// After the activate hook returns, `standby` checks are used for this long
@@ -109,6 +114,7 @@ impl Default for TimingConfig {
             successes: DEFAULT_SUCCESSES,
             max_drift: Drift::from_ppm(DEFAULT_MAX_DRIFT_PPM),
             max_lease: None,
+            max_gap: None,
             allow_short_lease: false,
             start_grace: DEFAULT_START_GRACE,
             sched_margin: None,
@@ -187,6 +193,16 @@ pub enum TimingError {
         max_lease: Duration,
         /// T.
         lease: Duration,
+    },
+    /// `--max-gap` is shorter than this node's own fencing gap.
+    #[error(
+        "--max-gap ({max_gap:?}) is shorter than this node's own fencing gap G = C·R = {gap:?}"
+    )]
+    MaxGapTooShort {
+        /// The value given.
+        max_gap: Duration,
+        /// G.
+        gap: Duration,
     },
     /// R is too short for the store's latency.
     #[error(
@@ -307,6 +323,11 @@ impl TimingConfig {
                 return Err(TimingError::MaxLeaseTooShort { max_lease, lease });
             }
         }
+        if let Some(max_gap) = self.max_gap {
+            if max_gap < gap {
+                return Err(TimingError::MaxGapTooShort { max_gap, gap });
+            }
+        }
         Ok(Timing {
             config: self.clone(),
             sched_margin: margin,
@@ -353,6 +374,10 @@ impl Timing {
     /// `--max-lease`, if set.
     pub fn max_lease(&self) -> Option<Duration> {
         self.config.max_lease
+    }
+    /// `--max-gap`, if set.
+    pub fn max_gap(&self) -> Option<Duration> {
+        self.config.max_gap
     }
     /// `--start-grace`.
     pub fn start_grace(&self) -> Duration {
@@ -410,6 +435,12 @@ impl Timing {
         self.gap().max(advertised)
     }
 
+    /// G' when the holder's G is unknown (record absent or unreadable): the
+    /// larger of `--max-gap` and the own G (S4).
+    pub fn gap_unknown(&self) -> Duration {
+        self.max_gap().map_or(self.gap(), |m| m.max(self.gap()))
+    }
+
     /// Checks the constraints that depend on the store.
     pub fn check_store(&self, facts: &StoreFacts) -> Result<(), TimingError> {
         if let Some(p99) = facts.p99_cas {
@@ -431,14 +462,22 @@ impl Timing {
         Ok(())
     }
 
-    /// A warning when a record advertises a T above `--max-lease`: after a
-    /// store data loss, S4 protects only up to `--max-lease`.
-    pub fn advertised_lease_warning(&self, advertised: Duration) -> Option<String> {
-        let max = self.max_lease()?;
-        (advertised > max).then(|| {
+    /// A warning when a record advertises a T above `--max-lease` or a G
+    /// above `--max-gap`: after a store data loss, S4 protects only up to
+    /// them.
+    pub fn advertised_timing_warning(&self, lease: Duration, gap: Duration) -> Option<String> {
+        let mut over = Vec::new();
+        if let Some(max) = self.max_lease().filter(|m| lease > *m) {
+            over.push(format!("lease {lease:?}, above --max-lease {max:?}"));
+        }
+        if let Some(max) = self.max_gap().filter(|m| gap > *m) {
+            over.push(format!("fencing gap {gap:?}, above --max-gap {max:?}"));
+        }
+        (!over.is_empty()).then(|| {
             format!(
-                "a holder advertises lease {advertised:?}, above --max-lease {max:?}: \
-                 if the store loses its record, takers wait only for --max-lease"
+                "a holder advertises {}: if the store loses its record, takers wait only for \
+                 --max-lease and --max-gap",
+                over.join(" and ")
             )
         })
     }
@@ -459,7 +498,7 @@ impl Timing {
             gap: self.gap(),
             emergency_budget: self.emergency_budget(),
             emergency_timeout: self.emergency_timeout(),
-            absent_wait: self.staleness_wait(self.lease_unknown()) + self.gap(),
+            absent_wait: self.staleness_wait(self.lease_unknown()) + self.gap_unknown(),
             store_round_trip,
             crash_failover,
             survives_missed: self.config.failures - 2,
@@ -493,7 +532,7 @@ pub struct Timeline {
     pub emergency_budget: Duration,
     /// The configured emergency-stop timeout.
     pub emergency_timeout: Duration,
-    /// Wait before activating over an absent record (S4): W(max-lease) + G.
+    /// Wait before activating over an absent record (S4): W(max-lease) + G(max-gap).
     pub absent_wait: Duration,
     /// The store round trip assumed.
     pub store_round_trip: Duration,
@@ -593,6 +632,39 @@ mod tests {
             e.starts_with("--healthcheck-timeout (700ms) + --store-timeout (400ms)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn max_lease_and_max_gap_bound_what_an_absent_record_owes() {
+        let mut c = TimingConfig {
+            max_gap: Some(Duration::from_secs(1)),
+            ..TimingConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--max-gap (1s) is shorter than this node's own fencing gap G = C·R = 2s"
+        );
+        c.max_gap = Some(Duration::from_secs(5));
+        c.max_lease = Some(Duration::from_secs(30));
+        let t = c.validate().unwrap();
+        assert_eq!(t.gap_unknown(), Duration::from_secs(5));
+        assert_eq!(
+            t.gap_against(Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            t.timeline(Duration::ZERO).absent_wait,
+            t.staleness_wait(Duration::from_secs(30)) + Duration::from_secs(5)
+        );
+        let w = t
+            .advertised_timing_warning(Duration::from_secs(10), Duration::from_secs(8))
+            .unwrap();
+        assert!(w.contains("fencing gap 8s, above --max-gap 5s"), "{w}");
+        assert!(t
+            .advertised_timing_warning(Duration::from_secs(10), Duration::from_secs(2))
+            .is_none());
+        let plain = TimingConfig::default().validate().unwrap();
+        assert_eq!(plain.gap_unknown(), plain.gap());
     }
 
     #[test]

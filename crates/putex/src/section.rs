@@ -689,7 +689,7 @@ impl Host for SlotHost {
                 "STORE REGRESSED: the lock record's revision went backwards; treating the lock \
                  as absent (S6)"
             ),
-            Event::AdvertisedLeaseAboveMax(msg) => tracing::warn!("{msg}"),
+            Event::AdvertisedTimingAboveMax(msg) => tracing::warn!("{msg}"),
         }
     }
 }

@@ -110,3 +110,14 @@ regression!(
     Profile::Chaos,
     65824
 );
+// Found by seeds 20,000-120,000 (session 3). The bucket was re-created
+// under a holder whose fencing gap (1 s) was larger than the taker's
+// (250 ms): the taker waited W(--max-lease) + its own G and activated while
+// the old holder's emergency stop, allowed its own G after the licence,
+// still ran. Fixed: --max-gap, the longest G any holder may advertise, is
+// owed with --max-lease when a record is absent or unreadable (S4).
+regression!(
+    r13_an_absent_record_owes_the_longest_gap_too,
+    Profile::Chaos,
+    41094
+);

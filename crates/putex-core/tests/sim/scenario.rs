@@ -218,16 +218,23 @@ impl Scenario {
                 }
             })
             .collect();
-        // After a lost record S4 protects up to --max-lease: set it to the
-        // longest lease in the run, as an operator with mixed settings must.
+        // After a lost record S4 protects up to --max-lease and --max-gap:
+        // set them to the longest lease and gap in the run, as an operator
+        // with mixed settings must.
         let max_t = timings
             .iter()
             .map(|t| t.renew * t.failures)
             .max()
             .expect("hosts");
+        let max_g = timings
+            .iter()
+            .map(|t| t.renew * t.confirm)
+            .max()
+            .expect("hosts");
         for t in &mut timings {
             if mixed || rng.chance(0.2) {
                 t.max_lease = Some(max_t);
+                t.max_gap = Some(max_g);
             }
         }
         let host_rates = (0..hosts).map(|_| rate(&mut rng)).collect();

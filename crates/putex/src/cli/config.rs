@@ -98,6 +98,10 @@ pub struct AgentArgs {
     /// Longest lease any holder may advertise (used when a record is lost).
     #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
     pub max_lease: Option<Duration>,
+    /// Longest fencing gap G any holder may advertise (used when a record
+    /// is lost) [default: the own G].
+    #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
+    pub max_gap: Option<Duration>,
     /// Allow T < 10 s on a replicated NATS bucket.
     #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
     pub allow_short_lease: bool,
@@ -173,6 +177,8 @@ pub struct FileConfig {
     pub max_drift: Option<String>,
     /// `max-lease`.
     pub max_lease: Option<String>,
+    /// `max-gap`.
+    pub max_gap: Option<String>,
     /// `allow-short-lease`.
     pub allow_short_lease: Option<bool>,
     /// `start-grace`.
@@ -410,6 +416,7 @@ impl AgentSettings {
             max_lease: args
                 .max_lease
                 .or(file_duration("max-lease", &file.max_lease)?),
+            max_gap: args.max_gap.or(file_duration("max-gap", &file.max_gap)?),
             allow_short_lease: args.allow_short_lease || file.allow_short_lease.unwrap_or(false),
             start_grace: args
                 .start_grace

@@ -97,6 +97,10 @@ pub struct LockArgs {
     /// Longest lease any holder may advertise (used when a record is lost).
     #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
     pub max_lease: Option<Duration>,
+    /// Longest fencing gap G any holder may advertise (used when a record
+    /// is lost) [default: the own G].
+    #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
+    pub max_gap: Option<Duration>,
     /// Allow T < 10 s on a replicated NATS bucket.
     #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
     pub allow_short_lease: bool,
@@ -162,6 +166,7 @@ impl LockArgs {
                 None => Drift::from_ppm(putex_core::timing::DEFAULT_MAX_DRIFT_PPM),
             },
             max_lease: self.max_lease,
+            max_gap: self.max_gap,
             allow_short_lease: self.allow_short_lease,
             store_timeout: self.store_timeout,
             stop_timeout: self.stop_timeout.unwrap_or(DEFAULT_LOCK_STOP_TIMEOUT),

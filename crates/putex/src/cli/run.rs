@@ -607,7 +607,7 @@ impl Host for AgentHost {
                 "STORE REGRESSED: the lock record's revision went backwards (lost writes?); \
                  treating the lock as absent (S6)"
             ),
-            Event::AdvertisedLeaseAboveMax(msg) => {
+            Event::AdvertisedTimingAboveMax(msg) => {
                 tracing::warn!("{msg}")
             }
         }
