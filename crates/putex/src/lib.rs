@@ -11,7 +11,7 @@
 //! | [`hooks`] | running hooks (`/bin/sh -c`) with their environment and timeouts |
 //! | [`keeper`] | the dead-man's switch that owns the service and its deadline |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
-//! | [`lease`] | a named lease for Rust programs: acquire, hold (renewed), learn it was lost, release |
+//! | [`lease`] | named leases for Rust programs: [`lease::Lease`] (one tenure) and [`lease::Lock`] (taken and given back again and again, one CAS each) |
 //! | [`metrics`] | `putex_`-prefixed metrics in OpenMetrics format, one set per process |
 //! | [`queue`] | fair queues: waiters take their turn in arrival order; dead waiters expire |
 //! | [`section`] | critical sections (`putex lock`): a command run under a lock or semaphore slot, stopped before the lock passes on |
