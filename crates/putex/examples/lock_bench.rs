@@ -406,6 +406,8 @@ impl Pairs {
 
 struct Uncontended {
     raw: Pairs,
+    /// Two CAS updates of one record: the floor of any lock on the store.
+    cas: Pairs,
     /// A [`Lock`] kept across iterations.
     lock_fast: Pairs,
     lock_default: Pairs,
@@ -440,8 +442,14 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
         .await
         .expect("create");
     store.delete(key, t, DEADLINE).await.expect("delete");
+    let cas_key = "bench.cas";
+    let mut at = store
+        .put(cas_key, b"{\"v\":1}", DEADLINE)
+        .await
+        .expect("put");
     let mut u = Uncontended {
         raw: Pairs::default(),
+        cas: Pairs::default(),
         lock_fast: Pairs::default(),
         lock_default: Pairs::default(),
         fast: Pairs::default(),
@@ -460,6 +468,18 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
         let t1 = Instant::now();
         store.delete(key, t, DEADLINE).await.expect("delete");
         u.raw.push(t0, t1, Instant::now());
+        tokio::time::sleep(PAUSE).await;
+        let t0 = Instant::now();
+        let t = store
+            .update(cas_key, b"{\"v\":2}", at, DEADLINE)
+            .await
+            .expect("update");
+        let t1 = Instant::now();
+        at = store
+            .update(cas_key, b"{\"v\":1}", t, DEADLINE)
+            .await
+            .expect("update");
+        u.cas.push(t0, t1, Instant::now());
         tokio::time::sleep(PAUSE).await;
         for (lock, into) in [
             (&mut lock_fast, &mut u.lock_fast),
@@ -524,15 +544,21 @@ impl Uncontended {
             Summary::of(&self.raw.first).median_ms(),
             Summary::of(&self.raw.second).median_ms()
         );
+        let cas = Summary::of(&self.cas.pair);
+        println!(
+            "raw update + update (two CAS, the floor of any lock): pair {}",
+            cas.med_p99()
+        );
         for ((_, what, _), p) in VARIANTS.iter().zip(self.variants()) {
             let s = Summary::of(&p.pair);
             println!(
-                "{what}: pair {}; acquire {}, release {}; ratio to raw {:.2}× (median), {:.2}× (p99)",
+                "{what}: pair {}; acquire {}, release {}; ratio to raw {:.2}× (median), {:.2}× (p99); to two CAS {:.2}×",
                 s.med_p99(),
                 Summary::of(&p.first).median_ms(),
                 Summary::of(&p.second).median_ms(),
                 ratio(s.median, raw.median),
-                ratio(s.p99, raw.p99)
+                ratio(s.p99, raw.p99),
+                ratio(s.median, cas.median)
             );
         }
     }
@@ -551,6 +577,7 @@ impl Uncontended {
             "store": store,
             "iters": self.raw.pair.len(),
             "raw_create_delete": pairs(&self.raw),
+            "raw_cas_cas": pairs(&self.cas),
             "lock_fast": pairs(&self.lock_fast),
             "lock_default": pairs(&self.lock_default),
             "lease_fast": pairs(&self.fast),
@@ -579,6 +606,13 @@ impl Uncontended {
                 Summary::of(&self.raw.second).median_ms()
             ),
         );
+        let cas = Summary::of(&self.cas.pair);
+        table.push(
+            "raw `update` + `update` (two CAS: the floor of any lock)",
+            store,
+            cas.med_p99(),
+            format!("{:.2}× raw create + delete", ratio(cas.median, raw.median)),
+        );
         for ((_, what, target), p) in VARIANTS.iter().zip(self.variants()) {
             let s = Summary::of(&p.pair);
             let r = ratio(s.median, raw.median);
@@ -592,8 +626,9 @@ impl Uncontended {
                 store,
                 s.med_p99(),
                 format!(
-                    "{r:.2}× raw (p99 {:.2}×); {target} (acquire {}, release {})",
+                    "{r:.2}× raw (p99 {:.2}×); {target}; {:.2}× two CAS (acquire {}, release {})",
                     ratio(s.p99, raw.p99),
+                    ratio(s.median, cas.median),
                     Summary::of(&p.first).median_ms(),
                     Summary::of(&p.second).median_ms()
                 ),
