@@ -181,13 +181,16 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::config::FileConfig;
+    use crate::cli::config::{FileConfig, TimingArgs};
 
     fn fast(extra: impl FnOnce(&mut AgentArgs)) -> Result<AgentSettings, CliError> {
         let mut a = AgentArgs {
-            renew: Some(Duration::from_millis(100)),
-            failures: Some(3),
-            confirm: Some(1),
+            timing: TimingArgs {
+                renew: Some(Duration::from_millis(100)),
+                failures: Some(3),
+                confirm: Some(1),
+                ..TimingArgs::default()
+            },
             ..AgentArgs::default()
         };
         extra(&mut a);
@@ -211,7 +214,7 @@ mod tests {
         let e = check_store(&s.timing, &replicated()).unwrap_err();
         assert_eq!(e.code(), 2);
         assert!(e.to_string().contains("--allow-short-lease"), "{e}");
-        let s = fast(|a| a.allow_short_lease = true).unwrap();
+        let s = fast(|a| a.timing.allow_short_lease = true).unwrap();
         check_store(&s.timing, &replicated()).unwrap();
     }
 

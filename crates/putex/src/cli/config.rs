@@ -51,6 +51,39 @@ pub fn parse_drift(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// The timing flags `putex run`, `putex check` and `putex lock` share.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TimingArgs {
+    /// R: health-check (agents) and renew once per R [default: 1s].
+    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration)]
+    pub renew: Option<Duration>,
+    /// F: lease length in renewals, T = F·R, at least 2 [default: 10].
+    #[arg(long, env = "PUTEX_FAILURES")]
+    pub failures: Option<u32>,
+    /// C: confirmation count, fencing gap G = C·R [default: 2].
+    #[arg(long, env = "PUTEX_CONFIRM")]
+    pub confirm: Option<u32>,
+    /// ε: clock-rate bound, e.g. 1% [default: 1%].
+    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
+    pub max_drift: Option<f64>,
+    /// Longest lease any holder may advertise (used when a record is lost).
+    #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
+    pub max_lease: Option<Duration>,
+    /// Longest fencing gap G any holder may advertise (used when a record
+    /// is lost) [default: the own G].
+    #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
+    pub max_gap: Option<Duration>,
+    /// Allow T < 10 s on a replicated NATS bucket.
+    #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
+    pub allow_short_lease: bool,
+    /// Deadline of each store call [default: 2R/5].
+    #[arg(long, env = "PUTEX_STORE_TIMEOUT", value_parser = parse_duration)]
+    pub store_timeout: Option<Duration>,
+    /// Time allowed for an emergency stop [default: the budget G·(1−ε)/(1+ε) − margin].
+    #[arg(long, env = "PUTEX_EMERGENCY_TIMEOUT", value_parser = parse_duration)]
+    pub emergency_timeout: Option<Duration>,
+}
+
 /// The flags shared by `putex run` and `putex check`, as parsed: `None`
 /// means "not given on the command line nor in the environment".
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -77,34 +110,15 @@ pub struct AgentArgs {
     /// Hook mode: fences the previous holder out before activating.
     #[arg(long, env = "PUTEX_FENCE")]
     pub fence: Option<String>,
-    /// R: health-check and renew once per R [default: 1s].
-    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration)]
-    pub renew: Option<Duration>,
-    /// F: lease length in renewals, T = F·R, at least 2 [default: 10].
-    #[arg(long, env = "PUTEX_FAILURES")]
-    pub failures: Option<u32>,
-    /// C: confirmation count, fencing gap G = C·R [default: 2].
-    #[arg(long, env = "PUTEX_CONFIRM")]
-    pub confirm: Option<u32>,
+    /// R, F, C, ε and the other timing flags `putex lock` shares.
+    #[command(flatten)]
+    pub timing: TimingArgs,
     /// K: failed `active` checks in a row before stepping down [default: 3].
     #[arg(long, env = "PUTEX_UNHEALTHY")]
     pub unhealthy: Option<u32>,
     /// S: good checks in a row before (re)acquiring [default: 1].
     #[arg(long, env = "PUTEX_SUCCESSES")]
     pub successes: Option<u32>,
-    /// ε: clock-rate bound, e.g. 1% [default: 1%].
-    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
-    pub max_drift: Option<f64>,
-    /// Longest lease any holder may advertise (used when a record is lost).
-    #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
-    pub max_lease: Option<Duration>,
-    /// Longest fencing gap G any holder may advertise (used when a record
-    /// is lost) [default: the own G].
-    #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
-    pub max_gap: Option<Duration>,
-    /// Allow T < 10 s on a replicated NATS bucket.
-    #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
-    pub allow_short_lease: bool,
     /// `standby` checks are used for this long after activation [default: 5s].
     #[arg(long, env = "PUTEX_START_GRACE", value_parser = parse_duration)]
     pub start_grace: Option<Duration>,
@@ -114,18 +128,12 @@ pub struct AgentArgs {
     /// Health-check timeout [default: R/2].
     #[arg(long, env = "PUTEX_HEALTHCHECK_TIMEOUT", value_parser = parse_duration)]
     pub healthcheck_timeout: Option<Duration>,
-    /// Deadline of each store call [default: 2R/5].
-    #[arg(long, env = "PUTEX_STORE_TIMEOUT", value_parser = parse_duration)]
-    pub store_timeout: Option<Duration>,
     /// Time allowed for the fence and activate hooks [default: 60s].
     #[arg(long, env = "PUTEX_ACTIVATE_TIMEOUT", value_parser = parse_duration)]
     pub activate_timeout: Option<Duration>,
     /// Time allowed for a graceful stop [default: 30s].
     #[arg(long, env = "PUTEX_STOP_TIMEOUT", value_parser = parse_duration)]
     pub stop_timeout: Option<Duration>,
-    /// Time allowed for an emergency stop [default: the budget G·(1−ε)/(1+ε) − margin].
-    #[arg(long, env = "PUTEX_EMERGENCY_TIMEOUT", value_parser = parse_duration)]
-    pub emergency_timeout: Option<Duration>,
     /// Directory of the keeper sockets, lock files and state files
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
@@ -384,14 +392,17 @@ impl AgentSettings {
 
         let timing_config = TimingConfig {
             renew: args
+                .timing
                 .renew
                 .or(file_duration("renew", &file.renew)?)
                 .unwrap_or(putex_core::timing::DEFAULT_RENEW),
             failures: args
+                .timing
                 .failures
                 .or(file.failures)
                 .unwrap_or(putex_core::timing::DEFAULT_FAILURES),
             confirm: args
+                .timing
                 .confirm
                 .or(file.confirm)
                 .unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
@@ -403,7 +414,7 @@ impl AgentSettings {
                 .successes
                 .or(file.successes)
                 .unwrap_or(putex_core::timing::DEFAULT_SUCCESSES),
-            max_drift: match args.max_drift {
+            max_drift: match args.timing.max_drift {
                 Some(p) => Drift::from_percent(p),
                 None => match &file.max_drift {
                     Some(s) => Drift::from_percent(
@@ -414,10 +425,15 @@ impl AgentSettings {
                 },
             },
             max_lease: args
+                .timing
                 .max_lease
                 .or(file_duration("max-lease", &file.max_lease)?),
-            max_gap: args.max_gap.or(file_duration("max-gap", &file.max_gap)?),
-            allow_short_lease: args.allow_short_lease || file.allow_short_lease.unwrap_or(false),
+            max_gap: args
+                .timing
+                .max_gap
+                .or(file_duration("max-gap", &file.max_gap)?),
+            allow_short_lease: args.timing.allow_short_lease
+                || file.allow_short_lease.unwrap_or(false),
             start_grace: args
                 .start_grace
                 .or(file_duration("start-grace", &file.start_grace)?)
@@ -430,6 +446,7 @@ impl AgentSettings {
                 &file.healthcheck_timeout,
             )?),
             store_timeout: args
+                .timing
                 .store_timeout
                 .or(file_duration("store-timeout", &file.store_timeout)?),
             activate_timeout: args
@@ -441,6 +458,7 @@ impl AgentSettings {
                 .or(file_duration("stop-timeout", &file.stop_timeout)?)
                 .unwrap_or(putex_core::timing::DEFAULT_STOP_TIMEOUT),
             emergency_timeout: args
+                .timing
                 .emergency_timeout
                 .or(file_duration("emergency-timeout", &file.emergency_timeout)?),
         };
@@ -552,7 +570,7 @@ mod tests {
             FileConfig::parse("renew = \"200ms\"\nfailures = 4\nconfirm = 3\nmax-drift = \"2%\"\n")
                 .unwrap();
         let mut a = args();
-        a.failures = Some(5);
+        a.timing.failures = Some(5);
         let s = AgentSettings::resolve(&a, &file, Strictness::Run).unwrap();
         assert_eq!(s.timing.renew(), Duration::from_millis(200));
         assert_eq!(s.timing_config.failures, 5, "the flag wins");
@@ -575,7 +593,7 @@ mod tests {
     #[test]
     fn validation_names_the_flag() {
         let mut a = args();
-        a.failures = Some(1);
+        a.timing.failures = Some(1);
         let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run).unwrap_err();
         assert_eq!(e.code(), 2);
         assert_eq!(e.to_string(), "--failures must be at least 2 (got 1)");

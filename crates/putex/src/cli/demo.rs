@@ -18,7 +18,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::check::measure_store;
-use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness};
+use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness, TimingArgs};
 use super::CliError;
 use crate::process::pids_matching;
 use crate::store::AnyStore;
@@ -97,9 +97,12 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
         store: Some(store_url.clone()),
         node: Some("node-1".into()),
         healthcheck: Some("true".into()),
-        renew: Some(Duration::from_millis(100)),
-        failures: Some(3),
-        confirm: Some(1),
+        timing: TimingArgs {
+            renew: Some(Duration::from_millis(100)),
+            failures: Some(3),
+            confirm: Some(1),
+            ..TimingArgs::default()
+        },
         unhealthy: Some(2),
         child: vec!["true".into()],
         ..AgentArgs::default()

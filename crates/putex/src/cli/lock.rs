@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use putex_core::{Drift, TimingConfig};
 
-use super::config::{hostname, parse_drift, parse_duration};
+use super::config::{hostname, parse_duration, TimingArgs};
 use super::{sysexits, CliError};
 use crate::section::{self, Once, Outcome, SectionError, SectionOptions, Wait};
 use crate::store::{AnyStore, StoreUrl};
@@ -82,38 +82,13 @@ pub struct LockArgs {
     /// T, the lease: how long one renewal keeps the lock; R = T / F.
     #[arg(long, value_parser = parse_duration, value_name = "DUR", conflicts_with = "renew")]
     pub ttl: Option<Duration>,
-    /// R: renew once per R [default: 1s].
-    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration)]
-    pub renew: Option<Duration>,
-    /// F: lease length in renewals, T = F·R, at least 2 [default: 10].
-    #[arg(long, env = "PUTEX_FAILURES")]
-    pub failures: Option<u32>,
-    /// C: confirmation count, fencing gap G = C·R [default: 2].
-    #[arg(long, env = "PUTEX_CONFIRM")]
-    pub confirm: Option<u32>,
-    /// ε: clock-rate bound [default: 1%].
-    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
-    pub max_drift: Option<f64>,
-    /// Longest lease any holder may advertise (used when a record is lost).
-    #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
-    pub max_lease: Option<Duration>,
-    /// Longest fencing gap G any holder may advertise (used when a record
-    /// is lost) [default: the own G].
-    #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
-    pub max_gap: Option<Duration>,
-    /// Allow T < 10 s on a replicated NATS bucket.
-    #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
-    pub allow_short_lease: bool,
-    /// Deadline of each store call [default: 2R/5].
-    #[arg(long, env = "PUTEX_STORE_TIMEOUT", value_parser = parse_duration)]
-    pub store_timeout: Option<Duration>,
+    /// R, F, C, ε and the other timing flags `putex run` shares.
+    #[command(flatten)]
+    pub timing: TimingArgs,
     /// SIGTERM to SIGKILL when CMD's leftovers (or a CMD past
     /// --max-duration) are stopped [default: 10s].
     #[arg(long, value_parser = parse_duration)]
     pub stop_timeout: Option<Duration>,
-    /// Time allowed for an emergency stop [default: the budget G·(1−ε)/(1+ε) − margin].
-    #[arg(long, value_parser = parse_duration)]
-    pub emergency_timeout: Option<Duration>,
     /// Directory of the keeper sockets and highest-token files
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else /tmp/putex-UID].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
@@ -146,6 +121,7 @@ impl LockArgs {
             )));
         }
         let failures = self
+            .timing
             .failures
             .unwrap_or(putex_core::timing::DEFAULT_FAILURES);
         let renew = match self.ttl {
@@ -155,22 +131,28 @@ impl LockArgs {
                 }
                 ttl / failures
             }
-            None => self.renew.unwrap_or(putex_core::timing::DEFAULT_RENEW),
+            None => self
+                .timing
+                .renew
+                .unwrap_or(putex_core::timing::DEFAULT_RENEW),
         };
         let timing = TimingConfig {
             renew,
             failures,
-            confirm: self.confirm.unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
-            max_drift: match self.max_drift {
+            confirm: self
+                .timing
+                .confirm
+                .unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
+            max_drift: match self.timing.max_drift {
                 Some(p) => Drift::from_percent(p),
                 None => Drift::from_ppm(putex_core::timing::DEFAULT_MAX_DRIFT_PPM),
             },
-            max_lease: self.max_lease,
-            max_gap: self.max_gap,
-            allow_short_lease: self.allow_short_lease,
-            store_timeout: self.store_timeout,
+            max_lease: self.timing.max_lease,
+            max_gap: self.timing.max_gap,
+            allow_short_lease: self.timing.allow_short_lease,
+            store_timeout: self.timing.store_timeout,
             stop_timeout: self.stop_timeout.unwrap_or(DEFAULT_LOCK_STOP_TIMEOUT),
-            emergency_timeout: self.emergency_timeout,
+            emergency_timeout: self.timing.emergency_timeout,
             ..TimingConfig::default()
         }
         .validate()
