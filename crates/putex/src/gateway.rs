@@ -15,7 +15,8 @@
 //! | key | what |
 //! |---|---|
 //! | `lock.<resource>` | the lock record: `node` = the gateway's node id, `instance` = the lock's uid |
-//! | `queue.<resource>.<uid>` | a waiting request's ticket (fair order, [`crate::queue`]); an admin cancel overwrites it with a cancel marker |
+//! | `queue.<resource>.<uid>` | a waiting request's ticket (fair order, [`crate::queue`]) |
+//! | `cancel.<resource>` | an admin cancel: every ticket that arrived before it is cancelled (its waiter ends, and it is no longer listed) |
 //! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET` |
 //!
 //! A lock expires when its lifetime has passed since the gateway's last
@@ -527,10 +528,26 @@ impl Gateway {
         let ticket = self
             .store
             .get(&keys::ticket(resource, uid)?, ReadMode::Any, t)
-            .await?;
-        Ok(ticket
-            .and_then(|e| serde_json::from_slice::<TicketRecord>(&e.value).ok())
-            .map(|r| waiting_info(resource, &r)))
+            .await?
+            .and_then(|e| serde_json::from_slice::<TicketRecord>(&e.value).ok());
+        let Some(ticket) = ticket else {
+            return Ok(None);
+        };
+        if ticket.arrival < self.cancelled_up_to(resource).await? {
+            return Ok(None);
+        }
+        Ok(Some(waiting_info(resource, &ticket)))
+    }
+
+    /// The revision of the newest admin cancel of `resource`'s waiters
+    /// (0 if none): a ticket that arrived before it is cancelled, also
+    /// while its waiter has not yet left the line.
+    async fn cancelled_up_to(&self, resource: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .store
+            .get(&keys::cancel(resource)?, ReadMode::Leader, self.timeout())
+            .await?
+            .map_or(0, |e| e.token.revision))
     }
 
     async fn granted_info(
@@ -685,12 +702,13 @@ impl Gateway {
                 }
             }
         }
+        let cancelled = self.cancelled_up_to(resource).await?;
         let mut waiting: Vec<TicketRecord> = self
             .read_prefix(&keys::queue_of(resource)?)
             .await?
             .into_iter()
             .filter_map(|(_, e)| serde_json::from_slice::<TicketRecord>(&e.value).ok())
-            .filter(|r| r.lifetime_ms.is_some())
+            .filter(|r| r.lifetime_ms.is_some() && r.arrival > cancelled)
             .collect();
         waiting.sort_by_key(|r| r.arrival);
         out.extend(waiting.iter().map(|r| waiting_info(resource, r)));
@@ -708,13 +726,27 @@ impl Gateway {
                 }
             }
         }
+        let mut cancelled = std::collections::HashMap::new();
         for (key, entry) in self.read_prefix(keys::QUEUE_PREFIX).await? {
-            if serde_json::from_slice::<TicketRecord>(&entry.value)
-                .is_ok_and(|r| r.lifetime_ms.is_some())
-            {
-                if let Some((name, _)) = key[keys::QUEUE_PREFIX.len()..].split_once('.') {
-                    names.insert(name.to_owned());
+            let Ok(ticket) = serde_json::from_slice::<TicketRecord>(&entry.value) else {
+                continue;
+            };
+            let Some((name, _)) = key[keys::QUEUE_PREFIX.len()..].split_once('.') else {
+                continue;
+            };
+            if ticket.lifetime_ms.is_none() || names.contains(name) {
+                continue;
+            }
+            let up_to = match cancelled.get(name) {
+                Some(r) => *r,
+                None => {
+                    let r = self.cancelled_up_to(name).await?;
+                    cancelled.insert(name.to_owned(), r);
+                    r
                 }
+            };
+            if ticket.arrival > up_to {
+                names.insert(name.to_owned());
             }
         }
         Ok(names.into_iter().collect())

@@ -895,6 +895,17 @@ async fn v1_errors_are_json_with_codes() {
     wait_listed(&c, &s, "v1err", 2).await;
     let r = c.delete(s.at("/v1/locks/v1err")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // At once, even before the cancelled waiter has left the line, nothing
+    // is listed any more: neither the revoked lock nor the cancelled ticket.
+    let v: Value = c
+        .get(s.at("/v1/locks/v1err"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["locks"].as_array().unwrap().len(), 0, "{v}");
     expect(StatusCode::CONFLICT, "cancelled")(waiter.await.unwrap()).await;
 }
 
