@@ -564,6 +564,63 @@ fn waiters_take_turns_in_arrival_order_within_milliseconds() {
 }
 
 #[test]
+fn status_shows_the_holders_title_and_the_line() {
+    let _serial = serial();
+    let env = Env::sqlite();
+    assert_eq!(code(env.lock("line", &[], "true")), 0);
+    let mut holder = env
+        .lock(
+            "line",
+            &["--title", "nightly backup"],
+            "touch \"$D/held\"; sleep 3",
+        )
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !env.path("held").exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut waiters = Vec::new();
+    for title in ["first in line", "second in line"] {
+        waiters.push(
+            env.lock("line", &["--title", title], "true")
+                .spawn()
+                .unwrap(),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let status = |format: &str| {
+        let out = putex()
+            .args(["status", "line", "-o", format, "--store", &env.url])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
+    assert_eq!(v["state"], "active", "{v}");
+    assert_eq!(v["title"], "nightly backup", "{v}");
+    let line: Vec<&str> = v["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(line, ["first in line", "second in line"], "{v}");
+    assert!(v["waiting"][0]["pid"].as_u64().unwrap() > 0, "{v}");
+    let table = status("table");
+    assert!(table.contains("held for: nightly backup"), "{table}");
+    assert!(table.contains("WAITING"), "{table}");
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(15)), Some(0));
+    for mut w in waiters {
+        assert_eq!(wait_exit(&mut w, Duration::from_secs(15)), Some(0));
+    }
+    let v: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
+    assert_eq!(v["waiting"].as_array().unwrap().len(), 0, "{v}");
+}
+
+#[test]
 fn a_dead_waiter_does_not_block_the_queue() {
     let _serial = serial();
     let env = Env::sqlite();

@@ -69,6 +69,30 @@ pub struct LockStatus {
     pub stale: bool,
     /// The members' records.
     pub members: Vec<MemberStatus>,
+    /// What the holder holds it for (`putex lock --title`), from its
+    /// place in the line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// `putex lock` clients waiting in line, first first.
+    pub waiting: Vec<WaiterStatus>,
+}
+
+/// One `putex lock` client waiting in line (its queue ticket).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct WaiterStatus {
+    /// The waiter's node id.
+    pub node: String,
+    /// Its process id, on that node.
+    pub pid: u32,
+    /// What it wants the lock for (`--title`).
+    pub title: Option<String>,
+    /// Its place in line: the revision that created its ticket.
+    pub arrival: u64,
+    /// Store time since it last refreshed its ticket, in ms.
+    pub refreshed_ago_ms: Option<u64>,
+    /// Whether its ticket outlived its refreshes (the waiter died): others
+    /// skip it, and it will be removed.
+    pub expired: bool,
 }
 
 /// One member as `status` reports it.
@@ -146,6 +170,33 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
             last_seen_ms,
         });
     }
+    let line = keys::queue_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
+    let mut waiting = Vec::new();
+    for (_, e) in snapshot(store, &line, timeout).await? {
+        let Ok(t) = serde_json::from_slice::<crate::queue::TicketRecord>(&e.value) else {
+            continue;
+        };
+        let refreshed_ago_ms = age(now, e.time);
+        let expiry = crate::queue::expiry(Duration::from_millis(t.renew_ms));
+        let expired = refreshed_ago_ms.is_none_or(|a| u128::from(a) > expiry.as_millis());
+        if st.instance.as_deref() == Some(t.instance.as_str())
+            && matches!(st.state.as_str(), "active" | "confirming")
+        {
+            // The holder keeps its place until it leaves: its title.
+            st.title = t.title;
+            continue;
+        }
+        waiting.push(WaiterStatus {
+            node: t.node,
+            pid: t.pid,
+            title: t.title,
+            arrival: t.arrival,
+            refreshed_ago_ms,
+            expired,
+        });
+    }
+    waiting.sort_by_key(|w| w.arrival);
+    st.waiting = waiting;
     Ok(st)
 }
 
@@ -273,6 +324,8 @@ async fn record_status(
         instance: None,
         stale: false,
         members: Vec::new(),
+        title: None,
+        waiting: Vec::new(),
     };
     if let Some(e) = entry {
         st.token = Some(e.token.to_string());
@@ -358,8 +411,37 @@ pub fn render(st: &LockStatus) -> String {
             .unwrap_or_else(|| "-".into()),
     ]);
     let mut out = table(&rows);
+    if let Some(title) = &st.title {
+        out.push_str(&format!("held for: {title}\n"));
+    }
+    if !st.waiting.is_empty() {
+        out.push('\n');
+        let mut rows = vec![vec![
+            "WAITING".to_string(),
+            "NODE".into(),
+            "PID".into(),
+            "REFRESHED".into(),
+            "TITLE".into(),
+        ]];
+        for (i, w) in st.waiting.iter().enumerate() {
+            rows.push(vec![
+                format!("{}", i + 1),
+                w.node.clone(),
+                w.pid.to_string(),
+                if w.expired {
+                    format!("{} (EXPIRED)", ago(w.refreshed_ago_ms))
+                } else {
+                    ago(w.refreshed_ago_ms)
+                },
+                w.title.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
     if st.members.is_empty() {
-        out.push_str("no members have reported\n");
+        if st.waiting.is_empty() && st.title.is_none() {
+            out.push_str("no members have reported\n");
+        }
         return out;
     }
     out.push('\n');
