@@ -135,6 +135,21 @@ impl Harness {
         self.out.retain(|o| !matches!(o, Output::Store(_)));
     }
 
+    /// Takes the pending release: a CAS writing a `released` record.
+    fn release_write(&mut self) -> (OpId, Token) {
+        let (id, op) = self.store();
+        let StoreOp::Update {
+            value, expected, ..
+        } = op
+        else {
+            panic!("{op:?}")
+        };
+        assert!(
+            matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
+        );
+        (id, expected)
+    }
+
     fn activated(&self) -> bool {
         self.find(|o| matches!(o, Output::Fence { .. }))
     }
@@ -385,13 +400,7 @@ fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
     fail_three_active_checks(&mut h);
     assert_eq!(h.agent.role(), Role::SteppingDown);
     h.answer_stop(StopKind::Graceful, true);
-    let (id, op) = h.store();
-    let StoreOp::Update { value, .. } = op else {
-        panic!("{op:?}")
-    };
-    assert!(
-        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
-    );
+    let (id, _) = h.release_write();
     h.reply(id, StoreOutcome::Written(Token::new(1, 30)));
     assert_eq!(h.agent.role(), Role::Standby);
 }
@@ -636,13 +645,7 @@ fn release_request_gives_the_lock_back_and_takes_it_again_in_one_write() {
     h.input(Input::Release);
     assert_eq!(h.agent.role(), Role::SteppingDown);
     h.answer_stop(StopKind::Graceful, true);
-    let (id, op) = h.store();
-    let StoreOp::Update { value, .. } = op else {
-        panic!("{op:?}")
-    };
-    assert!(
-        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
-    );
+    let (id, _) = h.release_write();
     // The reply alone tells the standby what the record is now: no read,
     // no waiting for the watch (a polled store's watch lags).
     h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
@@ -699,17 +702,8 @@ fn h6_the_release_waits_for_the_renewal_in_flight() {
         h.out
     );
     h.reply(renewal, StoreOutcome::Written(Token::new(1, 9)));
-    let (id, op) = h.store();
-    let StoreOp::Update {
-        expected, value, ..
-    } = op
-    else {
-        panic!("{op:?}")
-    };
+    let (id, expected) = h.release_write();
     assert_eq!(expected, Token::new(1, 9), "released over the renewal");
-    assert!(
-        matches!(Observed::decode(&value), Observed::Record(r) if r.state == LockState::Released)
-    );
     h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
     assert_eq!(h.agent.role(), Role::Standby);
 }

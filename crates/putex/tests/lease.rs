@@ -67,24 +67,7 @@ async fn handover(store: AnyStore) {
     );
 
     // Revocation (S7): the holder learns it lost the lease.
-    let key = keys::lock("handover").unwrap();
-    let entry = store
-        .get(&key, ReadMode::Leader, Duration::from_secs(1))
-        .await
-        .unwrap()
-        .expect("the record exists");
-    let Observed::Record(record) = Observed::decode(&entry.value) else {
-        panic!("a putex record")
-    };
-    let revoked = LockRecord {
-        state: LockState::Revoked,
-        write: "admin-1".into(),
-        ..record
-    };
-    store
-        .update(&key, &revoked.encode(), entry.token, Duration::from_secs(1))
-        .await
-        .unwrap();
+    revoke(&store, "handover").await;
     let lost = tokio::time::timeout(Duration::from_secs(2), b.lost())
         .await
         .expect("the revocation is noticed within a renewal or two");
@@ -135,6 +118,29 @@ async fn record(store: &AnyStore, name: &str) -> LockRecord {
         Observed::Record(r) => r,
         Observed::Garbage => panic!("not a putex record"),
     }
+}
+
+/// An administrator's revocation of lock `name` (S7): `revoked`, keeping
+/// the holder's identity and timing. Returns the revoked record's token.
+async fn revoke(store: &AnyStore, name: &str) -> putex::core::Token {
+    let key = keys::lock(name).unwrap();
+    let entry = store
+        .get(&key, ReadMode::Leader, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("the record exists");
+    let Observed::Record(record) = Observed::decode(&entry.value) else {
+        panic!("a putex record")
+    };
+    let revoked = LockRecord {
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        ..record
+    };
+    store
+        .update(&key, &revoked.encode(), entry.token, Duration::from_secs(1))
+        .await
+        .unwrap()
 }
 
 async fn lock_taken_again_and_again(store: AnyStore) {
@@ -212,21 +218,7 @@ async fn a_lost_lock_is_not_taken_again_behind_the_programs_back() {
     .unwrap();
     a.acquire().await.unwrap();
     // An administrator revokes it (S7).
-    let key = keys::lock("revoked").unwrap();
-    let entry = store
-        .get(&key, ReadMode::Leader, Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
-    let revoked = LockRecord {
-        state: LockState::Revoked,
-        write: "admin-1".into(),
-        ..record(&store, "revoked").await
-    };
-    store
-        .update(&key, &revoked.encode(), entry.token, Duration::from_secs(1))
-        .await
-        .unwrap();
+    let revoked_at = revoke(&store, "revoked").await;
     let lost = tokio::time::timeout(Duration::from_secs(2), a.lost())
         .await
         .expect("noticed within a renewal or two");
@@ -240,7 +232,7 @@ async fn a_lost_lock_is_not_taken_again_behind_the_programs_back() {
         .await
         .expect("acquired")
         .unwrap();
-    assert!(token > entry.token);
+    assert!(token > revoked_at);
 }
 
 #[tokio::test]

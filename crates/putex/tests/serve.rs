@@ -166,17 +166,21 @@ async fn warm(c: &Client, s: &Served, resource: &str) {
 }
 
 /// Waits until `resource` lists `n` locks (granted and waiting).
+/// `GET /v1/locks/{resource}`.
+async fn listed(c: &Client, s: &Served, resource: &str) -> Value {
+    c.get(s.at(&format!("/v1/locks/{resource}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn wait_listed(c: &Client, s: &Served, resource: &str, n: usize) {
     let started = Instant::now();
     loop {
-        let v: Value = c
-            .get(s.at(&format!("/v1/locks/{resource}")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = listed(c, s, resource).await;
         if v["locks"].as_array().unwrap().len() >= n {
             return;
         }
@@ -897,14 +901,7 @@ async fn v1_errors_are_json_with_codes() {
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     // At once, even before the cancelled waiter has left the line, nothing
     // is listed any more: neither the revoked lock nor the cancelled ticket.
-    let v: Value = c
-        .get(s.at("/v1/locks/v1err"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = listed(&c, &s, "v1err").await;
     assert_eq!(v["locks"].as_array().unwrap().len(), 0, "{v}");
     expect(StatusCode::CONFLICT, "cancelled")(waiter.await.unwrap()).await;
 }
