@@ -211,8 +211,10 @@ impl Host for LockHost {
 /// `released` record is a single CAS, as is giving it back. Tokens increase
 /// from one tenure to the next, across every holder.
 ///
-/// Dropping a lock while it holds stops renewing; the lock then goes stale
-/// after W, the slow, safe way. [`Lock::close`] releases first.
+/// Dropping a lock closes it in the background: a held lock is given back
+/// (graceful stop, `released` record) as by [`Lock::close`], without waiting
+/// for it; an acquisition under way is abandoned. Should the runtime end
+/// first, the lock goes stale after W instead, the slow, safe way.
 pub struct Lock {
     host: Arc<LockHost>,
     view: watch::Receiver<View>,
@@ -397,9 +399,9 @@ impl Lock {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        // Dropping the shutdown sender asks the agent to shut down (H2, H6:
+        // step down while renewing, release, exit); its task finishes alone.
+        self.shutdown.take();
     }
 }
 
@@ -420,8 +422,8 @@ impl Drop for WithdrawOnDrop {
 }
 
 /// One tenure of a lock: acquired, renewed in the background, released.
-/// Dropping it without [`Lease::release`] stops renewing it; the lock then
-/// goes stale after W, the slow, safe way.
+/// Dropping it gives the lock back in the background (see [`Lock`]);
+/// [`Lease::release`] waits for that and says whether it was written.
 pub struct Lease {
     lock: Lock,
     token: Token,

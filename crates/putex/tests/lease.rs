@@ -264,3 +264,35 @@ async fn a_cancelled_acquisition_leaves_nothing_held() {
     assert_eq!((r.state, r.node.as_str()), (LockState::Released, "node-b"));
     assert!(a.acquire().await.is_ok());
 }
+
+#[tokio::test]
+async fn a_dropped_lease_is_given_back_in_the_background() {
+    let store = AnyStore::from(MemoryStore::new());
+    let lease = Lease::acquire(
+        store.clone(),
+        LeaseOptions::new("dropped", "node-a", fast()),
+    )
+    .await
+    .unwrap();
+    let token = lease.token();
+    drop(lease);
+    // Released within round trips, not gone stale after W (≈ 0.3 s).
+    let started = Instant::now();
+    loop {
+        let r = record(&store, "dropped").await;
+        if r.state == LockState::Released {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(200),
+            "still {:?} after {:?}",
+            r.state,
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let next = Lease::acquire(store, LeaseOptions::new("dropped", "node-b", fast()))
+        .await
+        .unwrap();
+    assert!(next.token() > token);
+}
