@@ -24,6 +24,7 @@
 //! after that record, so it never starts before the lifetime is over.
 //! Administrative deletes write `revoked` (S7).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -128,6 +129,10 @@ pub const DEFAULT_ACQUIRE_LEASE: Duration = Duration::from_secs(2);
 pub struct Gateway {
     store: AnyStore,
     opts: GatewayOptions,
+    /// The highest fencing token this gateway has seen per resource (S6),
+    /// shared by all its requests: a store that goes back below it is never
+    /// trusted. Kept in memory, for the life of the process.
+    highest: Arc<std::sync::Mutex<HashMap<String, Token>>>,
 }
 
 /// The shortest lifetime a client may ask for: the lease must span a few
@@ -175,9 +180,28 @@ pub fn timing_for(lifetime: Duration, max_drift: putex_core::Drift) -> Result<Ti
 }
 
 impl Gateway {
+    /// The highest fencing token this gateway has seen for `resource` (S6):
+    /// each acquisition starts from it, so a store that lost writes is
+    /// never trusted below what an earlier request saw.
+    pub fn highest(&self, resource: &str) -> Option<Token> {
+        self.highest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(resource)
+            .copied()
+    }
+
+    fn raise_highest(&self, resource: &str, token: Token) {
+        raise(&self.highest, resource, token);
+    }
+
     /// A gateway on `store`.
     pub fn new(store: AnyStore, opts: GatewayOptions) -> Gateway {
-        Gateway { store, opts }
+        Gateway {
+            store,
+            opts,
+            highest: Arc::default(),
+        }
     }
 
     /// The store.
@@ -298,7 +322,7 @@ impl Gateway {
                 },
                 timing: timing.clone(),
                 previous: None,
-                highest_token: None,
+                highest_token: self.highest(&req.resource),
                 mutations: Default::default(),
             },
             clock::boot_time_now(),
@@ -307,6 +331,8 @@ impl Gateway {
         let (granted_tx, mut granted) = mpsc::unbounded_channel();
         let (role_tx, role) = tokio::sync::watch::channel(Role::Starting);
         let host = Arc::new(GatewayHost {
+            resource: req.resource.clone(),
+            highest: self.highest.clone(),
             granted: granted_tx,
             role: role_tx,
             history: crate::history::HistoryWriter::spawn(
@@ -437,6 +463,7 @@ impl Gateway {
         let Some(token) = written else {
             return Err(AcquireError::Timeout);
         };
+        self.raise_highest(&req.resource, token);
         let time = match self.store.get(&key, ReadMode::Leader, t).await? {
             Some(e) if e.token == token => e.time,
             _ => self.store_now().await?,
@@ -726,7 +753,7 @@ impl Gateway {
                 }
             }
         }
-        let mut cancelled = std::collections::HashMap::new();
+        let mut cancelled = HashMap::new();
         for (key, entry) in self.read_prefix(keys::QUEUE_PREFIX).await? {
             let Ok(ticket) = serde_json::from_slice::<TicketRecord>(&entry.value) else {
                 continue;
@@ -792,6 +819,13 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+/// Raises the highest token seen for `resource` to `token` (never lowers it).
+fn raise(highest: &std::sync::Mutex<HashMap<String, Token>>, resource: &str, token: Token) {
+    let mut highest = highest.lock().unwrap_or_else(|e| e.into_inner());
+    let h = highest.entry(resource.to_owned()).or_insert(token);
+    *h = (*h).max(token);
 }
 
 /// The next cancel record's revision from a watch; `None` when the watch
@@ -867,6 +901,9 @@ fn waiting_info(resource: &str, r: &TicketRecord) -> LockInfo {
 /// The agent's host while a request waits: nothing runs, activation is
 /// the grant.
 struct GatewayHost {
+    resource: String,
+    /// The gateway's highest tokens per resource, raised here (S6).
+    highest: Arc<std::sync::Mutex<HashMap<String, Token>>>,
     granted: mpsc::UnboundedSender<Token>,
     role: tokio::sync::watch::Sender<Role>,
     /// Transition records for `putex history` (the acquisition; the
@@ -895,7 +932,9 @@ impl Host for GatewayHost {
 
     fn keeper(&self, _: KeeperCommand) {}
 
-    fn persist_highest(&self, _: Token) {}
+    fn persist_highest(&self, token: Token) {
+        raise(&self.highest, &self.resource, token);
+    }
 
     fn event(&self, event: &Event) {
         if let Event::Transition {

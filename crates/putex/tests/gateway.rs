@@ -80,6 +80,10 @@ async fn grant_expire_release_and_wait_in_turn() {
     let b = g.acquire(req("res", 1000, 500)).await.unwrap();
     assert!(started.elapsed() < Duration::from_millis(500));
     assert!(b.token > a.token);
+    // S6: the gateway remembers the highest token it saw, across requests;
+    // every acquisition starts from it.
+    let highest = g.highest("res").expect("a token was seen");
+    assert!(Some(highest) >= b.token, "{highest:?} below {:?}", b.token);
     // Expired after its lifetime.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(g.get("res", &b.uid).await.unwrap().is_none());
