@@ -299,11 +299,15 @@ impl Lock {
         };
         self.send(Input::Turn(true));
         loop {
-            if let Some(token) = self.view.borrow_and_update().held {
+            let (held, role) = {
+                let v = self.view.borrow_and_update();
+                (v.held, v.role)
+            };
+            if let Some(token) = held {
                 guard.armed = false;
                 return Ok(token);
             }
-            if self.view.changed().await.is_err() {
+            if role == Role::Exited || self.view.changed().await.is_err() {
                 guard.armed = false;
                 return Err(LeaseError::Exited(self.exit_reason().await));
             }
@@ -354,13 +358,14 @@ impl Lock {
         self.send(Input::Turn(false));
         self.send(Input::Release);
         loop {
-            {
+            let role = {
                 let v = self.view.borrow_and_update();
                 if v.standbys > before {
                     return Ok(v.last_standby == Some(Reason::Released));
                 }
-            }
-            if self.view.changed().await.is_err() {
+                v.role
+            };
+            if role == Role::Exited || self.view.changed().await.is_err() {
                 return Err(LeaseError::Exited(self.exit_reason().await));
             }
         }

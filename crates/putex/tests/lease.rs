@@ -296,3 +296,47 @@ async fn a_dropped_lease_is_given_back_in_the_background() {
         .unwrap();
     assert!(next.token() > token);
 }
+
+#[tokio::test]
+async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
+    // S5: a record with our node id from another machine, renewed, means
+    // two hosts share the node id: the agent exits, and acquire says why.
+    let store = AnyStore::from(MemoryStore::new());
+    let key = keys::lock("dup").unwrap();
+    let other = |write: &str| LockRecord {
+        v: 1,
+        node: "node-a".into(),
+        machine: "another-machine".into(),
+        instance: "elsewhere".into(),
+        state: LockState::Active,
+        write: write.into(),
+        lease_ms: 300,
+        gap_ms: 100,
+    };
+    let mut at = store
+        .put(&key, &other("w1").encode(), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut lock = Lock::new(store.clone(), LeaseOptions::new("dup", "node-a", fast())).unwrap();
+    let acquiring = tokio::spawn(async move { lock.acquire().await });
+    for w in ["w2", "w3", "w4"] {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        at = store
+            .update(&key, &other(w).encode(), at, Duration::from_secs(1))
+            .await
+            .unwrap();
+    }
+    let got = tokio::time::timeout(Duration::from_secs(2), acquiring)
+        .await
+        .expect("acquire returns instead of waiting forever")
+        .unwrap();
+    assert!(
+        matches!(
+            got,
+            Err(putex::lease::LeaseError::Exited(
+                putex::core::ExitReason::DuplicateNode { .. }
+            ))
+        ),
+        "{got:?}"
+    );
+}
