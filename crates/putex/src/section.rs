@@ -986,6 +986,12 @@ pub async fn run(
                         tracing::error!("the keeper is gone");
                     } else {
                         tracing::error!("the keeper's deadline passed: it stopped the command");
+                        // The licence ended with CMD running: whatever exit
+                        // the keeper's stop gave CMD (which may have been
+                        // read first), the lock was lost (exit 76).
+                        shared.with(|s| {
+                            s.lost.get_or_insert_with(|| Reason::KeeperFired.to_string());
+                        });
                     }
                     if let Some(w) = winner {
                         let _ = inputs[w].send(other.to_input());
