@@ -35,11 +35,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use putex::process::proc_table;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{cpu_ticks, num_cpus, rss_kb, NatsServer};
+use support::{cpu_ticks, num_cpus, processes_naming, rss_kb, NatsServer};
 
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
@@ -398,21 +397,7 @@ impl Agent {
 
     /// The keeper: the process whose command line names the keeper dir.
     fn keepers(&self) -> Vec<i32> {
-        let needle = self.keeper_dir.display().to_string();
-        proc_table()
-            .into_iter()
-            .filter(|e| !e.is_dead() && e.pid != self.pid())
-            .filter(|e| {
-                std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                    .map(|c| {
-                        String::from_utf8_lossy(&c)
-                            .replace('\0', " ")
-                            .contains(&needle)
-                    })
-                    .unwrap_or(false)
-            })
-            .map(|e| e.pid)
-            .collect()
+        processes_naming(&self.keeper_dir, self.pid())
     }
 
     fn log_text(&self) -> String {

@@ -17,9 +17,9 @@
 //! with a temporary store directory and the default fsync policy (the
 //! binary is `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else
 //! `nats-server` on `PATH`; `scripts/install-nats-server` installs it): every
-//! watch creates a JetStream consumer that outlives it by 30 s, and the
-//! server allows 1000 per stream, so one section's leftovers must not weigh
-//! on the next. The embedded SQLite store lives in a temporary file. The
+//! watch is a JetStream consumer (deleted when the watch ends; one that
+//! async-nats re-creates on its own lingers 30 s), and the server allows
+//! 1000 per stream, so one section's leftovers must not weigh on the next. The embedded SQLite store lives in a temporary file. The
 //! lock names are used once, untimed, before anything is measured, so the
 //! first-use wait of S4 is excluded.
 //!
@@ -65,7 +65,7 @@ use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{load_average, NatsServer};
+use support::{load_average, NatsServer, WatchFailures};
 
 /// The deadline of the raw store calls.
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -298,78 +298,11 @@ async fn report_watches(store: &AnyStore, failures: &WatchFailures, since: usize
             "watches that failed to start: {failed}{}",
             consumers
                 .map(|n| format!(
-                    "; consumers on the bucket's stream now: {n} (each watch creates one; \
-                     it outlives the watch by 30 s; the server allows 1000 per stream)"
+                    "; consumers on the bucket's stream now: {n} (each watch is one, deleted \
+                     when it ends; the server allows 1000 per stream)"
                 ))
                 .unwrap_or_default()
         );
-    }
-}
-
-/// Counts the "watch failed" debug events of the lease driver and the queue
-/// (a watch that cannot start leaves the lease to poll, and a queue ticket
-/// blind); `RUST_LOG` adds the usual log on stderr.
-#[derive(Clone, Default)]
-struct WatchFailures {
-    count: Arc<AtomicUsize>,
-    first: Arc<Mutex<Option<Instant>>>,
-}
-
-impl WatchFailures {
-    fn install() -> WatchFailures {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        use tracing_subscriber::Layer;
-        let counter = WatchFailures::default();
-        let targets = tracing_subscriber::filter::Targets::new()
-            .with_target("putex::driver", tracing::Level::DEBUG)
-            .with_target("putex::queue", tracing::Level::DEBUG);
-        let log = std::env::var_os("RUST_LOG").map(|_| {
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(tracing_subscriber::EnvFilter::from_default_env())
-        });
-        tracing_subscriber::registry()
-            .with(counter.clone().with_filter(targets))
-            .with(log)
-            .init();
-        counter
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// Forgets the first failure seen so far.
-    fn reset_first(&self) {
-        *self.first.lock().expect("first") = None;
-    }
-
-    /// When the first failure since [`WatchFailures::reset_first`] came.
-    fn first(&self) -> Option<Instant> {
-        *self.first.lock().expect("first")
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WatchFailures {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(bool);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" && format!("{v:?}").contains("watch failed") {
-                    self.0 = true;
-                }
-            }
-        }
-        let mut m = Message(false);
-        event.record(&mut m);
-        if m.0 {
-            self.count.fetch_add(1, Ordering::SeqCst);
-            self.first
-                .lock()
-                .expect("first")
-                .get_or_insert_with(Instant::now);
-        }
     }
 }
 
@@ -717,8 +650,8 @@ impl OpCounts {
     }
 }
 
-/// NATS only: how many consumers the bucket's stream has (each watch makes
-/// one; an ordered consumer outlives its watch by its inactive threshold).
+/// NATS only: how many consumers the bucket's stream has (each live watch
+/// is one).
 async fn consumers(store: &AnyStore) -> Option<u64> {
     let AnyStore::Nats(s) = store else {
         return None;

@@ -56,12 +56,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::core::TimingConfig;
 use putex::lease::{Lease, LeaseOptions};
-use putex::process::proc_table;
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{cpu_ticks, load_average, num_cpus, rss_kb, NatsServer};
+use support::{
+    cpu_ticks, load_average, num_cpus, processes_naming, rss_kb, NatsServer, WatchFailures,
+};
 
 const DEADLINE: Duration = Duration::from_secs(5);
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
@@ -469,56 +470,6 @@ async fn consumers(store: &AnyStore) -> Option<u64> {
         .as_u64()
 }
 
-/// Counts the lease driver's "watch failed" debug events (`RUST_LOG` adds
-/// the usual log on stderr).
-#[derive(Clone, Default)]
-struct WatchFailures {
-    count: Arc<AtomicUsize>,
-}
-
-impl WatchFailures {
-    fn install() -> WatchFailures {
-        use tracing_subscriber::layer::SubscriberExt;
-        use tracing_subscriber::util::SubscriberInitExt;
-        use tracing_subscriber::Layer;
-        let counter = WatchFailures::default();
-        let targets = tracing_subscriber::filter::Targets::new()
-            .with_target("putex::driver", tracing::Level::DEBUG);
-        let log = std::env::var_os("RUST_LOG").map(|_| {
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(tracing_subscriber::EnvFilter::from_default_env())
-        });
-        tracing_subscriber::registry()
-            .with(counter.clone().with_filter(targets))
-            .with(log)
-            .init();
-        counter
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WatchFailures {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(bool);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                if f.name() == "message" && format!("{v:?}").contains("watch failed") {
-                    self.0 = true;
-                }
-            }
-        }
-        let mut m = Message(false);
-        event.record(&mut m);
-        if m.0 {
-            self.count.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // 2. Many agents on one lock.
 
@@ -753,21 +704,7 @@ impl Agent {
 
     /// The keeper: the process whose command line names the keeper dir.
     fn keepers(&self) -> Vec<i32> {
-        let needle = self.keeper_dir.display().to_string();
-        proc_table()
-            .into_iter()
-            .filter(|e| !e.is_dead() && e.pid != self.pid())
-            .filter(|e| {
-                std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                    .map(|c| {
-                        String::from_utf8_lossy(&c)
-                            .replace('\0', " ")
-                            .contains(&needle)
-                    })
-                    .unwrap_or(false)
-            })
-            .map(|e| e.pid)
-            .collect()
+        processes_naming(&self.keeper_dir, self.pid())
     }
 
     fn log_text(&self) -> String {

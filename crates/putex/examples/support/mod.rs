@@ -1,12 +1,15 @@
 //! What the benchmark examples (`failover_bench`, `lock_bench`,
-//! `scale_bench`) share: a single nats-server on a loopback port, and
-//! readings of `/proc` for the machine and its processes. Included by each
+//! `scale_bench`) share: a single nats-server on a loopback port, readings
+//! of `/proc` for the machine and its processes, and a count of watches
+//! that failed to start. Included by each
 //! with `#[path = "support/mod.rs"] mod support;` (examples are separate
 //! crates); not every example uses every item.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One JetStream nats-server on `127.0.0.1` with a temporary store, killed
@@ -139,4 +142,91 @@ pub fn cpu_ticks(pid: i32) -> u64 {
             Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
         })
         .unwrap_or(0)
+}
+
+/// The live processes, other than `except`, whose command line names
+/// `path` (an agent's keeper names its keeper directory).
+pub fn processes_naming(path: &std::path::Path, except: i32) -> Vec<i32> {
+    let needle = path.display().to_string();
+    putex::process::proc_table()
+        .into_iter()
+        .filter(|e| !e.is_dead() && e.pid != except)
+        .filter(|e| {
+            std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
+                .unwrap_or(false)
+        })
+        .map(|e| e.pid)
+        .collect()
+}
+
+/// Counts the "watch failed" debug events of the lease driver and the queue
+/// (a watch that cannot start leaves the lease to poll, and a queue ticket
+/// blind); `RUST_LOG` adds the usual log on stderr.
+#[derive(Clone, Default)]
+pub struct WatchFailures {
+    count: Arc<AtomicUsize>,
+    first: Arc<Mutex<Option<Instant>>>,
+}
+
+impl WatchFailures {
+    pub fn install() -> WatchFailures {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let counter = WatchFailures::default();
+        let targets = tracing_subscriber::filter::Targets::new()
+            .with_target("putex::driver", tracing::Level::DEBUG)
+            .with_target("putex::queue", tracing::Level::DEBUG);
+        let log = std::env::var_os("RUST_LOG").map(|_| {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+        });
+        tracing_subscriber::registry()
+            .with(counter.clone().with_filter(targets))
+            .with(log)
+            .init();
+        counter
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Forgets the first failure seen so far.
+    pub fn reset_first(&self) {
+        *self.first.lock().expect("first") = None;
+    }
+
+    /// When the first failure since [`WatchFailures::reset_first`] came.
+    pub fn first(&self) -> Option<Instant> {
+        *self.first.lock().expect("first")
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WatchFailures {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" && format!("{v:?}").contains("watch failed") {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut m = Message(false);
+        event.record(&mut m);
+        if m.0 {
+            self.count.fetch_add(1, Ordering::SeqCst);
+            self.first
+                .lock()
+                .expect("first")
+                .get_or_insert_with(Instant::now);
+        }
+    }
 }
