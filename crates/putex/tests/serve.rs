@@ -166,15 +166,20 @@ async fn warm(c: &Client, s: &Served, resource: &str) {
 }
 
 /// Waits until `resource` lists `n` locks (granted and waiting).
-/// `GET /v1/locks/{resource}`.
-async fn listed(c: &Client, s: &Served, resource: &str) -> Value {
-    c.get(s.at(&format!("/v1/locks/{resource}")))
+/// `GET path`, as JSON.
+async fn get_json(c: &Client, s: &Served, path: &str) -> Value {
+    c.get(s.at(path))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap()
+}
+
+/// `GET /v1/locks/{resource}`.
+async fn listed(c: &Client, s: &Served, resource: &str) -> Value {
+    get_json(c, s, &format!("/v1/locks/{resource}")).await
 }
 
 async fn wait_listed(c: &Client, s: &Served, resource: &str, n: usize) {
@@ -331,24 +336,10 @@ async fn rdlm_lock_get_list_delete() {
         assert!(off < Duration::from_secs(30), "{k} {t} is not UTC now");
     }
 
-    let v: Value = c
-        .get(s.at("/resources"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/resources").await;
     assert_eq!(v["_embedded"]["resources"][0]["name"], "resource1");
     assert_eq!(v["_links"]["self"]["href"], "/resources");
-    let v: Value = c
-        .get(s.at("/resources/resource1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/resources/resource1").await;
     assert_eq!(v["_embedded"]["locks"][0]["uid"], uid);
 
     use reqwest::Method as M;
@@ -360,14 +351,7 @@ async fn rdlm_lock_get_list_delete() {
         status_of(&c, M::DELETE, &other).await,
         StatusCode::NOT_FOUND
     );
-    let v: Value = c
-        .get(s.at("/resources/resource1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/resources/resource1").await;
     assert!(v.get("_embedded").is_none(), "{v}");
 }
 
@@ -451,14 +435,7 @@ async fn rdlm_admin_deletes_give_waiters_409() {
         tokio::spawn(async move { rdlm_post(&c, &s, "resource1", 20.0, 10.0).await.status() })
     };
     wait_listed(&c, &s, "resource1", 2).await;
-    let v: Value = c
-        .get(s.at("/resources/resource1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, &s, "/resources/resource1").await;
     let locks = v["_embedded"]["locks"].as_array().unwrap();
     assert_eq!(locks[0]["active"], true);
     assert_eq!(locks[1]["active"], false, "{v}");
@@ -474,14 +451,7 @@ async fn rdlm_admin_deletes_give_waiters_409() {
         StatusCode::NOT_FOUND
     );
     // S7: the record says `revoked` and keeps the holder.
-    let st: Value = c
-        .get(s.at("/v1/status/resource1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_json(&c, &s, "/v1/status/resource1").await;
     assert_eq!(st["state"], "revoked", "{st}");
     assert_eq!(st["holder"], "gw1");
 
@@ -664,39 +634,18 @@ async fn v1_lock_renew_list_status_release() {
     let again = c.post(format!("{loc}/renew")).send().await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
 
-    let all: Value = c
-        .get(s.at("/v1/locks"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all: Value = get_json(&c, &s, "/v1/locks").await;
     assert_eq!(all["resources"][0]["resource"], "db-backup");
     assert_eq!(all["resources"][0]["locks"][0]["uid"], uid.as_str());
 
     // The lock record, as `putex status` sees it.
-    let st: Value = c
-        .get(s.at("/v1/status/db-backup"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_json(&c, &s, "/v1/status/db-backup").await;
     assert_eq!(st["holder"], "gw1");
     assert_eq!(st["state"], "active");
     assert_eq!(st["instance"], uid.as_str());
     assert_eq!(st["revision"], st["token"]["revision"]);
     assert_eq!(st["lease_ms"], 8000);
-    let all: Value = c
-        .get(s.at("/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all: Value = get_json(&c, &s, "/v1/status").await;
     assert!(all["locks"]
         .as_array()
         .unwrap()
@@ -723,14 +672,7 @@ async fn v1_lock_renew_list_status_release() {
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["code"], "not_found", "{e}");
     }
-    let st: Value = c
-        .get(s.at("/v1/status/db-backup"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_json(&c, &s, "/v1/status/db-backup").await;
     assert_eq!(st["state"], "released");
 }
 
@@ -748,14 +690,7 @@ async fn a_granted_lock_shows_active_in_status() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
-    let st: Value = c
-        .get(s.at("/v1/status/shown"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_json(&c, &s, "/v1/status/shown").await;
     assert_eq!(st["holder"], "gw1");
     assert_eq!(st["state"], "active", "{st}");
 }
@@ -782,14 +717,7 @@ async fn the_web_status_page_is_served() {
         .await
         .unwrap()
         .contains("<title>putex status</title>"));
-    let data: Value = c
-        .get(s.at("/ui/status.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let data: Value = get_json(&c, &s, "/ui/status.json").await;
     let lock = data["locks"]
         .as_array()
         .unwrap()
@@ -1134,14 +1062,7 @@ async fn a_client_that_disconnects_mid_wait_never_holds_the_lock() {
     // The waiter is gone from the queue...
     let started = Instant::now();
     loop {
-        let v: Value = c
-            .get(s.at("/v1/locks/gone"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_json(&c, &s, "/v1/locks/gone").await;
         if v["locks"].as_array().unwrap().len() == 1 {
             break;
         }
