@@ -704,6 +704,28 @@ fn never(_: &Ctx) -> Option<String> {
     None
 }
 
+fn no_run(_: &Ctx, _: &mut Rng) -> Result<RunOut, String> {
+    Err("this scenario has no run".into())
+}
+
+impl Scenario {
+    /// The usual settings; every scenario gives its name, fault number,
+    /// description, run counts and run, and whatever else it changes.
+    const DEFAULTS: Scenario = Scenario {
+        name: "",
+        fault_no: "",
+        about: "",
+        quick_runs: 0,
+        full_runs: 0,
+        broken: None,
+        provokes_stale: false,
+        zero_transitions: false,
+        count_transitions: true,
+        skip: never,
+        run: no_run,
+    };
+}
+
 fn needs_faketime(ctx: &Ctx) -> Option<String> {
     ctx.faketime.as_ref().err().cloned()
 }
@@ -725,11 +747,6 @@ pub fn all() -> Vec<Scenario> {
             about: "host crash: SIGKILL of the active agent, its keeper and its service",
             quick_runs: 1,
             full_runs: 4,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 3, 5);
                 takeover(ctx, rng, "crash", Kind::Single, FAST3, n, &|w, node, _| Applied {
@@ -739,6 +756,7 @@ pub fn all() -> Vec<Scenario> {
                     restart: true,
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "kill-agent",
@@ -746,11 +764,6 @@ pub fn all() -> Vec<Scenario> {
             about: "kill -9 of the active agent only: its keeper must stop the service",
             quick_runs: 1,
             full_runs: 4,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 5);
                 takeover(ctx, rng, "kill-agent", Kind::Single, FAST3, n, &|w, node, _| {
@@ -766,6 +779,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "sigstop",
@@ -773,11 +787,6 @@ pub fn all() -> Vec<Scenario> {
             about: "SIGSTOP of the active agent for T/2, T and 3T (F = 5), then SIGCONT",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let t = FAST5.t();
                 let stops = [t / 2, t, t * 3];
@@ -795,6 +804,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "blackhole",
@@ -802,11 +812,6 @@ pub fn all() -> Vec<Scenario> {
             about: "the active agent's store traffic blackholed (proxy) for 3T, then healed",
             quick_runs: 1,
             full_runs: 4,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 4);
                 takeover(ctx, rng, "blackhole", Kind::Single, FAST3, n, &|w, node, _| Applied {
@@ -816,6 +821,7 @@ pub fn all() -> Vec<Scenario> {
                     restart: false,
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "reset",
@@ -823,11 +829,6 @@ pub fn all() -> Vec<Scenario> {
             about: "the active agent's store connections reset for 50–300 ms",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 3, 6);
                 takeover(ctx, rng, "reset", Kind::Single, FAST3, n, &|w, node, rng| {
@@ -842,6 +843,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "drop-replies",
@@ -849,11 +851,6 @@ pub fn all() -> Vec<Scenario> {
             about: "one-way blackhole: the active agent's requests land, replies are lost, for 3T",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 4);
                 takeover(ctx, rng, "drop-replies", Kind::Single, FAST3, n, &|w, node, _| Applied {
@@ -864,6 +861,7 @@ pub fn all() -> Vec<Scenario> {
                     restart: false,
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "hold",
@@ -871,11 +869,6 @@ pub fn all() -> Vec<Scenario> {
             about: "the active agent's traffic held for 2T, then delivered at once (late writes)",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 4);
                 takeover(ctx, rng, "hold", Kind::Single, FAST3, n, &|w, node, _| {
@@ -890,6 +883,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "jitter",
@@ -897,11 +891,7 @@ pub fn all() -> Vec<Scenario> {
             about: "1–15 ms of jitter each way on every agent (below the 40 ms store deadline)",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
             zero_transitions: true,
-            count_transitions: true,
-            skip: never,
             run: |ctx, _| {
                 let mut w = World::new(ctx, Kind::Single, FAST5, "jitter")?;
                 w.three_agents()?;
@@ -922,6 +912,7 @@ pub fn all() -> Vec<Scenario> {
                 std::thread::sleep(Duration::from_secs(1));
                 Ok(w.finish())
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "server-pause",
@@ -929,11 +920,7 @@ pub fn all() -> Vec<Scenario> {
             about: "nats-server SIGSTOP for 200 ms (< T - 2R, F = 5), three times",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
             zero_transitions: true,
-            count_transitions: true,
-            skip: never,
             run: |ctx, _| {
                 let mut w = World::new(ctx, Kind::Single, FAST5, "server-pause")?;
                 w.three_agents()?;
@@ -950,6 +937,7 @@ pub fn all() -> Vec<Scenario> {
                 }
                 Ok(w.finish())
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "server-stop-long",
@@ -957,11 +945,6 @@ pub fn all() -> Vec<Scenario> {
             about: "nats-server SIGSTOP for 3T: every licence ends; safety only",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, _| {
                 let mut w = World::new(ctx, Kind::Single, FAST3, "server-stop-long")?;
                 w.three_agents()?;
@@ -980,6 +963,7 @@ pub fn all() -> Vec<Scenario> {
                 w.steady()?;
                 Ok(w.finish())
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "server-restart",
@@ -987,11 +971,6 @@ pub fn all() -> Vec<Scenario> {
             about: "nats-server kill -9 and restart (same port, same storage); safety only",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, _| {
                 let mut w = World::new(ctx, Kind::Single, FAST3, "server-restart")?;
                 w.three_agents()?;
@@ -1027,6 +1006,7 @@ pub fn all() -> Vec<Scenario> {
                 w.steady()?;
                 Ok(w.finish())
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "leader-kill",
@@ -1034,11 +1014,7 @@ pub fn all() -> Vec<Scenario> {
             about: "R3 cluster, T = 15 s: kill -9 of the bucket's stream leader; no failover allowed",
             quick_runs: 0,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
             zero_transitions: true,
-            count_transitions: true,
-            skip: never,
             run: |ctx, _| {
                 let mut w = World::new(ctx, Kind::Cluster, SLOW, "leader-kill")?;
                 w.three_agents()?;
@@ -1071,6 +1047,7 @@ pub fn all() -> Vec<Scenario> {
                 ));
                 Ok(w.finish())
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "flap",
@@ -1078,11 +1055,6 @@ pub fn all() -> Vec<Scenario> {
             about: "rapid partition/heal of the active agent every 0.3 T, 12 times",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 3);
                 takeover(ctx, rng, "flap", Kind::Single, FAST3, n, &|w, node, _| {
@@ -1102,6 +1074,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "lock",
@@ -1109,12 +1082,9 @@ pub fn all() -> Vec<Scenario> {
             about: "three `putex lock` clients in loops under crash, kill -9, SIGSTOP, blackhole, reset, drop-replies, hold",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
             count_transitions: false,
-            skip: never,
             run: lock_scenario,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "bucket-recreate",
@@ -1122,12 +1092,8 @@ pub fn all() -> Vec<Scenario> {
             about: "the bucket deleted and re-created under running agents, then their connections reset",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: bucket_scenario,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "clock-eps",
@@ -1135,12 +1101,9 @@ pub fn all() -> Vec<Scenario> {
             about: "clocks at the ε limits: holder ×0.99, standbys ×1.01 (ε = 1%); the holder cut off",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
             skip: needs_faketime,
             run: |ctx, rng| clock_scenario(ctx, rng, ClockCase::Eps),
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "clock-jump",
@@ -1148,12 +1111,9 @@ pub fn all() -> Vec<Scenario> {
             about: "standbys' clocks jump +10T while the holder is cut off (S1 b); then the holder's jumps",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
             skip: needs_faketime,
             run: |ctx, rng| clock_scenario(ctx, rng, ClockCase::Jump),
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "clock-fast-standby",
@@ -1162,11 +1122,9 @@ pub fn all() -> Vec<Scenario> {
             quick_runs: 1,
             full_runs: 2,
             broken: Some("the standbys' clocks run ×2, far beyond ε = 1%"),
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
             skip: needs_faketime,
             run: |ctx, rng| clock_scenario(ctx, rng, ClockCase::FastStandby),
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "clock-slow-holder",
@@ -1176,10 +1134,9 @@ pub fn all() -> Vec<Scenario> {
             full_runs: 2,
             broken: Some("the holder's clock (and keeper's) runs ×0.5, far beyond ε = 1%"),
             provokes_stale: true,
-            zero_transitions: false,
-            count_transitions: true,
             skip: needs_faketime,
             run: |ctx, rng| clock_scenario(ctx, rng, ClockCase::SlowHolder),
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "freeze-host",
@@ -1189,9 +1146,6 @@ pub fn all() -> Vec<Scenario> {
             full_runs: 3,
             broken: Some("the keeper is frozen with its host: only the fencing token protects"),
             provokes_stale: true,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 1, 3);
                 takeover(ctx, rng, "freeze-host", Kind::Single, FAST3, n, &|w, node, _| {
@@ -1220,6 +1174,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "mixed",
@@ -1227,12 +1182,8 @@ pub fn all() -> Vec<Scenario> {
             about: "faults 1-6, 8 (pause) and 9 mixed at random on random nodes",
             quick_runs: 1,
             full_runs: 3,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: mixed_scenario,
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "crash-r3",
@@ -1240,11 +1191,6 @@ pub fn all() -> Vec<Scenario> {
             about: "host crash on the R3 cluster (fast profile, --allow-short-lease)",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 4);
                 takeover(ctx, rng, "crash-r3", Kind::Cluster, FAST3, n, &|w, node, _| Applied {
@@ -1254,6 +1200,7 @@ pub fn all() -> Vec<Scenario> {
                     restart: true,
                 })
             },
+            ..Scenario::DEFAULTS
         },
         Scenario {
             name: "blackhole-r3",
@@ -1261,11 +1208,6 @@ pub fn all() -> Vec<Scenario> {
             about: "the active agent cut off from all three servers of the R3 cluster for 3T",
             quick_runs: 1,
             full_runs: 2,
-            broken: None,
-            provokes_stale: false,
-            zero_transitions: false,
-            count_transitions: true,
-            skip: never,
             run: |ctx, rng| {
                 let n = faults_per_run(ctx, 2, 4);
                 takeover(ctx, rng, "blackhole-r3", Kind::Cluster, FAST3, n, &|w, node, _| {
@@ -1277,6 +1219,7 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
         },
     ]
 }
