@@ -45,6 +45,10 @@ use crate::store::{
 use crate::time::Instant;
 use crate::timing::Timing;
 
+/// How many recent lock-record operations are remembered for their late
+/// replies.
+const RECENT_LOCK_OPS: usize = 32;
+
 /// Who this agent is (S5): node id, machine id and a per-start instance id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
@@ -191,6 +195,17 @@ pub enum Input {
     },
     /// The supervised child exited on its own.
     ServiceExited,
+    /// The keeper answered a [`KeeperCommand`]: `ok` when it carried it
+    /// out, `false` when it refused it or could not be reached. The service
+    /// is started only once the keeper acknowledged the tenure's
+    /// [`KeeperCommand::Arm`]: until then nobody would stop it at the
+    /// licence deadline if the agent froze.
+    KeeperAck {
+        /// The command answered.
+        command: KeeperCommand,
+        /// Whether the keeper carried it out.
+        ok: bool,
+    },
     /// The keeper reached its deadline and made the emergency stop.
     KeeperFired,
     /// The keeper died.
@@ -239,8 +254,6 @@ pub enum ExitReason {
     },
     /// The start-up deactivation failed: the service may be running.
     StartupStopFailed,
-    /// An emergency stop failed: the service may still be running.
-    EmergencyStopFailed,
 }
 
 /// Why the role changed.
@@ -280,6 +293,9 @@ pub enum Reason {
     ServiceExited,
     /// The fence or activate hook failed.
     ActivationFailed,
+    /// The keeper refused to arm the tenure's deadline (or could not be
+    /// reached): the service is not started unguarded.
+    KeeperRefused,
     /// The graceful stop exceeded `--stop-timeout` (H2).
     StopTimedOut,
     /// The graceful stop did not prove the service stopped (H6).
@@ -329,6 +345,9 @@ impl fmt::Display for Reason {
             Reason::ReleaseRequested => f.write_str("release requested"),
             Reason::ServiceExited => f.write_str("the service exited on its own"),
             Reason::ActivationFailed => f.write_str("the fence or activate hook failed"),
+            Reason::KeeperRefused => {
+                f.write_str("the keeper did not arm the licence deadline; not starting unguarded")
+            }
             Reason::StopTimedOut => f.write_str("graceful stop exceeded --stop-timeout (H2)"),
             Reason::StopFailed => {
                 f.write_str("graceful stop did not prove the service stopped (H6)")
@@ -368,6 +387,26 @@ pub enum Event {
     /// A record advertises a lease above `--max-lease` or a gap above
     /// `--max-gap`.
     AdvertisedTimingAboveMax(String),
+    /// A stop did not prove the service stopped: it may still run. The
+    /// agent retries the stop every R until one proves it. While
+    /// `holding`, it keeps renewing the lease (it is alive and connected,
+    /// so the lease is honest) and never writes `released`; otherwise the
+    /// lock was lost and only the fencing token protects the resource.
+    /// An alarm: operators must look.
+    StopUnproven {
+        /// The kind of the stop that failed.
+        kind: StopKind,
+        /// Failed attempts in a row.
+        attempts: u32,
+        /// Whether the lease is still held (and renewed).
+        holding: bool,
+    },
+    /// A stop proved the service stopped after `after` unproven attempts:
+    /// the [`Event::StopUnproven`] alarm is over.
+    StopProven {
+        /// Failed attempts before this one.
+        after: u32,
+    },
 }
 
 /// Something the driver must do.
@@ -492,6 +531,22 @@ struct Tenure {
     /// The token of the record that made us active.
     active_token: Option<Token>,
     service: Service,
+    /// The keeper's hold on this tenure's deadline.
+    keeper: KeeperArm,
+}
+
+/// Whether the keeper holds the tenure's licence deadline. A node leaves
+/// `confirming` only once it does: nothing may start that nobody would stop
+/// at the deadline if the agent froze.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeeperArm {
+    NotArmed,
+    /// `Arm(at)` sent; give up (and leave `confirming`) at `deadline`.
+    Arming {
+        at: Instant,
+        deadline: Instant,
+    },
+    Armed,
 }
 
 /// What we last saw of the lock record (standby).
@@ -604,6 +659,9 @@ pub struct Agent {
     tenure: Option<Tenure>,
     unconfirmed: Vec<Unconfirmed>,
     lock_op: Option<Pending<LockOp>>,
+    /// The newest lock-record operations sent, to recognise their late
+    /// replies (whose tokens still count for S6).
+    recent_lock_ops: VecDeque<OpId>,
     probe_op: Option<Pending<ProbeStep>>,
     probe: Option<ProbeResult>,
     seen: Option<Seen>,
@@ -628,7 +686,9 @@ pub struct Agent {
 
     stop: Option<StopRun>,
     step_down_deadline: Option<Instant>,
-    release_after_stop: bool,
+    /// Stops in a row that did not prove the service stopped: it may still
+    /// run. Retried every round; while holding, the lease is kept.
+    unproven: u32,
     shutdown: bool,
     /// Whether the host lets this node acquire now ([`Input::Turn`]).
     turn: bool,
@@ -663,6 +723,7 @@ impl Agent {
             tenure: None,
             unconfirmed: Vec::new(),
             lock_op: None,
+            recent_lock_ops: VecDeque::new(),
             probe_op: None,
             probe: None,
             seen: None,
@@ -677,7 +738,7 @@ impl Agent {
             backoff_until: None,
             stop: None,
             step_down_deadline: None,
-            release_after_stop: false,
+            unproven: 0,
             shutdown: false,
             turn: true,
             keep_health: false,
@@ -730,6 +791,7 @@ impl Agent {
             Input::Hook { hook, ok } => self.on_hook(hook, ok),
             Input::Stopped { id, ok } => self.on_stopped(id, ok),
             Input::ServiceExited => self.on_service_exited(),
+            Input::KeeperAck { command, ok } => self.on_keeper_ack(command, ok),
             Input::KeeperFired => self.on_keeper(Reason::KeeperFired),
             Input::KeeperLost => self.on_keeper(Reason::KeeperLost),
             Input::Shutdown => self.on_shutdown(),
@@ -776,6 +838,9 @@ impl Agent {
         if let Some(t) = &self.tenure {
             if self.role == Role::Confirming {
                 consider(Some(t.activate_at));
+                if let KeeperArm::Arming { deadline, .. } = t.keeper {
+                    consider(Some(deadline));
+                }
             }
             match t.service {
                 Service::Fencing { deadline } | Service::Starting { deadline } => {
@@ -859,6 +924,7 @@ impl Agent {
                     service: Service::Up {
                         grace_until: self.now,
                     },
+                    keeper: KeeperArm::Armed,
                 });
                 self.start_step = None;
                 // Resumed: the previous instance has no more say (S5).
@@ -960,6 +1026,10 @@ impl Agent {
             },
         };
         self.lock_op = Some(Pending { id, deadline, what });
+        if self.recent_lock_ops.len() == RECENT_LOCK_OPS {
+            self.recent_lock_ops.pop_front();
+        }
+        self.recent_lock_ops.push_back(id);
         self.outputs
             .push_back(Output::Store(StoreRequest { id, op, deadline }));
     }
@@ -1047,18 +1117,32 @@ impl Agent {
             }
         }
         if let Some(t) = &self.tenure {
-            if let Service::Fencing { deadline } | Service::Starting { deadline } = t.service {
-                if self.now >= deadline && self.role == Role::Active {
+            match (t.service, t.keeper) {
+                (_, KeeperArm::Arming { deadline, .. })
+                    if self.now >= deadline && self.role == Role::Confirming =>
+                {
+                    self.leave_confirming(Reason::KeeperRefused);
+                }
+                (Service::Fencing { deadline } | Service::Starting { deadline }, _)
+                    if self.now >= deadline && self.role == Role::Active =>
+                {
                     self.step_down(Reason::ActivationFailed);
                 }
+                _ => {}
             }
         }
-        // H2: a graceful stop past --stop-timeout becomes an emergency stop.
+        // H2: a graceful stop past --stop-timeout becomes an emergency stop,
+        // made while the lease is still renewed: the lease ends only once
+        // the service is proven stopped (then released, H6), never on
+        // purpose while it may still run.
         if let Some(d) = self.step_down_deadline {
             if self.now >= d && self.role == Role::SteppingDown {
                 self.step_down_deadline = None;
-                self.release_after_stop = false;
-                self.lose(Reason::StopTimedOut, None);
+                if self.mutations.is(Rule::UnprovenStopLetsGo) {
+                    self.lose(Reason::StopTimedOut, None);
+                } else {
+                    self.begin_stop(StopKind::Emergency);
+                }
             }
         }
         if self.role == Role::Confirming {
@@ -1098,9 +1182,15 @@ impl Agent {
                 };
                 self.start_health(mode);
             }
-            // During a graceful stop the holder renews without health checks.
-            Role::SteppingDown => self.renew_now(),
-            Role::Starting | Role::Lapsed | Role::Exited => {}
+            // During a graceful stop the holder renews without health checks;
+            // a stop that proved nothing is tried again, as urgently as it
+            // gets.
+            Role::SteppingDown => {
+                self.renew_now();
+                self.retry_unproven_stop();
+            }
+            Role::Lapsed => self.retry_unproven_stop(),
+            Role::Starting | Role::Exited => {}
         }
     }
 
@@ -1184,9 +1274,16 @@ impl Agent {
                 return;
             }
         }
-        let Some(p) = &self.lock_op else { return };
-        if p.id != id {
-            return; // a late or duplicated reply
+        if self.lock_op.as_ref().is_none_or(|p| p.id != id) {
+            // A late or duplicated reply: acted on no more, but a record it
+            // shows existed, and S6 remembers the highest token ever seen.
+            if let (true, StoreOutcome::Read(Some(e))) =
+                (self.recent_lock_ops.contains(&id), &outcome)
+            {
+                let token = e.token;
+                self.note_token(token);
+            }
+            return;
         }
         let what = self.lock_op.take().expect("checked").what;
         match what {
@@ -1279,7 +1376,11 @@ impl Agent {
         lease.sent = sent;
         lease.licence_end = lease.licence_end.max(licence_end);
         self.unconfirmed.clear();
-        if self.service_may_run() {
+        let armed = self
+            .tenure
+            .as_ref()
+            .is_some_and(|t| t.keeper == KeeperArm::Armed);
+        if self.service_may_run() || armed {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
@@ -1368,6 +1469,16 @@ impl Agent {
     /// may run, and forget the lease.
     fn lose(&mut self, reason: Reason, token: Option<Token>) {
         let service = self.service_may_run();
+        let armed_idle = !service
+            && self
+                .tenure
+                .as_ref()
+                .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed | KeeperArm::Arming { .. }));
+        if armed_idle {
+            // Nothing started under the keeper: it has nothing to guard.
+            self.outputs
+                .push_back(Output::Keeper(KeeperCommand::Disarm));
+        }
         self.lease = None;
         self.tenure = None;
         // What a standby saw before this tenure is stale; judge afresh (S1).
@@ -1375,7 +1486,6 @@ impl Agent {
         self.probe = None;
         self.unconfirmed.clear();
         self.lock_op = None;
-        self.release_after_stop = false;
         self.release_wanted = false;
         self.keep_health = false;
         self.step_down_deadline = None;
@@ -1407,7 +1517,40 @@ impl Agent {
             self.set_role(Role::Standby, reason, token);
             return;
         }
+        let unstarted_s3 = self
+            .tenure
+            .as_ref()
+            .is_some_and(|t| t.acquire.kind == AcquireKind::Released);
+        if unstarted_s3 && self.lease.is_some() {
+            return self.give_back_unstarted(reason);
+        }
         self.lose(reason, None);
+    }
+
+    /// H6 refinement: a tenure taken over a `released` record (S3) that
+    /// started nothing may be given back. It owes no gap (its predecessor
+    /// proved its stop before releasing) and nothing of ours ran, so the
+    /// proof H6 asks for holds; letting it go stale instead would cost every
+    /// other node W. Used when such a tenure leaves `confirming` before it
+    /// activated (a shutdown or release while the keeper's acknowledgement
+    /// is on its way, or a refused arm).
+    fn give_back_unstarted(&mut self, reason: Reason) {
+        let token = self.lease.as_ref().map(|l| l.token);
+        let armed = self
+            .tenure
+            .as_ref()
+            .is_some_and(|t| t.keeper != KeeperArm::NotArmed);
+        if armed {
+            self.outputs
+                .push_back(Output::Keeper(KeeperCommand::Disarm));
+        }
+        // Stepping down with nothing to stop: renewing until the release
+        // lands, exactly as after a proven graceful stop.
+        self.set_role(Role::SteppingDown, reason, token);
+        self.step_down_deadline = Some(self.now + self.timing.stop_timeout());
+        self.release_wanted = false;
+        self.health = None;
+        self.write_release();
     }
 
     // ----- holder: activation (S2, S3, S6) -------------------------------------
@@ -1434,19 +1577,72 @@ impl Agent {
         let token = lease.token;
         let licence_end = lease.licence_end;
         let previous = tenure.acquire.previous.clone();
+        // The keeper must hold the licence deadline before anything starts:
+        // ask it, and stay `confirming` (renewing) until it acknowledges
+        // (`on_keeper_ack`).
+        let unguarded = self.mutations.is(Rule::ActivateBeforeArmed);
+        match tenure.keeper {
+            KeeperArm::Armed => {}
+            KeeperArm::Arming { .. } => return,
+            KeeperArm::NotArmed => {
+                let deadline = self.now + self.timing.activate_timeout();
+                self.tenure.as_mut().expect("present").keeper = KeeperArm::Arming {
+                    at: licence_end,
+                    deadline,
+                };
+                self.outputs
+                    .push_back(Output::Keeper(KeeperCommand::Arm(licence_end)));
+                if !unguarded {
+                    return;
+                }
+            }
+        }
         let deadline = self.now + self.timing.activate_timeout();
         let tenure = self.tenure.as_mut().expect("present");
         tenure.active_token = Some(token);
         tenure.service = Service::Fencing { deadline };
         self.active_fail_streak = 0;
         self.set_role(Role::Active, Reason::Activated, Some(token));
-        self.outputs
-            .push_back(Output::Keeper(KeeperCommand::Arm(licence_end)));
         self.outputs.push_back(Output::Fence {
             token,
             previous,
             deadline,
         });
+    }
+
+    /// The keeper answered. Only the answer to the tenure's `Arm` matters:
+    /// an acknowledgement lets the node activate (once everything else
+    /// allows it); a refusal, or no answer by the activate timeout, means
+    /// it never does — it leaves `confirming` (no release, H6). A refused
+    /// `Extend` needs nothing here: the keeper fires and says so.
+    fn on_keeper_ack(&mut self, command: KeeperCommand, ok: bool) {
+        let KeeperCommand::Arm(armed) = command else {
+            return;
+        };
+        if self.role != Role::Confirming {
+            return;
+        }
+        let Some(tenure) = self.tenure.as_mut() else {
+            return;
+        };
+        let KeeperArm::Arming { at, .. } = tenure.keeper else {
+            return;
+        };
+        if at != armed {
+            return; // an earlier tenure's answer
+        }
+        if !ok {
+            tenure.keeper = KeeperArm::NotArmed;
+            return self.leave_confirming(Reason::KeeperRefused);
+        }
+        tenure.keeper = KeeperArm::Armed;
+        // Renewals since the `Arm` moved the licence on: tell the keeper.
+        let end = self.lease.as_ref().map(|l| l.licence_end);
+        if let Some(end) = end.filter(|e| *e > at) {
+            self.outputs
+                .push_back(Output::Keeper(KeeperCommand::Extend(end)));
+        }
+        self.try_activate();
     }
 
     fn on_hook(&mut self, hook: Hook, ok: bool) {
@@ -1511,20 +1707,58 @@ impl Agent {
 
     /// Stop on purpose: graceful stop while renewing, then release (H2, H6).
     fn step_down(&mut self, reason: Reason) {
+        self.step_down_with(reason, StopKind::Graceful);
+    }
+
+    /// Stop on purpose with a stop of `kind`, renewing the lease until the
+    /// stop is proven; then release (H6). An emergency kind is for a holder
+    /// whose keeper died: nothing else guards the deadline any more.
+    fn step_down_with(&mut self, reason: Reason, kind: StopKind) {
         if self.role != Role::Active {
             return;
         }
         let token = self.lease.as_ref().map(|l| l.token);
         self.set_role(Role::SteppingDown, reason, token);
         self.step_down_deadline = Some(self.now + self.timing.stop_timeout());
-        self.release_after_stop = true;
         self.release_wanted = false;
         self.keep_health = false;
         self.health = None;
         if self.mutations.is(Rule::ReleaseWithoutProof) {
             self.write_release();
         }
-        self.begin_stop(StopKind::Graceful);
+        self.begin_stop(kind);
+    }
+
+    /// A stop that proved nothing is tried again (emergency kind) at the
+    /// next round, for as long as it takes.
+    fn retry_unproven_stop(&mut self) {
+        if self.unproven > 0 && self.stop.is_none() {
+            self.begin_stop(StopKind::Emergency);
+        }
+    }
+
+    /// A stop did not prove the service stopped: it may still run. Alarm,
+    /// and try again every round. A holder keeps its lease (renewing, no
+    /// health checks, no release): it is alive and connected, so the lease
+    /// is honest, and letting it lapse would let a standby start a second
+    /// service. One that already lost the lock can only retry.
+    fn on_unproven_stop(&mut self, kind: StopKind) {
+        self.unproven = self.unproven.saturating_add(1);
+        let holding = self.role == Role::SteppingDown && self.lease.is_some();
+        self.outputs.push_back(Output::Event(Event::StopUnproven {
+            kind,
+            attempts: self.unproven,
+            holding,
+        }));
+        if holding {
+            if self.mutations.is(Rule::UnprovenStopLetsGo) {
+                // The rule switched off: give the lease up and stop as a
+                // lapsed holder would.
+                return self.lose(Reason::StopFailed, None);
+            }
+            // No deadline any more: the lease is kept until the proof.
+            self.step_down_deadline = None;
+        }
     }
 
     fn on_stopped(&mut self, id: StopId, ok: bool) {
@@ -1547,21 +1781,17 @@ impl Agent {
                 }
                 self.resume_without_keeper_check();
             }
-            Role::SteppingDown if run.kind == StopKind::Graceful => {
-                if ok && self.release_after_stop {
-                    self.outputs
-                        .push_back(Output::Keeper(KeeperCommand::Disarm));
-                    self.write_release();
-                } else {
-                    // H6: no proof, no release; make sure, and let it go stale.
-                    self.release_after_stop = false;
-                    self.lose(Reason::StopFailed, None);
-                }
+            Role::SteppingDown | Role::Lapsed if !ok => self.on_unproven_stop(run.kind),
+            Role::SteppingDown => {
+                self.note_proven();
+                // H6: proven stopped (the graceful stop, or a later one that
+                // escalated it): release.
+                self.outputs
+                    .push_back(Output::Keeper(KeeperCommand::Disarm));
+                self.write_release();
             }
             Role::Lapsed => {
-                if !ok {
-                    return self.exit(ExitReason::EmergencyStopFailed);
-                }
+                self.note_proven();
                 // Nothing left for the keeper to guard.
                 self.outputs
                     .push_back(Output::Keeper(KeeperCommand::Disarm));
@@ -1572,6 +1802,21 @@ impl Agent {
             }
             _ => {}
         }
+    }
+
+    fn note_proven(&mut self) {
+        if self.unproven > 0 {
+            let after = std::mem::take(&mut self.unproven);
+            self.outputs
+                .push_back(Output::Event(Event::StopProven { after }));
+        }
+    }
+
+    /// Stops in a row that proved nothing; 0 when the last stop was proven.
+    /// While it is above 0 the service may still run (see
+    /// [`Event::StopUnproven`]).
+    pub fn unproven_stops(&self) -> u32 {
+        self.unproven
     }
 
     fn write_release(&mut self) {
@@ -1613,7 +1858,6 @@ impl Agent {
         self.tenure = None;
         self.unconfirmed.clear();
         self.step_down_deadline = None;
-        self.release_after_stop = false;
         if !std::mem::take(&mut self.keep_health) {
             self.ok_streak = 0;
         }
@@ -1668,14 +1912,28 @@ impl Agent {
         }
     }
 
+    /// The keeper fired (the licence ended at its deadline: the tenure is
+    /// over) or died. A holder whose keeper died stops the service itself
+    /// and steps down *while still renewing*: the lease ends only once the
+    /// stop is proven (then released, H6), never on purpose while the
+    /// service may run without its dead-man's switch.
     fn on_keeper(&mut self, reason: Reason) {
-        if self.holding() || self.role == Role::Lapsed {
-            let token = self.lease.as_ref().map(|l| l.token);
-            if self.role != Role::Lapsed {
-                self.lose(reason, token);
-            } else {
+        let keeps_lease =
+            reason == Reason::KeeperLost && !self.mutations.is(Rule::UnprovenStopLetsGo);
+        match self.role {
+            Role::Active if keeps_lease => self.step_down_with(reason, StopKind::Emergency),
+            // A stop through the keeper falls back to one without it; with
+            // none running, one is due now.
+            Role::SteppingDown if keeps_lease && self.stop.is_none() => {
                 self.begin_stop(StopKind::Emergency);
             }
+            Role::SteppingDown if keeps_lease => {}
+            Role::Lapsed => self.begin_stop(StopKind::Emergency),
+            _ if self.holding() => {
+                let token = self.lease.as_ref().map(|l| l.token);
+                self.lose(reason, token);
+            }
+            _ => {}
         }
     }
 
@@ -1846,6 +2104,24 @@ impl Agent {
             return;
         }
         let Some(e) = entry else { return };
+        // Another writer's record at our own revision, seen after our write
+        // was acknowledged: the store lost that acknowledged write (a
+        // rollback) and handed its revision to us. Its writer may believe it
+        // holds the lock until it reads ours: owe what an absent record
+        // owes, counted from now (S6).
+        let lease_token = self.lease.as_ref().map(|l| l.token);
+        if Some(e.token) == lease_token && !self.is_lease_write(e) {
+            let Some(tenure) = self.tenure.as_mut() else {
+                return;
+            };
+            let mut acquire = tenure.acquire.clone();
+            self.downgrade_to_absent(&mut acquire, e.token);
+            let wait = self.absent_wait(&acquire);
+            let tenure = self.tenure.as_mut().expect("present");
+            tenure.activate_at = tenure.activate_at.max(self.now + wait);
+            tenure.acquire = acquire;
+            return;
+        }
         let Some(tenure) = self.tenure.as_mut() else {
             return;
         };
@@ -2275,6 +2551,7 @@ impl Agent {
             floor,
             active_token: None,
             service: Service::NotStarted,
+            keeper: KeeperArm::NotArmed,
         });
         self.fail_streak = 0;
         self.set_role(Role::Confirming, reason, Some(token));

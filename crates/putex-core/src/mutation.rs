@@ -7,7 +7,7 @@
 
 /// A safety rule that can be switched off for a mutation test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
+#[repr(u32)]
 pub enum Rule {
     /// H1 broken: the licence runs from the acknowledgement, not the send.
     LicenceFromAck = 1 << 0,
@@ -27,11 +27,17 @@ pub enum Rule {
     ReleaseFromConfirming = 1 << 7,
     /// S1 (b) broken: the store-clock witness asks for T' instead of W.
     ProbeWitnessLease = 1 << 8,
+    /// Keeper broken: fence and activate run before the keeper acknowledged
+    /// the tenure's deadline.
+    ActivateBeforeArmed = 1 << 9,
+    /// H2/H6 broken: a holder whose stop proved nothing (or whose keeper
+    /// died) gives its lease up on purpose while the service may run.
+    UnprovenStopLetsGo = 1 << 10,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 9] = [
+    pub const ALL: [Rule; 11] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -41,12 +47,14 @@ impl Rule {
         Rule::ReleaseWithoutProof,
         Rule::ReleaseFromConfirming,
         Rule::ProbeWitnessLease,
+        Rule::ActivateBeforeArmed,
+        Rule::UnprovenStopLetsGo,
     ];
 }
 
 /// A set of switched-off rules; empty in production.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Mutations(u16);
+pub struct Mutations(u32);
 
 impl Mutations {
     /// No rule switched off.
@@ -54,11 +62,11 @@ impl Mutations {
 
     /// Only `rule` switched off.
     pub const fn only(rule: Rule) -> Mutations {
-        Mutations(rule as u16)
+        Mutations(rule as u32)
     }
 
     /// Whether `rule` is switched off.
     pub fn is(self, rule: Rule) -> bool {
-        self.0 & rule as u16 != 0
+        self.0 & rule as u32 != 0
     }
 }

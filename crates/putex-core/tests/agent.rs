@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use putex_core::{
-    Agent, AgentConfig, Entry, HealthMode, Identity, Input, LockRecord, LockState, Observed, OpId,
-    Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing, TimingConfig, Token,
+    Agent, AgentConfig, Entry, HealthMode, Identity, Input, KeeperCommand, LockRecord, LockState,
+    Observed, OpId, Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing,
+    TimingConfig, Token,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -28,6 +29,8 @@ struct Harness {
     agent: Agent,
     now: f64,
     out: Vec<Output>,
+    /// Whether the keeper acknowledges every `Arm` at once.
+    auto_arm: bool,
 }
 
 impl Harness {
@@ -47,6 +50,7 @@ impl Harness {
             agent: Agent::new(config, at(100.0)),
             now: 100.0,
             out: Vec::new(),
+            auto_arm: true,
         };
         h.drain();
         // S5: the service is made sure to be stopped first.
@@ -64,8 +68,16 @@ impl Harness {
         self.input(Input::Stopped { id, ok });
     }
 
+    /// Collects the outputs. The keeper acknowledges each `Arm` at once
+    /// (as a healthy local keeper does), unless `arm_replies` says otherwise.
     fn drain(&mut self) {
         while let Some(o) = self.agent.poll_output() {
+            if let Output::Keeper(command @ KeeperCommand::Arm(_)) = o {
+                if self.auto_arm {
+                    self.agent
+                        .handle(at(self.now), Input::KeeperAck { command, ok: true });
+                }
+            }
             self.out.push(o);
         }
     }
@@ -405,25 +417,262 @@ fn h2_k_failed_active_checks_step_down_then_release_with_proof() {
     assert_eq!(h.agent.role(), Role::Standby);
 }
 
+/// Answers every pending renewal (a CAS writing `active` or `confirming`) with a new
+/// revision, so that the lease stays alive; returns how many.
+fn renew_all(h: &mut Harness, revision: &mut u64) -> usize {
+    let mut n = 0;
+    while let Some(i) = h.out.iter().position(|o| {
+        matches!(o, Output::Store(r) if matches!(&r.op, StoreOp::Update { value, .. }
+            if matches!(Observed::decode(value), Observed::Record(rec)
+                if matches!(rec.state, LockState::Active | LockState::Confirming))))
+    }) {
+        let Output::Store(r) = h.out.remove(i) else {
+            unreachable!()
+        };
+        *revision += 1;
+        h.reply(r.id, StoreOutcome::Written(Token::new(1, *revision)));
+        n += 1;
+    }
+    n
+}
+
 #[test]
-fn h6_a_failed_graceful_stop_writes_no_release() {
+fn h6_a_failed_graceful_stop_keeps_the_lease_retries_and_releases_only_with_proof() {
     let mut h = holding();
     h.input(Input::ServiceExited);
     assert_eq!(h.agent.role(), Role::SteppingDown);
     h.forget_store();
     h.answer_stop(StopKind::Graceful, false);
-    assert_eq!(h.agent.role(), Role::Lapsed);
+    // The service may still run: the holder keeps the lock (no release, no
+    // lapse) and alarms.
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    assert_eq!(h.agent.unproven_stops(), 1);
     assert!(h.find(|o| matches!(
         o,
-        Output::Stop {
-            kind: StopKind::Emergency,
+        Output::Event(putex_core::Event::StopUnproven {
+            attempts: 1,
+            holding: true,
             ..
-        }
+        })
     )));
     assert!(
         !h.find(|o| matches!(o, Output::Store(_))),
         "no release without proof"
     );
+    // For a minute — far past T and --stop-timeout — every round renews
+    // (without health checks) and tries the stop again, harder.
+    let mut revision = 8;
+    for second in 1..=60 {
+        h.advance_to(100.0 + f64::from(second));
+        assert!(!h.find(|o| matches!(o, Output::HealthCheck { .. })));
+        assert_eq!(renew_all(&mut h, &mut revision), 1, "renews at {second} s");
+        assert_eq!(h.agent.role(), Role::SteppingDown, "at {second} s");
+        h.answer_stop(StopKind::Emergency, false);
+    }
+    assert_eq!(h.agent.unproven_stops(), 61);
+    // The next stop proves it: now, and only now, the release.
+    h.advance_to(161.0);
+    renew_all(&mut h, &mut revision);
+    h.answer_stop(StopKind::Emergency, true);
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::StopProven { after: 61 })
+    )));
+    let (id, expected) = h.release_write();
+    assert_eq!(expected, Token::new(1, revision));
+    h.reply(id, StoreOutcome::Written(Token::new(1, revision + 1)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert_eq!(h.agent.unproven_stops(), 0);
+}
+
+#[test]
+fn h2_a_graceful_stop_past_the_stop_timeout_is_escalated_while_the_lease_is_renewed() {
+    let mut h = holding();
+    h.input(Input::ServiceExited);
+    h.forget_store();
+    // --stop-timeout is 30 s; the graceful stop never answers.
+    let mut revision = 8;
+    for second in 1..=30 {
+        h.advance_to(100.0 + f64::from(second));
+        renew_all(&mut h, &mut revision);
+    }
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    h.advance_to(130.5);
+    renew_all(&mut h, &mut revision);
+    h.answer_stop(StopKind::Emergency, true);
+    let (id, _) = h.release_write();
+    h.reply(id, StoreOutcome::Written(Token::new(1, revision + 1)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn a_holder_whose_keeper_died_stops_the_service_itself_while_renewing() {
+    let mut h = holding();
+    h.input(Input::KeeperLost);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    // The keeper's deadline guards nothing any more: an emergency stop at
+    // once, made by the agent (the host stops the tree without the keeper).
+    h.answer_stop(StopKind::Emergency, false);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    let mut revision = 8;
+    for second in 1..=15 {
+        h.advance_to(100.0 + f64::from(second));
+        assert_eq!(renew_all(&mut h, &mut revision), 1);
+        h.answer_stop(StopKind::Emergency, second == 15);
+    }
+    let (id, _) = h.release_write();
+    h.reply(id, StoreOutcome::Written(Token::new(1, revision + 1)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn a_lapsed_holder_retries_an_unproven_emergency_stop_and_never_exits() {
+    let mut h = holding();
+    h.forget_store();
+    // No renewal answers: the licence ends at 110 s.
+    for second in 1..=10 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        h.forget_store();
+    }
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    for second in 11..=20 {
+        h.answer_stop(StopKind::Emergency, false);
+        assert_eq!(h.agent.role(), Role::Lapsed);
+        h.advance_to(100.0 + f64::from(second));
+        h.forget_store();
+    }
+    assert!(!h.find(|o| matches!(o, Output::Exit(_))));
+    h.answer_stop(StopKind::Emergency, true);
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn the_service_starts_only_once_the_keeper_armed_the_deadline() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    // S3 allows activating at once, but the keeper must hold the deadline
+    // first: the node stays `confirming` until it says so.
+    assert_eq!(h.agent.role(), Role::Confirming);
+    let arm = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_))));
+    let Output::Keeper(command) = arm else {
+        unreachable!()
+    };
+    // The keeper is slow to answer: nothing starts meanwhile, renewals go on.
+    let mut revision = 8;
+    for second in 1..=3 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        assert_eq!(renew_all(&mut h, &mut revision), 1);
+        assert!(!h.activated());
+        assert_eq!(h.agent.role(), Role::Confirming);
+    }
+    h.input(Input::KeeperAck { command, ok: true });
+    assert_eq!(h.agent.role(), Role::Active);
+    assert!(h.activated());
+    // The renewals made while waiting moved the licence on: the keeper
+    // hears of it at once.
+    assert!(h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Extend(_)))));
+}
+
+#[test]
+fn a_refused_arm_means_no_activation() {
+    // Over an absent record (S4): W + G of confirming first.
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(&mut h, None);
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 1)));
+    let mut revision = 1;
+    for second in 1..=13 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        renew_all(&mut h, &mut revision);
+    }
+    let Output::Keeper(command) = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_))))
+    else {
+        unreachable!()
+    };
+    // An answer for another deadline (an earlier tenure's) changes nothing.
+    h.input(Input::KeeperAck {
+        command: KeeperCommand::Arm(at(1.0)),
+        ok: false,
+    });
+    assert_eq!(h.agent.role(), Role::Confirming);
+    h.input(Input::KeeperAck { command, ok: false });
+    // Never activated: back to standby, and no release (H6: a hidden
+    // holder may still be inside the gap this tenure owed).
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(!h.activated());
+    assert!(!h.find(|o| matches!(o, Output::Activate { .. })));
+    assert!(!h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))));
+}
+
+#[test]
+fn a_tenure_over_a_release_that_started_nothing_is_given_back() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    assert_eq!(h.agent.role(), Role::Confirming);
+    let _arm = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_))));
+    // A shutdown while the keeper's answer is on its way: nothing ran, and
+    // the predecessor proved its stop (S3), so the lock is given back at
+    // once instead of going stale for everyone else.
+    h.input(Input::Shutdown);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    assert!(h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm))));
+    assert!(
+        !h.find(|o| matches!(o, Output::Stop { .. })),
+        "nothing to stop"
+    );
+    let (id, expected) = h.release_write();
+    assert_eq!(expected, Token::new(1, 8));
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Exit(putex_core::ExitReason::Shutdown { released: true })
+    )));
+    assert!(!h.activated());
+}
+
+#[test]
+fn an_unanswered_arm_gives_up_at_the_activate_timeout() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    let mut revision = 8;
+    // --activate-timeout is 60 s; keep the lease alive meanwhile.
+    for second in 1..=59 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        renew_all(&mut h, &mut revision);
+        assert_eq!(h.agent.role(), Role::Confirming);
+    }
+    h.advance_to(160.0);
+    // Given back (a tenure over a release that started nothing), and the
+    // keeper, which may still get the `Arm`, is told to let it go.
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    assert!(!h.activated());
+    assert!(h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm))));
+    let (id, _) = h.release_write();
+    h.reply(id, StoreOutcome::Written(Token::new(1, revision + 1)));
+    assert_eq!(h.agent.role(), Role::Standby);
 }
 
 #[test]

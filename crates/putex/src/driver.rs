@@ -56,8 +56,12 @@ pub trait Host: Send + Sync + 'static {
     ) -> BoxFuture<'static, bool>;
     /// Stops the service; `true` only with proof that it stopped (H6).
     fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool>;
-    /// Passes a command to the keeper.
-    fn keeper(&self, command: KeeperCommand);
+    /// Passes a command to the keeper, in the order given; the future says
+    /// whether the keeper carried it out (`false`: refused, failed or
+    /// unreachable). The core starts the service only once the keeper
+    /// acknowledged the tenure's `Arm`. A host without a keeper answers
+    /// `true` at once.
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool>;
     /// Persists the highest fencing token seen for the lock (S6).
     fn persist_highest(&self, token: Token);
     /// Something worth logging or observing happened.
@@ -223,10 +227,9 @@ fn dispatch(
                 ok,
             })
         }
-        Output::Keeper(command) => {
-            host.keeper(command);
-            None
-        }
+        Output::Keeper(command) => run_or_spawn(host.keeper(command), tx, move |ok| {
+            Input::KeeperAck { command, ok }
+        }),
         Output::PersistHighest(token) => {
             host.persist_highest(token);
             None

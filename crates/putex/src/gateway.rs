@@ -930,7 +930,10 @@ impl Host for GatewayHost {
         future::ready(true).boxed()
     }
 
-    fn keeper(&self, _: KeeperCommand) {}
+    fn keeper(&self, _: KeeperCommand) -> BoxFuture<'static, bool> {
+        // No keeper: the HTTP client is the service.
+        future::ready(true).boxed()
+    }
 
     fn persist_highest(&self, token: Token) {
         raise(&self.highest, &self.resource, token);

@@ -47,7 +47,14 @@
 //! ← {"type":"error","id":4,"message":"…"}
 //! ← {"type":"fired","ok":true}                           # event: the deadline passed, emergency stop done
 //! ← {"type":"child-exited","code":0,"signal":null}       # event
+//! ← {"type":"tree","snapshot":{"members":[{"pid":4242,"start":981}],"groups":[…],"sessions":[…]}}  # event
 //! ```
+//!
+//! The `tree` event tells the agent, whenever it changes (checked at most
+//! every 500 ms and at each child exit), what identifies the service's tree
+//! ([`TreeSnapshot`]): so that the agent, which persists it, can find and
+//! kill the tree without the keeper — after the keeper died, or at its next
+//! start.
 //!
 //! Only the newest connection controls the keeper: a restarted agent's
 //! connection replaces its predecessor's.
@@ -75,7 +82,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::boot_time_now;
 use crate::hooks::{Hook, HookEnv, HookKind, HookRunner};
-use crate::process::{self, Cgroup, CgroupRoot, Exit, Tree, TreeInfo};
+use crate::process::{self, CgroupRoot, Exit, Tree, TreeInfo, TreeSnapshot};
 
 // ---------------------------------------------------------------------------
 // The deadline, as a pure value.
@@ -293,6 +300,11 @@ pub enum FromKeeper {
         /// Terminating signal.
         signal: Option<i32>,
     },
+    /// Event: what identifies the service's tree now.
+    Tree {
+        /// Members, groups, sessions, cgroup.
+        snapshot: TreeSnapshot,
+    },
 }
 
 impl FromKeeper {
@@ -304,7 +316,9 @@ impl FromKeeper {
             | FromKeeper::Stopped { id, .. }
             | FromKeeper::Status { id, .. }
             | FromKeeper::Error { id, .. } => Some(*id),
-            FromKeeper::Fired { .. } | FromKeeper::ChildExited { .. } => None,
+            FromKeeper::Fired { .. } | FromKeeper::ChildExited { .. } | FromKeeper::Tree { .. } => {
+                None
+            }
         }
     }
 }
@@ -328,6 +342,9 @@ pub struct KeeperStatus {
     pub child: Option<ChildStatus>,
     /// Whether a stop is running.
     pub stopping: bool,
+    /// What identifies the service's tree (see [`FromKeeper::Tree`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<TreeSnapshot>,
 }
 
 /// The child as `status` reports it.
@@ -594,6 +611,10 @@ fn bind(socket: &Path) -> Result<UnixListener, KeeperError> {
 struct Child {
     pid: i32,
     tree: Tree,
+    /// Where the tree lives, for the agent: the scope, or the child's own
+    /// process group (in the subreaper fallback, [`Tree::info`] names the
+    /// keeper, which is no use to anyone once the keeper is gone).
+    info: TreeInfo,
     exit: Option<Exit>,
 }
 
@@ -632,6 +653,9 @@ struct State {
     ever_connected: bool,
     stopping: usize,
     shutdown: bool,
+    /// The last tree snapshot sent, and when the tree was last looked at.
+    snapshot: TreeSnapshot,
+    scanned: Option<std::time::Instant>,
 }
 
 async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
@@ -666,6 +690,8 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
         ever_connected: false,
         stopping: 0,
         shutdown: false,
+        snapshot: TreeSnapshot::default(),
+        scanned: None,
         opts,
     };
     klog(
@@ -698,6 +724,7 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
         // Every wake-up checks the deadline first, so a request that arrives
         // after it is judged against a fired keeper.
         st.check_deadline(&done_tx);
+        let child_exited = matches!(ev, Ev::Child);
         match ev {
             Ev::Accepted(stream) => {
                 next_conn += 1;
@@ -738,6 +765,7 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
             }
         }
         st.reap();
+        st.report_tree(child_exited);
         if st.shutdown || st.idle(started) {
             break;
         }
@@ -948,6 +976,25 @@ impl State {
         self.send_to(conn, reply);
     }
 
+    /// Tells the agent what identifies the tree, when it changed. Looks at
+    /// most every 500 ms, and at once when a child exited.
+    fn report_tree(&mut self, child_exited: bool) {
+        let Some(child) = &self.child else { return };
+        let due = child_exited
+            || self
+                .scanned
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(500));
+        if !due {
+            return;
+        }
+        self.scanned = Some(std::time::Instant::now());
+        let snapshot = TreeSnapshot::capture(&child.tree);
+        if snapshot != self.snapshot {
+            self.snapshot = snapshot.clone();
+            self.send(FromKeeper::Tree { snapshot });
+        }
+    }
+
     fn status(&self) -> KeeperStatus {
         KeeperStatus {
             pid: self.me,
@@ -958,11 +1005,12 @@ impl State {
             mode: self.mode().into(),
             child: self.child.as_ref().map(|c| ChildStatus {
                 pid: c.pid,
-                tree: c.tree.info(),
+                tree: c.info.clone(),
                 exit: c.exit,
                 tree_alive: !c.tree.is_empty(),
             }),
             stopping: self.stopping > 0,
+            snapshot: self.child.as_ref().map(|_| self.snapshot.clone()),
         }
     }
 
@@ -1031,13 +1079,19 @@ impl State {
                     Some(cg) => Tree::Cgroup(cg),
                     None => Tree::Subreaper { reaper: self.me },
                 };
-                let info = tree.info();
+                let info = match &tree {
+                    Tree::Subreaper { .. } => TreeInfo::ProcessGroup(pid),
+                    other => other.info(),
+                };
                 klog(&self.opts.lock, &format!("child {pid} started ({info:?})"));
                 self.child = Some(Child {
                     pid,
                     tree,
+                    info: info.clone(),
                     exit: None,
                 });
+                // The first snapshot goes out right after the reply.
+                self.scanned = None;
                 FromKeeper::Spawned {
                     id,
                     pid,
@@ -1158,7 +1212,7 @@ async fn write_lines(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<From
 // The client.
 
 /// Something the keeper reports on its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeeperEvent {
     /// The deadline passed; the keeper made the emergency stop (`ok`: proven).
     Fired {
@@ -1167,17 +1221,21 @@ pub enum KeeperEvent {
     },
     /// The child exited on its own.
     ChildExited(Exit),
+    /// What identifies the service's tree changed: persist it, so that the
+    /// tree can be found without the keeper ([`TreeSnapshot`]).
+    Tree(TreeSnapshot),
     /// The keeper is gone: the socket closed.
     Lost,
 }
 
 impl KeeperEvent {
-    /// The core input this event is.
-    pub fn to_input(self) -> Input {
+    /// The core input this event is, if any.
+    pub fn to_input(&self) -> Option<Input> {
         match self {
-            KeeperEvent::Fired { .. } => Input::KeeperFired,
-            KeeperEvent::ChildExited(_) => Input::ServiceExited,
-            KeeperEvent::Lost => Input::KeeperLost,
+            KeeperEvent::Fired { .. } => Some(Input::KeeperFired),
+            KeeperEvent::ChildExited(_) => Some(Input::ServiceExited),
+            KeeperEvent::Tree(_) => None,
+            KeeperEvent::Lost => Some(Input::KeeperLost),
         }
     }
 }
@@ -1247,7 +1305,15 @@ pub struct KeeperClient {
     events: mpsc::UnboundedReceiver<KeeperEvent>,
     lost: Arc<AtomicBool>,
     reader: tokio::task::JoinHandle<()>,
-    tree: Mutex<Option<TreeInfo>>,
+    tree: Arc<Mutex<Tracked>>,
+}
+
+/// What the client knows of the service's tree, to stop it without the
+/// keeper.
+#[derive(Default)]
+struct Tracked {
+    info: Option<TreeInfo>,
+    snapshot: Option<TreeSnapshot>,
 }
 
 impl Drop for KeeperClient {
@@ -1263,7 +1329,10 @@ impl KeeperClient {
             Ok(s) => {
                 let c = KeeperClient::from_stream(socket, s);
                 let st = c.status().await?;
-                *c.tree.lock().unwrap_or_else(|e| e.into_inner()) = st.child.map(|ch| ch.tree);
+                let mut t = c.tree.lock().unwrap_or_else(|e| e.into_inner());
+                t.info = st.child.map(|ch| ch.tree);
+                t.snapshot = st.snapshot;
+                drop(t);
                 Ok(Some(c))
             }
             Err(e)
@@ -1333,9 +1402,11 @@ impl KeeperClient {
         let pending: Pending = Arc::default();
         let lost = Arc::new(AtomicBool::new(false));
         let (etx, erx) = mpsc::unbounded_channel();
+        let tree: Arc<Mutex<Tracked>> = Arc::default();
         let reader = {
             let pending = pending.clone();
             let lost = lost.clone();
+            let tree = tree.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(r).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
@@ -1362,6 +1433,11 @@ impl KeeperClient {
                                 signal: *signal,
                             }));
                         }
+                        (None, FromKeeper::Tree { snapshot }) => {
+                            tree.lock().unwrap_or_else(|e| e.into_inner()).snapshot =
+                                Some(snapshot.clone());
+                            let _ = etx.send(KeeperEvent::Tree(snapshot.clone()));
+                        }
                         (None, _) => {}
                     }
                 }
@@ -1378,7 +1454,7 @@ impl KeeperClient {
             events: erx,
             lost,
             reader,
-            tree: Mutex::new(None),
+            tree,
         }
     }
 
@@ -1499,7 +1575,7 @@ impl KeeperClient {
             .await?
         {
             FromKeeper::Spawned { pid, tree, .. } => {
-                *self.tree.lock().unwrap_or_else(|e| e.into_inner()) = Some(tree.clone());
+                self.tree.lock().unwrap_or_else(|e| e.into_inner()).info = Some(tree.clone());
                 Ok((pid, tree))
             }
             other => Err(KeeperError::Unexpected(Box::new(other))),
@@ -1537,19 +1613,43 @@ impl KeeperClient {
         self.expect_ok(|id| ToKeeper::Shutdown { id }).await
     }
 
+    /// The last [`TreeSnapshot`] the keeper sent (or reported when
+    /// adopted): what identifies the service's tree.
+    pub fn snapshot(&self) -> Option<TreeSnapshot> {
+        self.tree
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .snapshot
+            .clone()
+    }
+
     /// The agent's own emergency stop after [`KeeperEvent::Lost`] (child
-    /// mode): kill the child's cgroup scope, or its process group. Without a
-    /// cgroup, descendants that left the process group are out of reach once
-    /// the keeper (their subreaper) is gone. Returns whether the tree is
-    /// proven gone; `true` if no child was known.
+    /// mode): kill everything the last [`TreeSnapshot`] identifies — the
+    /// cgroup scope, the members still the same processes, whatever runs in
+    /// their process groups and sessions, and all their descendants — until
+    /// none of it lives. Returns whether that is proven within `within`;
+    /// `true` when no child was ever started.
     pub async fn stop_tree_without_keeper(&self, within: Duration) -> bool {
-        let info = self.tree.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let tree = match info {
-            None => return true,
-            Some(TreeInfo::Cgroup(p)) => Tree::Cgroup(Cgroup::open(p)),
-            Some(TreeInfo::ProcessGroup(pg)) => Tree::Pids { root: pg },
+        let (info, snapshot) = {
+            let t = self.tree.lock().unwrap_or_else(|e| e.into_inner());
+            (t.info.clone(), t.snapshot.clone())
         };
-        tree.stop(within / 2, within / 2).await
+        let snapshot = match (snapshot, info) {
+            (Some(s), _) => s,
+            (None, None) => return true,
+            // Spawned, but no snapshot arrived: what the spawn reply said.
+            (None, Some(TreeInfo::Cgroup(p))) => TreeSnapshot {
+                cgroup: Some(p),
+                ..TreeSnapshot::default()
+            },
+            (None, Some(TreeInfo::ProcessGroup(pg))) => TreeSnapshot {
+                groups: vec![
+                    process::ProcId::of(pg).unwrap_or(process::ProcId { pid: pg, start: 0 })
+                ],
+                ..TreeSnapshot::default()
+            },
+        };
+        snapshot.kill(within).await
     }
 }
 

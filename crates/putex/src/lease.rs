@@ -128,6 +128,11 @@ struct View {
     role: Role,
     /// The fencing token of the current tenure, once active.
     held: Option<Token>,
+    /// When the licence ends (boot time), as the agent last told its
+    /// "keeper". Checked against the clock at each call, so a view the
+    /// driver task had no chance to update (a busy runtime) never claims a
+    /// lock past its licence (H1).
+    licence_end: Option<Instant>,
     /// How the last tenure ended.
     ended: Option<Lost>,
     /// Transitions into standby so far, and the reason of the last one.
@@ -167,7 +172,17 @@ impl Host for LockHost {
         future::ready(true).boxed()
     }
 
-    fn keeper(&self, _command: KeeperCommand) {}
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
+        // No keeper process: the program is the service. Its deadline is
+        // the licence end, which `token()` compares with the clock.
+        self.view.send_modify(|v| {
+            v.licence_end = match command {
+                KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
+                KeeperCommand::Disarm => None,
+            }
+        });
+        future::ready(true).boxed()
+    }
 
     fn persist_highest(&self, _token: Token) {}
 
@@ -252,6 +267,7 @@ impl Lock {
         let (view_tx, view) = watch::channel(View {
             role: agent.role(),
             held: None,
+            licence_end: None,
             ended: None,
             standbys: 0,
             last_standby: None,
@@ -315,9 +331,14 @@ impl Lock {
     }
 
     /// The fencing token while the lock is held: pass it to the protected
-    /// resource.
+    /// resource. `None` once the licence has ended by the clock, even if
+    /// the agent (a task on this runtime) has not run since.
     pub fn token(&self) -> Option<Token> {
-        self.view.borrow().held
+        let v = self.view.borrow();
+        let live = v
+            .licence_end
+            .is_some_and(|end| clock::boot_time_now() < end);
+        v.held.filter(|_| live)
     }
 
     /// Whether the lock is held (it may end at any moment: prefer
@@ -331,14 +352,25 @@ impl Lock {
     /// protected resource.
     pub async fn lost(&mut self) -> Lost {
         loop {
-            {
+            let end = {
                 let v = self.view.borrow_and_update();
                 if v.held.is_none() {
                     return v.ended.clone().unwrap_or(Lost::Released);
                 }
-            }
-            if self.view.changed().await.is_err() {
+                v.licence_end
+            };
+            // The licence end by the clock, whether or not the agent has
+            // had a chance to notice it yet.
+            let Some(end) = end.filter(|e| clock::boot_time_now() < *e) else {
                 return Lost::LicenceEnded;
+            };
+            tokio::select! {
+                changed = self.view.changed() => {
+                    if changed.is_err() {
+                        return Lost::LicenceEnded;
+                    }
+                }
+                () = tokio::time::sleep(clock::until(end)) => {}
             }
         }
     }

@@ -18,6 +18,8 @@
 //! | `putex_health_checks_total{mode,result}` | counter | health checks by mode and result |
 //! | `putex_hook_duration_seconds{hook}` | histogram | fence, activate and stop durations |
 //! | `putex_graceful_stop_failures_total` | counter | graceful stops that could not prove the service stopped |
+//! | `putex_stop_unproven` | gauge | 1 while the last stop proved nothing: the service may still run (alarm) |
+//! | `putex_stops_unproven_total` | counter | stops, of any kind, that could not prove the service stopped |
 //! | `putex_keeper_armed` | gauge | 1 while the keeper holds a deadline |
 //! | `putex_keeper_fired_total` | counter | the keeper reached its deadline and stopped the service |
 //! | `putex_build_info{version}` | info | the putex version |
@@ -82,6 +84,8 @@ pub struct Metrics {
     health: Family<HealthLabels, Counter>,
     hooks: Family<HookLabel, Histogram>,
     stop_failures: Counter,
+    stop_unproven: Gauge,
+    stops_unproven: Counter,
     keeper_armed: Gauge,
     keeper_fired: Counter,
     /// The licence deadline (boot-time ns), 0 when not holding.
@@ -172,6 +176,18 @@ impl Metrics {
             "Graceful stops that could not prove the service stopped",
             stop_failures.clone(),
         );
+        let stop_unproven = Gauge::default();
+        registry.register(
+            "stop_unproven",
+            "1 while the last stop could not prove the service stopped: it may still run",
+            stop_unproven.clone(),
+        );
+        let stops_unproven = Counter::default();
+        registry.register(
+            "stops_unproven",
+            "Stops, of any kind, that could not prove the service stopped",
+            stops_unproven.clone(),
+        );
         let keeper_armed = Gauge::default();
         registry.register(
             "keeper_armed",
@@ -203,6 +219,8 @@ impl Metrics {
             health,
             hooks,
             stop_failures,
+            stop_unproven,
+            stops_unproven,
             keeper_armed,
             keeper_fired,
             deadline: AtomicU64::new(0),
@@ -275,6 +293,15 @@ impl Metrics {
     /// A graceful stop could not prove the service stopped.
     pub fn graceful_stop_failed(&self) {
         self.stop_failures.inc();
+    }
+
+    /// A stop proved nothing (`true`: alarm) or, after that, proved the
+    /// service stopped (`false`).
+    pub fn stop_unproven(&self, unproven: bool) {
+        if unproven {
+            self.stops_unproven.inc();
+        }
+        self.stop_unproven.set(i64::from(unproven));
     }
 
     /// The keeper was armed or extended to `deadline` (a renewal

@@ -272,8 +272,13 @@ pub struct ProcEntry {
     pub ppid: i32,
     /// Process group id.
     pub pgid: i32,
+    /// Session id.
+    pub session: i32,
     /// State letter (`R`, `S`, `Z`, …).
     pub state: char,
+    /// Start time, in clock ticks since boot: with the pid, it names the
+    /// process for good (a pid is reused, a (pid, start) pair is not).
+    pub start: u64,
 }
 
 impl ProcEntry {
@@ -286,12 +291,25 @@ impl ProcEntry {
         let state = f.next()?.chars().next()?;
         let ppid = f.next()?.parse().ok()?;
         let pgid = f.next()?.parse().ok()?;
+        let session = f.next()?.parse().ok()?;
+        // Field 22 of stat(5); this iterator stands at field 7.
+        let start = f.nth(15)?.parse().ok()?;
         Some(ProcEntry {
             pid,
             ppid,
             pgid,
+            session,
             state,
+            start,
         })
+    }
+
+    /// This process as it can be found again ([`ProcId`]).
+    pub fn id(&self) -> ProcId {
+        ProcId {
+            pid: self.pid,
+            start: self.start,
+        }
     }
 
     /// Whether the process has exited (a zombie or dead task).
@@ -365,6 +383,194 @@ pub enum TreeInfo {
     Cgroup(PathBuf),
     /// The process group of the tree's first process.
     ProcessGroup(i32),
+}
+
+/// A process as it can be found again: its pid and start time. A pid is
+/// reused once its process is gone; the pair is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProcId {
+    /// Process id.
+    pub pid: i32,
+    /// Start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+    pub start: u64,
+}
+
+impl ProcId {
+    /// The process `pid` as it is now, if it lives.
+    pub fn of(pid: i32) -> Option<ProcId> {
+        proc_entry(pid).filter(|e| !e.is_dead()).map(|e| e.id())
+    }
+}
+
+/// One process's `/proc/<pid>/stat`, if it exists.
+pub fn proc_entry(pid: i32) -> Option<ProcEntry> {
+    ProcEntry::parse(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Everything needed to find a service's process tree again without the
+/// process that owns it — the agent's fallback when its keeper died, and a
+/// restarted agent's check at start-up (S5).
+///
+/// In the subreaper fallback the tree is "every descendant of the keeper":
+/// once the keeper is gone, orphans re-parent to init and that view is
+/// lost. The snapshot keeps what still identifies them then: each member
+/// ([`ProcId`], so a reused pid is never taken for it), and the process
+/// groups and sessions they ran in — a new process of the tree that stayed
+/// in its group or session is found through them, even if it started after
+/// the snapshot. A group or session counts only while its leader is gone or
+/// still the same process (its id cannot be handed out again while any
+/// member lives). A cgroup scope, when there was one, is the tree itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeSnapshot {
+    /// The cgroup scope, if the tree ran in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
+    /// The living members when the snapshot was taken.
+    #[serde(default)]
+    pub members: Vec<ProcId>,
+    /// Process groups of the tree, each named by its leader.
+    #[serde(default)]
+    pub groups: Vec<ProcId>,
+    /// Sessions of the tree, each named by its leader.
+    #[serde(default)]
+    pub sessions: Vec<ProcId>,
+}
+
+impl TreeSnapshot {
+    /// The snapshot of `tree` now: its members, and the groups and
+    /// sessions they run in (named by their leaders, when those live).
+    pub fn capture(tree: &Tree) -> TreeSnapshot {
+        let table = proc_table();
+        let by_pid: HashMap<i32, &ProcEntry> = table.iter().map(|e| (e.pid, e)).collect();
+        let mut members = BTreeSet::new();
+        let mut groups = BTreeSet::new();
+        let mut sessions = BTreeSet::new();
+        for pid in tree.members() {
+            let Some(e) = by_pid.get(&pid).filter(|e| !e.is_dead()) else {
+                continue;
+            };
+            members.insert(e.id());
+            for (set, leader) in [(&mut groups, e.pgid), (&mut sessions, e.session)] {
+                // A leader that is gone is recorded with start 0: nothing
+                // can reuse its id while the group or session lives.
+                let start = by_pid.get(&leader).map_or(0, |l| l.start);
+                set.insert(ProcId { pid: leader, start });
+            }
+        }
+        TreeSnapshot {
+            cgroup: match tree {
+                Tree::Cgroup(cg) => Some(cg.path().to_path_buf()),
+                _ => None,
+            },
+            members: members.into_iter().collect(),
+            groups: groups.into_iter().collect(),
+            sessions: sessions.into_iter().collect(),
+        }
+    }
+
+    /// Whether the snapshot names nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.cgroup.is_none() && self.members.is_empty()
+    }
+
+    /// The living processes of the tree in `table`: the members still the
+    /// same processes, everything in the tree's groups and sessions (whose
+    /// leader is gone or unchanged), every descendant of those, and the
+    /// cgroup's members. Never this process, its ancestors or pid 1.
+    pub fn survivors(&self, table: &[ProcEntry]) -> Vec<i32> {
+        let live: HashMap<i32, &ProcEntry> = table
+            .iter()
+            .filter(|e| !e.is_dead())
+            .map(|e| (e.pid, e))
+            .collect();
+        // A group or session is ours while its leader is gone, or is still
+        // the process that led it.
+        let ours = |ids: &[ProcId]| -> BTreeSet<i32> {
+            ids.iter()
+                .filter(|l| {
+                    live.get(&l.pid)
+                        .is_none_or(|e| l.start != 0 && e.start == l.start)
+                })
+                .map(|l| l.pid)
+                .collect()
+        };
+        let groups = ours(&self.groups);
+        let sessions = ours(&self.sessions);
+        let mut found: BTreeSet<i32> = self
+            .members
+            .iter()
+            .filter(|m| live.get(&m.pid).is_some_and(|e| e.start == m.start))
+            .map(|m| m.pid)
+            .collect();
+        for e in live.values() {
+            if groups.contains(&e.pgid) || sessions.contains(&e.session) {
+                found.insert(e.pid);
+            }
+        }
+        if let Some(cg) = &self.cgroup {
+            found.extend(Cgroup::open(cg).procs().unwrap_or_default());
+        }
+        let roots: Vec<i32> = found.iter().copied().collect();
+        for root in roots {
+            found.extend(
+                descendants(table, root)
+                    .into_iter()
+                    .filter(|e| !e.is_dead())
+                    .map(|e| e.pid),
+            );
+        }
+        for spared in protected(table) {
+            found.remove(&spared);
+        }
+        found.into_iter().collect()
+    }
+
+    /// Kills the whole tree (SIGKILL, again and again, for whatever
+    /// appears) and waits up to `within` for nothing of it to live. Returns
+    /// whether that was proven.
+    pub async fn kill(&self, within: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(cg) = &self.cgroup {
+                let cg = Cgroup::open(cg);
+                if cg.populated().unwrap_or(true) {
+                    let _ = cg.kill();
+                }
+            }
+            let survivors = self.survivors(&proc_table());
+            if survivors.is_empty() && !self.cgroup_populated() {
+                return true;
+            }
+            for pid in &survivors {
+                signal_pid(*pid, Signal::SIGKILL);
+            }
+            if start.elapsed() >= within {
+                tracing::error!(
+                    survivors = ?survivors,
+                    "the service's processes survive SIGKILL (uninterruptible sleep?); stop not proven"
+                );
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn cgroup_populated(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(|cg| Cgroup::open(cg).populated().unwrap_or(true))
+    }
+}
+
+/// Processes a tree kill must never touch: this one, its ancestors, pid 1.
+fn protected(table: &[ProcEntry]) -> BTreeSet<i32> {
+    let parents: HashMap<i32, i32> = table.iter().map(|e| (e.pid, e.ppid)).collect();
+    let mut out = BTreeSet::from([1]);
+    let mut pid = std::process::id() as i32;
+    while pid > 1 && out.insert(pid) {
+        pid = parents.get(&pid).copied().unwrap_or(0);
+    }
+    out
 }
 
 /// A process tree that can be signalled as a whole and observed to be empty.
@@ -632,6 +838,111 @@ where
 mod tests {
     use super::*;
 
+    fn entry(pid: i32, ppid: i32, pgid: i32, session: i32, state: char) -> ProcEntry {
+        ProcEntry {
+            pid,
+            ppid,
+            pgid,
+            session,
+            state,
+            start: 1000 + pid as u64,
+        }
+    }
+
+    fn id(pid: i32) -> ProcId {
+        ProcId {
+            pid,
+            start: 1000 + pid as u64,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_finds_the_tree_after_its_keeper_died() {
+        // The keeper (session 500, dead) ran the child 600 (group 600); the
+        // child started 601 (same group) and 602, which called setsid and
+        // double-forked into 603 (re-parented to init).
+        let snap = TreeSnapshot {
+            cgroup: None,
+            members: vec![id(600), id(601), id(602)],
+            groups: vec![id(600)],
+            sessions: vec![id(500)],
+        };
+        let table = vec![
+            entry(1, 0, 1, 1, 'S'),
+            entry(600, 1, 600, 500, 'S'),
+            entry(601, 600, 600, 500, 'S'),
+            entry(603, 1, 602, 602, 'S'),
+            // Started after the snapshot, still in the child's group.
+            entry(604, 601, 600, 500, 'S'),
+            // A grandchild of a member that moved to a group of its own.
+            entry(605, 601, 605, 500, 'S'),
+            // Unrelated.
+            entry(700, 1, 700, 700, 'S'),
+            entry(701, 700, 700, 700, 'S'),
+        ];
+        let mut found = snap.survivors(&table);
+        found.sort();
+        assert_eq!(found, vec![600, 601, 604, 605]);
+        // 602 is gone; 603 left its group and session before the snapshot
+        // saw it: only the newer snapshot that lists it finds it.
+        let later = TreeSnapshot {
+            members: vec![id(600), id(601), id(603)],
+            ..snap.clone()
+        };
+        assert!(later.survivors(&table).contains(&603));
+    }
+
+    #[test]
+    fn a_snapshot_never_takes_a_reused_pid_for_a_member() {
+        let snap = TreeSnapshot {
+            cgroup: None,
+            members: vec![id(600)],
+            groups: vec![id(600)],
+            sessions: vec![ProcId { pid: 500, start: 0 }],
+        };
+        // Pid 600 and 500 now belong to other processes, leading groups and
+        // sessions of their own.
+        let table = vec![
+            ProcEntry {
+                start: 5,
+                ..entry(600, 1, 600, 600, 'S')
+            },
+            entry(601, 600, 600, 600, 'S'),
+            ProcEntry {
+                start: 7,
+                ..entry(500, 1, 500, 500, 'S')
+            },
+            entry(501, 500, 500, 500, 'S'),
+        ];
+        assert_eq!(snap.survivors(&table), Vec::<i32>::new());
+        // Zombies are not survivors.
+        let dead = vec![entry(600, 1, 600, 500, 'Z')];
+        assert!(snap.survivors(&dead).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_never_names_this_process_or_its_ancestors() {
+        let me = std::process::id() as i32;
+        let table = proc_table();
+        let mine = table.iter().find(|e| e.pid == me).copied().unwrap();
+        let snap = TreeSnapshot {
+            cgroup: None,
+            members: vec![mine.id()],
+            groups: vec![ProcId {
+                pid: mine.pgid,
+                start: 0,
+            }],
+            sessions: vec![ProcId {
+                pid: mine.session,
+                start: 0,
+            }],
+        };
+        let found = snap.survivors(&table);
+        assert!(!found.contains(&me));
+        assert!(!found.contains(&mine.ppid));
+        assert!(!found.contains(&1));
+    }
+
     #[test]
     fn finds_cgroup2_on_a_hybrid_host() {
         let mi = "25 30 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw\n\
@@ -664,45 +975,31 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_command_names() {
-        let e = ProcEntry::parse("123 (a) b (c)) S 1 123 123 0 -1").unwrap();
+        let e = ProcEntry::parse(
+            "123 (a) b (c)) S 1 123 120 0 -1 4194560 86 0 0 0 0 0 0 0 20 0 1 0 987654 1 2",
+        )
+        .unwrap();
         assert_eq!(
             e,
             ProcEntry {
                 pid: 123,
                 ppid: 1,
                 pgid: 123,
-                state: 'S'
+                session: 120,
+                state: 'S',
+                start: 987654,
             }
         );
+        assert_eq!(ProcEntry::parse("123 (a) S 1 123 120 0"), None, "truncated");
         let me = std::process::id() as i32;
         let table = proc_table();
         assert!(table.iter().any(|e| e.pid == me));
         let d = descendants(
             &[
-                ProcEntry {
-                    pid: 2,
-                    ppid: 1,
-                    pgid: 2,
-                    state: 'S',
-                },
-                ProcEntry {
-                    pid: 3,
-                    ppid: 2,
-                    pgid: 2,
-                    state: 'S',
-                },
-                ProcEntry {
-                    pid: 4,
-                    ppid: 3,
-                    pgid: 4,
-                    state: 'Z',
-                },
-                ProcEntry {
-                    pid: 5,
-                    ppid: 9,
-                    pgid: 5,
-                    state: 'S',
-                },
+                entry(2, 1, 2, 2, 'S'),
+                entry(3, 2, 2, 2, 'S'),
+                entry(4, 3, 4, 4, 'Z'),
+                entry(5, 9, 5, 5, 'S'),
             ],
             2,
         );

@@ -44,8 +44,8 @@ use std::time::{Duration, SystemTime};
 use futures::future::{self, BoxFuture, FutureExt};
 use nix::fcntl::{Flock, FlockArg};
 use putex_core::{
-    Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
-    LockState, Observed, Reason, Role, StopKind, Timing, Token,
+    Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockState,
+    Observed, Reason, Role, StopKind, Timing, Token,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -398,7 +398,8 @@ impl HighestFile {
 
 /// A keeper request, in the order the agents asked for them.
 enum KeeperOp {
-    Command(KeeperCommand, Option<Token>),
+    /// A command, and where to say whether the keeper carried it out.
+    Command(KeeperCommand, Option<Token>, oneshot::Sender<bool>),
     Spawn {
         argv: Vec<String>,
         env: Vec<(String, String)>,
@@ -611,7 +612,7 @@ impl Host for SlotHost {
         .boxed()
     }
 
-    fn keeper(&self, command: KeeperCommand) {
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
         let forward = self.shared.with(|s| match (command, s.winner) {
             (KeeperCommand::Arm(_), None) => {
                 s.winner = Some(self.slot);
@@ -620,15 +621,26 @@ impl Host for SlotHost {
             (_, Some(w)) => w == self.slot,
             (_, None) => false,
         });
-        if forward {
-            let _ = self.shared.ops.send(KeeperOp::Command(command, None));
-        }
+        let answer = if forward {
+            let (reply, rx) = oneshot::channel();
+            let _ = self
+                .shared
+                .ops
+                .send(KeeperOp::Command(command, None, reply));
+            async move { rx.await.unwrap_or(false) }.boxed()
+        } else {
+            // Another slot of ours won: this one's activation fails and
+            // releases the slot (see `activate`); its keeper is the
+            // winner's.
+            future::ready(true).boxed()
+        };
         if matches!(command, KeeperCommand::Arm(_)) && self.shared.is_winner(self.slot) {
             let won = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
             for rec in won {
                 self.shared.history.send(rec);
             }
         }
+        answer
     }
 
     fn persist_highest(&self, token: Token) {
@@ -690,6 +702,33 @@ impl Host for SlotHost {
                  as absent (S6)"
             ),
             Event::AdvertisedTimingAboveMax(msg) => tracing::warn!("{msg}"),
+            Event::StopUnproven {
+                kind,
+                attempts,
+                holding,
+            } => {
+                crate::metrics::global().stop_unproven(true);
+                tracing::error!(
+                    slot = self.slot,
+                    kind = crate::hooks::stop_name(*kind),
+                    attempts,
+                    holding,
+                    "STOP UNPROVEN: the command's processes may still run; retrying the kill{}",
+                    if *holding {
+                        " and keeping the lock"
+                    } else {
+                        ""
+                    }
+                )
+            }
+            Event::StopProven { after } => {
+                crate::metrics::global().stop_unproven(false);
+                tracing::warn!(
+                    slot = self.slot,
+                    after,
+                    "the command is proven stopped after all"
+                );
+            }
         }
     }
 }
@@ -743,14 +782,15 @@ async fn record_once(shared: &Shared, deadline: Instant) {
 async fn keeper_ops(keeper: Arc<KeeperClient>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
     while let Some(op) = rx.recv().await {
         match op {
-            KeeperOp::Command(cmd, token) => {
+            KeeperOp::Command(cmd, token, reply) => {
                 let r = match cmd {
                     KeeperCommand::Arm(d) => keeper.arm(d, token, None).await,
                     other => keeper.apply(other).await,
                 };
-                if let Err(e) = r {
+                if let Err(e) = &r {
                     tracing::warn!(?cmd, error = %e, "keeper refused or failed");
                 }
+                let _ = reply.send(r.is_ok());
             }
             KeeperOp::Spawn { argv, env, reply } => {
                 let r = keeper
@@ -981,6 +1021,7 @@ pub async fn run(
                     tracing::debug!(?exit, "command exited");
                     shared.with(|s| s.exit = Some(exit));
                 }
+                KeeperEvent::Tree(_) => {}
                 other => {
                     if other == KeeperEvent::Lost {
                         tracing::error!("the keeper is gone");
@@ -993,8 +1034,8 @@ pub async fn run(
                             s.lost.get_or_insert_with(|| Reason::KeeperFired.to_string());
                         });
                     }
-                    if let Some(w) = winner {
-                        let _ = inputs[w].send(other.to_input());
+                    if let (Some(w), Some(input)) = (winner, other.to_input()) {
+                        let _ = inputs[w].send(input);
                     }
                     if other == KeeperEvent::Lost {
                         // No more events; keep waiting for the drivers.
@@ -1031,9 +1072,6 @@ pub async fn run(
             joined = drivers.join_next() => match joined {
                 Some(Ok((slot, exit))) => {
                     tracing::debug!(slot, ?exit, "slot agent exited");
-                    if exit == ExitReason::EmergencyStopFailed {
-                        unproven = true;
-                    }
                     if !stopped[slot] {
                         // An agent ended on its own (a failed start-up):
                         // end the section.

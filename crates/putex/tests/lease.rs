@@ -340,3 +340,31 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         "{got:?}"
     );
 }
+
+/// H1 seen from the program: `is_held()` and `token()` compare the licence
+/// end with the clock at the call. On a current-thread runtime that is
+/// busy (here: blocked outright) the agent task cannot renew, nor mark the
+/// lock lost; the answer must not be "held" past the licence all the same.
+#[test]
+fn r14_a_busy_runtime_never_reports_a_lock_held_past_its_licence() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = AnyStore::from(MemoryStore::new());
+        let mut lock = Lock::new(store, LeaseOptions::new("busy", "node-a", fast())).unwrap();
+        let token = lock.acquire().await.unwrap();
+        assert_eq!(lock.token(), Some(token));
+        assert!(lock.is_held());
+        // The program hogs the only thread for longer than T (300 ms).
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(!lock.is_held(), "held past the licence on a busy runtime");
+        assert_eq!(lock.token(), None);
+        // And `lost()` says so at once, before the agent has caught up.
+        let lost = tokio::time::timeout(Duration::from_millis(5), lock.lost())
+            .await
+            .expect("lost() completes at once once the licence has ended");
+        assert_eq!(lost, Lost::LicenceEnded);
+    });
+}

@@ -153,6 +153,16 @@ async fn start(
     (client, cleanup, args)
 }
 
+/// The keeper's next event other than a tree snapshot.
+async fn next_event(c: &mut KeeperClient) -> KeeperEvent {
+    loop {
+        match c.next_event().await {
+            KeeperEvent::Tree(_) => continue,
+            ev => return ev,
+        }
+    }
+}
+
 async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (mut client, _cleanup, args) =
@@ -186,7 +196,7 @@ async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
         "emergency stop too late: {late:?}"
     );
     if let Some(c) = client.as_mut() {
-        let ev = tokio::time::timeout(Duration::from_secs(2), c.next_event())
+        let ev = tokio::time::timeout(Duration::from_secs(2), next_event(c))
             .await
             .unwrap();
         assert!(
@@ -346,7 +356,7 @@ async fn supervision_keeper_killed_is_noticed_at_once() {
         .unwrap();
     let t0 = std::time::Instant::now();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(1), client.next_event())
+    let ev = tokio::time::timeout(Duration::from_secs(1), next_event(&mut client))
         .await
         .unwrap();
     let noticed = t0.elapsed();
@@ -365,6 +375,83 @@ async fn supervision_keeper_killed_is_noticed_at_once() {
             .await
     );
     assert!(all_gone(&args));
+}
+
+/// The subreaper fallback (no cgroup) loses its view of the tree with the
+/// keeper: orphans re-parent to init. The agent finds the tree with the
+/// keeper's last snapshot: a daemon that left its session and process group
+/// and was re-parented (`(setsid sleep &)`), a plain child, and a process
+/// started after the snapshot inside the child's group.
+#[tokio::test]
+async fn supervision_keeper_killed_without_cgroup_the_agent_still_kills_the_whole_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, _adopted) = KeeperClient::spawn_or_adopt(&config(dir.path(), "orphans", false))
+        .await
+        .unwrap();
+    let mut client = client;
+    let keeper = client.status().await.unwrap().pid;
+    let args = [
+        "1000.311".to_string(),
+        "1000.312".to_string(),
+        "1000.313".to_string(),
+    ];
+    let script = format!(
+        "sleep {} & (setsid sleep {} &) ; sleep 1; sleep {} & wait",
+        args[0], args[1], args[2]
+    );
+    let _cleanup = Cleanup {
+        keeper: Some(keeper),
+        sleeps: args.to_vec(),
+        scope: None,
+    };
+    let (child, tree) = client
+        .spawn_child(vec!["/bin/sh".into(), "-c".into(), script], vec![])
+        .await
+        .unwrap();
+    assert_eq!(tree, TreeInfo::ProcessGroup(child), "the child's own group");
+    client
+        .arm(boot_time_now() + Duration::from_secs(30), None, None)
+        .await
+        .unwrap();
+    // The daemon is in the snapshot once the keeper has looked (≤ 500 ms).
+    let daemon = {
+        let mut pid = None;
+        for _ in 0..300 {
+            pid = sleeps(&args[1]).first().copied();
+            if pid.is_some_and(|p| {
+                client
+                    .snapshot()
+                    .is_some_and(|s| s.members.iter().any(|m| m.pid == p))
+            }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        pid.expect("the daemon runs")
+    };
+    let daemon_entry = proc_table().into_iter().find(|e| e.pid == daemon).unwrap();
+    assert_eq!(daemon_entry.session, daemon, "it left the keeper's session");
+    // Killed: the OOM killer's way.
+    kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(1), next_event(&mut client))
+        .await
+        .unwrap();
+    assert_eq!(ev, KeeperEvent::Lost);
+    // The third sleep starts after the snapshot (the script sleeps 1 s
+    // first), inside the child's process group: still found.
+    assert!(
+        wait_for(|| all_running(&args), Duration::from_secs(3)).await,
+        "the tree lives on without its keeper"
+    );
+    let orphan = proc_table().into_iter().find(|e| e.pid == daemon).unwrap();
+    assert_ne!(orphan.ppid, keeper, "re-parented away from the dead keeper");
+    assert!(
+        client
+            .stop_tree_without_keeper(Duration::from_millis(2000))
+            .await,
+        "the stop is proven"
+    );
+    assert!(all_gone(&args), "no descendant survives");
 }
 
 async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
@@ -511,7 +598,7 @@ async fn supervision_keeper_runs_deactivate_hook_when_it_fires() {
         .arm(deadline, Some(Token::new(3, 9)), None)
         .await
         .unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(3), client.next_event())
+    let ev = tokio::time::timeout(Duration::from_secs(3), next_event(&mut client))
         .await
         .unwrap();
     let late = boot_time_now().saturating_since(deadline);

@@ -9,7 +9,10 @@
 //!   node activates within the failover bound;
 //! - (d) no node activates earlier than its own rules allow on its own clock;
 //! - (e) in runs with only jitter below the budget, nothing changes after the
-//!   first activation.
+//!   first activation;
+//! - (f) a service starts only while its host's keeper is alive and armed
+//!   with a deadline in the future: nobody else would stop it at the
+//!   deadline if the agent froze (checked in `world.rs`, at activation).
 //!
 //! Each check has a mutation test in `main.rs` proving it can fail.
 

@@ -308,6 +308,16 @@ fn mutation_probe_witness_of_lease_is_caught() {
     must_catch(Rule::ProbeWitnessLease, Profile::ClockJumps, &["a/overlap"]);
 }
 
+#[test]
+fn mutation_activate_before_armed_is_caught() {
+    must_catch(Rule::ActivateBeforeArmed, Profile::Chaos, &["f/unguarded"]);
+}
+
+#[test]
+fn mutation_unproven_stop_lets_go_is_caught() {
+    must_catch(Rule::UnprovenStopLetsGo, Profile::StepDowns, &["a/overlap"]);
+}
+
 /// Prints the trace of one run: `PUTEX_SIM_REPLAY=profile:seed[:Rule]`.
 #[test]
 #[ignore = "a tool: set PUTEX_SIM_REPLAY=profile:seed[:Rule] and run with --ignored"]

@@ -112,6 +112,12 @@ pub enum FaultKind {
     HoldTraffic,
     /// The holder is cut off and a standby's clock jumps forward by W.
     IsolateAndJump,
+    /// The holder's service cannot be stopped (or the stop not proven) for
+    /// 2–6 T, and the holder is asked to stop (child exit or shutdown).
+    StuckStop,
+    /// A keeper is killed; the service lives on, its tree sometimes not
+    /// found for 2–6 T.
+    KeeperDeath,
 }
 
 /// One concrete run.
@@ -143,6 +149,10 @@ pub struct Scenario {
     pub activate_fail: f64,
     /// Graceful stops take up to this multiple of the stop timeout.
     pub graceful_slowness: f64,
+    /// Chance that the keeper is slow (10–200 ms) to read a command.
+    pub keeper_slow: f64,
+    /// Chance that the keeper refuses an `Arm`.
+    pub arm_refuse: f64,
     pub faults: Vec<(FaultKind, u32)>,
     /// Real time between fault episodes.
     pub fault_gap: (u64, u64),
@@ -273,6 +283,8 @@ impl Scenario {
             graceful_fail: 0.05,
             activate_fail: if benign { 0.0 } else { 0.01 },
             graceful_slowness: 1.3,
+            keeper_slow: if benign { 0.0 } else { 0.05 },
+            arm_refuse: if benign { 0.0 } else { 0.02 },
             faults: vec![],
             fault_gap: (failover / 4, failover),
             liveness_probes: !benign,
@@ -301,6 +313,8 @@ impl Scenario {
                 (Release, 2),
                 (HoldTraffic, 3),
                 (IsolateAndJump, 1),
+                (StuckStop, 2),
+                (KeeperDeath, 2),
             ],
             Profile::Jitter | Profile::Lossy => vec![],
             Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
@@ -314,6 +328,8 @@ impl Scenario {
                 (Release, 4),
                 (Partition, 2),
                 (HostCrash, 1),
+                (StuckStop, 4),
+                (KeeperDeath, 3),
             ],
             Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
         };

@@ -43,6 +43,14 @@ enum Ev {
         h: usize,
         kgen: u64,
     },
+    /// A command reaches the keeper (in the order sent, after a delay).
+    KeeperCmd {
+        h: usize,
+        /// The agent connection it came on; the newest one controls.
+        conn: u64,
+        boot: u64,
+        cmd: KeeperCommand,
+    },
     StopDone {
         h: usize,
         sgen: u64,
@@ -113,6 +121,9 @@ struct StopProc {
     done_at: u64,
     ok: bool,
     ids: Vec<StopId>,
+    /// The keeper fired: its emergency stop keeps its budget (an
+    /// assumption), stuck or not.
+    fired: bool,
 }
 
 /// What a host's disk keeps across agent restarts and reboots.
@@ -137,6 +148,17 @@ pub struct Host {
     keeper_alive: bool,
     keeper: KeeperState,
     kgen: u64,
+    /// The agent connection that controls the keeper (an agent generation).
+    keeper_conn: u64,
+    /// When the keeper is done with the commands sent so far.
+    keeper_busy_until: u64,
+    /// Until then, stops of a service whose holder must keep its lease
+    /// (stepping down, or lapsed on purpose) prove nothing and leave it
+    /// running: an unkillable process, orphans of a dead keeper not found.
+    stuck_until: u64,
+    /// The last transition to `lapsed` gave the lease up on purpose
+    /// (stop failed or timed out, keeper lost), not because it was lost.
+    lapsed_on_purpose: bool,
     pub running: bool,
     sgen: u64,
     stop: Option<StopProc>,
@@ -167,6 +189,9 @@ pub struct Host {
     pub tenure_ack: Option<u64>,
     pub absent_before_tenure: Option<u64>,
     pub activated_in_tenure: bool,
+    /// The tenure was taken over a `released` record (S3): one that never
+    /// started anything may be given back.
+    pub tenure_over_release: bool,
     pub previous_instance: Option<String>,
 }
 
@@ -275,6 +300,10 @@ impl World {
                     keeper_alive: true,
                     keeper: KeeperState::Disarmed,
                     kgen: 0,
+                    keeper_conn: 0,
+                    keeper_busy_until: 0,
+                    stuck_until: 0,
+                    lapsed_on_purpose: false,
                     running: false,
                     sgen: 0,
                     stop: None,
@@ -297,6 +326,7 @@ impl World {
                     tenure_ack: None,
                     absent_before_tenure: None,
                     activated_in_tenure: false,
+                    tenure_over_release: false,
                     previous_instance: None,
                 }
             })
@@ -408,6 +438,7 @@ impl World {
                 self.apply(h, gen, id, op);
             }
             Ev::KeeperCheck { h, kgen } => self.keeper_check(h, kgen),
+            Ev::KeeperCmd { h, conn, boot, cmd } => self.keeper_cmd(h, conn, boot, cmd),
             Ev::StopDone { h, sgen } => self.stop_done(h, sgen),
             Ev::StallEnd { h, gen } => {
                 let host = &mut self.hosts[h];
@@ -474,6 +505,8 @@ impl World {
         host.persisted.boot = host.boot;
         host.instance = instance.clone();
         host.agent_gen += 1;
+        // The new agent's connection takes the keeper over.
+        host.keeper_conn = host.agent_gen;
         host.first_seen.clear();
         host.absent_since = None;
         host.tenure_token = None;
@@ -623,7 +656,11 @@ impl World {
                     if let Observed::Record(r) = Observed::decode(value) {
                         if r.state == LockState::Released {
                             let host = &self.hosts[h];
-                            let proven = !host.running && host.activated_in_tenure;
+                            // Proof: our stop (we activated), or — for a
+                            // tenure over a proven release that never ran
+                            // anything — our predecessor's.
+                            let proven = !host.running
+                                && (host.activated_in_tenure || host.tenure_over_release);
                             self.release_proofs.insert(r.write, proven);
                         }
                     }
@@ -677,7 +714,22 @@ impl World {
                 self.at(at, Ev::Deliver { h, gen, input });
             }
             Output::Stop { id, kind, .. } => self.begin_stop(h, Some(id), kind),
-            Output::Keeper(cmd) => self.keeper(h, cmd),
+            Output::Keeper(cmd) => {
+                // Commands travel a socket to the keeper in order; now and
+                // then the keeper is slow to read them.
+                // Liveness windows measure a healthy cluster: a healthy keeper.
+                let calm = self.now < self.calm_until;
+                let d = if !calm && self.rng.chance(self.sc.keeper_slow) {
+                    self.rng.range(10 * MS, 200 * MS)
+                } else {
+                    self.rng.range(MS / 50, 2 * MS)
+                };
+                let host = &mut self.hosts[h];
+                let at = (self.now + d).max(host.keeper_busy_until);
+                host.keeper_busy_until = at;
+                let (conn, boot) = (gen, host.boot);
+                self.at(at, Ev::KeeperCmd { h, conn, boot, cmd });
+            }
             Output::PersistHighest(t) => self.hosts[h].persisted.highest = Some(t),
             Output::Event(e) => self.on_event(h, e),
             Output::Exit(reason) => {
@@ -714,11 +766,18 @@ impl World {
                 host.tenure_ack = Some(local);
                 host.absent_before_tenure = host.absent_since;
                 host.activated_in_tenure = false;
+                host.tenure_over_release = *reason == Reason::AcquiredReleased;
                 host.max_seen_before_tenure = host.max_seen_at_acquire;
             }
             if *to == Role::Active {
                 // Also a resume with an adopted keeper (no activation output).
                 host.activated_in_tenure = true;
+            }
+            if *to == Role::Lapsed {
+                host.lapsed_on_purpose = matches!(
+                    reason,
+                    Reason::StopFailed | Reason::StopTimedOut | Reason::KeeperLost
+                );
             }
             self.check.transition(h, *from, *to, reason, self.now);
         }
@@ -744,6 +803,20 @@ impl World {
                 self.check.activated(h, token, now);
                 return;
             }
+        }
+        // (f) the service starts only under an armed keeper.
+        let host = &self.hosts[h];
+        if !host.keeper_alive || !matches!(host.keeper, KeeperState::Armed(d) if d > local) {
+            let keeper = host.keeper;
+            let alive = host.keeper_alive;
+            self.check.fail(
+                "f/unguarded",
+                now,
+                format!(
+                    "h{h} starts its service with token {token:?} while its keeper is \
+                     {keeper:?} (alive: {alive}): nobody would stop it at the deadline"
+                ),
+            );
         }
         // (a) never two services at once.
         if let Some(&o) = running.first() {
@@ -927,13 +1000,27 @@ impl World {
 
     // ----- keeper and service --------------------------------------------------
 
-    fn keeper(&mut self, h: usize, cmd: KeeperCommand) {
+    /// The keeper carries out a command and answers the agent.
+    fn keeper_cmd(&mut self, h: usize, conn: u64, boot: u64, cmd: KeeperCommand) {
         let local = self.hosts[h].local(self.now);
+        let calm = self.now < self.calm_until;
+        let refuse = !calm && self.rng.chance(self.sc.arm_refuse);
         let host = &mut self.hosts[h];
+        if host.boot != boot || host.keeper_conn != conn {
+            return; // the host rebooted, or a newer agent controls the keeper
+        }
         if !host.keeper_alive {
-            return;
+            if !matches!(cmd, KeeperCommand::Arm(_)) {
+                return; // nobody reads it; the agent knows the keeper is gone
+            }
+            // The host starts a new keeper for the new tenure.
+            host.keeper_alive = true;
+            host.keeper = KeeperState::Disarmed;
+            host.kgen += 1;
         }
         let deadline = match (cmd, host.keeper) {
+            // Refused: its deadline already passed, or the keeper failed.
+            (KeeperCommand::Arm(d), _) if refuse || d.as_nanos() <= local => None,
             (KeeperCommand::Arm(d), _) => Some(d),
             // The keeper refuses extensions that arrive after its deadline.
             (KeeperCommand::Extend(d), KeeperState::Armed(cur)) if local < cur => Some(d),
@@ -944,13 +1031,32 @@ impl World {
                 None
             }
         };
+        let ok = deadline.is_some() || cmd == KeeperCommand::Disarm;
         if let Some(d) = deadline {
-            host.keeper = KeeperState::Armed(d.as_nanos());
+            let d = match host.keeper {
+                // Never moves backwards.
+                KeeperState::Armed(cur) if matches!(cmd, KeeperCommand::Extend(_)) => {
+                    cur.max(d.as_nanos())
+                }
+                _ => d.as_nanos(),
+            };
+            host.keeper = KeeperState::Armed(d);
             host.kgen += 1;
             let kgen = host.kgen;
-            let at = self.local_to_real(h, d.as_nanos());
+            let at = self.local_to_real(h, d);
             self.at(at, Ev::KeeperCheck { h, kgen });
         }
+        self.log(|| format!("h{h} keeper {cmd:?} ok={ok}"));
+        let at = self.now + self.rng.range(MS / 50, MS);
+        let input = Input::KeeperAck { command: cmd, ok };
+        self.at(
+            at,
+            Ev::Deliver {
+                h,
+                gen: conn,
+                input,
+            },
+        );
     }
 
     fn keeper_check(&mut self, h: usize, kgen: u64) {
@@ -1026,6 +1132,7 @@ impl World {
                 if let Some(id) = id {
                     p.ids.push(id);
                 }
+                p.fired |= id.is_none();
                 // An emergency (or start-up) stop escalates a running
                 // graceful one: it ends by its own deadline and succeeds.
                 if kind != StopKind::Graceful {
@@ -1044,6 +1151,7 @@ impl World {
                     done_at,
                     ok,
                     ids: id.into_iter().collect(),
+                    fired: id.is_none(),
                 });
                 true
             }
@@ -1060,7 +1168,18 @@ impl World {
         if host.sgen != sgen {
             return;
         }
-        let Some(p) = host.stop.take() else { return };
+        let Some(mut p) = host.stop.take() else {
+            return;
+        };
+        // A stuck service (see `stuck_until`) survives the stop.
+        let keeps_lease = match host.agent.as_ref().map(|a| a.role()) {
+            Some(Role::SteppingDown) => true,
+            Some(Role::Lapsed) => host.lapsed_on_purpose,
+            _ => false,
+        };
+        if host.running && host.stuck_until > self.now && keeps_lease && !p.fired {
+            p.ok = false;
+        }
         if p.ok {
             host.running = false;
         }
@@ -1140,6 +1259,9 @@ impl World {
                     self.at(at, Ev::Restart { h });
                 }
             }
+            // A frozen or killed agent whose keeper is dead leaves its
+            // service unguarded: outside the assumptions, not injected.
+            AgentKill | Stall if self.unguarded(h) => {}
             AgentKill => {
                 if self.hosts[h].agent.is_some() {
                     self.kill_agent(h);
@@ -1331,6 +1453,44 @@ impl World {
                     }
                 }
             }
+            StuckStop => {
+                // The holder's service cannot be stopped (or the stop cannot
+                // be proven) for a while, and the holder is asked to stop:
+                // it must keep its lease until a stop proves it.
+                if let Some(a) = self.holder() {
+                    if self.hosts[a].running && self.hosts[a].stop.is_none() {
+                        let ta = self.lease_of(a);
+                        self.hosts[a].stuck_until = self.now + self.rng.range(2 * ta, 6 * ta);
+                        let gen = self.hosts[a].agent_gen;
+                        let input = if self.rng.chance(0.5) {
+                            Input::ServiceExited
+                        } else {
+                            self.hosts[a].restart_after_exit = Some(self.rng.range(r, 2 * t));
+                            Input::Shutdown
+                        };
+                        self.at(self.now, Ev::Deliver { h: a, gen, input });
+                    }
+                }
+            }
+            KeeperDeath => {
+                // The keeper is killed (OOM); the service lives on, and half
+                // the time its tree is not found at once (orphans).
+                let host = &mut self.hosts[h];
+                // Not under a frozen agent: a keeper and its agent both out
+                // of action is outside the assumptions.
+                if host.keeper_alive && host.agent.is_some() && host.stalled_until <= self.now {
+                    host.keeper_alive = false;
+                    host.keeper = KeeperState::Disarmed;
+                    host.kgen += 1;
+                    if host.running && self.rng.chance(0.5) {
+                        let th = self.lease_of(h);
+                        self.hosts[h].stuck_until = self.now + self.rng.range(2 * th, 6 * th);
+                    }
+                    let gen = self.hosts[h].agent_gen;
+                    let input = Input::KeeperLost;
+                    self.at(self.now, Ev::Deliver { h, gen, input });
+                }
+            }
             HoldTraffic => {
                 let dur = self.rng.range(t, 2 * t);
                 self.hosts[h].hold_until = self.now + dur;
@@ -1371,6 +1531,12 @@ impl World {
         }
         let next = self.now + self.rng.range(self.sc.fault_gap.0, self.sc.fault_gap.1);
         self.at(next, Ev::Fault);
+    }
+
+    /// Whether host `h`'s service may run with no keeper to stop it.
+    fn unguarded(&self, h: usize) -> bool {
+        let host = &self.hosts[h];
+        !host.keeper_alive && (host.running || host.stop.is_some())
     }
 
     fn jump(&mut self, h: usize, delta: i64) {

@@ -138,6 +138,13 @@ pub struct AgentArgs {
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,
+    /// Never use cgroup scopes for the service and the hooks: the keeper
+    /// owns the child's tree as its subreaper instead (where cgroup v2 is
+    /// missing, not writable, or managed by someone else). The agent then
+    /// keeps a snapshot of the tree (members, process groups, sessions) to
+    /// find it should the keeper die.
+    #[arg(long, env = "PUTEX_NO_CGROUP")]
+    pub no_cgroup: bool,
     /// Serve /primary, /replica, /health, /liveness, /readiness and
     /// /metrics on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
@@ -205,6 +212,8 @@ pub struct FileConfig {
     pub emergency_timeout: Option<String>,
     /// `keeper-dir`.
     pub keeper_dir: Option<PathBuf>,
+    /// `no-cgroup`.
+    pub no_cgroup: Option<bool>,
     /// `http`.
     pub http: Option<String>,
 }
@@ -277,6 +286,8 @@ pub struct AgentSettings {
     pub keeper_dir: PathBuf,
     /// `--http`: where the health and metrics endpoints listen.
     pub http: Option<std::net::SocketAddr>,
+    /// `--no-cgroup`: process trees by the keeper as subreaper only.
+    pub no_cgroup: bool,
 }
 
 /// Whether the hooks and the lock name are required (`run`) or optional
@@ -487,6 +498,7 @@ impl AgentSettings {
             timing,
             keeper_dir,
             http,
+            no_cgroup: args.no_cgroup || file.no_cgroup.unwrap_or(false),
         })
     }
 

@@ -51,6 +51,7 @@ use crate::clock;
 use crate::driver::{self, Host, Keys};
 use crate::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
 use crate::keeper::{socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use crate::process::TreeSnapshot;
 use crate::store::{keys, AnyStore, Store};
 
 /// Extra time a stop may take past the core's deadline before it is
@@ -131,6 +132,11 @@ pub struct LocalState {
     pub boot_id: String,
     /// The highest fencing token seen for the lock.
     pub highest: Option<Token>,
+    /// What identifies the service's process tree (child mode), as the
+    /// keeper last reported it: a restarted agent, or one whose keeper
+    /// died, finds and kills it with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeSnapshot>,
 }
 
 impl LocalState {
@@ -189,6 +195,77 @@ pub struct MemberRecord {
     pub renew_ms: u64,
     /// The agent's pid.
     pub pid: u32,
+    /// Something an operator must look at, e.g. `stop unproven`: a stop
+    /// could not prove the service stopped, and it may still run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarm: Option<String>,
+}
+
+// ---------------------------------------------------------------------------
+// The keeper, replaced when it died.
+
+/// The agent's keeper. One that died is replaced by a new one when the next
+/// tenure arms it (its old tree was stopped without it first: the core
+/// releases nothing before that is proven).
+struct KeeperSlot {
+    config: KeeperConfig,
+    current: Mutex<Arc<KeeperClient>>,
+    /// Every keeper's events, in one stream ([`pump_keeper_events`]).
+    events: mpsc::UnboundedSender<KeeperEvent>,
+}
+
+impl KeeperSlot {
+    fn new(
+        config: KeeperConfig,
+        mut keeper: KeeperClient,
+        events: mpsc::UnboundedSender<KeeperEvent>,
+    ) -> KeeperSlot {
+        forward_events(keeper.take_events(), events.clone());
+        KeeperSlot {
+            config,
+            current: Mutex::new(Arc::new(keeper)),
+            events,
+        }
+    }
+
+    /// The keeper (perhaps a dead one: its calls then fail with `Lost`).
+    fn get(&self) -> Arc<KeeperClient> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The keeper for a new tenure: a new one if the old one died.
+    async fn for_tenure(&self) -> Result<Arc<KeeperClient>, KeeperError> {
+        let keeper = self.get();
+        if !keeper.is_lost() {
+            return Ok(keeper);
+        }
+        tracing::warn!("the keeper died earlier; starting a new one for this tenure");
+        let (mut fresh, _) = KeeperClient::spawn_or_adopt(&self.config).await?;
+        forward_events(fresh.take_events(), self.events.clone());
+        let fresh = Arc::new(fresh);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+/// Copies one keeper's events into the agent's single stream.
+fn forward_events(
+    mut from: mpsc::UnboundedReceiver<KeeperEvent>,
+    to: mpsc::UnboundedSender<KeeperEvent>,
+) {
+    tokio::spawn(
+        async move {
+            while let Some(ev) = from.recv().await {
+                if to.send(ev).is_err() {
+                    return;
+                }
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -197,7 +274,8 @@ pub struct MemberRecord {
 /// An ordered request to the keeper. Arms, extensions and child spawns go
 /// through one queue so that they reach the keeper in the core's order.
 enum KeeperOp {
-    Command(KeeperCommand, Option<Token>),
+    /// A command, and where to say whether the keeper carried it out.
+    Command(KeeperCommand, Option<Token>, oneshot::Sender<bool>),
     Spawn {
         argv: Vec<String>,
         env: Vec<(String, String)>,
@@ -221,6 +299,11 @@ struct Status {
     /// The activate hook (or the child's spawn) succeeded and no stop was
     /// asked for since: `/primary` answers 200 only then.
     service_up: bool,
+    /// Stops in a row that proved nothing, and whether the lease is still
+    /// held meanwhile (`None`: the last stop was proven).
+    unproven: Option<(u32, bool)>,
+    /// The service's tree as the keeper last described it (child mode).
+    tree: Option<TreeSnapshot>,
 }
 
 struct Inner {
@@ -229,7 +312,10 @@ struct Inner {
     instance: String,
     settings: AgentSettings,
     runner: HookRunner,
-    keeper: Arc<KeeperClient>,
+    keeper: KeeperSlot,
+    /// A previous instance's tree, from the state file: the start-up stop
+    /// proves it gone too (S5), whoever owned it.
+    orphans: Mutex<Option<TreeSnapshot>>,
     ops: mpsc::UnboundedSender<KeeperOp>,
     status: Mutex<Status>,
     /// Counts stops asked for; in-flight activations watch it.
@@ -309,6 +395,16 @@ impl AgentHost {
 
     fn member_record(&self) -> MemberRecord {
         self.set(|st| MemberRecord {
+            alarm: st.unproven.map(|(attempts, holding)| {
+                format!(
+                    "stop unproven ({attempts} attempts; {})",
+                    if holding {
+                        "holding the lock until a stop is proven"
+                    } else {
+                        "the lock was lost"
+                    }
+                )
+            }),
             v: 1,
             node: self.inner.node.clone(),
             instance: self.inner.instance.clone(),
@@ -349,8 +445,12 @@ impl AgentHost {
     }
 
     /// The stop itself: through the keeper, or without it if it is gone.
+    /// A start-up stop also proves a previous instance's tree gone (S5): a
+    /// new keeper knows nothing of an orphan its dead predecessor left.
     async fn do_stop(inner: Arc<Inner>, kind: StopKind, env: HookEnv, limit: Duration) -> bool {
-        match inner.keeper.stop(kind).await {
+        let started = std::time::Instant::now();
+        let keeper = inner.keeper.get();
+        let ok = match keeper.stop(kind).await {
             Ok(ok) => ok,
             Err(KeeperError::Lost) => {
                 tracing::error!(?kind, "keeper lost: stopping the service without it");
@@ -363,14 +463,56 @@ impl AgentHost {
                         Self::run_hook(&inner, HookKind::Deactivate, deactivate, &env, None, limit)
                             .await
                     }
-                    _ => inner.keeper.stop_tree_without_keeper(limit).await,
+                    _ => {
+                        // What the keeper last reported, kept by the host
+                        // across keepers; else what this client knows.
+                        let snapshot = inner
+                            .status
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .tree
+                            .clone();
+                        match snapshot {
+                            Some(s) => s.kill(limit).await,
+                            None => keeper.stop_tree_without_keeper(limit).await,
+                        }
+                    }
                 }
             }
             Err(e) => {
                 tracing::error!(?kind, error = %e, "keeper could not stop the service");
                 false
             }
+        };
+        if !ok || kind != StopKind::Startup {
+            return ok;
         }
+        let orphans = inner
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(orphans) = orphans else {
+            return true;
+        };
+        let survivors = orphans.survivors(&crate::process::proc_table());
+        if !survivors.is_empty() {
+            tracing::warn!(
+                ?survivors,
+                "a previous instance's service processes still run; killing them (S5)"
+            );
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        if !orphans.kill(left).await {
+            return false;
+        }
+        *inner.orphans.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut st = inner.status.lock().unwrap_or_else(|e| e.into_inner());
+        if st.tree.as_ref() == Some(&orphans) {
+            st.tree = None;
+            inner.state_dirty.notify_one();
+        }
+        true
     }
 }
 
@@ -531,7 +673,7 @@ impl Host for AgentHost {
         .boxed()
     }
 
-    fn keeper(&self, command: KeeperCommand) {
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
         if let Some(at) = self.inner.wedge_at {
             if std::time::Instant::now() >= at {
                 // PUTEX_TEST_WEDGE_AFTER: block the state machine's thread
@@ -547,7 +689,12 @@ impl Host for AgentHost {
             KeeperCommand::Disarm => None,
         });
         let token = self.set(|st| st.token);
-        let _ = self.inner.ops.send(KeeperOp::Command(command, token));
+        let (reply, rx) = oneshot::channel();
+        let _ = self
+            .inner
+            .ops
+            .send(KeeperOp::Command(command, token, reply));
+        async move { rx.await.unwrap_or(false) }.boxed()
     }
 
     fn persist_highest(&self, token: Token) {
@@ -610,6 +757,37 @@ impl Host for AgentHost {
             Event::AdvertisedTimingAboveMax(msg) => {
                 tracing::warn!("{msg}")
             }
+            Event::StopUnproven {
+                kind,
+                attempts,
+                holding,
+            } => {
+                crate::metrics::global().stop_unproven(true);
+                self.set(|st| st.unproven = Some((*attempts, *holding)));
+                self.inner.member_dirty.notify_one();
+                if *holding {
+                    tracing::error!(
+                        kind = crate::hooks::stop_name(*kind),
+                        attempts,
+                        "STOP UNPROVEN: the service may still run; keeping the lock (renewing, no \
+                         release) and retrying the stop every round"
+                    );
+                } else {
+                    tracing::error!(
+                        kind = crate::hooks::stop_name(*kind),
+                        attempts,
+                        "STOP UNPROVEN after the lock was lost: the service may still run beside \
+                         the next holder; only the fencing token protects the resource; retrying \
+                         the stop every round"
+                    );
+                }
+            }
+            Event::StopProven { after } => {
+                crate::metrics::global().stop_unproven(false);
+                self.set(|st| st.unproven = None);
+                self.inner.member_dirty.notify_one();
+                tracing::warn!(after, "the service is proven stopped after all");
+            }
         }
     }
 }
@@ -618,7 +796,7 @@ impl Host for AgentHost {
 async fn keeper_ops(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
     while let Some(op) = rx.recv().await {
         match op {
-            KeeperOp::Command(cmd, token) => {
+            KeeperOp::Command(cmd, token, reply) => {
                 let r = match cmd {
                     KeeperCommand::Arm(d) => {
                         let previous = inner
@@ -626,16 +804,21 @@ async fn keeper_ops(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<KeeperOp>
                             .lock()
                             .map(|s| s.previous.clone())
                             .unwrap_or(None);
-                        inner.keeper.arm(d, token, previous).await
+                        match inner.keeper.for_tenure().await {
+                            Ok(keeper) => keeper.arm(d, token, previous).await,
+                            Err(e) => Err(e),
+                        }
                     }
-                    other => inner.keeper.apply(other).await,
+                    other => inner.keeper.get().apply(other).await,
                 };
-                match r {
+                match &r {
                     Ok(()) => tracing::trace!(?cmd, "keeper"),
                     // A refused extension means the deadline passed: the
                     // keeper fires and reports it, which ends the licence.
+                    // A refused arm keeps the service from starting.
                     Err(e) => tracing::warn!(?cmd, error = %e, "keeper refused or failed"),
                 }
+                let _ = reply.send(r.is_ok());
             }
             KeeperOp::Spawn {
                 argv,
@@ -647,7 +830,7 @@ async fn keeper_ops(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<KeeperOp>
                     let _ = reply.send(false);
                     continue;
                 }
-                let ok = match inner.keeper.spawn_child(argv, env).await {
+                let ok = match inner.keeper.get().spawn_child(argv, env).await {
                     Ok((pid, tree)) => {
                         tracing::info!(pid, ?tree, "child started");
                         true
@@ -688,23 +871,25 @@ async fn member_writer(host: AgentHost, store: AnyStore, key: String) {
     }
 }
 
-/// Persists the highest token (and the instance) whenever it rises.
-async fn state_writer(host: AgentHost, path: PathBuf, boot: String) {
-    let mut written: Option<Token> = None;
+/// Persists the highest token, the service's tree (and the instance)
+/// whenever they change.
+async fn state_writer(host: AgentHost, path: PathBuf, boot: String, tree: Option<TreeSnapshot>) {
+    let mut written = (host.set(|st| st.highest), tree);
     loop {
         host.inner.state_dirty.notified().await;
-        let highest = host.set(|st| st.highest);
-        if highest == written {
+        let now = host.set(|st| (st.highest, st.tree.clone()));
+        if now == written {
             continue;
         }
         let state = LocalState {
             instance: host.inner.instance.clone(),
             boot_id: boot.clone(),
-            highest,
+            highest: now.0,
+            tree: now.1.clone(),
         };
         let p = path.clone();
         match tokio::task::spawn_blocking(move || state.save(&p)).await {
-            Ok(Ok(())) => written = highest,
+            Ok(Ok(())) => written = now,
             Ok(Err(e)) => {
                 tracing::error!(path = %path.display(), error = %e, "cannot write the state file")
             }
@@ -776,10 +961,13 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     let previous_state = LocalState::load(&paths.state_file);
     let instance = crate::lease::instance_id();
     let highest = previous_state.as_ref().and_then(|s| s.highest);
+    // A previous instance's tree stays on record until a stop proves it gone.
+    let orphans = previous_state.as_ref().and_then(|s| s.tree.clone());
     LocalState {
         instance: instance.clone(),
         boot_id: boot.clone(),
         highest,
+        tree: orphans.clone(),
     }
     .save(&paths.state_file)
     .map_err(|e| CliError::Other(format!("state file {}: {e}", paths.state_file.display())))?;
@@ -829,7 +1017,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     };
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Other(format!("cannot find the putex binary: {e}")))?;
-    let (mut keeper, adopted) = KeeperClient::spawn_or_adopt(&KeeperConfig {
+    let keeper_config = KeeperConfig {
         exe,
         socket: paths.socket.clone(),
         lock: lock.clone(),
@@ -837,11 +1025,12 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         deactivate,
         stop_timeout: settings.timing.stop_timeout(),
         emergency_timeout: settings.timing.emergency_timeout(),
-        cgroup: true,
+        cgroup: !settings.no_cgroup,
         quiet: false,
-    })
-    .await
-    .map_err(|e| CliError::Other(format!("keeper: {e}")))?;
+    };
+    let (keeper, adopted) = KeeperClient::spawn_or_adopt(&keeper_config)
+        .await
+        .map_err(|e| CliError::Other(format!("keeper: {e}")))?;
     let mut keeper_deadline = None;
     if adopted {
         match keeper.status().await {
@@ -852,10 +1041,18 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
                     }
                     _ => true,
                 };
-                if !st.fired && runs {
+                // A keeper still stopping the service (its deadline passed,
+                // or a stop was asked for) guards no tenure to resume: the
+                // service is on its way down (S5).
+                if !st.fired && !st.stopping && runs {
                     keeper_deadline = st.deadline_ns.map(Instant::from_nanos);
                 }
-                tracing::info!(pid = st.pid, deadline = ?keeper_deadline, "adopted the running keeper");
+                tracing::info!(
+                    pid = st.pid,
+                    deadline = ?keeper_deadline,
+                    stopping = st.stopping,
+                    "adopted the running keeper"
+                );
             }
             Err(e) => tracing::warn!(error = %e, "adopted keeper did not report its status"),
         }
@@ -868,8 +1065,9 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             keeper_deadline: keeper_deadline.filter(|_| same_boot),
         }
     });
-    let events = keeper.take_events();
-    let keeper = Arc::new(keeper);
+    let adopted_tree = keeper.snapshot();
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let keeper = KeeperSlot::new(keeper_config, keeper, events_tx);
 
     // 5. The agent.
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
@@ -880,11 +1078,17 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             node: node.clone(),
             instance: instance.clone(),
             settings: settings.clone(),
-            runner: HookRunner::detect(),
-            keeper: keeper.clone(),
+            runner: if settings.no_cgroup {
+                HookRunner::without_cgroup()
+            } else {
+                HookRunner::detect()
+            },
+            keeper,
+            orphans: Mutex::new(orphans.clone()),
             ops: ops_tx,
             status: Mutex::new(Status {
                 highest,
+                tree: adopted_tree.or(orphans.clone()),
                 ..Status::default()
             }),
             stops: watch::Sender::new(0),
@@ -919,15 +1123,16 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         );
     }
     tasks.spawn(keeper_ops(host.inner.clone(), ops_rx).in_current_span());
-    tasks.spawn(pump_keeper_events(events, inject).in_current_span());
+    tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
     let member_key = keys::member(&lock, &node).map_err(|e| CliError::Usage(e.to_string()))?;
     tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
-    tasks.spawn(state_writer(host.clone(), paths.state_file.clone(), boot).in_current_span());
+    tasks.spawn(
+        state_writer(host.clone(), paths.state_file.clone(), boot, orphans).in_current_span(),
+    );
 
     // Signals: the first shuts down gracefully, a second stops at once.
     let (first_tx, first_rx) = oneshot::channel::<()>();
     {
-        let keeper = keeper.clone();
         let emergency = settings.timing.emergency_timeout();
         let inner = host.inner.clone();
         tasks.spawn(async move {
@@ -943,6 +1148,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             inner
                 .emergency_requested
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            let keeper = inner.keeper.get();
             let ok = tokio::time::timeout(emergency + STOP_SLACK, keeper.stop(StopKind::Emergency))
                 .await
                 .ok()
@@ -1031,7 +1237,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     }
     match exit {
         ExitReason::Shutdown { released } => {
-            if keeper.shutdown().await.is_err() {
+            if host.inner.keeper.get().shutdown().await.is_err() {
                 tracing::debug!("the keeper stays (it still guards something, or is gone)");
             }
             tracing::info!(released, "agent stopped");
@@ -1052,9 +1258,6 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             "the start-up stop (deactivate) failed: the service may be running; not starting"
                 .into(),
         )),
-        ExitReason::EmergencyStopFailed => Err(CliError::Other(
-            "an emergency stop could not be proven: the service may still be running".into(),
-        )),
     }
 }
 
@@ -1067,14 +1270,20 @@ fn wedge_at() -> Option<std::time::Instant> {
     Some(std::time::Instant::now() + d)
 }
 
-/// Turns keeper events into driver inputs.
+/// Turns keeper events (of every keeper the agent has had) into driver
+/// inputs, and keeps the tree snapshots on record.
 async fn pump_keeper_events(
     mut events: mpsc::UnboundedReceiver<KeeperEvent>,
     inject: mpsc::UnboundedSender<Input>,
+    host: AgentHost,
 ) {
-    loop {
-        let ev = events.recv().await.unwrap_or(KeeperEvent::Lost);
-        match ev {
+    while let Some(ev) = events.recv().await {
+        match &ev {
+            KeeperEvent::Tree(snapshot) => {
+                tracing::debug!(?snapshot, "service tree");
+                host.set(|st| st.tree = Some(snapshot.clone()));
+                host.inner.state_dirty.notify_one();
+            }
             KeeperEvent::Fired { ok } => {
                 crate::metrics::global().keeper_fired();
                 tracing::error!(
@@ -1085,9 +1294,10 @@ async fn pump_keeper_events(
             KeeperEvent::ChildExited(exit) => tracing::warn!(?exit, "the child exited"),
             KeeperEvent::Lost => tracing::error!("the keeper is gone"),
         }
-        let lost = ev == KeeperEvent::Lost;
-        if inject.send(ev.to_input()).is_err() || lost {
-            return;
+        if let Some(input) = ev.to_input() {
+            if inject.send(input).is_err() {
+                return;
+            }
         }
     }
 }
@@ -1118,6 +1328,10 @@ mod tests {
             instance: "i1".into(),
             boot_id: boot_id(),
             highest: Some(Token::new(5, 7)),
+            tree: Some(TreeSnapshot {
+                members: vec![crate::process::ProcId { pid: 42, start: 7 }],
+                ..TreeSnapshot::default()
+            }),
         };
         s.save(&p).unwrap();
         assert_eq!(LocalState::load(&p), Some(s));
