@@ -882,3 +882,238 @@ fn agent_faults_a_duplicate_node_id_from_another_machine_is_refused() {
     assert_eq!(member["role"], "active", "{st}");
     c.maybe_dump();
 }
+
+// ---------------------------------------------------------------------------
+// Keeper faults (subreaper mode: no cgroup to fall back on).
+
+/// Child-mode flags for `node`'s service without cgroups: a shell that
+/// starts a plain sleep and a double-forked daemon that leaves its session
+/// (`(setsid sleep &)`), then becomes a third sleep. The sleeps' arguments
+/// are `1000.<tag>1`…`3`.
+fn subreaper_service(tag: &str) -> Vec<String> {
+    vec![
+        "--no-cgroup".into(),
+        "--".into(),
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("sleep 1000.{tag}1 & (setsid sleep 1000.{tag}2 &) ; exec sleep 1000.{tag}3"),
+    ]
+}
+
+fn service_sleeps(tag: &str) -> Vec<i32> {
+    (1..=3)
+        .flat_map(|i| crate::common::agent::sleeps(&format!("1000.{tag}{i}")))
+        .collect()
+}
+
+fn service_runs(tag: &str) -> bool {
+    (1..=3).all(|i| !crate::common::agent::sleeps(&format!("1000.{tag}{i}")).is_empty())
+}
+
+/// Samples which of two services run, every 2 ms, until stopped; returns
+/// whether they ever ran at the same time.
+fn overlap_monitor(
+    a: &'static str,
+    b: &'static str,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<bool>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let handle = std::thread::spawn(move || {
+        let mut both = false;
+        while !s.load(Ordering::SeqCst) {
+            if !service_sleeps(a).is_empty() && !service_sleeps(b).is_empty() {
+                both = true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        both
+    });
+    (stop, handle)
+}
+
+fn kill_all(pids: &[i32]) {
+    for p in pids {
+        crate::common::agent::sigkill(*p);
+    }
+}
+
+/// Issue 14 item 1: without a cgroup the keeper owns the tree as its
+/// subreaper; when the keeper is SIGKILLed (OOM), its orphans re-parent to
+/// init. The holder must still find and stop all of them before anyone
+/// else starts — or keep the lock. On the old code the holder reported the
+/// stop proven with nothing killed, and the standby's service started
+/// beside the old one.
+#[test]
+fn agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url.clone();
+    let a_flags = subreaper_service("81");
+    let a_flags: Vec<&str> = a_flags.iter().map(String::as_str).collect();
+    let a = Agent::start(dir.path(), &url, "svc", "n1", &a_flags);
+    assert!(
+        wait_for(Duration::from_secs(5), || service_runs("81")),
+        "n1's service did not start\n{}",
+        a.log_text()
+    );
+    let b_flags = subreaper_service("82");
+    let b_flags: Vec<&str> = b_flags.iter().map(String::as_str).collect();
+    let b = Agent::start(dir.path(), &url, "svc", "n2", &b_flags);
+    // n2 stands by; n1's keeper has looked at its tree (≤ 500 ms).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(service_sleeps("82").is_empty(), "{}", b.log_text());
+    let (stop, monitor) = overlap_monitor("81", "82");
+    let keepers = a.keepers();
+    assert!(!keepers.is_empty(), "n1 has a keeper");
+    let killed = Instant::now();
+    kill_all(&keepers);
+    // The other side: the old service stops, and the new one starts.
+    let gone = wait_for(Duration::from_secs(5), || service_sleeps("81").is_empty());
+    let gone_after = killed.elapsed();
+    let started = wait_for(Duration::from_secs(5), || service_runs("82"));
+    let started_after = killed.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let overlapped = monitor.join().unwrap();
+    let logs = format!("--- n1:\n{}\n--- n2:\n{}", a.log_text(), b.log_text());
+    kill_all(&service_sleeps("81"));
+    kill_all(&service_sleeps("82"));
+    eprintln!(
+        "keeper killed: n1's tree gone after {gone_after:?}, n2's service up after {started_after:?}"
+    );
+    assert!(gone, "n1's tree survived its keeper\n{logs}");
+    assert!(started, "n2 never took over\n{logs}");
+    assert!(!overlapped, "two services ran at once\n{logs}");
+}
+
+/// Issue 14 item 1: a start-up stop proves a previous instance's tree gone
+/// too. The agent and its keeper die together (the service's processes,
+/// orphaned, live on); the restarted agent's fresh keeper knows nothing of
+/// them, but the persisted snapshot does.
+#[test]
+fn agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url.clone();
+    let keeper_dir = dir.path().join("keeper-n1");
+    let flags = subreaper_service("83");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut a = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    assert!(
+        wait_for(Duration::from_secs(5), || service_runs("83")),
+        "{}",
+        a.log_text()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    // putex dies, the service does not.
+    a.crash();
+    std::thread::sleep(Duration::from_millis(200));
+    let orphans = service_sleeps("83");
+    assert_eq!(orphans.len(), 3, "the orphans live on: {orphans:?}");
+    let flags = subreaper_service("84");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let b = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    let gone = wait_for(Duration::from_secs(5), || service_sleeps("83").is_empty());
+    let logs = b.log_text();
+    kill_all(&service_sleeps("83"));
+    assert!(gone, "the previous tree survived the start-up stop\n{logs}");
+    assert!(
+        wait_for(Duration::from_secs(5), || service_runs("84")),
+        "the restarted agent did not run its service\n{}",
+        b.log_text()
+    );
+    kill_all(&service_sleeps("84"));
+}
+
+/// Issue 14 item 3: in hook mode the activate hook runs only once the
+/// keeper holds the deadline. A keeper that cannot answer (here SIGSTOPped)
+/// keeps the node `confirming`; the hook runs once the keeper is back.
+#[test]
+fn agent_faults_r17_the_activate_hook_waits_for_the_keepers_arm() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let mut c = Cluster::new(&server.url);
+    c.start("n1", None, &[], &[]);
+    assert!(
+        wait_for(Duration::from_secs(5), || c
+            .agent("n1")
+            .log_text()
+            .contains("starting -> standby")),
+        "{}",
+        c.dump()
+    );
+    let keepers = c.agent("n1").keepers();
+    assert_eq!(keepers.len(), 1, "{keepers:?}");
+    let keeper = Pid::from_raw(keepers[0]);
+    kill(keeper, Signal::SIGSTOP).unwrap();
+    // First use: W + G ≈ 0.41 s. Well past it, nothing has started.
+    std::thread::sleep(Duration::from_millis(1500));
+    let early = c.starts();
+    let confirming = c.agent("n1").log_text().contains("standby -> confirming");
+    kill(keeper, Signal::SIGCONT).unwrap();
+    assert!(
+        early.is_empty(),
+        "the service started under a frozen keeper\n{}",
+        c.dump()
+    );
+    assert!(confirming, "{}", c.dump());
+    assert!(
+        wait_for(Duration::from_secs(5), || !c.starts().is_empty()),
+        "no start once the keeper answered\n{}",
+        c.dump()
+    );
+    c.maybe_dump();
+}
+
+/// Issue 14 item 4: a restarted agent does not resume a tenure whose keeper
+/// is still stopping the service: it makes its start-up stop instead.
+#[test]
+fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url.clone();
+    let keeper_dir = dir.path().join("keeper-n1");
+    // A service that ignores SIGTERM: a graceful stop waits --stop-timeout
+    // (3 s) before the SIGKILL.
+    let flags = [
+        "--stop-timeout",
+        "3s",
+        "--",
+        "/bin/sh",
+        "-c",
+        "trap '' TERM; exec sleep 1000.851",
+    ];
+    let mut a = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    assert!(
+        wait_for(Duration::from_secs(5), || !crate::common::agent::sleeps(
+            "1000.851"
+        )
+        .is_empty()),
+        "{}",
+        a.log_text()
+    );
+    // SIGTERM: the graceful stop begins; then the agent dies mid-stop.
+    a.sigterm();
+    std::thread::sleep(Duration::from_millis(300));
+    crate::common::agent::sigkill(a.pid());
+    let _ = a.child.wait();
+    let b = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    assert!(
+        wait_for(Duration::from_secs(5), || b
+            .log_text()
+            .contains("adopted the running keeper")),
+        "{}",
+        b.log_text()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let log = b.log_text();
+    kill_all(&crate::common::agent::sleeps("1000.851"));
+    assert!(log.contains("stopping=true"), "{log}");
+    assert!(
+        !log.contains("starting -> active"),
+        "resumed a tenure whose service is being stopped\n{log}"
+    );
+}
