@@ -1117,3 +1117,84 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
         "resumed a tenure whose service is being stopped\n{log}"
     );
 }
+
+/// Issue 14 item 1, the other half: a stop that cannot be proven keeps the
+/// lease. The holder's deactivate hook fails (as a wedged `systemctl stop`
+/// would) until the operator fixes it: meanwhile the holder keeps renewing,
+/// never releases, retries every round and says so in `putex status`; the
+/// standby does not start, for many times W + G. Once a stop succeeds the
+/// lock is released and the standby starts at once. (On the old code the
+/// holder gave the lease up and the standby started beside the service.)
+#[test]
+fn agent_faults_r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url.clone();
+    let ev = dir.path().join("events");
+    let ok = dir.path().join("ok-to-stop");
+    let deactivate = format!(
+        "[ \"$PUTEX_STOP\" = startup ] || [ -f {ok} ] || exit 1; \
+         echo stop $PUTEX_NODE $(date +%s%N) $PUTEX_STOP >> {ev}",
+        ok = ok.display(),
+        ev = ev.display()
+    );
+    let activate = format!(
+        "echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {}",
+        ev.display()
+    );
+    let flags = ["--activate", &activate, "--deactivate", &deactivate];
+    let mut a = Agent::start(dir.path(), &url, "svc", "n1", &flags);
+    assert!(
+        wait_for(Duration::from_secs(5), || starts(&ev).len() == 1),
+        "{}",
+        a.log_text()
+    );
+    let b = Agent::start(dir.path(), &url, "svc", "n2", &flags);
+    std::thread::sleep(Duration::from_millis(500));
+    // Stop n1 on purpose: its graceful stop, and every retry, fail.
+    a.sigterm();
+    std::thread::sleep(Duration::from_secs(3));
+    let status = crate::common::agent::status_json(&url, "svc");
+    let log = format!("--- n1:\n{}\n--- n2:\n{}", a.log_text(), b.log_text());
+    let before = starts(&ev);
+    assert_eq!(
+        before.len(),
+        1,
+        "n2 started while n1's stop was unproven\n{log}"
+    );
+    assert_eq!(status["holder"], "n1", "{status}\n{log}");
+    let n1 = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node"] == "n1")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        n1["alarm"]
+            .as_str()
+            .is_some_and(|a| a.contains("stop unproven")),
+        "{status}\n{log}"
+    );
+    assert!(a.log_text().contains("STOP UNPROVEN"), "{log}");
+    // The operator fixes it: the next retry proves the stop, the lock is
+    // released, n1 exits and n2 starts.
+    std::fs::write(&ok, "").unwrap();
+    let fixed = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(5), || starts(&ev).len() == 2),
+        "n2 did not take over once n1's stop was proven\n{}",
+        dump(&[&a, &b], &ev)
+    );
+    let took = fixed.elapsed();
+    eprintln!("stop proven and handed over {took:?} after the fix");
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(5)),
+        Some(0),
+        "{}",
+        a.log_text()
+    );
+    assert_no_overlap(&events(&ev), &[], &dump(&[&a, &b], &ev));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}

@@ -112,6 +112,10 @@ pub struct MemberStatus {
     pub last_seen_ms: Option<u64>,
     /// Whether it has not written its record for more than 10 of its R.
     pub silent: bool,
+    /// Something an operator must look at (`stop unproven …`: the service
+    /// may still run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm: Option<String>,
 }
 
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
@@ -168,6 +172,7 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
             last_health: m.last_health,
             token: m.token,
             last_seen_ms,
+            alarm: m.alarm,
         });
     }
     let line = keys::queue_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
@@ -455,7 +460,10 @@ pub fn render(st: &LockStatus) -> String {
     for m in &st.members {
         rows.push(vec![
             m.node.clone(),
-            m.role.clone(),
+            match &m.alarm {
+                Some(a) => format!("{} ({})", m.role, a.to_uppercase()),
+                None => m.role.clone(),
+            },
             match m.healthy {
                 Some(true) => "yes".into(),
                 Some(false) => "NO".into(),

@@ -343,6 +343,10 @@ pub struct MemberView {
     pub last_seen_ms: Option<u64>,
     /// Whether it has not written its record for more than ten renewals.
     pub silent: bool,
+    /// Something an operator must look at, e.g. `stop unproven (3 attempts;
+    /// holding the lock until a stop is proven)`: the service may still run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alarm: Option<String>,
 }
 
 impl From<MemberStatus> for MemberView {
@@ -355,6 +359,7 @@ impl From<MemberStatus> for MemberView {
             token: m.token,
             last_seen_ms: m.last_seen_ms,
             silent: m.silent,
+            alarm: m.alarm,
         }
     }
 }
