@@ -8,8 +8,8 @@
 //! # Roles
 //!
 //! ```text
-//!  Starting ──► Standby ──acquire──► Confirming ──G' passed──► Active
-//!                  ▲                     │                       │
+//!  Starting ──► Standby ──acquire──► Confirming ──G' passed,──► Active
+//!                  ▲                     │        keeper armed    │
 //!                  │        lost/licence │       unhealthy, exit,│shutdown
 //!                  │        ended/step   │                       ▼
 //!                  ├─────────────────────┘                 SteppingDown
@@ -25,7 +25,11 @@
 //! - H2 healthy renewals: `start_round` and `on_health`.
 //! - H3/H4 conflicts and unknown outcomes: `on_verify` and `adopt`.
 //! - H5 deadlines: `deadline`.
-//! - H6 release only with proof: `on_stopped`.
+//! - H6 release only with proof: `on_stopped`; a stop that proves nothing
+//!   keeps the lease and is retried: `on_unproven_stop`,
+//!   `retry_unproven_stop`.
+//! - Keeper: nothing starts before it acknowledged the arm: `try_activate`,
+//!   `on_keeper_ack`; a dead keeper: `on_keeper`.
 //! - S1 two witnesses: `standby_try_acquire` and `probe_verdict`.
 //! - S2 confirmation, S3 clean release, S4 absent record: `on_acquired`.
 //! - S5 start-up and identity: `start` and `observe_lock`.
