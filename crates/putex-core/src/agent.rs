@@ -1156,9 +1156,14 @@ impl Agent {
             self.write_release();
         }
         if self.now >= self.next_round {
-            while self.next_round <= self.now {
-                self.next_round = self.next_round + self.timing.renew();
-            }
+            // The first round boundary after now, skipping the rounds a
+            // stall or suspend missed: computed, not stepped, so that a tiny
+            // R after a long sleep costs no time (and a saturated clock no
+            // endless loop).
+            let renew = self.timing.renew().as_nanos().max(1);
+            let behind = u128::from(self.now.as_nanos() - self.next_round.as_nanos());
+            let next = u128::from(self.next_round.as_nanos()) + (behind / renew + 1) * renew;
+            self.next_round = Instant::from_nanos(u64::try_from(next).unwrap_or(u64::MAX));
             self.start_round();
         }
         if self.role == Role::Standby {

@@ -84,8 +84,16 @@ pub enum Observed {
 
 impl Observed {
     /// Parses a stored value. Never panics, whatever the bytes.
+    ///
+    /// The value must be JSON throughout: serde_json skips the fields it
+    /// does not know without checking that their strings are UTF-8, so the
+    /// bytes are checked first (a record with a broken extra field is not
+    /// a record).
     pub fn decode(bytes: &[u8]) -> Observed {
-        match serde_json::from_slice::<LockRecord>(bytes) {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return Observed::Garbage;
+        };
+        match serde_json::from_str::<LockRecord>(text) {
             Ok(r) if r.v == RECORD_VERSION && !r.write.is_empty() => Observed::Record(r),
             _ => Observed::Garbage,
         }

@@ -43,6 +43,10 @@ pub const DEFAULT_ACTIVATE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest clock-rate bound accepted: beyond it the waits grow absurd.
 pub const MAX_DRIFT_PPM: u32 = 200_000;
+/// The longest duration a timing setting, T or G may be: the core's clock
+/// counts nanoseconds in a `u64` (about 584 years). Longer ones are refused
+/// ([`TimingError::TooLong`]) rather than overflow later.
+pub const MAX_DURATION: Duration = Duration::from_nanos(u64::MAX);
 /// The shortest lease allowed on a replicated bucket without
 /// `--allow-short-lease`: longer than a stream-leader election.
 pub const MIN_REPLICATED_LEASE: Duration = Duration::from_secs(10);
@@ -146,6 +150,15 @@ pub enum TimingError {
         min: u32,
         /// The value given.
         got: u32,
+    },
+    /// A duration option, or T = F·R or G = C·R, is longer than
+    /// [`MAX_DURATION`].
+    #[error("{option} is longer than the longest supported duration ({max:?}, about 584 years)")]
+    TooLong {
+        /// The option, e.g. `--renew`, or `--renew × --failures` for T.
+        option: &'static str,
+        /// [`MAX_DURATION`].
+        max: Duration,
     },
     /// ε is too large to give useful bounds.
     #[error("--max-drift {got_percent}% is above the largest supported bound of {max_percent}%")]
@@ -271,6 +284,35 @@ impl TimingConfig {
                 return Err(TimingError::TooFew { option, min, got });
             }
         }
+        let too_long = |option| TimingError::TooLong {
+            option,
+            max: MAX_DURATION,
+        };
+        for (option, d) in [
+            ("--renew", Some(self.renew)),
+            ("--activate-timeout", Some(self.activate_timeout)),
+            ("--stop-timeout", Some(self.stop_timeout)),
+            ("--start-grace", Some(self.start_grace)),
+            ("--max-lease", self.max_lease),
+            ("--max-gap", self.max_gap),
+            ("--sched-margin", self.sched_margin),
+            ("--healthcheck-timeout", self.healthcheck_timeout),
+            ("--store-timeout", self.store_timeout),
+            ("--emergency-timeout", self.emergency_timeout),
+        ] {
+            if d.is_some_and(|d| d > MAX_DURATION) {
+                return Err(too_long(option));
+            }
+        }
+        // T and G (and every sum the agent forms from the settings) stay
+        // within the clock's range.
+        let within = |d: Option<Duration>| d.filter(|d| *d <= MAX_DURATION);
+        let Some(lease) = within(self.renew.checked_mul(self.failures)) else {
+            return Err(too_long("T = --failures × --renew"));
+        };
+        let Some(gap) = within(self.renew.checked_mul(self.confirm)) else {
+            return Err(too_long("G = --confirm × --renew"));
+        };
         if self.max_drift.ppm() > MAX_DRIFT_PPM {
             return Err(TimingError::DriftTooLarge {
                 got_percent: f64::from(self.max_drift.ppm()) / 10_000.0,
@@ -298,7 +340,6 @@ impl TimingConfig {
                 renew: self.renew,
             });
         }
-        let gap = self.renew * self.confirm;
         let margin = self
             .sched_margin
             .unwrap_or_else(|| default_sched_margin(gap));
@@ -317,7 +358,6 @@ impl TimingConfig {
                 margin,
             });
         }
-        let lease = self.renew * self.failures;
         if let Some(max_lease) = self.max_lease {
             if max_lease < lease {
                 return Err(TimingError::MaxLeaseTooShort { max_lease, lease });
@@ -444,11 +484,11 @@ impl Timing {
     /// Checks the constraints that depend on the store.
     pub fn check_store(&self, facts: &StoreFacts) -> Result<(), TimingError> {
         if let Some(p99) = facts.p99_cas {
-            if self.renew() < p99 * 10 {
+            if self.renew() < p99.saturating_mul(10) {
                 return Err(TimingError::RenewTooShortForStore {
                     renew: self.renew(),
                     p99,
-                    suggest: p99 * 10,
+                    suggest: p99.saturating_mul(10),
                 });
             }
         }
