@@ -583,11 +583,16 @@ impl Gateway {
         uid: &str,
         rec: &LockRecord,
     ) -> Result<LockInfo, StoreError> {
-        let grant = self
-            .store
-            .get(&keys::grant(resource, uid)?, ReadMode::Any, self.timeout())
-            .await?
-            .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok());
+        // A holder whose instance id is no name is no gateway lock: it has
+        // no grant record (and must not fail the listing it is in).
+        let grant = match keys::grant(resource, uid) {
+            Ok(key) => self
+                .store
+                .get(&key, ReadMode::Any, self.timeout())
+                .await?
+                .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok()),
+            Err(_) => None,
+        };
         Ok(match grant {
             Some(g) => info_of(resource, uid, &g),
             // Held by another kind of holder (`putex lock`, an agent).

@@ -596,7 +596,7 @@ pub fn derive(records: &[Stored]) -> Vec<HistoryRow> {
                     let ev = a.record.stale?;
                     let age = ev.store_age_ms.unwrap_or(ev.unchanged_for_ms);
                     let since = gap_ms(s.time, a.time)?;
-                    Some((since + age, NoHolderBasis::LastRenewal))
+                    Some((since.saturating_add(age), NoHolderBasis::LastRenewal))
                 }),
             };
             if let Some((ms, basis)) = measured {

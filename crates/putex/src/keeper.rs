@@ -833,9 +833,17 @@ impl State {
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(write_lines(w, rx));
         let reader = tokio::spawn(async move {
-            let mut lines = BufReader::new(r).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<ToKeeper>(&line) {
+            // Lines as bytes: a line that is not JSON (not even UTF-8) is
+            // skipped like any bad request, never taken for a hang-up.
+            let mut r = BufReader::new(r);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                match serde_json::from_slice::<ToKeeper>(&line) {
                     Ok(m) => {
                         let _ = msg_tx.send((conn, Some(m)));
                     }

@@ -4,6 +4,7 @@ mod agent_e2e;
 mod agent_faults;
 mod agent_http;
 mod common;
+mod fuzz;
 mod gateway;
 mod history;
 mod id_pool;

@@ -165,7 +165,7 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
         };
         let last_seen_ms = age(now, e.time);
         st.members.push(MemberStatus {
-            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1) * 10),
+            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1).saturating_mul(10)),
             node: m.node,
             role: m.role,
             healthy: m.healthy,
@@ -245,11 +245,14 @@ pub async fn semaphore_status(
         return Ok(None);
     };
     let limit = serde_json::from_slice::<crate::section::SemaphoreRecord>(&e.value)
-        .map(|r| r.limit)
-        .unwrap_or(0);
+        .ok()
+        .filter(|r| r.v == 1)
+        .map_or(0, |r| r.limit);
     let now = store_now(store, timeout).await;
     let mut slots = Vec::new();
-    for i in 0..limit {
+    // A record from elsewhere may claim any limit; no semaphore has more
+    // slots than `--limit` allows.
+    for i in 0..limit.min(crate::section::MAX_LIMIT) {
         let slot = keys::slot(name, i).map_err(|e| CliError::Usage(e.to_string()))?;
         slots.push(record_status(store, &format!("{name}.{i}"), &slot, now, timeout).await?);
     }

@@ -207,9 +207,12 @@ pub(crate) fn seconds_json(d: Duration) -> serde_json::Value {
     }
 }
 
-/// RFC 3339 in UTC with microseconds: `2013-01-22T23:01:16.771799Z`.
+/// RFC 3339 in UTC with microseconds: `2013-01-22T23:01:16.771799Z`. RFC
+/// 3339 ends with the year 9999: a later time (from a record a KV tool
+/// wrote) shows as its last microsecond, an earlier one as the epoch.
 pub(crate) fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_micros(t.max(UNIX_EPOCH)).to_string()
+    let last = UNIX_EPOCH + Duration::from_micros(253_402_300_799_999_999);
+    humantime::format_rfc3339_micros(t.clamp(UNIX_EPOCH, last)).to_string()
 }
 
 /// The server: the gateway and how to present it.

@@ -100,33 +100,90 @@ pub struct NatsTls {
 }
 
 fn bad(url: &str, problem: impl fmt::Display, example: &str) -> StoreError {
+    // The problem may quote a piece of the URL (an option's name): what
+    // `redact` hides is hidden there too.
+    let mut problem = problem.to_string();
+    for (from, to) in secret_ranges(url) {
+        let secret = &url[from..to];
+        if secret.len() >= 3 {
+            problem = problem.replace(secret, "***");
+        }
+    }
     StoreError::config(format!(
         "store URL {:?}: {problem}; for example {example:?}",
         redact(url)
     ))
 }
 
-/// Hides passwords and tokens in a URL for messages.
+/// Whether `s` is a URL scheme: a letter, then letters, digits, `+ - .`.
+fn is_scheme(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+}
+
+/// Query options whose values are secrets.
+const SECRET_OPTIONS: [&str; 3] = ["password", "token", "nkey"];
+
+/// Hides passwords, tokens and nkeys in a URL for messages, wherever a
+/// mistyped URL puts them ([`secret_ranges`]).
 fn redact(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some((scheme, rest)) = url.split_once("://") {
-        let auth_end = rest.find(['?', '/']).unwrap_or(rest.len());
-        if let Some(at) = rest[..auth_end].rfind('@') {
-            // `user:password@` keeps the user; a lone `token@` is a secret.
-            out = match rest[..at].split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{}", &rest[at + 1..]),
-                None => format!("{scheme}://***@{}", &rest[at + 1..]),
-            };
+    let mut out = String::with_capacity(url.len());
+    let mut done = 0;
+    for (from, to) in secret_ranges(url) {
+        if to < done {
+            continue;
         }
+        out.push_str(&url[done..from.max(done)]);
+        out.push_str("***");
+        done = to;
     }
-    for key in ["password=", "token=", "nkey="] {
-        if let Some(i) = out.find(key) {
-            let start = i + key.len();
-            let end = out[start..].find('&').map_or(out.len(), |j| start + j);
-            out.replace_range(start..end, "***");
-        }
-    }
+    out.push_str(&url[done..]);
     out
+}
+
+/// Where a URL may hold secrets, in order: the user-info up to the last
+/// `@` (all but the user name), read as such even without `//` or with a
+/// `/` or `?` in the secret, and the value of every secret option, however
+/// often it comes.
+fn secret_ranges(url: &str) -> Vec<(usize, usize)> {
+    let mut hide: Vec<(usize, usize)> = Vec::new();
+    // Where the user-info would start: after `scheme:` and any slashes (or
+    // at the start, when what precedes the first `:` is no scheme).
+    let after = url
+        .find(':')
+        .filter(|c| is_scheme(&url[..*c]))
+        .map_or(0, |c| c + 1);
+    let start = after + (url[after..].len() - url[after..].trim_start_matches('/').len());
+    // The user-info as the parser reads it (up to the last `@` before the
+    // options), and as a secret holding a `?` would make it.
+    let options = url[start..].find('?').map_or(url.len(), |i| start + i);
+    for end in [options, url.len()] {
+        if let Some(at) = url[start..end].rfind('@').map(|i| start + i) {
+            // All but the user name; all of it if it holds another `@`
+            // (`token@host:@host2` reads as user `token@host`).
+            let info = &url[start..at];
+            let from = match info.find(':') {
+                Some(i) if !info.contains('@') => start + i + 1,
+                _ => start,
+            };
+            hide.push((from, at));
+        }
+    }
+    // Every `key=value` after a `?` or `&`, wherever it is (a stray `?`
+    // makes the parser read `x?password` as one key; the user meant one).
+    for (i, _) in url.match_indices(['?', '&']) {
+        let rest = &url[i + 1..];
+        let pair = &rest[..rest.find('&').unwrap_or(rest.len())];
+        if let Some(eq) = pair.find('=') {
+            let key = pair[..eq].trim_matches(|c: char| !c.is_ascii_alphanumeric());
+            if SECRET_OPTIONS.iter().any(|s| key.eq_ignore_ascii_case(s)) {
+                hide.push((i + 1 + eq + 1, i + 1 + pair.len()));
+            }
+        }
+    }
+    hide.sort_unstable();
+    hide
 }
 
 impl StoreUrl {
@@ -145,9 +202,15 @@ impl StoreUrl {
             "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
             "memory" => Err(bad(url, "memory: takes nothing after the colon", "memory:")),
             "nats" | "tls" => parse_nats(url, scheme, rest),
-            other => Err(bad(
+            other if is_scheme(other) => Err(bad(
                 url,
                 format_args!("unknown scheme {other:?} (use sqlite:, nats://, tls:// or memory:)"),
+                NATS_EXAMPLE,
+            )),
+            // Not a scheme at all (it may hold a secret: `user:pass@host`).
+            _ => Err(bad(
+                url,
+                "it has no scheme (sqlite:, nats://, tls:// or memory:)",
                 NATS_EXAMPLE,
             )),
         }
@@ -405,8 +468,10 @@ fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
+            // Two hex digits: `from_str_radix` alone would take `+1`.
             let hex = s
                 .get(i + 1..i + 3)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
                 .and_then(|h| u8::from_str_radix(h, 16).ok());
             let Some(b) = hex else {
                 return Err(bad(url, "a bad percent escape", NATS_EXAMPLE));
