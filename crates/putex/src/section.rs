@@ -343,7 +343,9 @@ pub async fn done_in(
         .get(&key, ReadMode::Leader, timeout)
         .await?
         .and_then(|e| serde_json::from_slice::<OnceRecord>(&e.value).ok())
-        .filter(|r| r.period == period)
+        // A record of another version is not understood: no recorded run,
+        // as for one that does not parse.
+        .filter(|r| r.v == 1 && r.period == period)
         .map(|r| format!("{} at {} (token {})", r.node, r.at, r.token)))
 }
 

@@ -102,11 +102,13 @@ pub struct NatsTls {
 fn bad(url: &str, problem: impl fmt::Display, example: &str) -> StoreError {
     // The problem may quote a piece of the URL (an option's name): what
     // `redact` hides is hidden there too.
+    // (piece by piece: the parser may have cut the secret anywhere).
     let mut problem = problem.to_string();
     for (from, to) in secret_ranges(url) {
-        let secret = &url[from..to];
-        if secret.len() >= 3 {
-            problem = problem.replace(secret, "***");
+        for piece in url[from..to].split([':', '@', '?', '/', '&', '=', ',']) {
+            if piece.len() >= 3 {
+                problem = problem.replace(piece, "***");
+            }
         }
     }
     StoreError::config(format!(

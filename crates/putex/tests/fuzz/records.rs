@@ -578,3 +578,25 @@ fn r10_a_holder_whose_instance_is_no_name_is_listed() {
         assert_eq!(gw.resources().await.unwrap(), vec![NAME.to_owned()]);
     });
 }
+
+/// r12: `putex lock --once-per` took a once record of any format version
+/// for a run in the period (every other reader checks `v`); a record it
+/// does not understand is no recorded run now, like one that does not
+/// parse. Found by the long run of `fuzz_records_in_the_store`.
+#[test]
+fn r12_a_once_record_of_another_version_is_no_recorded_run() {
+    for v in [0, 2] {
+        let records = store_with(&[(
+            "once.L",
+            json!({"v": v, "period": "p1", "node": "n", "at": "",
+                   "token": {"epoch": 1, "revision": 1}}),
+        )]);
+        runtime().block_on(async {
+            let store = seeded(&records).await;
+            let done = section::done_in(&store, NAME, "p1", Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(done, None, "v = {v}");
+        });
+    }
+}

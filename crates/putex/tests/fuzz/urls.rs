@@ -344,6 +344,7 @@ fn r08_secrets_never_show_in_url_errors() {
         "nats://S3CRET@localhost:@",
         "nats://!?:S3CRET@localhost",
         "S3CRET@localhost",
+        "NATS://@0?:S3CRET@localhost",
     ] {
         let e = StoreUrl::parse(url).unwrap_err().to_string();
         assert!(!e.contains("S3") || !e.contains("CRET"), "{url}: {e}");
