@@ -1000,12 +1000,12 @@ fn fuzz_agent_checks_catch_broken_rules() {
 // ---------------------------------------------------------------------------
 // Regressions found by the fuzz targets.
 
-/// r01: serde_json skips unknown fields without checking that their
+/// r40: serde_json skips unknown fields without checking that their
 /// strings are UTF-8, so a record whose extra field held a broken byte
 /// (not JSON at all) was read as a record. Found by
 /// `fuzz_lock_record_nearly_valid` (a bit flip in an extra field).
 #[test]
-fn r01_invalid_utf8_in_an_unknown_field_is_garbage() {
+fn r40_invalid_utf8_in_an_unknown_field_is_garbage() {
     let valid = r#"{"v":1,"node":"a","machine":"m","instance":"i","state":"active","write":"w","lease_ms":1,"gap_ms":1,"x":["é"]}"#.as_bytes().to_vec();
     assert!(Observed::decode(&valid).record().is_some());
     let mut broken = valid.clone();
@@ -1015,13 +1015,13 @@ fn r01_invalid_utf8_in_an_unknown_field_is_garbage() {
     assert_eq!(Observed::decode(&broken), Observed::Garbage);
 }
 
-/// r02: the agent caught up with missed rounds one R at a time. With a tiny
+/// r41: the agent caught up with missed rounds one R at a time. With a tiny
 /// R (3 ns passes validation) and an hour without a wake-up (a suspend, a
 /// stall), one `handle_timeout` stepped 10¹² times. Found by
 /// `fuzz_timing_settings`.
 #[test]
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)] // a wall-clock bound
-fn r02_missed_rounds_are_skipped_in_one_step() {
+fn r41_missed_rounds_are_skipped_in_one_step() {
     let timing = TimingConfig {
         renew: Duration::from_nanos(3),
         ..TimingConfig::default()
@@ -1036,12 +1036,12 @@ fn r02_missed_rounds_are_skipped_in_one_step() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
-/// r03: `TimingConfig::validate` multiplied and added the settings as
+/// r42: `TimingConfig::validate` multiplied and added the settings as
 /// given: a `--renew` of a few billion years times `--confirm 17`, or two
 /// huge timeouts, overflowed and panicked instead of naming the option.
 /// Found by `fuzz_timing_settings`.
 #[test]
-fn r03_huge_timing_settings_are_refused_by_name() {
+fn r42_huge_timing_settings_are_refused_by_name() {
     let huge = Duration::from_secs(1_085_102_592_571_150_096);
     let e = TimingConfig {
         renew: huge,

@@ -317,12 +317,12 @@ fn fuzz_keeper_replies() {
     });
 }
 
-/// r04: the keeper read its socket as UTF-8 lines; a line that was not
+/// r43: the keeper read its socket as UTF-8 lines; a line that was not
 /// UTF-8 ended its reader as if the agent had hung up. The keeper dropped
 /// the connection (the agent took it for a dead keeper) and, with nothing
 /// armed, exited. Found by `fuzz_keeper_socket`.
 #[test]
-fn r04_a_line_that_is_not_text_is_skipped() {
+fn r43_a_line_that_is_not_text_is_skipped() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {

@@ -320,13 +320,13 @@ fn fuzz_names_and_keys() {
     );
 }
 
-/// r08: a store URL's error message hid its secrets only where a well-formed
+/// r47: a store URL's error message hid its secrets only where a well-formed
 /// URL has them: `nats:user:SECRET@host` (no `//`), a second `token=`, a
 /// token with `/`, `?` or `@` in it, a stray `?` before `password=`, or a
 /// message quoting a mangled option name showed them (and so put them in
 /// logs). Found by `fuzz_store_urls`, one after another.
 #[test]
-fn r08_secrets_never_show_in_url_errors() {
+fn r47_secrets_never_show_in_url_errors() {
     for url in [
         "nats:u:S3CRET@localhost",
         "nats:S3CRET@localhost",
@@ -351,12 +351,12 @@ fn r08_secrets_never_show_in_url_errors() {
     }
 }
 
-/// r09: percent-decoding took `%+1` for an escape (Rust's `from_str_radix`
+/// r48: percent-decoding took `%+1` for an escape (Rust's `from_str_radix`
 /// accepts a sign): `nats://user:%+1@host` had the password "\u{1}".
 /// Now an escape is `%` and two hex digits, or an error. Found by
 /// `fuzz_store_url_escapes`.
 #[test]
-fn r09_a_percent_escape_is_two_hex_digits() {
+fn r48_a_percent_escape_is_two_hex_digits() {
     for url in [
         "nats://user:%+1@localhost",
         "nats://user:%-1@localhost",
