@@ -783,3 +783,134 @@ async fn store_sqlite_many_processes() {
         (PROCS * INCREMENTS).to_string()
     );
 }
+
+/// `r` failed as unknown (the holder stops by H1), saying that `file` was
+/// deleted or replaced.
+fn assert_replaced<V: std::fmt::Debug>(
+    r: Result<V, StoreError>,
+    file: &std::path::Path,
+    ctx: &str,
+) {
+    match r {
+        Err(e @ StoreError::Unknown { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("deleted or replaced") && msg.contains(&file.display().to_string()),
+                "{ctx}: {msg}"
+            );
+        }
+        other => panic!(
+            "{ctx}: expected an unknown outcome naming {}, got {other:?}",
+            file.display()
+        ),
+    }
+}
+
+fn sidecar(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    s.into()
+}
+
+/// The SQLite file deleted (with its -wal and -shm) under an open handle,
+/// then a new file created at the same path: every call of the old handle,
+/// and its watch, fails as unknown naming the file — it never goes on
+/// renewing a lock in a file nobody else sees — and nothing it does
+/// reaches the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_file_deleted_under_a_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let old = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    let t = old.create("lock.pg", b"old holder", T).await.unwrap();
+    let mut w = old.watch("lock.", None, T).await.unwrap();
+    assert_eq!(next_event(&mut w).await.unwrap().revision, t.revision);
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(sidecar(&path, suffix)).unwrap();
+    }
+    // No file at the path.
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update, no file",
+    );
+    assert_replaced(
+        old.get("lock.pg", ReadMode::Leader, T).await,
+        &path,
+        "get, no file",
+    );
+
+    // A new file at the path is a new store: a later epoch, and revisions
+    // that start again (the old token's revision is handed out again).
+    let new = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    assert!(new.epoch() > old.epoch());
+    let t2 = new.create("lock.pg", b"new holder", T).await.unwrap();
+    assert_eq!(t2.revision, t.revision);
+
+    // The old handle reaches neither file.
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update",
+    );
+    assert_replaced(old.get("lock.pg", ReadMode::Any, T).await, &path, "get");
+    assert_replaced(old.create("lock.other", b"x", T).await, &path, "create");
+    assert_replaced(old.put("probe.x", b"x", T).await, &path, "put");
+    assert_replaced(old.delete("lock.pg", t, T).await, &path, "delete");
+    assert_replaced(
+        old.watch("lock.", None, T).await.map(drop),
+        &path,
+        "new watch",
+    );
+    // Its running watch ends with the same error instead of following
+    // either file.
+    match tokio::time::timeout(T, w.next()).await {
+        Ok(Some(r)) => assert_replaced(r, &path, "running watch"),
+        other => panic!("the old handle's watch went on: {other:?}"),
+    }
+    let e = new
+        .get("lock.pg", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
+}
+
+/// Only the SQLite database file deleted, its -wal and -shm left behind:
+/// the open handle fails as unknown, and a new handle refuses to open — a
+/// new database next to them would share the deleted database's
+/// write-ahead log and shared-memory index with its open handles, which can
+/// corrupt both. Once they are removed, a fresh store opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_database_deleted_but_its_wal_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let old = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    let t = old.create("lock.pg", b"old holder", T).await.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_replaced(old.get("lock.pg", ReadMode::Leader, T).await, &path, "get");
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update",
+    );
+    let refused = |r: Result<SqliteStore, StoreError>, ctx: &str| match r {
+        Err(StoreError::Config { reason }) => assert!(
+            reason.contains(&sidecar(&path, "-wal").display().to_string())
+                && reason.contains("remove"),
+            "{ctx}: {reason}"
+        ),
+        other => panic!("{ctx}: a new database next to the old -wal: {other:?}"),
+    };
+    refused(SqliteStore::open(path.clone()).await, "open");
+    // Closing the old handle leaves them: SQLite neither checkpoints nor
+    // removes the log of a database that was unlinked.
+    drop(old);
+    refused(SqliteStore::open(path.clone()).await, "open after close");
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(sidecar(&path, suffix)).unwrap();
+    }
+    let fresh = SqliteStore::open(path.clone()).await.unwrap();
+    assert!(fresh.epoch() > t.epoch);
+    fresh.create("lock.pg", b"new holder", T).await.unwrap();
+}
