@@ -293,19 +293,36 @@ async fn contract(handles: &[AnyStore]) {
     concurrent_cas(handles).await;
 }
 
+/// Which write [`unknown_then_landed`] leaves unanswered.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Landing {
+    /// A compare-and-swap: the renewal H4 is about.
+    Cas,
+    /// An unconditional put, for NATS: a compare-and-swap there first reads
+    /// the bucket's epoch from the stream leader, so a server that stalls
+    /// before that answer is never sent the write at all (see
+    /// [`store_unknown_nats_sigstop`]).
+    Put,
+}
+
 /// A write reported Unknown that landed is found by its write id with a
 /// leader read. `stall` makes the store unresponsive and returns a closure
 /// that makes it responsive again.
-async fn unknown_then_landed<F: FnOnce()>(s: &AnyStore, stall: impl FnOnce() -> F) {
+async fn unknown_then_landed<F: FnOnce()>(
+    s: &AnyStore,
+    landing: Landing,
+    stall: impl FnOnce() -> F,
+) {
     let k = "lock.unknown";
     let t = s.create(k, &json("w-0"), T).await.unwrap();
     let unstall = stall();
     let started = Instant::now();
     let short = Duration::from_millis(300);
-    let e = s
-        .update(k, &json("w-unknown-1"), t, short)
-        .await
-        .unwrap_err();
+    let e = match landing {
+        Landing::Cas => s.update(k, &json("w-unknown-1"), t, short).await,
+        Landing::Put => s.put(k, &json("w-unknown-1"), short).await,
+    }
+    .unwrap_err();
     assert!(
         e.is_unknown(),
         "a timeout must be unknown, never a conflict: {e}"
@@ -515,7 +532,7 @@ async fn store_contract_nats_cluster_r3() {
 async fn store_unknown_memory_fault() {
     let m = MemoryStore::new();
     let s = AnyStore::from(m.clone());
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Cas, || {
         m.inject(putex::store::memory::Fault::ApplyThenStall);
         || {}
     })
@@ -558,7 +575,7 @@ async fn store_unknown_sqlite_locked() {
         release_rx.recv().unwrap();
         t.rollback().unwrap();
     });
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Cas, || {
         go_tx.send(()).unwrap();
         locked_rx.recv().unwrap();
         move || {
@@ -569,18 +586,37 @@ async fn store_unknown_sqlite_locked() {
     .await;
 }
 
-/// A frozen nats-server (SIGSTOP): the update is unknown within its
-/// deadline; after SIGCONT the leader read finds it by its write id.
+/// A frozen nats-server (SIGSTOP): a write is unknown within its deadline;
+/// after SIGCONT the leader read finds it by its write id. A
+/// compare-and-swap frozen at its epoch read is unknown and never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_unknown_nats_sigstop() {
     let server = NatsServer::start();
     let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
     let server = &server;
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Put, || {
         server.pause();
         move || server.resume()
     })
     .await;
+    // A compare-and-swap stalled at its epoch read is unknown too; it was
+    // never sent, so nothing lands after the server wakes up.
+    let k = "lock.unknown";
+    let before = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
+    server.pause();
+    let e = s
+        .update(
+            k,
+            &json("w-never"),
+            before.token,
+            Duration::from_millis(300),
+        )
+        .await;
+    server.resume();
+    assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
+    assert_eq!(after, before);
     // A read during a stall is unknown too, never "absent".
     server.pause();
     let e = s
@@ -612,6 +648,67 @@ async fn store_nats_recreated_bucket_has_a_later_epoch() {
     assert!(t2 > t, "but tokens compare higher");
     let e = s2.update("lock.e", b"z", t, T).await.unwrap_err();
     assert!(e.is_conflict(), "{e}");
+}
+
+/// The bucket re-created under a connected handle, and the key written in
+/// the new bucket up to the very revision an old token names: a
+/// compare-and-swap with the old token conflicts at once — the handle does
+/// not wait for its periodic epoch check (every 5 s) to learn of the new
+/// bucket — and the new bucket's record is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
+    let server = NatsServer::start();
+    let url = StoreUrl::parse(&server.url).unwrap();
+    let old = open_retrying(&url).await;
+    let AnyStore::Nats(n) = &old else {
+        unreachable!()
+    };
+    let t = old.create("lock.e", b"old holder", T).await.unwrap();
+    let t = old.update("lock.e", b"old holder", t, T).await.unwrap();
+    let js = async_nats::jetstream::new(n.client().clone());
+    js.delete_key_value("putex").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Another host re-creates the bucket and writes the key up to the
+    // revision of the old token.
+    let new = open_retrying(&url).await;
+    assert!(new.epoch() > old.epoch());
+    let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
+    while t2.revision < t.revision {
+        t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+    }
+    assert_eq!(
+        t2.revision, t.revision,
+        "the same revision in the new bucket"
+    );
+
+    let started = Instant::now();
+    let e = old.update("lock.e", b"stale", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "update with the old epoch's token: {e}");
+    let e = old.delete("lock.e", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete with the old epoch's token: {e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "not at once: {:?}",
+        started.elapsed()
+    );
+    let e = new
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
+    // The old handle knows the new bucket now: its reads carry the new
+    // epoch, and a compare-and-swap on what it reads succeeds.
+    assert_eq!(old.epoch(), new.epoch());
+    let seen = old
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.token, t2);
+    old.update("lock.e", b"taken over", seen.token, T)
+        .await
+        .unwrap();
 }
 
 /// Keys names on the wire: the layout DESIGN §3 and docs/stores.md describe.
