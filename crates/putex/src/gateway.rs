@@ -19,9 +19,14 @@
 //! | `cancel.<resource>` | an admin cancel: every ticket that arrived before it is cancelled (its waiter ends, and it is no longer listed) |
 //! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET` |
 //!
-//! A lock expires when its lifetime has passed since the gateway's last
-//! write of its record, on the store's clock; a taker waits W + G' (S1, S2)
-//! after that record, so it never starts before the lifetime is over.
+//! The client can only count its lifetime from the moment the `201`
+//! reaches it, after the grant's write, a read, the grant record and the
+//! HTTP hop. So the grant's write advertises `lifetime + D` (D =
+//! [`GatewayOptions::grant_deadline`]): a taker waits W + G' (S1, S2) for
+//! that, never less than `lifetime + D` after the write. The gateway hands
+//! the answer over within D/2 of sending that write, or gives the lock back
+//! ([`Grant`]); the other half of D is for the answer's way to the client.
+//! The answer says how much is left ([`LockInfo::lifetime_left`]).
 //! Administrative deletes write `revoked` (S7).
 
 use std::collections::HashMap;
@@ -77,6 +82,13 @@ pub struct LockInfo {
     pub active_expires: Option<SystemTime>,
     /// The fencing token, once granted.
     pub token: Option<Token>,
+    /// How much of the lock's licence is left, once granted: in a grant's
+    /// answer, `lifetime + D` minus the time since the grant's write, as
+    /// the gateway hands the answer over ([`Grant::hand_over`]); in a
+    /// listing, the record's advertised lease minus its age on the store's
+    /// clock. Count it from an instant no later than the answer left the
+    /// gateway (e.g. when the request was sent).
+    pub lifetime_left: Option<Duration>,
 }
 
 /// Why a lock was not granted.
@@ -94,11 +106,84 @@ pub enum AcquireError {
     /// The store failed (503).
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// The lock was granted (or renewed), but the answer could not be
+    /// handed over within half the grant deadline of the grant's write
+    /// (503): a new grant was given back; a renewal stays.
+    #[error("granted {0:?} before the answer was ready, past half the grant deadline")]
+    Late(Duration),
 }
 
 impl From<keys::NameError> for AcquireError {
     fn from(e: keys::NameError) -> Self {
         AcquireError::Invalid(e.to_string())
+    }
+}
+
+/// A lock just granted or renewed, on its way to its client.
+///
+/// Its licence runs from the send of the write that granted it, and that
+/// write advertises `lifetime + D` (D = [`GatewayOptions::grant_deadline`]),
+/// which every taker waits out. A client can only start counting when the
+/// answer reaches it, so the answer must leave early enough:
+/// [`Grant::hand_over`] is called at the last moment before it is sent and
+/// refuses past D/2. A new grant that is never handed over — too late, or
+/// dropped because its client left — is given back (its record becomes
+/// `released`: nobody received it, which is the proof H6 asks for). A
+/// renewal that is too late stays: its client still counts from the
+/// previous answer, which ends earlier.
+#[derive(Debug)]
+#[must_use = "a grant that is not handed over is given back"]
+pub struct Grant {
+    info: LockInfo,
+    /// When the granting write was sent (this host's boot-time clock).
+    sent: Instant,
+    deadline: Duration,
+    /// Gives the lock back on drop, until handed over; `None` for a renewal.
+    give_back: Option<Gateway>,
+}
+
+impl Grant {
+    /// The lock, as granted ([`LockInfo::lifetime_left`] is set by
+    /// [`Grant::hand_over`]).
+    pub fn info(&self) -> &LockInfo {
+        &self.info
+    }
+
+    /// Hands the lock over to its client: its description with what is
+    /// left of its licence, `lifetime + D` minus the time since the grant's
+    /// write. Past D/2 of that write the answer is too late
+    /// ([`AcquireError::Late`]): a new grant is given back.
+    pub fn hand_over(mut self) -> Result<LockInfo, AcquireError> {
+        let elapsed = clock::boot_time_now().saturating_since(self.sent);
+        if elapsed > self.deadline / 2 {
+            if self.give_back.is_some() {
+                tracing::warn!(resource = %self.info.resource, uid = %self.info.uid, ?elapsed,
+                    "granted too long before the answer could leave (past half --grant-deadline): giving the lock back");
+            }
+            return Err(AcquireError::Late(elapsed));
+        }
+        self.give_back = None;
+        let mut info = self.info.clone();
+        info.lifetime_left = Some(info.lifetime + self.deadline - elapsed);
+        Ok(info)
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let Some(gateway) = self.give_back.take() else {
+            return;
+        };
+        let (resource, uid) = (self.info.resource.clone(), self.info.uid.clone());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left: the lock expires after its licence
+        };
+        tracing::info!(%resource, %uid, "a grant that was not handed over: giving the lock back");
+        runtime.spawn(async move {
+            if let Err(e) = gateway.release(&resource, &uid).await {
+                tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
+            }
+        });
     }
 }
 
@@ -118,7 +203,18 @@ pub struct GatewayOptions {
     /// bounds the first use of a name (S4: W + G') and, as `--max-lease`
     /// does for agents, what S4 protects after a store lost a record.
     pub acquire_lease: Duration,
+    /// D, the grant deadline ([`DEFAULT_GRANT_DEADLINE`]): a granted or
+    /// renewed record advertises `lifetime + D`, so takers wait that out;
+    /// the gateway hands the answer over within D/2 of the write or gives
+    /// the lock back, which leaves at least D/2 for the answer to reach
+    /// its client.
+    pub grant_deadline: Duration,
 }
+
+/// The default [`GatewayOptions::grant_deadline`]: the answer leaves within
+/// 0.5 s of the grant and has another 0.5 s to reach its client; takers
+/// wait 1 s more than the lifetime.
+pub const DEFAULT_GRANT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The default [`GatewayOptions::acquire_lease`]: the first request for a
 /// never-used resource waits about 2.4 s.
@@ -154,6 +250,10 @@ pub struct GrantRecord {
     pub wait_ms: u64,
     /// Its lifetime, in milliseconds.
     pub lifetime_ms: u64,
+    /// The grant deadline D it was granted with, in milliseconds: its
+    /// record advertises `lifetime + D` (0 in records of older gateways).
+    #[serde(default)]
+    pub deadline_ms: u64,
     /// When it was granted, nanoseconds since the Unix epoch (store clock).
     pub since_ns: u64,
     /// The fencing token.
@@ -218,11 +318,21 @@ impl Gateway {
         Duration::from_secs(2)
     }
 
-    /// Waits up to `req.wait` for the lock and grants it for
-    /// `req.lifetime`. Cancel-safe: dropping the future (a client that
-    /// disconnects) abandons the request, and a lock granted at that moment
-    /// is released at once — a disconnected client never holds a lock.
+    /// Waits up to `req.wait` for the lock, grants it for `req.lifetime`
+    /// and hands it over at once ([`Gateway::acquire_grant`], then
+    /// [`Grant::hand_over`]).
     pub async fn acquire(&self, req: AcquireRequest) -> Result<LockInfo, AcquireError> {
+        self.acquire_grant(req).await?.hand_over()
+    }
+
+    /// Waits up to `req.wait` for the lock and grants it for
+    /// `req.lifetime`: the [`Grant`] must then be handed over within half
+    /// the grant deadline ([`Grant::hand_over`]), at the last moment before
+    /// the answer leaves; one that is not is given back. Cancel-safe:
+    /// dropping the future (a client that disconnects) abandons the
+    /// request, and a lock granted at that moment is released at once — a
+    /// disconnected client never holds a lock.
+    pub async fn acquire_grant(&self, req: AcquireRequest) -> Result<Grant, AcquireError> {
         keys::validate_name(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
         if req.lifetime < MIN_LIFETIME || req.lifetime > self.opts.max_lifetime {
             return Err(AcquireError::Invalid(format!(
@@ -246,16 +356,14 @@ impl Gateway {
         .map_err(AcquireError::Invalid)?;
         // The work runs in a task of its own; this future only waits for
         // it. Dropping this future drops `reply`'s receiver: the task then
-        // stops waiting, or releases a lock it has just granted.
+        // stops waiting, or drops the grant it could not deliver, which
+        // gives the lock back.
         let (reply, result) = oneshot::channel();
         let (cancel, cancelled) = oneshot::channel::<()>();
         let this = self.clone();
         tokio::spawn(async move {
             let outcome = this.acquire_task(req, timing, cancelled).await;
-            if let Err(Ok(info)) = reply.send(outcome) {
-                tracing::info!(resource = %info.resource, uid = %info.uid, "the client left; releasing its lock");
-                let _ = this.release(&info.resource, &info.uid).await;
-            }
+            let _ = reply.send(outcome);
         });
         let _cancel_on_drop = cancel;
         result.await.unwrap_or_else(|_| {
@@ -270,7 +378,7 @@ impl Gateway {
         req: AcquireRequest,
         timing: Timing,
         mut cancelled: oneshot::Receiver<()>,
-    ) -> Result<LockInfo, AcquireError> {
+    ) -> Result<Grant, AcquireError> {
         // A short wait is "only if free now": a live holder answers at
         // once; a free lock still gets the round trips it takes.
         if req.wait < MIN_WAIT {
@@ -426,11 +534,13 @@ impl Gateway {
     }
 
     /// Grants the lock: one more write of its record — `active`,
-    /// advertising the client's lifetime, so the licence runs a lifetime
-    /// from it — then the grant record, and describes it.
-    async fn grant(&self, req: &AcquireRequest, uid: &str) -> Result<LockInfo, AcquireError> {
+    /// advertising `lifetime + D`, so the licence runs that long from it —
+    /// then the grant record, and describes it. The [`Grant`] counts from
+    /// the send of that write; any failure after it gives the lock back.
+    async fn grant(&self, req: &AcquireRequest, uid: &str) -> Result<Grant, AcquireError> {
         let t = self.timeout();
         let key = keys::lock(&req.resource)?;
+        let deadline = self.opts.grant_deadline;
         let mut written = None;
         // The agent's last renewal may still land: retry on our own record.
         for _ in 0..3 {
@@ -443,16 +553,17 @@ impl Gateway {
             let granted = LockRecord {
                 state: LockState::Active,
                 write: format!("{uid}-grant"),
-                lease_ms: ceil_millis(req.lifetime).max(rec.lease_ms),
+                lease_ms: ceil_millis(req.lifetime + deadline).max(rec.lease_ms),
                 ..rec
             };
+            let sent = clock::boot_time_now();
             match self
                 .store
                 .update(&key, &granted.encode(), entry.token, t)
                 .await
             {
                 Ok(token) => {
-                    written = Some(token);
+                    written = Some((token, sent));
                     break;
                 }
                 Err(StoreError::Conflict { .. }) => continue,
@@ -460,23 +571,31 @@ impl Gateway {
             }
         }
         // Lost between activation and grant: nothing was granted.
-        let Some(token) = written else {
+        let Some((token, sent)) = written else {
             return Err(AcquireError::Timeout);
         };
         self.raise_highest(&req.resource, token);
-        let time = match self.store.get(&key, ReadMode::Leader, t).await? {
-            Some(e) if e.token == token => e.time,
-            _ => self.store_now().await?,
-        };
-        let since = self.wall(time).await;
-        let grant = GrantRecord {
+        let mut grant = GrantRecord {
             v: 1,
             title: req.title.clone(),
             wait_ms: ceil_millis(req.wait),
             lifetime_ms: ceil_millis(req.lifetime),
-            since_ns: nanos_since_epoch(since),
+            deadline_ms: ceil_millis(deadline),
+            since_ns: 0,
             token,
         };
+        // From here on, dropping the grant gives the lock back.
+        let mut out = Grant {
+            info: info_of(&req.resource, uid, &grant),
+            sent,
+            deadline,
+            give_back: Some(self.clone()),
+        };
+        let time = match self.store.get(&key, ReadMode::Leader, t).await? {
+            Some(e) if e.token == token => e.time,
+            _ => self.store_now().await?,
+        };
+        grant.since_ns = nanos_since_epoch(self.wall(time).await);
         self.store
             .put(
                 &keys::grant(&req.resource, uid)?,
@@ -484,7 +603,8 @@ impl Gateway {
                 t,
             )
             .await?;
-        Ok(info_of(&req.resource, uid, &grant))
+        out.info = info_of(&req.resource, uid, &grant);
+        Ok(out)
     }
 
     async fn read_prefix(&self, prefix: &str) -> Result<Vec<(String, Entry)>, StoreError> {
@@ -520,13 +640,14 @@ impl Gateway {
         }
     }
 
-    /// The lock record of `resource` if `uid` holds it and its lifetime has
-    /// not passed, with its entry.
+    /// The lock record of `resource` if `uid` holds it and its advertised
+    /// lease (`lifetime + D`) has not passed, with its entry and what is
+    /// left of the lease.
     async fn held(
         &self,
         resource: &str,
         uid: &str,
-    ) -> Result<Option<(Entry, LockRecord)>, StoreError> {
+    ) -> Result<Option<(Entry, LockRecord, Duration)>, StoreError> {
         let t = self.timeout();
         let key = keys::lock(resource)?;
         let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
@@ -536,10 +657,7 @@ impl Gateway {
             return Ok(None);
         };
         let now = self.store_now().await?;
-        if expired(&entry, &rec, now) {
-            return Ok(None);
-        }
-        Ok(Some((entry, rec)))
+        Ok(lease_left(&entry, &rec, now).map(|left| (entry, rec, left)))
     }
 
     /// The lock `uid` on `resource`, if it is granted or waiting and not
@@ -549,8 +667,8 @@ impl Gateway {
             return Ok(None);
         }
         let t = self.timeout();
-        if let Some((_, rec)) = self.held(resource, uid).await? {
-            return Ok(Some(self.granted_info(resource, uid, &rec).await?));
+        if let Some((_, rec, left)) = self.held(resource, uid).await? {
+            return Ok(Some(self.granted_info(resource, uid, &rec, left).await?));
         }
         let ticket = self
             .store
@@ -582,13 +700,14 @@ impl Gateway {
         resource: &str,
         uid: &str,
         rec: &LockRecord,
+        left: Duration,
     ) -> Result<LockInfo, StoreError> {
         let grant = self
             .store
             .get(&keys::grant(resource, uid)?, ReadMode::Any, self.timeout())
             .await?
             .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok());
-        Ok(match grant {
+        let mut info = match grant {
             Some(g) => info_of(resource, uid, &g),
             // Held by another kind of holder (`putex lock`, an agent).
             None => LockInfo {
@@ -601,8 +720,11 @@ impl Gateway {
                 active_since: None,
                 active_expires: None,
                 token: None,
+                lifetime_left: None,
             },
-        })
+        };
+        info.lifetime_left = Some(left);
+        Ok(info)
     }
 
     /// Releases the granted lock `uid` (`released`, S3: the next waiter
@@ -642,13 +764,16 @@ impl Gateway {
     }
 
     /// Extends the granted lock `uid` by a new lifetime from now (its own if
-    /// `None`). `None` if it is not held.
+    /// `None`): its record is rewritten, advertising `lifetime + D` like a
+    /// grant. `None` if it is not held. The [`Grant`] must be handed over
+    /// like a new one; a renewal that is too late stays (its client counts
+    /// from its previous answer, which ends earlier).
     pub async fn renew(
         &self,
         resource: &str,
         uid: &str,
         lifetime: Option<Duration>,
-    ) -> Result<Option<LockInfo>, StoreError> {
+    ) -> Result<Option<Grant>, StoreError> {
         if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
             return Ok(None);
         }
@@ -661,29 +786,8 @@ impl Gateway {
             }
         }
         let t = self.timeout();
-        let Some((entry, rec)) = self.held(resource, uid).await? else {
+        let Some((entry, rec, _)) = self.held(resource, uid).await? else {
             return Ok(None);
-        };
-        let lifetime = lifetime.unwrap_or(rec.lease());
-        let renewed = LockRecord {
-            state: LockState::Active,
-            write: format!("{uid}-renew-{}", entry.token.revision),
-            lease_ms: ceil_millis(lifetime),
-            ..rec
-        };
-        let key = keys::lock(resource)?;
-        let token = match self
-            .store
-            .update(&key, &renewed.encode(), entry.token, t)
-            .await
-        {
-            Ok(token) => token,
-            Err(StoreError::Conflict { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let written = match self.store.get(&key, ReadMode::Leader, t).await? {
-            Some(e) if e.token == token => e.time,
-            _ => self.store_now().await?,
         };
         let grant_key = keys::grant(resource, uid)?;
         let mut grant = self
@@ -695,11 +799,37 @@ impl Gateway {
                 v: 1,
                 title: String::new(),
                 wait_ms: 0,
-                lifetime_ms: 0,
+                lifetime_ms: rec.lease_ms,
+                deadline_ms: 0,
                 since_ns: 0,
-                token,
+                token: entry.token,
             });
+        let lifetime = lifetime.unwrap_or(Duration::from_millis(grant.lifetime_ms));
+        let deadline = self.opts.grant_deadline;
+        let renewed = LockRecord {
+            state: LockState::Active,
+            write: format!("{uid}-renew-{}", entry.token.revision),
+            lease_ms: ceil_millis(lifetime + deadline),
+            ..rec
+        };
+        let key = keys::lock(resource)?;
+        let sent = clock::boot_time_now();
+        let token = match self
+            .store
+            .update(&key, &renewed.encode(), entry.token, t)
+            .await
+        {
+            Ok(token) => token,
+            Err(StoreError::Conflict { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        self.raise_highest(resource, token);
+        let written = match self.store.get(&key, ReadMode::Leader, t).await? {
+            Some(e) if e.token == token => e.time,
+            _ => self.store_now().await?,
+        };
         grant.lifetime_ms = ceil_millis(lifetime);
+        grant.deadline_ms = ceil_millis(deadline);
         grant.since_ns = nanos_since_epoch(self.wall(written).await);
         grant.token = token;
         self.store
@@ -709,7 +839,12 @@ impl Gateway {
                 t,
             )
             .await?;
-        Ok(Some(info_of(resource, uid, &grant)))
+        Ok(Some(Grant {
+            info: info_of(resource, uid, &grant),
+            sent,
+            deadline,
+            give_back: None,
+        }))
     }
 
     /// The granted and waiting locks of `resource`.
@@ -723,9 +858,9 @@ impl Gateway {
             .await?
         {
             if let Some(rec) = holder_of(&entry) {
-                if !expired(&entry, &rec, self.store_now().await?) {
+                if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
                     let uid = rec.instance.clone();
-                    out.push(self.granted_info(resource, &uid, &rec).await?);
+                    out.push(self.granted_info(resource, &uid, &rec, left).await?);
                 }
             }
         }
@@ -851,15 +986,24 @@ fn holder_of(entry: &Entry) -> Option<LockRecord> {
     }
 }
 
-/// Whether a lifetime (the record's advertised T) has passed since the
-/// record was written, on the store's clock. Records of another clock
-/// domain (another boot of an embedded store) are expired.
-fn expired(entry: &Entry, rec: &LockRecord, now: StoreTime) -> bool {
+/// What is left of the record's advertised lease (a gateway lock's
+/// `lifetime + D`) since it was written, on the store's clock; `None` once
+/// it has passed. Records of another clock domain (another boot of an
+/// embedded store) have expired; a store clock that ran backwards leaves
+/// the whole lease.
+fn lease_left(entry: &Entry, rec: &LockRecord, now: StoreTime) -> Option<Duration> {
     match now.gap_since(entry.time) {
-        putex_core::StoreGap::Forward(age) => age >= rec.lease(),
-        putex_core::StoreGap::Backwards => false,
-        putex_core::StoreGap::Unbounded => true,
+        putex_core::StoreGap::Forward(age) => {
+            rec.lease().checked_sub(age).filter(|left| !left.is_zero())
+        }
+        putex_core::StoreGap::Backwards => Some(rec.lease()),
+        putex_core::StoreGap::Unbounded => None,
     }
+}
+
+/// Whether the record's advertised lease has passed ([`lease_left`]).
+fn expired(entry: &Entry, rec: &LockRecord, now: StoreTime) -> bool {
+    lease_left(entry, rec, now).is_none()
 }
 
 fn nanos_since_epoch(t: SystemTime) -> u64 {
@@ -871,6 +1015,7 @@ fn nanos_since_epoch(t: SystemTime) -> u64 {
 fn info_of(resource: &str, uid: &str, g: &GrantRecord) -> LockInfo {
     let since = SystemTime::UNIX_EPOCH + Duration::from_nanos(g.since_ns);
     let lifetime = Duration::from_millis(g.lifetime_ms);
+    let deadline = Duration::from_millis(g.deadline_ms);
     LockInfo {
         resource: resource.to_owned(),
         uid: uid.to_owned(),
@@ -879,8 +1024,9 @@ fn info_of(resource: &str, uid: &str, g: &GrantRecord) -> LockInfo {
         lifetime,
         active: true,
         active_since: Some(since),
-        active_expires: Some(since + lifetime),
+        active_expires: Some(since + lifetime + deadline),
         token: Some(g.token),
+        lifetime_left: None,
     }
 }
 
@@ -895,6 +1041,7 @@ fn waiting_info(resource: &str, r: &TicketRecord) -> LockInfo {
         active_since: None,
         active_expires: None,
         token: None,
+        lifetime_left: None,
     }
 }
 

@@ -41,21 +41,28 @@ struct Served {
     task: Option<JoinHandle<Result<(), HttpError>>>,
 }
 
+/// The gateway options of the tests' servers.
+fn gateway_options(node: &str) -> GatewayOptions {
+    GatewayOptions {
+        node: node.into(),
+        max_drift: Drift::from_percent(1.0),
+        max_lifetime: MAX_LIFETIME,
+        max_wait: MAX_WAIT,
+        acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+        grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
+    }
+}
+
 impl Served {
     async fn start(store: AnyStore, node: &str, opts: HttpOptions) -> Served {
+        Served::start_gateway(store, gateway_options(node), opts).await
+    }
+
+    async fn start_gateway(store: AnyStore, gateway: GatewayOptions, opts: HttpOptions) -> Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let scheme = if opts.tls.is_some() { "https" } else { "http" };
-        let gateway = Gateway::new(
-            store,
-            GatewayOptions {
-                node: node.into(),
-                max_drift: Drift::from_percent(1.0),
-                max_lifetime: MAX_LIFETIME,
-                max_wait: MAX_WAIT,
-                acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
-            },
-        );
+        let gateway = Gateway::new(store, gateway);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(http::serve(listener, App::new(gateway, opts), async {
             let _ = stopped.await;
@@ -377,11 +384,13 @@ async fn rdlm_408_after_the_wait_and_404_after_the_lifetime() {
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
     assert!(started.elapsed() < Duration::from_millis(900));
 
-    // The lifetime runs out: GET says 404, and a waiter gets the lock.
-    // (A waiter with the same lifetime: see the next test for a longer one.)
+    // The lifetime runs out (with the grant deadline, 1 s: what the
+    // answer may take to reach its client): GET says 404, and a waiter gets
+    // the lock. (A waiter with the same lifetime: see the next test for a
+    // longer one.)
     let second = rdlm_post(&c, &s, "resource1", 5.0, 1.5);
     let (second, ()) = tokio::join!(second, async {
-        tokio::time::sleep(Duration::from_millis(1700)).await;
+        tokio::time::sleep(Duration::from_millis(2700)).await;
         assert_eq!(
             status_of(&c, reqwest::Method::GET, &first).await,
             StatusCode::NOT_FOUND,
@@ -602,6 +611,10 @@ async fn v1_lock_renew_list_status_release() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     let header = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
+    let left_header = r.headers()["x-putex-lifetime-left"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let loc = r.headers()["location"].to_str().unwrap().to_owned();
     let lock: Value = r.json().await.unwrap();
     let uid = lock["uid"].as_str().unwrap().to_owned();
@@ -615,6 +628,11 @@ async fn v1_lock_renew_list_status_release() {
     assert_eq!(lock["active"], true);
     assert_eq!(lock["lifetime"], 5.0);
     assert!(lock["active_since"].as_str().unwrap().ends_with('Z'));
+    // What is left: the lifetime and the 1 s grant deadline, less the time
+    // the answer took to leave (at most half the deadline).
+    let left = lock["lifetime_left"].as_f64().unwrap();
+    assert!((5.5..=6.0).contains(&left), "{lock}");
+    assert_eq!(left_header, format!("{left:.3}"));
 
     let got: Value = c.get(&loc).send().await.unwrap().json().await.unwrap();
     assert_eq!(got["uid"], uid.as_str());
@@ -627,8 +645,11 @@ async fn v1_lock_renew_list_status_release() {
         .await
         .unwrap();
     assert_eq!(renewed.status(), StatusCode::OK);
+    assert!(renewed.headers().contains_key("x-putex-lifetime-left"));
     let renewed: Value = renewed.json().await.unwrap();
     assert_eq!(renewed["lifetime"], 8.0);
+    let left = renewed["lifetime_left"].as_f64().unwrap();
+    assert!((8.5..=9.0).contains(&left), "{renewed}");
     assert!(renewed["revision"].as_u64() > lock["revision"].as_u64());
     // An empty body keeps the lock's own lifetime.
     let again = c.post(format!("{loc}/renew")).send().await.unwrap();
@@ -644,7 +665,8 @@ async fn v1_lock_renew_list_status_release() {
     assert_eq!(st["state"], "active");
     assert_eq!(st["instance"], uid.as_str());
     assert_eq!(st["revision"], st["token"]["revision"]);
-    assert_eq!(st["lease_ms"], 8000);
+    // The lifetime and the grant deadline (1 s).
+    assert_eq!(st["lease_ms"], 9000);
     let all: Value = get_json(&c, &s, "/v1/status").await;
     assert!(all["locks"]
         .as_array()
@@ -855,10 +877,9 @@ async fn openapi_document_describes_both_apis() {
         assert!(paths.contains_key(p), "{p}");
     }
     let created = &doc["paths"]["/v1/locks/{resource}"]["post"]["responses"]["201"];
-    assert!(
-        created["headers"].get("X-Putex-Token").is_some(),
-        "{created}"
-    );
+    for header in ["X-Putex-Token", "X-Putex-Lifetime-Left"] {
+        assert!(created["headers"].get(header).is_some(), "{created}");
+    }
     for schema in ["LockView", "FencingToken", "ErrorBody", "HalLock"] {
         assert!(
             doc["components"]["schemas"].get(schema).is_some(),
@@ -1364,4 +1385,160 @@ async fn the_binary_serves_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+}
+
+/// A `201` that takes long to reach its client (a slow network, a slow
+/// client socket): the client counts its lifetime from the moment it
+/// receives it, so the next holder must not start before then + lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
+    use crate::common::proxy::{Mode, Proxy};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(
+        Served::start_gateway(
+            sqlite(&dir).await,
+            GatewayOptions {
+                grant_deadline: Duration::from_secs(2),
+                ..gateway_options("gw1")
+            },
+            HttpOptions::default(),
+        )
+        .await,
+    );
+    let c = client();
+    warm(&c, &s, "late201").await;
+    // Every byte between the first client and the gateway takes 900 ms:
+    // within half the 2 s grant deadline.
+    let addr = s.url.trim_start_matches("http://").parse().unwrap();
+    let proxy = Proxy::start(addr).await.unwrap();
+    proxy.set(Mode::Jitter {
+        min: Duration::from_millis(900),
+        max: Duration::from_millis(900),
+    });
+    let first = {
+        let url = format!("http://{}/locks/late201", proxy.addr());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let r = client()
+                .post(url)
+                .body(lock_body("far away", 5.0, 1.0))
+                .send()
+                .await
+                .unwrap();
+            (sent, Instant::now(), r)
+        })
+    };
+    // The next client asks as soon as the first one is in line.
+    wait_listed(&c, &s, "late201", 1).await;
+    let second = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            let r = rdlm_post(&c, &s, "late201", 10.0, 1.0).await;
+            (Instant::now(), r)
+        })
+    };
+    let (sent, received, first) = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let (granted, second) = second.await.unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    let lifetime = Duration::from_secs(1);
+    assert!(
+        granted >= received + lifetime,
+        "the next holder got the lock {:?} after the first client received its 201 \
+         (lifetime {lifetime:?})",
+        granted - received
+    );
+    // What the 201 says is left of the lifetime.
+    let left = first.headers()["x-putex-lifetime-left"]
+        .to_str()
+        .unwrap()
+        .parse::<f64>()
+        .unwrap();
+    let left = Duration::from_secs_f64(left);
+    let deadline = Duration::from_secs(2);
+    assert!(
+        left >= lifetime + deadline / 2 && left <= lifetime + deadline,
+        "{left:?} left"
+    );
+    // Counted from before the grant (the request), it ends before the next
+    // holder starts; and it is not much shorter than the truth.
+    assert!(granted >= sent + left, "{:?} < {left:?}", granted - sent);
+    assert!(
+        granted <= received + left + Duration::from_millis(1500),
+        "{:?} after receipt, {left:?} said to be left",
+        granted - received
+    );
+}
+
+/// A gateway whose store is slow cannot answer within its grant deadline:
+/// it gives the lock back, and the next waiter gets it at once rather than
+/// after the lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
+    use crate::common::proxy::{Mode, Proxy};
+    let server = NatsServer::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let fast = Arc::new(Served::start(nats(&server).await, "fast", HttpOptions::default()).await);
+    let slow_store = AnyStore::open(&StoreUrl::parse(&proxy.url()).unwrap())
+        .await
+        .unwrap();
+    // A lease long enough for the agent's store calls to fit in their
+    // deadlines through the slow link.
+    let slow = Arc::new(
+        Served::start_gateway(
+            slow_store,
+            GatewayOptions {
+                acquire_lease: Duration::from_secs(10),
+                ..gateway_options("slow")
+            },
+            HttpOptions::default(),
+        )
+        .await,
+    );
+    let c = client();
+    warm(&c, &fast, "given").await;
+    let held = location(&rdlm_post(&c, &fast, "given", 5.0, 30.0).await);
+    // B waits on the slow gateway, C behind it on the fast one.
+    let b = {
+        let (c, slow) = (c.clone(), slow.clone());
+        tokio::spawn(async move { rdlm_post(&c, &slow, "given", 20.0, 30.0).await })
+    };
+    wait_listed(&c, &fast, "given", 2).await;
+    let next = {
+        let (c, fast) = (c.clone(), fast.clone());
+        tokio::spawn(async move {
+            let r = rdlm_post(&c, &fast, "given", 25.0, 5.0).await;
+            (Instant::now(), r)
+        })
+    };
+    wait_listed(&c, &fast, "given", 3).await;
+    // Each store call of the slow gateway now takes at least 240 ms: its
+    // grant (a write, a read and the grant record) cannot be answered
+    // within half of its 1 s grant deadline.
+    proxy.set(Mode::Jitter {
+        min: Duration::from_millis(120),
+        max: Duration::from_millis(120),
+    });
+    let released = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &held).await,
+        StatusCode::NO_CONTENT
+    );
+    let b = b.await.unwrap();
+    assert_eq!(
+        b.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the slow gateway answered {} {:?}",
+        b.status(),
+        b.headers()
+    );
+    let (granted, next) = next.await.unwrap();
+    assert_eq!(next.status(), StatusCode::CREATED);
+    assert!(
+        granted - released < Duration::from_secs(12),
+        "the next waiter got the lock {:?} after the release (B's lifetime is 30 s)",
+        granted - released
+    );
 }

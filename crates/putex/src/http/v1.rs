@@ -34,7 +34,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{
-    parse_lifetime, parse_seconds, plausible_uid, rfc3339, AcquireFailure, Shared, TOKEN_HEADER,
+    lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
+    AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::cli::status::{lock_status, LockStatus, MemberStatus};
 use crate::cli::CliError;
@@ -60,6 +61,10 @@ pub enum ErrorCode {
     Store,
     /// The server is shutting down (`503`).
     Unavailable,
+    /// The lock was granted, but the answer was not ready within half the
+    /// grant deadline: the lock was given back; ask again (`503`). For a
+    /// renewal: the lock was renewed, but count from the previous answer.
+    Late,
 }
 
 impl ErrorCode {
@@ -71,7 +76,9 @@ impl ErrorCode {
             ErrorCode::Invalid => StatusCode::BAD_REQUEST,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::Store | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Store | ErrorCode::Unavailable | ErrorCode::Late => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 }
@@ -158,6 +165,10 @@ impl From<AcquireFailure> for ApiError {
                 ApiError::new(ErrorCode::Invalid, m)
             }
             AcquireFailure::Gateway(AcquireError::Store(e)) => ApiError::store(e),
+            AcquireFailure::Gateway(e @ AcquireError::Late(_)) => ApiError::new(
+                ErrorCode::Late,
+                format!("{e} (--grant-deadline); the lock was given back: ask again"),
+            ),
             AcquireFailure::ShuttingDown => {
                 ApiError::new(ErrorCode::Unavailable, "the server is shutting down")
             }
@@ -287,6 +298,11 @@ pub struct LockView {
     pub fencing_token: Option<String>,
     /// The store revision of the lock record (the token's revision).
     pub revision: Option<u64>,
+    /// Seconds left of the lock's licence, once granted: in the answer to
+    /// a grant or renewal, `lifetime` plus the grant deadline minus the
+    /// time since the granting write, as the answer left the gateway (also
+    /// in `X-Putex-Lifetime-Left`); in a listing, as of the read.
+    pub lifetime_left: Option<f64>,
     /// This lock's URL path.
     pub href: String,
 }
@@ -305,6 +321,7 @@ impl LockView {
             token: info.token.map(FencingToken::from),
             fencing_token: info.token.map(|t| t.to_string()),
             revision: info.token.map(|t| t.revision),
+            lifetime_left: info.lifetime_left.map(seconds_floor_ms),
             href: format!("/v1/locks/{}/{}", info.resource, info.uid),
         }
     }
@@ -453,13 +470,14 @@ pub struct HealthView {
         (status = 201, description = "Granted", body = LockView, headers(
             ("Location" = String, description = "The lock's absolute URL"),
             ("X-Putex-Token" = String, description = "The fencing token, EPOCH:REVISION"),
+            ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the lock's licence as the answer left: lifetime + grant deadline - time since the grant (at least lifetime + half the deadline)"),
         )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 408, description = "Not granted within the wait", body = ErrorBody),
         (status = 409, description = "An administrator deleted the waiting request", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Store failure, or shutting down", body = ErrorBody),
+        (status = 503, description = "Store failure, shutting down, or granted too late to answer within half the grant deadline (`late`: given back)", body = ErrorBody),
     ),
     security((), ("bearer" = [])),
 )]
@@ -473,7 +491,7 @@ pub(crate) async fn acquire(
     let invalid = |m| ApiError::new(ErrorCode::Invalid, m);
     let wait = parse_seconds("wait", body.wait, opts.max_wait, "--max-wait").map_err(invalid)?;
     let lifetime = parse_lifetime(body.lifetime, opts.max_lifetime).map_err(invalid)?;
-    let info = s
+    let grant = s
         .acquire(AcquireRequest {
             resource,
             title: body.title,
@@ -481,8 +499,16 @@ pub(crate) async fn acquire(
             lifetime,
         })
         .await?;
-    let view = LockView::new(&info);
-    let mut resp = (StatusCode::CREATED, Json(&view)).into_response();
+    // The last step before the answer leaves.
+    let info = grant.hand_over().map_err(AcquireFailure::Gateway)?;
+    Ok(granted(&s, StatusCode::CREATED, &info))
+}
+
+/// The answer to a grant or renewal: the lock, `Location`, and the
+/// `X-Putex-Token` and `X-Putex-Lifetime-Left` headers.
+fn granted(s: &Shared, status: StatusCode, info: &LockInfo) -> Response {
+    let view = LockView::new(info);
+    let mut resp = (status, Json(&view)).into_response();
     let location = format!("{}{}", s.base_url, view.href);
     if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(LOCATION, v);
@@ -491,7 +517,13 @@ pub(crate) async fn acquire(
         resp.headers_mut()
             .insert(HeaderName::from_static(TOKEN_HEADER), t);
     }
-    Ok(resp)
+    if let Some(left) = info.lifetime_left {
+        resp.headers_mut().insert(
+            HeaderName::from_static(LIFETIME_LEFT_HEADER),
+            lifetime_left_header(left),
+        );
+    }
+    resp
 }
 
 /// A lock, granted or waiting.
@@ -567,12 +599,15 @@ pub(crate) async fn release(
     ),
     request_body = RenewBody,
     responses(
-        (status = 200, description = "Renewed", body = LockView),
+        (status = 200, description = "Renewed", body = LockView, headers(
+            ("X-Putex-Token" = String, description = "The new fencing token, EPOCH:REVISION"),
+            ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the renewed licence as the answer left"),
+        )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 404, description = "Not held", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        (status = 503, description = "Store failure, or renewed too late to answer within half the grant deadline (`late`: count from the previous answer)", body = ErrorBody),
     ),
     security((), ("bearer" = [])),
 )]
@@ -580,7 +615,7 @@ pub(crate) async fn renew(
     State(s): State<Arc<Shared>>,
     V1Path((resource, uid)): V1Path<(String, String)>,
     V1Json(body): V1Json<RenewBody>,
-) -> Result<Json<LockView>, ApiError> {
+) -> Result<Response, ApiError> {
     check_name("resource", &resource)?;
     let max = s.gateway.options().max_lifetime;
     let lifetime = body
@@ -591,10 +626,23 @@ pub(crate) async fn renew(
     if !plausible_uid(&uid) {
         return Err(ApiError::not_found(&resource, &uid));
     }
-    match s.gateway.renew(&resource, &uid, lifetime).await? {
-        Some(info) => Ok(Json(LockView::new(&info))),
-        None => Err(ApiError::not_found(&resource, &uid)),
-    }
+    let Some(renewal) = s.gateway.renew(&resource, &uid, lifetime).await? else {
+        return Err(ApiError::not_found(&resource, &uid));
+    };
+    let info = renewal.hand_over().map_err(late_renewal)?;
+    Ok(granted(&s, StatusCode::OK, &info))
+}
+
+/// A renewal that could not be answered in time: it stays, but its client
+/// only knows the previous answer, which ends earlier.
+fn late_renewal(e: AcquireError) -> ApiError {
+    ApiError::new(
+        ErrorCode::Late,
+        format!(
+            "{e} (--grant-deadline); the lock was renewed, but count from the previous \
+             answer, or renew again"
+        ),
+    )
 }
 
 /// Every resource with a granted or waiting lock, and its locks.
