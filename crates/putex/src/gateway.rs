@@ -729,7 +729,9 @@ impl Gateway {
 
     /// Releases the granted lock `uid` (`released`, S3: the next waiter
     /// starts at once). `false` if it is not held (expired, released,
-    /// revoked or unknown).
+    /// revoked or unknown) or not an HTTP grant: a `putex lock` or agent
+    /// holder, listed with its instance as the uid, is never released by
+    /// its uid ([`is_http_grant`]).
     pub async fn release(&self, resource: &str, uid: &str) -> Result<bool, StoreError> {
         if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
             return Ok(false);
@@ -739,7 +741,7 @@ impl Gateway {
         let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
             return Ok(false);
         };
-        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid && is_http_grant(r)) else {
             return Ok(false);
         };
         let live = !expired(&entry, &rec, self.store_now().await?);
@@ -789,6 +791,9 @@ impl Gateway {
         let Some((entry, rec, _)) = self.held(resource, uid).await? else {
             return Ok(None);
         };
+        if !is_http_grant(&rec) {
+            return Ok(None); // a `putex lock` or agent holder renews itself
+        }
         let grant_key = keys::grant(resource, uid)?;
         let mut grant = self
             .store
@@ -976,6 +981,25 @@ async fn next_cancel(w: &mut Option<crate::store::WatchStream>) -> Option<u64> {
     }
 }
 
+/// Whether the record is an HTTP grant: `active`, written by a gateway's
+/// grant or renewal — write id `<uid>-grant` or `<uid>-renew-<revision>`,
+/// uid being the record's instance. The core's write ids are
+/// `<instance>-<number>`, so a `putex lock` or agent holder (which watches
+/// its record and must be stopped through it) never matches; nor does a
+/// gateway's own acquisition before the grant.
+pub fn is_http_grant(rec: &LockRecord) -> bool {
+    let suffix = rec
+        .write
+        .strip_prefix(rec.instance.as_str())
+        .and_then(|w| w.strip_prefix('-'));
+    rec.state == LockState::Active
+        && suffix.is_some_and(|w| {
+            w == "grant"
+                || w.strip_prefix("renew-")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+}
+
 /// The record's holder, if it holds the lock (`confirming` or `active`).
 fn holder_of(entry: &Entry) -> Option<LockRecord> {
     match Observed::decode(&entry.value) {
@@ -1094,6 +1118,57 @@ impl Host for GatewayHost {
             tracing::debug!(%from, %to, %reason, "gateway lock transition");
             self.history.transition(*from, *to, reason, *token);
             self.role.send_replace(*to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(state: LockState, instance: &str, write: &str) -> LockRecord {
+        LockRecord {
+            v: 1,
+            node: "gw1".into(),
+            machine: "m".into(),
+            instance: instance.into(),
+            state,
+            write: write.into(),
+            lease_ms: 1000,
+            gap_ms: 200,
+        }
+    }
+
+    #[test]
+    fn only_grant_and_renewal_writes_are_http_grants() {
+        let yes = |w: &str| is_http_grant(&record(LockState::Active, "abc", w));
+        assert!(yes("abc-grant"));
+        assert!(yes("abc-renew-42"));
+        // The core's writes (acquisition, renewals of `putex lock` and
+        // agents), another instance's grant, and malformed ids.
+        for w in [
+            "abc-0",
+            "abc-17",
+            "xyz-grant",
+            "abc-renew-",
+            "abc-renew-x",
+            "abcgrant",
+        ] {
+            assert!(!yes(w), "{w}");
+        }
+        // A pid-based fallback instance id holds a dash.
+        assert!(is_http_grant(&record(
+            LockState::Active,
+            "12-3",
+            "12-3-grant"
+        )));
+        assert!(!is_http_grant(&record(LockState::Active, "12-3", "12-3-4")));
+        for state in [
+            LockState::Confirming,
+            LockState::Released,
+            LockState::Revoked,
+        ] {
+            assert!(!is_http_grant(&record(state, "abc", "abc-grant")));
         }
     }
 }

@@ -1542,3 +1542,57 @@ async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
         granted - released
     );
 }
+
+/// Waits for `path` to exist.
+async fn wait_file(path: &std::path::Path, what: &str) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `putex lock` holders are listed with their instance as the uid; an
+/// HTTP release or renewal naming it must not touch their record: a
+/// `released` record would let the next holder start at once while the
+/// command still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
+    let server = NatsServer::start();
+    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "watched",
+        &[],
+        r#"touch "$D/held"; sleep 3; touch "$D/done""#,
+    )
+    .spawn()
+    .unwrap();
+    wait_file(&d.join("held"), "putex lock never ran").await;
+    let v = listed(&c, &s, "watched").await;
+    let uid = v["locks"][0]["uid"].as_str().unwrap().to_owned();
+    let st = crate::common::agent::status_json(&server.url, "watched");
+    assert_eq!(st["instance"], uid.as_str(), "{st}");
+    use reqwest::Method as M;
+    for url in [
+        s.at(&format!("/v1/locks/watched/{uid}")),
+        s.at(&format!("/locks/watched/{uid}")),
+    ] {
+        assert_eq!(status_of(&c, M::DELETE, &url).await, StatusCode::NOT_FOUND);
+    }
+    let renew = s.at(&format!("/v1/locks/watched/{uid}/renew"));
+    assert_eq!(status_of(&c, M::POST, &renew).await, StatusCode::NOT_FOUND);
+    let after = crate::common::agent::status_json(&server.url, "watched");
+    assert_eq!(after["state"], "active", "{after}");
+    assert_eq!(after["instance"], uid.as_str(), "{after}");
+    assert_eq!(
+        cmd.wait().await.unwrap().code(),
+        Some(0),
+        "the lock was lost"
+    );
+    assert!(d.join("done").exists());
+}
