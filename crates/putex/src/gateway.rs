@@ -20,8 +20,7 @@
 //! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET` |
 //!
 //! The client can only count its lifetime from the moment the `201`
-//! reaches it, after the grant's write, a read, the grant record and the
-//! HTTP hop. So the grant's write advertises `lifetime + D` (D =
+//! reaches it, after the grant's write and the HTTP hop. So the grant's write advertises `lifetime + D` (D =
 //! [`GatewayOptions::grant_deadline`]): a taker waits W + G' (S1, S2) for
 //! that, never less than `lifetime + D` after the write. The gateway hands
 //! the answer over within D/2 of sending that write, or gives the lock back
@@ -254,9 +253,12 @@ pub struct GrantRecord {
     /// record advertises `lifetime + D` (0 in records of older gateways).
     #[serde(default)]
     pub deadline_ms: u64,
-    /// When it was granted, nanoseconds since the Unix epoch (store clock).
+    /// When it was granted, nanoseconds since the Unix epoch (the
+    /// granting gateway's clock; listings use the lock record's store
+    /// time).
     pub since_ns: u64,
-    /// The fencing token.
+    /// The fencing token (written before the granting write: listings use
+    /// the lock record's).
     pub token: Token,
 }
 
@@ -533,14 +535,25 @@ impl Gateway {
         }
     }
 
-    /// Grants the lock: one more write of its record — `active`,
-    /// advertising `lifetime + D`, so the licence runs that long from it —
-    /// then the grant record, and describes it. The [`Grant`] counts from
-    /// the send of that write; any failure after it gives the lock back.
+    /// Grants the lock: its description (the grant record), then one more
+    /// write of its record — `active`, advertising `lifetime + D`, so the
+    /// licence runs that long from it. Nothing follows that write: the
+    /// [`Grant`] counts from its send and is ready when its reply arrives.
     async fn grant(&self, req: &AcquireRequest, uid: &str) -> Result<Grant, AcquireError> {
         let t = self.timeout();
         let key = keys::lock(&req.resource)?;
+        let grant_key = keys::grant(&req.resource, uid)?;
         let deadline = self.opts.grant_deadline;
+        let mut grant = GrantRecord {
+            v: 1,
+            title: req.title.clone(),
+            wait_ms: ceil_millis(req.wait),
+            lifetime_ms: ceil_millis(req.lifetime),
+            deadline_ms: ceil_millis(deadline),
+            since_ns: 0,
+            token: Token::new(0, 0),
+        };
+        let mut described = false;
         let mut written = None;
         // The agent's last renewal may still land: retry on our own record.
         for _ in 0..3 {
@@ -550,20 +563,32 @@ impl Gateway {
             let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
                 break;
             };
+            if !described {
+                grant.token = entry.token;
+                grant.since_ns = nanos_since_epoch(SystemTime::now());
+                self.store
+                    .put(
+                        &grant_key,
+                        &serde_json::to_vec(&grant).expect("serialises"),
+                        t,
+                    )
+                    .await?;
+                described = true;
+            }
             let granted = LockRecord {
                 state: LockState::Active,
                 write: format!("{uid}-grant"),
                 lease_ms: ceil_millis(req.lifetime + deadline).max(rec.lease_ms),
                 ..rec
             };
-            let sent = clock::boot_time_now();
+            let (sent, wall) = (clock::boot_time_now(), SystemTime::now());
             match self
                 .store
                 .update(&key, &granted.encode(), entry.token, t)
                 .await
             {
                 Ok(token) => {
-                    written = Some((token, sent));
+                    written = Some((token, sent, wall));
                     break;
                 }
                 Err(StoreError::Conflict { .. }) => continue,
@@ -571,40 +596,32 @@ impl Gateway {
             }
         }
         // Lost between activation and grant: nothing was granted.
-        let Some((token, sent)) = written else {
+        let Some((token, sent, wall)) = written else {
+            if described {
+                self.forget_grant(&req.resource, uid).await;
+            }
             return Err(AcquireError::Timeout);
         };
         self.raise_highest(&req.resource, token);
-        let mut grant = GrantRecord {
-            v: 1,
-            title: req.title.clone(),
-            wait_ms: ceil_millis(req.wait),
-            lifetime_ms: ceil_millis(req.lifetime),
-            deadline_ms: ceil_millis(deadline),
-            since_ns: 0,
-            token,
-        };
-        // From here on, dropping the grant gives the lock back.
-        let mut out = Grant {
+        grant.token = token;
+        grant.since_ns = nanos_since_epoch(wall);
+        Ok(Grant {
             info: info_of(&req.resource, uid, &grant),
             sent,
             deadline,
             give_back: Some(self.clone()),
-        };
-        let time = match self.store.get(&key, ReadMode::Leader, t).await? {
-            Some(e) if e.token == token => e.time,
-            _ => self.store_now().await?,
-        };
-        grant.since_ns = nanos_since_epoch(self.wall(time).await);
-        self.store
-            .put(
-                &keys::grant(&req.resource, uid)?,
-                &serde_json::to_vec(&grant).expect("serialises"),
-                t,
-            )
-            .await?;
-        out.info = info_of(&req.resource, uid, &grant);
-        Ok(out)
+        })
+    }
+
+    /// Deletes the grant record of `uid` on `resource`, if any (best effort:
+    /// a stale one describes no lock, since the lock record decides).
+    async fn forget_grant(&self, resource: &str, uid: &str) {
+        let t = self.timeout();
+        if let Ok(key) = keys::grant(resource, uid) {
+            if let Ok(Some(g)) = self.store.get(&key, ReadMode::Any, t).await {
+                let _ = self.store.delete(&key, g.token, t).await;
+            }
+        }
     }
 
     async fn read_prefix(&self, prefix: &str) -> Result<Vec<(String, Entry)>, StoreError> {
@@ -667,8 +684,10 @@ impl Gateway {
             return Ok(None);
         }
         let t = self.timeout();
-        if let Some((_, rec, left)) = self.held(resource, uid).await? {
-            return Ok(Some(self.granted_info(resource, uid, &rec, left).await?));
+        if let Some((entry, rec, left)) = self.held(resource, uid).await? {
+            return Ok(Some(
+                self.granted_info(resource, uid, &entry, &rec, left).await?,
+            ));
         }
         let ticket = self
             .store
@@ -695,10 +714,13 @@ impl Gateway {
             .map_or(0, |e| e.token.revision))
     }
 
+    /// A held lock's description: its grant record's, with the token and
+    /// the time of the lock record's last write (the grant or renewal).
     async fn granted_info(
         &self,
         resource: &str,
         uid: &str,
+        entry: &Entry,
         rec: &LockRecord,
         left: Duration,
     ) -> Result<LockInfo, StoreError> {
@@ -708,9 +730,14 @@ impl Gateway {
             .await?
             .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok());
         let mut info = match grant {
-            Some(g) => info_of(resource, uid, &g),
-            // Held by another kind of holder (`putex lock`, an agent).
-            None => LockInfo {
+            Some(mut g) if is_http_grant(rec) => {
+                g.token = entry.token;
+                g.since_ns = nanos_since_epoch(self.wall(entry.time).await);
+                info_of(resource, uid, &g)
+            }
+            // Held by another kind of holder (`putex lock`, an agent), or a
+            // gateway still acquiring it.
+            _ => LockInfo {
                 resource: resource.to_owned(),
                 uid: uid.to_owned(),
                 title: format!("held by {} (putex)", rec.node),
@@ -757,11 +784,7 @@ impl Gateway {
             .store
             .update(&key, &released.encode(), entry.token, t)
             .await;
-        if let Ok(grant) = keys::grant(resource, uid) {
-            if let Ok(Some(g)) = self.store.get(&grant, ReadMode::Any, t).await {
-                let _ = self.store.delete(&grant, g.token, t).await;
-            }
-        }
+        self.forget_grant(resource, uid).await;
         Ok(live && written.is_ok())
     }
 
@@ -811,6 +834,16 @@ impl Gateway {
             });
         let lifetime = lifetime.unwrap_or(Duration::from_millis(grant.lifetime_ms));
         let deadline = self.opts.grant_deadline;
+        // The description first: nothing follows the renewing write.
+        grant.lifetime_ms = ceil_millis(lifetime);
+        grant.deadline_ms = ceil_millis(deadline);
+        self.store
+            .put(
+                &grant_key,
+                &serde_json::to_vec(&grant).expect("serialises"),
+                t,
+            )
+            .await?;
         let renewed = LockRecord {
             state: LockState::Active,
             write: format!("{uid}-renew-{}", entry.token.revision),
@@ -818,7 +851,7 @@ impl Gateway {
             ..rec
         };
         let key = keys::lock(resource)?;
-        let sent = clock::boot_time_now();
+        let (sent, wall) = (clock::boot_time_now(), SystemTime::now());
         let token = match self
             .store
             .update(&key, &renewed.encode(), entry.token, t)
@@ -829,21 +862,8 @@ impl Gateway {
             Err(e) => return Err(e),
         };
         self.raise_highest(resource, token);
-        let written = match self.store.get(&key, ReadMode::Leader, t).await? {
-            Some(e) if e.token == token => e.time,
-            _ => self.store_now().await?,
-        };
-        grant.lifetime_ms = ceil_millis(lifetime);
-        grant.deadline_ms = ceil_millis(deadline);
-        grant.since_ns = nanos_since_epoch(self.wall(written).await);
+        grant.since_ns = nanos_since_epoch(wall);
         grant.token = token;
-        self.store
-            .put(
-                &grant_key,
-                &serde_json::to_vec(&grant).expect("serialises"),
-                t,
-            )
-            .await?;
         Ok(Some(Grant {
             info: info_of(resource, uid, &grant),
             sent,
@@ -865,7 +885,10 @@ impl Gateway {
             if let Some(rec) = holder_of(&entry) {
                 if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
                     let uid = rec.instance.clone();
-                    out.push(self.granted_info(resource, &uid, &rec, left).await?);
+                    out.push(
+                        self.granted_info(resource, &uid, &entry, &rec, left)
+                            .await?,
+                    );
                 }
             }
         }

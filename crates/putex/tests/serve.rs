@@ -1485,12 +1485,15 @@ async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
         .await
         .unwrap();
     // A lease long enough for the agent's store calls to fit in their
-    // deadlines through the slow link.
+    // deadlines through the slow link (R = 1 s: 400 ms each); a grant
+    // deadline of 200 ms: the answer must leave within 100 ms of the
+    // granting write.
     let slow = Arc::new(
         Served::start_gateway(
             slow_store,
             GatewayOptions {
                 acquire_lease: Duration::from_secs(10),
+                grant_deadline: Duration::from_millis(200),
                 ..gateway_options("slow")
             },
             HttpOptions::default(),
@@ -1514,9 +1517,8 @@ async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
         })
     };
     wait_listed(&c, &fast, "given", 3).await;
-    // Each store call of the slow gateway now takes at least 240 ms: its
-    // grant (a write, a read and the grant record) cannot be answered
-    // within half of its 1 s grant deadline.
+    // Each store call of the slow gateway now takes at least 240 ms: the
+    // reply to its granting write comes too late to answer within 100 ms.
     proxy.set(Mode::Jitter {
         min: Duration::from_millis(120),
         max: Duration::from_millis(120),
