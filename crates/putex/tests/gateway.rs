@@ -147,13 +147,13 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         tokio::spawn(async move { g2.acquire(req("adm", 10_000, 1000)).await })
     };
     waiting(&g1, "adm").await;
-    assert!(g1.revoke("adm").await.unwrap());
+    assert!(g1.delete("adm").await.unwrap());
     assert!(matches!(
         waiter.await.unwrap(),
         Err(AcquireError::Cancelled)
     ));
-    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "revoked");
-    assert!(!g1.revoke("nothing").await.unwrap());
+    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "freed");
+    assert!(!g1.delete("nothing").await.unwrap());
 
     // A client that disconnects while waiting never ends up holding it.
     warm(&g1, "gone").await;

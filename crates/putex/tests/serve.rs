@@ -438,7 +438,7 @@ async fn rdlm_admin_deletes_give_waiters_409() {
     let held1 = location(&rdlm_post(&c, &s, "resource1", 5.0, 10.0).await);
     let held2 = location(&rdlm_post(&c, &s, "resource2", 5.0, 10.0).await);
 
-    // DELETE /resources/{r}: the holder's lock is revoked, the waiter 409.
+    // DELETE /resources/{r}: the holder's lock is freed, the waiter 409.
     let waiter = {
         let (c, s) = (c.clone(), s.clone());
         tokio::spawn(async move { rdlm_post(&c, &s, "resource1", 20.0, 10.0).await.status() })
@@ -459,9 +459,11 @@ async fn rdlm_admin_deletes_give_waiters_409() {
         status_of(&c, reqwest::Method::GET, &held1).await,
         StatusCode::NOT_FOUND
     );
-    // S7: the record says `revoked` and keeps the holder.
+    // Freed at once: the record says `released` (the holder's, or that of
+    // the cancelled waiter, which may have taken the freed lock before it
+    // saw the cancel, and gave it back).
     let st: Value = get_json(&c, &s, "/v1/status/resource1").await;
-    assert_eq!(st["state"], "revoked", "{st}");
+    assert_eq!(st["state"], "released", "{st}");
     assert_eq!(st["holder"], "gw1");
 
     // DELETE /resources: everything, waiters 409.
@@ -872,15 +874,33 @@ async fn openapi_document_describes_both_apis() {
         "/locks/{resource}",
         "/resources",
         "/v1/locks/{resource}",
+        "/v1/locks/{resource}/revoke",
+        "/v1/locks/{resource}/force",
         "/health",
     ] {
         assert!(paths.contains_key(p), "{p}");
     }
+    // Both admin calls are described, and told apart.
+    for (p, says) in [
+        ("/v1/locks/{resource}/revoke", "revoked"),
+        ("/v1/locks/{resource}/force", "released"),
+    ] {
+        let op = &doc["paths"][p]["post"];
+        assert!(op["description"].as_str().unwrap().contains(says), "{op}");
+        assert!(op["responses"]["200"].is_object(), "{op}");
+    }
+    assert!(doc["paths"]["/v1/locks/{resource}/force"]["post"]["responses"]["409"].is_object());
     let created = &doc["paths"]["/v1/locks/{resource}"]["post"]["responses"]["201"];
     for header in ["X-Putex-Token", "X-Putex-Lifetime-Left"] {
         assert!(created["headers"].get(header).is_some(), "{created}");
     }
-    for schema in ["LockView", "FencingToken", "ErrorBody", "HalLock"] {
+    for schema in [
+        "LockView",
+        "FencingToken",
+        "ErrorBody",
+        "HalLock",
+        "AdminView",
+    ] {
         assert!(
             doc["components"]["schemas"].get(schema).is_some(),
             "{schema}"
@@ -943,6 +963,8 @@ async fn auth_bearer_token_and_admin_basic() {
         c.get(s.at("/resources/x")),
         c.delete(s.at("/resources/x")),
         c.delete(s.at("/v1/locks/x")),
+        c.post(s.at("/v1/locks/x/revoke")),
+        c.post(s.at("/v1/locks/x/force")),
     ] {
         let r = admin.try_clone().unwrap().send().await.unwrap();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
@@ -1387,6 +1409,92 @@ async fn the_binary_serves_and_stops_on_sigterm() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
 }
 
+/// A `201`'s fencing token as `(epoch, revision)`, which orders tokens.
+fn token_of(r: &Response) -> (u64, u64) {
+    let t = r.headers()["x-putex-token"].to_str().unwrap();
+    let (e, r) = t.split_once(':').unwrap();
+    (e.parse().unwrap(), r.parse().unwrap())
+}
+
+/// RDLM's own test suite ends every case with `DELETE /resources` and
+/// starts the next by locking the same names again, expecting a `201`
+/// within a 5 s wait: an admin delete frees a lock granted over HTTP at
+/// once, and the fencing token still goes up.
+async fn rdlm_admin_deletes_free_http_locks_at_once(store: AnyStore) {
+    let s = Served::start(store, "gw1", HttpOptions::default()).await;
+    let c = client();
+    tokio::join!(warm(&c, &s, "resource1"), warm(&c, &s, "resource2"));
+    use reqwest::Method as M;
+
+    // DELETE /resources/{r}, then the same name again at once.
+    let a = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
+    let a_token = token_of(&a);
+    let a = location(&a);
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, M::DELETE, &s.at("/resources/resource1")).await,
+        StatusCode::NO_CONTENT
+    );
+    let b = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
+    let took = deleted.elapsed();
+    assert_eq!(
+        b.status(),
+        StatusCode::CREATED,
+        "not granted within 5 s of the admin delete ({took:?})"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "granted {took:?} after the delete"
+    );
+    let b_token = token_of(&b);
+    assert!(
+        b_token > a_token,
+        "fencing token {b_token:?} after {a_token:?}"
+    );
+    let b = location(&b);
+    assert_eq!(status_of(&c, M::GET, &a).await, StatusCode::NOT_FOUND);
+    assert_eq!(status_of(&c, M::DELETE, &a).await, StatusCode::NOT_FOUND);
+    assert_eq!(status_of(&c, M::GET, &b).await, StatusCode::OK);
+
+    // DELETE /resources: every resource, then both names again at once.
+    let r2 = rdlm_post(&c, &s, "resource2", 5.0, 60.0).await;
+    let r2_token = token_of(&r2);
+    let r2 = location(&r2);
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, M::DELETE, &s.at("/resources")).await,
+        StatusCode::NO_CONTENT
+    );
+    let (again1, again2) = tokio::join!(
+        rdlm_post(&c, &s, "resource1", 5.0, 60.0),
+        rdlm_post(&c, &s, "resource2", 5.0, 60.0)
+    );
+    let took = deleted.elapsed();
+    assert_eq!(again1.status(), StatusCode::CREATED, "after {took:?}");
+    assert_eq!(again2.status(), StatusCode::CREATED, "after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "granted {took:?} after the delete"
+    );
+    assert!(token_of(&again1) > b_token);
+    assert!(token_of(&again2) > r2_token);
+    for gone in [&b, &r2] {
+        assert_eq!(status_of(&c, M::GET, gone).await, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_free_http_locks_at_once_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    rdlm_admin_deletes_free_http_locks_at_once(sqlite(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_free_http_locks_at_once_nats() {
+    let server = NatsServer::start();
+    rdlm_admin_deletes_free_http_locks_at_once(nats(&server).await).await;
+}
+
 /// A `201` that takes long to reach its client (a slow network, a slow
 /// client socket): the client counts its lifetime from the moment it
 /// receives it, so the next holder must not start before then + lifetime.
@@ -1600,4 +1708,156 @@ async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
         "the lock was lost"
     );
     assert!(d.join("done").exists());
+}
+
+/// `/v1/`'s two admin calls on a lock granted over HTTP: `force` frees it
+/// at once (the waiter gets it, with a higher fencing token); `revoke`
+/// marks it `revoked`, and takers wait out its lifetime + D.
+async fn v1_force_frees_and_revoke_revokes_an_http_lock(store: AnyStore) {
+    let s = Arc::new(Served::start(store, "gw1", HttpOptions::default()).await);
+    let c = client();
+    warm(&c, &s, "vforce").await;
+    use reqwest::Method as M;
+    let post = |path: &str| c.post(s.at(path)).send();
+
+    let a = c
+        .post(s.at("/v1/locks/vforce"))
+        .json(&json!({"wait": 5, "lifetime": 60}))
+        .send()
+        .await
+        .unwrap();
+    let a_token = token_of(&a);
+    let a: Value = a.json().await.unwrap();
+    let waiter = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            let r = c
+                .post(s.at("/v1/locks/vforce"))
+                .json(&json!({"wait": 20, "lifetime": 5}))
+                .send()
+                .await
+                .unwrap();
+            (Instant::now(), r)
+        })
+    };
+    wait_listed(&c, &s, "vforce", 2).await;
+    let forced = Instant::now();
+    let r = post("/v1/locks/vforce/force").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["action"], "freed", "{v}");
+    assert_eq!(v["holder"], "gw1");
+    assert_eq!(v["instance"], a["uid"]);
+    assert_eq!(v["fencing_token"], a["fencing_token"]);
+    // The waiter keeps its place and gets the lock at once.
+    let (granted, b) = waiter.await.unwrap();
+    assert_eq!(b.status(), StatusCode::CREATED);
+    assert!(
+        granted - forced < Duration::from_secs(2),
+        "granted {:?} after the force",
+        granted - forced
+    );
+    assert!(token_of(&b) > a_token);
+    let b: Value = b.json().await.unwrap();
+    let a_url = s.at(a["href"].as_str().unwrap());
+    assert_eq!(status_of(&c, M::GET, &a_url).await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        status_of(&c, M::DELETE, &a_url).await,
+        StatusCode::NOT_FOUND
+    );
+
+    // Revoke: `revoked` (S7), not free: a short wait gets nothing.
+    let r = post("/v1/locks/vforce/revoke").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["action"], "revoked", "{v}");
+    assert_eq!(v["instance"], b["uid"]);
+    let st: Value = get_json(&c, &s, "/v1/status/vforce").await;
+    assert_eq!(st["state"], "revoked", "{st}");
+    let r = c
+        .post(s.at("/v1/locks/vforce"))
+        .json(&json!({"wait": 1, "lifetime": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+
+    // Nothing holds it any more.
+    for call in ["/v1/locks/vforce/force", "/v1/locks/vforce/revoke"] {
+        let r = post(call).await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{call}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "not_found", "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_force_frees_and_revoke_revokes_an_http_lock_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    v1_force_frees_and_revoke_revokes_an_http_lock(sqlite(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_force_frees_and_revoke_revokes_an_http_lock_nats() {
+    let server = NatsServer::start();
+    v1_force_frees_and_revoke_revokes_an_http_lock(nats(&server).await).await;
+}
+
+/// A `putex lock` holder watches its record and may still be running:
+/// `force` refuses it, and RDLM's admin delete revokes it (S7) rather than
+/// freeing it — the command is stopped, and the next request waits W + G'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
+    let server = NatsServer::start();
+    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "agentheld",
+        &[],
+        r#"touch "$D/held"; sleep 30"#,
+    )
+    .spawn()
+    .unwrap();
+    wait_file(&d.join("held"), "putex lock never ran").await;
+
+    let r = c
+        .post(s.at("/v1/locks/agentheld/force"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "not_forceable", "{e}");
+    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    assert!(
+        st["state"] == "active" || st["state"] == "confirming",
+        "{st}"
+    );
+
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &s.at("/resources/agentheld")).await,
+        StatusCode::NO_CONTENT
+    );
+    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    assert_eq!(st["state"], "revoked", "{st}");
+    // The holder learns it from its record, and its command is stopped.
+    let code = tokio::time::timeout(Duration::from_secs(10), cmd.wait())
+        .await
+        .expect("putex lock kept running after the revoke")
+        .unwrap()
+        .code();
+    assert_eq!(code, Some(76));
+    // Not free at once: W + G' of its advertised lease (--ttl 1s).
+    let r = rdlm_post(&c, &s, "agentheld", 10.0, 1.0).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(1),
+        "granted {:?} after revoking a putex lock with a 1 s lease",
+        deleted.elapsed()
+    );
 }

@@ -288,13 +288,15 @@ impl App {
         let admin_routes = Router::new()
             .route(
                 "/resources",
-                get(rdlm::list_resources).delete(rdlm::revoke_all),
+                get(rdlm::list_resources).delete(rdlm::delete_all),
             )
             .route(
                 "/resources/{resource}",
-                get(rdlm::get_resource).delete(rdlm::revoke),
+                get(rdlm::get_resource).delete(rdlm::delete_resource),
             )
-            .route("/v1/locks/{resource}", delete(v1::revoke))
+            .route("/v1/locks/{resource}", delete(v1::delete_resource))
+            .route("/v1/locks/{resource}/revoke", post(v1::revoke))
+            .route("/v1/locks/{resource}/force", post(v1::force))
             .route_layer(admin);
         Router::new()
             .merge(user_routes)

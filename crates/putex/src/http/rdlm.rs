@@ -7,8 +7,8 @@
 //! | `GET /locks/{resource}/{uid}` | `200` `application/hal+json`; `404` once released, expired or revoked |
 //! | `DELETE /locks/{resource}/{uid}` | `204`; `404` if not held |
 //! | `GET /resources`, `GET /resources/{resource}` | admin: HAL listings (`200`, also for a resource without locks) |
-//! | `DELETE /resources/{resource}` | admin: `204`; `404` when it has no lock |
-//! | `DELETE /resources` | admin: `204`; every waiting request gets `409` |
+//! | `DELETE /resources/{resource}` | admin: `204` (HTTP locks freed at once, `putex lock` and agent holders revoked, waiters `409`); `404` when it has no lock |
+//! | `DELETE /resources` | admin: the same for every resource, `204` |
 //! | `GET /` | a hello |
 //!
 //! As in RDLM, resource names and uids are `[a-zA-Z0-9]+` (other names
@@ -541,15 +541,18 @@ pub(crate) async fn get_resource(
     })
 }
 
-/// Admin: delete every lock of a resource (RDLM): the granted one is
-/// revoked (S7), the waiting ones get `409`.
+/// Admin: delete every lock of a resource (RDLM): the waiting ones get
+/// `409`; a lock granted over HTTP is freed at once (`released`: the next
+/// request gets it at once; its client is not told, its fencing token is
+/// what protects the resource); a `putex lock` or agent holder is revoked
+/// (S7: it stops, takers wait W + G').
 #[utoipa::path(
     delete,
     path = "/resources/{resource}",
     tag = "rdlm",
     params(("resource" = String, Path, description = "The resource", pattern = "^[a-zA-Z0-9]{1,64}$")),
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
         (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
         (status = 404, description = "The resource has no lock", body = String, content_type = "text/plain"),
@@ -557,34 +560,35 @@ pub(crate) async fn get_resource(
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke(
+pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     RdlmPath(resource): RdlmPath<String>,
 ) -> Response {
     if let Some(r) = refuse_resource(&resource) {
         return r;
     }
-    match s.gateway.revoke(&resource).await {
+    match s.gateway.delete(&resource).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => text(StatusCode::NOT_FOUND, "no resource (with locks) found"),
         Err(e) => store_error(e),
     }
 }
 
-/// Admin: delete every lock of every resource (RDLM).
+/// Admin: delete every lock of every resource (RDLM), as
+/// `DELETE /resources/{resource}` does for one.
 #[utoipa::path(
     delete,
     path = "/resources",
     tag = "rdlm",
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 204, description = "Deleted: waiters cancelled, HTTP locks freed at once, putex lock and agent holders revoked"),
         (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
         (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke_all(State(s): State<Arc<Shared>>) -> Response {
-    match s.gateway.revoke_all().await {
+pub(crate) async fn delete_all(State(s): State<Arc<Shared>>) -> Response {
+    match s.gateway.delete_all().await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => store_error(e),
     }

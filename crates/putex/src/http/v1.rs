@@ -8,7 +8,9 @@
 //! | `DELETE /v1/locks/{resource}/{uid}` | release it: `204` |
 //! | `POST /v1/locks/{resource}/{uid}/renew` | a new lifetime from now |
 //! | `GET /v1/locks`, `GET /v1/locks/{resource}` | the resources with locks, and their granted and waiting locks |
-//! | `DELETE /v1/locks/{resource}` | admin: revoke the granted lock (S7), cancel the waiting ones |
+//! | `DELETE /v1/locks/{resource}` | admin, RDLM's delete: cancel the waiting locks, free an HTTP lock at once, revoke a `putex lock` or agent holder |
+//! | `POST /v1/locks/{resource}/revoke` | admin: revoke the holder, whatever it is (S7) |
+//! | `POST /v1/locks/{resource}/force` | admin: free an HTTP lock at once (`released`); never a `putex lock` or agent holder |
 //! | `GET /v1/status`, `GET /v1/status/{lock}` | any putex lock's record: holder, state, revision, fencing token |
 //! | `GET /v1/status/{lock}/members` | the member records of a lock (`putex run` agents) |
 //! | `GET /health` | liveness, never behind auth |
@@ -39,7 +41,7 @@ use super::{
 };
 use crate::cli::status::{lock_status, LockStatus, MemberStatus};
 use crate::cli::CliError;
-use crate::gateway::{AcquireError, AcquireRequest, LockInfo};
+use crate::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
 use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// What went wrong, for programs.
@@ -61,6 +63,9 @@ pub enum ErrorCode {
     Store,
     /// The server is shutting down (`503`).
     Unavailable,
+    /// `force` on a resource held by a `putex lock` or agent, which may
+    /// still be running: nothing was done (`409`).
+    NotForceable,
     /// The lock was granted, but the answer was not ready within half the
     /// grant deadline: the lock was given back; ask again (`503`). For a
     /// renewal: the lock was renewed, but count from the previous answer.
@@ -72,7 +77,7 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::Timeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorCode::Cancelled => StatusCode::CONFLICT,
+            ErrorCode::Cancelled | ErrorCode::NotForceable => StatusCode::CONFLICT,
             ErrorCode::Invalid => StatusCode::BAD_REQUEST,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -698,15 +703,18 @@ pub(crate) async fn list_resource(
     }))
 }
 
-/// Admin: revoke the granted lock of a resource (its record becomes
-/// `revoked`, S7) and cancel its waiting requests (they get `409`).
+/// Admin: delete every lock of a resource, as RDLM does.
+///
+/// As `DELETE /resources/{resource}`: the waiting requests get `409`, a
+/// lock granted over HTTP is freed at once (`released`, as `force`), and a
+/// `putex lock` or agent holder is revoked (`revoked`, S7, as `revoke`).
 #[utoipa::path(
     delete,
     path = "/v1/locks/{resource}",
     tag = "v1",
     params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
     responses(
-        (status = 204, description = "Revoked"),
+        (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 404, description = "The resource has no lock", body = ErrorBody),
@@ -714,18 +722,134 @@ pub(crate) async fn list_resource(
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke(
+pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("resource", &resource)?;
-    if s.gateway.revoke(&resource).await? {
+    if s.gateway.delete(&resource).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(
             ErrorCode::NotFound,
             format!("{resource} has no lock"),
         ))
+    }
+}
+
+/// What an admin call did to a resource's holder.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdminView {
+    /// The resource.
+    pub resource: String,
+    /// `freed` (`force`: an HTTP lock, now `released`, the next request
+    /// gets it at once) or `revoked` (`revoke`: now `revoked`, S7).
+    pub action: String,
+    /// The holder's node id (the gateway's `--node` for an HTTP lock).
+    pub holder: String,
+    /// The holder's instance id (an HTTP lock's uid).
+    pub instance: String,
+    /// The holder's fencing token, `EPOCH:REVISION`: tell the protected
+    /// resource to refuse it and anything older.
+    pub fencing_token: String,
+    /// The same token.
+    pub token: FencingToken,
+}
+
+impl AdminView {
+    fn new(resource: String, ended: &Ended) -> AdminView {
+        AdminView {
+            resource,
+            action: match ended.action {
+                AdminAction::Freed => "freed",
+                AdminAction::Revoked => "revoked",
+                AdminAction::Refused => "refused",
+            }
+            .into(),
+            holder: ended.node.clone(),
+            instance: ended.instance.clone(),
+            fencing_token: ended.token.to_string(),
+            token: ended.token.into(),
+        }
+    }
+}
+
+fn no_holder(resource: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("nothing holds {resource} (free, expired, released or revoked)"),
+    )
+}
+
+/// Admin: revoke a resource's holder, whatever it is (S7).
+///
+/// Its record becomes `revoked`: a `putex lock` or agent holder stops at
+/// once; an HTTP client cannot be told. Takers wait W + G' of the holder's
+/// advertised lease (an HTTP lock's lifetime + grant deadline): the lock
+/// is not free at once. Waiting requests keep their place.
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{resource}/revoke",
+    tag = "v1",
+    params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "Revoked", body = AdminView),
+        (status = 400, description = "Malformed resource name", body = ErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        (status = 404, description = "Nothing holds the resource", body = ErrorBody),
+        (status = 503, description = "Store failure", body = ErrorBody),
+    ),
+    security((), ("basic" = []), ("bearer" = [])),
+)]
+pub(crate) async fn revoke(
+    State(s): State<Arc<Shared>>,
+    V1Path(resource): V1Path<String>,
+) -> Result<Json<AdminView>, ApiError> {
+    check_name("resource", &resource)?;
+    match s.gateway.revoke(&resource).await? {
+        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        None => Err(no_holder(&resource)),
+    }
+}
+
+/// Admin: free a lock granted over HTTP at once.
+///
+/// Its record becomes `released`: the next request (or `putex lock`) gets
+/// it at once, with a higher fencing token. Its client is not told: its
+/// fencing token is what protects the resource. A `putex lock` or agent
+/// holder, which may still be running, is never forced (`409`
+/// `not_forceable`: revoke it). Waiting requests keep their place.
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{resource}/force",
+    tag = "v1",
+    params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "Freed", body = AdminView),
+        (status = 400, description = "Malformed resource name", body = ErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        (status = 404, description = "Nothing holds the resource", body = ErrorBody),
+        (status = 409, description = "Held by a putex lock or agent, not over HTTP (`not_forceable`): nothing was done", body = ErrorBody),
+        (status = 503, description = "Store failure", body = ErrorBody),
+    ),
+    security((), ("basic" = []), ("bearer" = [])),
+)]
+pub(crate) async fn force(
+    State(s): State<Arc<Shared>>,
+    V1Path(resource): V1Path<String>,
+) -> Result<Json<AdminView>, ApiError> {
+    check_name("resource", &resource)?;
+    match s.gateway.force(&resource).await? {
+        Some(ended) if ended.action == AdminAction::Refused => Err(ApiError::new(
+            ErrorCode::NotForceable,
+            format!(
+                "{resource} is held by {} (instance {}), a putex lock or agent that may still \
+                 be running, not over HTTP: nothing was done; revoke it instead",
+                ended.node, ended.instance
+            ),
+        )),
+        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        None => Err(no_holder(&resource)),
     }
 }
 
