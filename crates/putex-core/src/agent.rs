@@ -597,6 +597,12 @@ enum LockOp {
     Release {
         write: String,
     },
+    /// `released` over an administrator's `revoked` record of our own
+    /// tenure, once our stop is proven (S7).
+    ReleaseRevoked {
+        write: String,
+        expected: Token,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -676,6 +682,10 @@ pub struct Agent {
     trusted: Option<Token>,
     /// A record with our node id and another machine id was seen at this token.
     duplicate_seen: Option<Token>,
+    /// An administrator revoked our tenure's record at this token while the
+    /// service may have run: once the stop is proven, `released` goes over
+    /// it, so the next holder need not wait W + G' (S7).
+    revoked_over: Option<Token>,
 
     health: Option<HealthRun>,
     ok_streak: u32,
@@ -734,6 +744,7 @@ impl Agent {
             highest: config.highest_token,
             trusted: config.highest_token,
             duplicate_seen: None,
+            revoked_over: None,
             health: None,
             ok_streak: 0,
             fail_streak: 0,
@@ -1027,6 +1038,11 @@ impl Agent {
                 key: Key::Lock,
                 value: self.record(LockState::Released, write, None),
                 expected: self.lease.as_ref().expect("release needs a lease").token,
+            },
+            LockOp::ReleaseRevoked { write, expected } => StoreOp::Update {
+                key: Key::Lock,
+                value: self.record(LockState::Released, write, None),
+                expected: *expected,
             },
         };
         self.lock_op = Some(Pending { id, deadline, what });
@@ -1330,6 +1346,15 @@ impl Agent {
             } => self.on_acquire_outcome(write, sent, *acquire, outcome),
             LockOp::Renew { write, sent } => self.on_renew_outcome(write, sent, outcome),
             LockOp::Release { write } => self.on_release_outcome(&write, outcome),
+            LockOp::ReleaseRevoked { .. } => {
+                if let StoreOutcome::Written(t) = outcome {
+                    self.note_token(t);
+                }
+                if self.shutdown {
+                    let released = matches!(outcome, StoreOutcome::Written(_));
+                    self.exit(ExitReason::Shutdown { released });
+                }
+            }
         }
     }
 
@@ -1459,6 +1484,11 @@ impl Agent {
                 }
             }
             _ => {
+                if let Some(r) = record.record() {
+                    if r.state == LockState::Revoked && r.instance == self.id.instance {
+                        self.revoked_over = Some(entry.token);
+                    }
+                }
                 let why = match record.record() {
                     Some(r) if r.state == LockState::Revoked => "revoked".to_owned(),
                     Some(r) => format!("held by {} ({})", r.node, r.write),
@@ -1498,6 +1528,9 @@ impl Agent {
             self.set_role(Role::Lapsed, reason, token);
             self.begin_stop(StopKind::Emergency);
         } else {
+            // Nothing of ours ran: a revoked record stays for takers to
+            // judge (the holder we displaced may still be stopping, H6).
+            self.revoked_over = None;
             self.set_role(Role::Standby, reason, token);
             if self.shutdown {
                 self.exit(ExitReason::Shutdown { released: false });
@@ -1799,7 +1832,15 @@ impl Agent {
                 // Nothing left for the keeper to guard.
                 self.outputs
                     .push_back(Output::Keeper(KeeperCommand::Disarm));
+                let release = self.revoked_over.take().filter(|_| self.lock_op.is_none());
                 self.set_role(Role::Standby, Reason::Stopped, None);
+                if let Some(expected) = release {
+                    // S7: our stop is proven; free the revoked record at
+                    // once (a shutdown exits once this is answered).
+                    let write = self.write_id();
+                    self.send_lock(LockOp::ReleaseRevoked { write, expected }, self.deadline());
+                    return;
+                }
                 if self.shutdown {
                     self.exit(ExitReason::Shutdown { released: false });
                 }

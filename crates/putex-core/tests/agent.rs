@@ -956,3 +956,64 @@ fn h6_the_release_waits_for_the_renewal_in_flight() {
     h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
     assert_eq!(h.agent.role(), Role::Standby);
 }
+
+#[test]
+fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
+    let mut h = holding();
+    // An administrator revokes our record (keeping our identity).
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 9, 60.0))));
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    // No release before the stop is proven.
+    assert!(!h.find(|o| matches!(o, Output::Store(_))));
+    h.answer_stop(StopKind::Emergency, true);
+    assert_eq!(h.agent.role(), Role::Standby);
+    let (id, expected) = h.release_write();
+    assert_eq!(
+        expected,
+        Token::new(1, 9),
+        "released over the revoked record"
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+}
+
+#[test]
+fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(&mut h, None);
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 1)));
+    assert_eq!(h.agent.role(), Role::Confirming);
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.forget_store();
+    h.input(Input::Watch(Some(entry(&revoked, 2, 60.0))));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 2, 60.0))));
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "no release: a hidden holder may still be inside the gap (H6)"
+    );
+}

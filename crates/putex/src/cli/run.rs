@@ -989,6 +989,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         &store,
         &node,
         settings.timing.store_timeout().max(Duration::from_secs(1)),
+        Some(settings.timing.renew()),
     )
     .await?;
     check_store(&settings.timing, &m)?;
