@@ -28,7 +28,8 @@
 //!
 //! **Waiting** is watch-driven: a release reaches the waiters as a watch
 //! event, and the first waiter in the fair queue ([`crate::queue`]) takes
-//! it within milliseconds.
+//! it within milliseconds. A semaphore of N slots admits the first N
+//! waiters of its queue at once, so N run at the same time.
 //!
 //! **Once per period** (`once`): before waiting, and again once the lock is
 //! held, the `once.<name>` record is read; if it records a successful run in
@@ -862,7 +863,9 @@ pub async fn run(
             title: opts.title.clone(),
             asked: None,
         };
-        Some(Ticket::join(store.clone(), waiter).await?)
+        // One waiter per slot may try at once: with N slots free and N
+        // waiters, N run.
+        Some(Ticket::join_admitting(store.clone(), waiter, keys.len()).await?)
     };
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
 

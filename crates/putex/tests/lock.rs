@@ -442,6 +442,108 @@ fn semaphore_admits_two_on_sqlite() {
     semaphore_admits_two(&Env::sqlite());
 }
 
+/// The most sections inside at once, from the `+ NS` / `- NS` lines that
+/// [`inside`] sections append to `$D/ev` (a section's `-` is written before
+/// its release, the next one's `+` after its acquisition: the wall-clock
+/// order of the lines is the order of the sections on this machine).
+fn most_inside(env: &Env) -> usize {
+    let mut ev: Vec<(u128, i32)> = env
+        .read("ev")
+        .lines()
+        .map(|l| {
+            let (k, t) = l.split_once(' ').unwrap();
+            // At equal times the leaving one first: never an overcount.
+            (t.parse().unwrap(), if k == "+" { 1 } else { -1 })
+        })
+        .collect();
+    ev.sort();
+    let (mut n, mut most) = (0, 0);
+    for (_, d) in ev {
+        n += d;
+        most = most.max(n);
+    }
+    most as usize
+}
+
+/// A section that logs when it enters and leaves and holds for `secs`.
+fn inside(secs: f64) -> String {
+    format!(r#"echo "+ $(date +%s%N)" >> "$D/ev"; sleep {secs}; echo "- $(date +%s%N)" >> "$D/ev""#)
+}
+
+/// `clients` sections of `--limit limit` holding `secs` each, started at
+/// once: the most inside at once, and how long they all took.
+fn run_at_once(
+    env: &Env,
+    name: &str,
+    args: &[&str],
+    clients: usize,
+    secs: f64,
+) -> (usize, Duration) {
+    let _ = std::fs::remove_file(env.path("ev"));
+    let started = Instant::now();
+    let children: Vec<Child> = (0..clients)
+        .map(|i| {
+            let mut c = env.lock(name, args, &inside(secs));
+            c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    // Every client is waited for before anything is asserted.
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let took = started.elapsed();
+    for out in outs {
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        env.read("ev").lines().count(),
+        2 * clients,
+        "{}",
+        env.read("ev")
+    );
+    (most_inside(env), took)
+}
+
+/// N slots free and N or more waiters: N run at once, never more, and M
+/// clients holding h each take about ⌈M/N⌉·h — on a fresh name (its slot
+/// records are created: S4, W + G' once) and on one whose slots exist.
+fn semaphore_runs_n_at_once(env: &Env, limit: u32, clients: usize, secs: f64) {
+    let n = limit.to_string();
+    let args = ["--limit", n.as_str()];
+    let serial = Duration::from_secs_f64(secs * clients as f64);
+    let (fresh, took) = run_at_once(env, "par", &args, clients, secs);
+    eprintln!("fresh name: {clients} × {secs}s, --limit {limit}: at most {fresh} inside, {took:?}");
+    assert_eq!(fresh, limit as usize, "on a fresh name; took {took:?}");
+    let (most, took) = run_at_once(env, "par", &args, clients, secs);
+    eprintln!(
+        "existing slots: {clients} × {secs}s, --limit {limit}: at most {most} inside, {took:?}"
+    );
+    assert_eq!(most, limit as usize, "took {took:?}");
+    // ⌈M/N⌉·h plus hand-offs and process starts; one at a time would take
+    // M·h.
+    assert!(took < serial * 3 / 4, "{clients} × {secs}s took {took:?}");
+}
+
+#[test]
+fn semaphore_runs_n_at_once_on_nats() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    semaphore_runs_n_at_once(&Env::nats(&server), 2, 6, 1.0);
+}
+
+#[test]
+fn semaphore_runs_n_at_once_on_sqlite() {
+    let _serial = serial();
+    semaphore_runs_n_at_once(&Env::sqlite(), 4, 12, 0.5);
+}
+
 #[test]
 fn bad_input_is_refused_and_garbage_is_survived() {
     let env = Env::sqlite();
