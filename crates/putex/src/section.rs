@@ -20,8 +20,10 @@
 //!   hold the lock forever by being renewed.
 //!
 //! **Semaphores** (`limit` N > 1) are N ordinary locks, the slots
-//! `sem.<name>.0` … `sem.<name>.<N−1>`, with the limit recorded in
-//! `sem.<name>` so that clients disagreeing on N are refused. One agent
+//! `sem.<name>.0` … `sem.<name>.<N−1>`. Every name's limit (1 for a plain
+//! lock) is recorded in `sem.<name>` by its first client's create, so that
+//! of clients disagreeing on N the first definition wins and the others
+//! are refused ([`targets`]). One agent
 //! runs per slot; the first to arm the keeper wins, and CMD runs under that
 //! slot alone. A slot that another agent of ours took at the same moment is
 //! released at once.
@@ -217,16 +219,79 @@ pub struct OnceRecord {
 /// How long `Wait::No` may take to acquire a lock it saw free.
 const NO_WAIT_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a section that waits for the lock forever keeps retrying the
+/// store calls before its wait (the limit record, the once-per record) while
+/// their outcome is unknown: longer than a NATS stream-leader election
+/// (4–9 s). `--wait DUR` retries for DUR, `--no-wait` for `NO_WAIT_GRACE`.
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+
 /// The largest `--limit`: each slot is watched and polled by its own agent.
 pub const MAX_LIMIT: u32 = 64;
 
+/// Retries `call` while its outcome is unknown (a timeout or a lost
+/// connection: the store may be busy or electing a leader), with back-off,
+/// until `deadline`; each attempt's deadline is at most `timeout` and never
+/// past `deadline`. A conflict, a configuration error or the last unknown
+/// outcome is returned. Only for calls that may simply be repeated (reads);
+/// a write must first find out by reading whether it landed.
+async fn patiently<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    mut call: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match call(timeout.min(left).max(Duration::from_millis(100))).await {
+            Err(e @ StoreError::Unknown { .. })
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %e, "outcome unknown; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The message refusing a client whose `--limit` is not the name's.
+fn limit_mismatch(name: &str, key: &str, defined: u32, ours: u32) -> SectionError {
+    let is = if defined == 1 {
+        format!("a plain lock (--limit 1, record {key})")
+    } else {
+        format!("a semaphore with --limit {defined} (record {key})")
+    };
+    SectionError::Usage(format!(
+        "{name:?} is {is}, but this client has --limit {ours}: every client of a name must \
+         use the same --limit (or another name)"
+    ))
+}
+
 /// The lock keys a section competes for: `lock.<name>`, or the semaphore's
-/// slots after checking (or recording) its limit.
+/// slots, once the name's limit is known to be `limit`.
+///
+/// The limit of every name `putex lock` uses — 1 for a plain lock — is
+/// recorded in `sem.<name>` by the first client, with a create: of clients
+/// that disagree, exactly one create lands, and every other client finds
+/// that definition and is refused. Nothing is checked and then acted on:
+/// the record is written only by a create and never changed or deleted by
+/// putex, so what a client finds is what every other client finds. A name
+/// used as a plain lock before its limit was recorded (by an older putex, or
+/// by `putex run --lock`) keeps being one: a semaphore is refused on it.
+///
+/// Unknown outcomes are resolved by reading, and retried with back-off
+/// until `deadline`.
 pub async fn targets(
     store: &AnyStore,
     name: &str,
     limit: u32,
     timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<Vec<String>, SectionError> {
     if limit == 0 || limit > MAX_LIMIT {
         return Err(SectionError::Usage(format!(
@@ -236,61 +301,86 @@ pub async fn targets(
     let bad = |e: keys::NameError| SectionError::Usage(e.to_string());
     let sem_key = keys::semaphore(name).map_err(bad)?;
     let lock_key = keys::lock(name).map_err(bad)?;
-    let read_limit = |entry: Option<crate::store::Entry>| match entry {
-        None => Ok(None),
-        Some(e) => match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
-            Ok(r) if r.v == 1 => Ok(Some(r.limit)),
-            _ => Err(SectionError::Usage(format!(
-                "the semaphore record {sem_key} holds something putex does not understand \
-                 ({} bytes); fix or remove it",
-                e.value.len()
-            ))),
-        },
-    };
-    if limit == 1 {
-        if let Some(n) = read_limit(store.get(&sem_key, ReadMode::Any, timeout).await?)? {
+    if limit > 1 {
+        let entry = patiently(deadline, timeout, |t| {
+            store.get(&lock_key, ReadMode::Any, t)
+        })
+        .await?;
+        if let Some(entry) = entry {
+            let holder = match Observed::decode(&entry.value) {
+                Observed::Record(r) => format!(", last holder {}", r.node),
+                Observed::Garbage => String::new(),
+            };
             return Err(SectionError::Usage(format!(
-                "{name:?} is a semaphore with --limit {n} (record {sem_key}); every client \
-                 must use the same limit"
+                "{name:?} is a plain lock (--limit 1, record {lock_key}{holder}), but this \
+                 client has --limit {limit}: every client of a name must use the same --limit \
+                 (or another name)"
             )));
         }
+    }
+    let defined = define_limit(store, &sem_key, limit, timeout, deadline).await?;
+    if defined != limit {
+        return Err(limit_mismatch(name, &sem_key, defined, limit));
+    }
+    if limit == 1 {
         return Ok(vec![lock_key]);
-    }
-    if let Some(entry) = store.get(&lock_key, ReadMode::Any, timeout).await? {
-        let holder = match Observed::decode(&entry.value) {
-            Observed::Record(r) => format!(" (last holder {})", r.node),
-            Observed::Garbage => String::new(),
-        };
-        return Err(SectionError::Usage(format!(
-            "{name:?} is used as a plain lock (--limit 1, record {lock_key}{holder}); every \
-             client must use the same limit"
-        )));
-    }
-    let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
-    let existing = match store.create(&sem_key, &record, timeout).await {
-        Ok(_) => Some(limit),
-        Err(StoreError::Conflict { .. }) => {
-            read_limit(store.get(&sem_key, ReadMode::Leader, timeout).await?)?
-        }
-        Err(e) => return Err(e.into()),
-    };
-    match existing {
-        Some(n) if n == limit => {}
-        Some(n) => {
-            return Err(SectionError::Usage(format!(
-                "semaphore {name:?} has --limit {n} (record {sem_key}), not {limit}; every \
-                 client must use the same limit"
-            )))
-        }
-        None => {
-            return Err(SectionError::Usage(format!(
-                "semaphore {name:?}: its limit record {sem_key} vanished; try again"
-            )))
-        }
     }
     (0..limit)
         .map(|i| keys::slot(name, i).map_err(bad))
         .collect()
+}
+
+/// The limit recorded in `sem_key`, recording `limit` there first if the
+/// record is absent: an exclusive create, so the first definition wins.
+/// Every client writes the same bytes for the same limit, so a create whose
+/// outcome is unknown is resolved by reading the record back: whoever wrote
+/// what is found, it is the definition.
+async fn define_limit(
+    store: &AnyStore,
+    sem_key: &str,
+    limit: u32,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+) -> Result<u32, SectionError> {
+    let parse = |e: crate::store::Entry| match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
+        Ok(r) if r.v == 1 && (1..=MAX_LIMIT).contains(&r.limit) => Ok(r.limit),
+        _ => Err(SectionError::Usage(format!(
+            "the limit record {sem_key} holds something putex does not understand \
+             ({} bytes); fix or remove it",
+            e.value.len()
+        ))),
+    };
+    let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
+    let mut pause = Duration::from_millis(50);
+    loop {
+        // Read first: after the first use of a name, no write at all.
+        let read = |t| store.get(sem_key, ReadMode::Leader, t);
+        if let Some(e) = patiently(deadline, timeout, read).await? {
+            return parse(e);
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match store
+            .create(
+                sem_key,
+                &record,
+                timeout.min(left).max(Duration::from_millis(100)),
+            )
+            .await
+        {
+            Ok(_) => return Ok(limit),
+            // Someone else's definition (or ours, landed unheard): read it.
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e @ StoreError::Unknown { .. }) => {
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(e.into());
+                }
+                tracing::debug!(error = %e, "recording the limit: outcome unknown; reading it back");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The current period's key for `once`, on the store's clock.
@@ -783,24 +873,37 @@ pub async fn run(
 ) -> Result<Outcome, SectionError> {
     let timing = opts.timing.clone();
     let timeout = timing.store_timeout().max(Duration::from_secs(1));
+    // Store calls before waiting whose outcome is unknown are retried until
+    // then: a busy store or a leader election does not fail the command.
+    let setup_deadline = tokio::time::Instant::now()
+        + match opts.wait {
+            Wait::For(d) => d,
+            Wait::No => NO_WAIT_GRACE,
+            Wait::Forever => SETUP_PATIENCE,
+        }
+        .max(timeout);
     keys::validate_name(&opts.name).map_err(|e| SectionError::Usage(e.to_string()))?;
     let keys = match &opts.slots {
         Some(slots) if slots.keys.is_empty() => {
             return Err(SectionError::Usage("nothing to compete for".into()))
         }
         Some(slots) => slots.keys.clone(),
-        None => targets(&store, &opts.name, opts.limit, timeout).await?,
+        None => targets(&store, &opts.name, opts.limit, timeout, setup_deadline).await?,
     };
 
     // Already done in this period: no need to wait at all.
     if let Some(once) = &opts.once {
         let period = period_key(&store, once, &opts.node, timeout).await;
-        if let Some(by) = done_in(&store, &opts.name, &period, timeout).await? {
+        let done = patiently(setup_deadline, timeout, |t| {
+            done_in(&store, &opts.name, &period, t)
+        });
+        if let Some(by) = done.await? {
             return Ok(Outcome::AlreadyDone { period, by });
         }
     }
     if opts.wait == Wait::No {
-        if let Some(holder) = busy(&store, &keys, timeout).await? {
+        let busy = patiently(setup_deadline, timeout, |t| busy(&store, &keys, t));
+        if let Some(holder) = busy.await? {
             return Ok(Outcome::NotAcquired {
                 holder: Some(holder),
             });

@@ -544,6 +544,75 @@ fn semaphore_runs_n_at_once_on_sqlite() {
     semaphore_runs_n_at_once(&Env::sqlite(), 4, 12, 0.5);
 }
 
+/// Clients of a fresh name started at once, half with `--limit 1`, half
+/// with `--limit 3`: the first definition wins, every client of the other
+/// limit is refused (exit 64, naming both limits), and never more are
+/// inside than the winning limit allows.
+fn disagreeing_limits_never_overlap(env: &Env) {
+    for round in 0..2 {
+        let name = format!("mixed{round}");
+        let _ = std::fs::remove_file(env.path("ev"));
+        let children: Vec<(u32, Child)> = [1, 3, 1, 3]
+            .into_iter()
+            .enumerate()
+            .map(|(i, limit)| {
+                let n = limit.to_string();
+                let mut c = env.lock(&name, &["--limit", &n], &inside(1.0));
+                c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
+                (limit, c.spawn().unwrap())
+            })
+            .collect();
+        // Every client is waited for before anything is asserted.
+        let outs: Vec<(u32, std::process::Output)> = children
+            .into_iter()
+            .map(|(limit, c)| (limit, c.wait_with_output().unwrap()))
+            .collect();
+        let mut ran = Vec::new();
+        let mut refused = Vec::new();
+        for (limit, out) in outs {
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            match out.status.code() {
+                Some(0) => ran.push(limit),
+                Some(64) => {
+                    let other = if limit == 1 { 3 } else { 1 };
+                    assert!(
+                        stderr.contains(&format!("--limit {other}"))
+                            && stderr.contains(&format!("--limit {limit}")),
+                        "the refusal names both limits: {stderr}"
+                    );
+                    refused.push(limit);
+                }
+                _ => panic!("--limit {limit}: {:?}: {stderr}", out.status),
+            }
+        }
+        ran.sort();
+        refused.sort();
+        let (winner, loser) = match ran.first() {
+            Some(1) => (1, 3),
+            Some(3) => (3, 1),
+            _ => panic!("nobody ran: refused {refused:?}"),
+        };
+        assert_eq!(ran, [winner, winner], "round {round}: refused {refused:?}");
+        assert_eq!(refused, [loser, loser], "round {round}: ran {ran:?}");
+        let most = most_inside(env);
+        assert!(
+            most <= winner as usize,
+            "round {round}: {most} inside at once under --limit {winner}"
+        );
+    }
+}
+
+#[test]
+fn disagreeing_limits_never_overlap_on_sqlite() {
+    disagreeing_limits_never_overlap(&Env::sqlite());
+}
+
+#[test]
+fn disagreeing_limits_never_overlap_on_nats() {
+    let server = NatsServer::start();
+    disagreeing_limits_never_overlap(&Env::nats(&server));
+}
+
 #[test]
 fn bad_input_is_refused_and_garbage_is_survived() {
     let env = Env::sqlite();

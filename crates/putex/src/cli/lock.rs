@@ -24,7 +24,8 @@ pub const LOCK_EXIT_CODES_HELP: &str = "\
 Exit codes:
   CMD's own    CMD ran to its end (a signal n that ended it becomes 128+n)
   0            --once-per: CMD already ran in this period (on any host)
-  64           usage error: a flag, name or argument is wrong
+  64           usage error: a flag, name or argument is wrong, or --limit
+               differs from the limit the name was first used with
   69           the store cannot be reached or opened
   70           internal failure (the keeper failed, a stop could not be proven)
   75           not acquired: the lock is held (--no-wait, or --wait ran out);
@@ -59,7 +60,9 @@ pub struct LockArgs {
     #[arg(long)]
     pub no_wait: bool,
     /// A semaphore: at most N holders at once, each in its own slot
-    /// (PUTEX_SLOT = 0..N-1). Every client of a name must use the same N.
+    /// (PUTEX_SLOT = 0..N-1). Every client of a name must use the same N:
+    /// the first client's N is recorded (1 for a plain lock), and a client
+    /// with another N is refused (exit 64).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub limit: u32,
     /// What the lock is held for: shown to operators, given to CMD as PUTEX_TITLE.
