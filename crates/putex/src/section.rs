@@ -34,11 +34,14 @@
 //! waiters of its queue at once, so N run at the same time.
 //!
 //! **Once per period** (`once`): before waiting, and again once the lock is
-//! held, the `once.<name>` record is read; if it records a successful run in
-//! the current period (UTC on the store's clock, or an explicit key) CMD is
-//! not run ([`Outcome::AlreadyDone`]). A successful run is recorded while
-//! the lock is still held, just before the release, so the next holder
-//! always sees it.
+//! held, the `once.<name>` record is read; if it records a run in the
+//! current period (UTC on the store's clock, or an explicit key) CMD is not
+//! run ([`Outcome::AlreadyDone`]). With [`OnceMode::AtLeast`] a successful
+//! run is recorded while the lock is still held, just before the release,
+//! so the next holder sees it — unless the lock is lost in between, when it
+//! runs CMD again. With [`OnceMode::AtMost`] the period is claimed by a
+//! compare-and-swap before CMD starts, so CMD never starts twice in a
+//! period.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -74,7 +77,7 @@ pub enum Wait {
     No,
 }
 
-/// Run at most once per period across all hosts.
+/// Run once per period across all hosts ([`OnceMode`] says what "once" means).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Once {
     /// Periods of this length aligned to the Unix epoch in UTC on the
@@ -82,6 +85,33 @@ pub enum Once {
     Every(Duration),
     /// An explicit period key (e.g. a date the caller computed).
     Key(String),
+}
+
+/// When a run is recorded, and so what `once` guarantees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnceMode {
+    /// Record after CMD exits 0, while the lock is still held (the
+    /// default): a period is never left without a successful run while
+    /// hosts keep trying, but the lock lost between the run and its record
+    /// (or CMD stopped half-way because the lock was lost) lets another host
+    /// run CMD again in the same period.
+    #[default]
+    AtLeast,
+    /// Claim the period before CMD starts, with a compare-and-swap on the
+    /// record, and start CMD only once the claim is known to have landed:
+    /// CMD is never started twice in a period, but a run that fails, is
+    /// killed or loses the lock uses up the period.
+    AtMost,
+}
+
+impl OnceMode {
+    /// The flag's value (`at-least`, `at-most`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnceMode::AtLeast => "at-least",
+            OnceMode::AtMost => "at-most",
+        }
+    }
 }
 
 /// What to run and how.
@@ -101,6 +131,8 @@ pub struct SectionOptions {
     pub wait: Wait,
     /// Once per period.
     pub once: Option<Once>,
+    /// When a run counts for `once`.
+    pub once_mode: OnceMode,
     /// Stop CMD when it runs longer than this.
     pub max_duration: Option<Duration>,
     /// What the lock is held for, shown to operators and given to CMD as
@@ -201,7 +233,9 @@ pub struct SemaphoreRecord {
     pub limit: u32,
 }
 
-/// The once-per-period record, `once.<name>`: the last successful run.
+/// The once-per-period record, `once.<name>`: the period last used — a
+/// successful run (`done`, `--once-mode at-least`) or a run claimed before
+/// it started (`started`, `--once-mode at-most`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OnceRecord {
     /// Format version (1).
@@ -212,8 +246,42 @@ pub struct OnceRecord {
     pub node: String,
     /// The fencing token it ran under.
     pub token: Token,
-    /// When it finished, RFC 3339 UTC on the store's clock.
+    /// When it finished (`done`) or was claimed (`started`), RFC 3339 UTC
+    /// on the store's clock.
     pub at: String,
+    /// `done` (recorded after a successful run) or `started` (claimed
+    /// before the run). Records without it are `done`.
+    #[serde(default)]
+    pub state: OnceState,
+    /// The write's unique id: tells a writer whose outcome was unknown
+    /// whether its write landed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<String>,
+}
+
+/// The state of a [`OnceRecord`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnceState {
+    /// CMD ran and exited 0 (`--once-mode at-least`).
+    #[default]
+    Done,
+    /// The period was claimed before CMD started (`--once-mode at-most`).
+    Started,
+}
+
+impl OnceRecord {
+    /// Who used the period, for messages: "node at time (token …)".
+    fn by(&self) -> String {
+        match self.state {
+            OnceState::Done => format!("{} at {} (token {})", self.node, self.at, self.token),
+            OnceState::Started => format!(
+                "{}, started at {} (token {}, --once-mode at-most: whether it succeeded is \
+                 not recorded)",
+                self.node, self.at, self.token
+            ),
+        }
+    }
 }
 
 /// How long `Wait::No` may take to acquire a lock it saw free.
@@ -435,7 +503,7 @@ pub async fn done_in(
         .await?
         .and_then(|e| serde_json::from_slice::<OnceRecord>(&e.value).ok())
         .filter(|r| r.period == period)
-        .map(|r| format!("{} at {} (token {})", r.node, r.at, r.token)))
+        .map(|r| r.by()))
 }
 
 /// A file beside the keeper sockets holding the highest fencing token this
@@ -518,6 +586,12 @@ struct State {
     released: bool,
     /// CMD was not run: it already ran in this period.
     already_done: Option<(String, String)>,
+    /// The once-per period CMD runs in (read at activation: a run that
+    /// crosses into the next period is recorded for the one it started in).
+    period: Option<String>,
+    /// The once-per record could not be read or claimed in time: CMD was
+    /// not run.
+    once_failed: Option<StoreError>,
     /// A spawn failed.
     spawn_failed: Option<String>,
     /// Slots whose agent must stop (lost the race for CMD).
@@ -617,15 +691,26 @@ impl Host for SlotHost {
             let timeout = o.timing.store_timeout();
             if let Some(once) = &o.once {
                 let period = period_key(&shared.store, once, &o.node, timeout).await;
-                match done_in(&shared.store, &o.name, &period, timeout).await {
+                // Store calls whose outcome is unknown are retried until
+                // then, leaving time to start CMD.
+                let left = clock::until(deadline);
+                let until = tokio::time::Instant::now() + left - (left / 4).min(Duration::from_secs(5));
+                let checked = match o.once_mode {
+                    OnceMode::AtLeast => {
+                        patiently(until, timeout, |t| done_in(&shared.store, &o.name, &period, t))
+                            .await
+                    }
+                    OnceMode::AtMost => claim_period(&shared, &period, token, until).await,
+                };
+                match checked {
                     Ok(Some(by)) => {
                         shared.with(|s| s.already_done = Some((period, by)));
                         return false;
                     }
-                    Ok(None) => {}
+                    Ok(None) => shared.with(|s| s.period = Some(period)),
                     Err(e) => {
-                        tracing::error!(error = %e, "cannot read the once-per record; not running");
-                        shared.with(|s| s.spawn_failed = Some(format!("once-per record: {e}")));
+                        tracing::error!(error = %e, "cannot read or claim the once-per record; not running");
+                        shared.with(|s| s.once_failed = Some(e));
                         return false;
                     }
                 }
@@ -785,48 +870,133 @@ impl Host for SlotHost {
     }
 }
 
-/// Records a successful run in the once-per record, while the lock is still
-/// held (the graceful stop comes before the release).
+/// A fresh once-per record of ours for `period`, and its write id.
+async fn once_record(
+    shared: &Shared,
+    period: &str,
+    token: Token,
+    state: OnceState,
+    timeout: Duration,
+) -> (Vec<u8>, String) {
+    let o = &shared.opts;
+    let at =
+        humantime::format_rfc3339_seconds(store_wall_clock(&shared.store, &o.node, timeout).await)
+            .to_string();
+    let write = crate::lease::instance_id();
+    let record = OnceRecord {
+        v: 1,
+        period: period.to_owned(),
+        node: o.node.clone(),
+        token,
+        at,
+        state,
+        write: Some(write.clone()),
+    };
+    (serde_json::to_vec(&record).expect("serialises"), write)
+}
+
+/// `--once-mode at-most`: claims `period` in the once-per record before CMD
+/// starts. `Ok(None)` when the claim is ours and known to have landed (CMD
+/// may start), `Ok(Some(by))` when the period is used already.
+///
+/// The claim is a compare-and-swap on the record's revision as read (a
+/// create when absent), so of any number of claimers of a period — even a
+/// former holder whose write arrives late — exactly one succeeds. A write
+/// whose outcome is unknown is resolved by reading the record back: our
+/// write id means it landed; the revision we expected means it did not, and
+/// it is tried again with back-off; anything else is someone else's. After
+/// `until` the error is returned and CMD is not started.
+async fn claim_period(
+    shared: &Shared,
+    period: &str,
+    token: Token,
+    until: tokio::time::Instant,
+) -> Result<Option<String>, StoreError> {
+    let o = &shared.opts;
+    let store = &shared.store;
+    let timeout = o.timing.store_timeout();
+    let key = keys::once(&o.name)?;
+    let (value, write) = once_record(shared, period, token, OnceState::Started, timeout).await;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let current = patiently(until, timeout, |t| store.get(&key, ReadMode::Leader, t)).await?;
+        let expected = match current {
+            Some(e) => match serde_json::from_slice::<OnceRecord>(&e.value) {
+                Ok(r) if r.write.as_deref() == Some(write.as_str()) => return Ok(None),
+                Ok(r) if r.period == period => return Ok(Some(r.by())),
+                // Another period's record, or one putex cannot read: ours
+                // replaces it.
+                _ => Some(e.token),
+            },
+            None => None,
+        };
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let t = timeout.min(left).max(Duration::from_millis(100));
+        let written = match expected {
+            Some(rev) => store.update(&key, &value, rev, t).await,
+            None => store.create(&key, &value, t).await,
+        };
+        match written {
+            Ok(_) => return Ok(None),
+            // Someone else's write came first (or ours, unheard): read.
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e @ StoreError::Unknown { .. }) => {
+                if tokio::time::Instant::now() + pause >= until {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "claiming the period: outcome unknown; reading it back");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `--once-mode at-least`: records a successful run in the once-per record,
+/// while the lock is still held (the graceful stop comes before the
+/// release), for the period the run started in. A write whose outcome is
+/// unknown is resolved by reading the record back (our write id means it
+/// landed) and retried with back-off while the stop's deadline allows.
 async fn record_once(shared: &Shared, deadline: Instant) {
     let o = &shared.opts;
-    let Some(once) = &o.once else { return };
-    let (exit, token) = shared.with(|s| (s.exit, s.spawned));
-    let (Some(exit), Some(token)) = (exit, token) else {
+    if o.once.is_none() || o.once_mode != OnceMode::AtLeast {
+        return;
+    }
+    let (exit, token, period) = shared.with(|s| (s.exit, s.spawned, s.period.clone()));
+    let (Some(exit), Some(token), Some(period)) = (exit, token, period) else {
         return;
     };
     if exit.code != Some(0) {
         return;
     }
     let timeout = o.timing.store_timeout();
-    let period = period_key(&shared.store, once, &o.node, timeout).await;
-    let at =
-        humantime::format_rfc3339_seconds(store_wall_clock(&shared.store, &o.node, timeout).await)
-            .to_string();
-    let record = OnceRecord {
-        v: 1,
-        period,
-        node: o.node.clone(),
-        token,
-        at,
-    };
-    let value = serde_json::to_vec(&record).expect("serialises");
+    let (value, write) = once_record(shared, &period, token, OnceState::Done, timeout).await;
     let Ok(key) = keys::once(&o.name) else { return };
+    let mut pause = Duration::from_millis(50);
     loop {
-        match shared.store.put(&key, &value, timeout).await {
+        let e = match shared.store.put(&key, &value, timeout).await {
             Ok(_) => return,
-            Err(e) if clock::until(deadline) > timeout => {
-                tracing::warn!(error = %e, "recording the run failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => {
-                tracing::error!(
-                    error = %e,
-                    "could not record the successful run: another host may run it again \
-                     this period"
-                );
+            Err(e) => e,
+        };
+        if let Ok(Some(entry)) = shared.store.get(&key, ReadMode::Leader, timeout).await {
+            let landed = serde_json::from_slice::<OnceRecord>(&entry.value)
+                .is_ok_and(|r| r.write.as_deref() == Some(write.as_str()));
+            if landed {
                 return;
             }
         }
+        if matches!(e, StoreError::Config { .. }) || clock::until(deadline) <= timeout + pause {
+            tracing::error!(
+                error = %e,
+                "could not record the successful run: another host may run it again this \
+                 period"
+            );
+            return;
+        }
+        tracing::warn!(error = %e, "recording the run failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -1062,6 +1232,7 @@ pub async fn run(
                 s.exit.is_some()
                     || s.lost.is_some()
                     || s.already_done.is_some()
+                    || s.once_failed.is_some()
                     || s.spawn_failed.is_some(),
                 s.spawned_at,
             )
@@ -1180,6 +1351,8 @@ pub async fn run(
             token,
             released: st.released,
         }
+    } else if let Some(e) = st.once_failed {
+        return Err(SectionError::Store(e));
     } else if let Some(e) = st.spawn_failed {
         return Err(SectionError::Keeper(format!(
             "cannot start the command: {e}"

@@ -613,6 +613,77 @@ fn disagreeing_limits_never_overlap_on_nats() {
     disagreeing_limits_never_overlap(&Env::nats(&server));
 }
 
+/// The lock is lost between CMD's run and its record: CMD logs its run,
+/// freezes its own putex (SIGSTOP) and exits 0, so no renewal or record
+/// follows, the keeper's deadline passes and a second host takes over.
+/// Returns who ran, and the second host's stderr.
+fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
+    let name = format!("once-{mode}");
+    let args = ["--once-per", "24h", "--once-mode", mode];
+    let mut first = env.lock(
+        &name,
+        &args,
+        r#"echo "$PUTEX_NODE" >> "$D/runs"; kill -STOP "$(cat "$D/first.pid")"; exit 0"#,
+    );
+    first.env("PUTEX_NODE", "first");
+    let mut first = first.spawn().unwrap();
+    std::fs::write(env.path("first.pid"), first.id().to_string()).unwrap();
+    env.wait_for_lines("runs", 1, Duration::from_secs(15));
+    let mut second = env.lock(
+        &name,
+        &[&args[..], &["--wait", "30s"]].concat(),
+        r#"echo "$PUTEX_NODE" >> "$D/runs""#,
+    );
+    second.env("PUTEX_NODE", "second");
+    let (status, stderr) = run(second);
+    assert!(status.success(), "{status:?}: {stderr}");
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGCONT).unwrap();
+    // CMD ran to its end before the lock was lost: its 0, or 76 when the
+    // keeper's deadline is read first.
+    let code = wait_exit(&mut first, Duration::from_secs(15));
+    assert!(
+        matches!(code, Some(0 | 76)),
+        "the frozen first host: {code:?}"
+    );
+    let runs = env.read("runs").lines().map(str::to_owned).collect();
+    (runs, stderr)
+}
+
+#[test]
+fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
+    let env = Env::sqlite();
+    let (runs, stderr) = once_lost_before_the_record(&env, "at-most");
+    assert_eq!(runs, ["first"], "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    // A run that fails still used the period: it is never started twice.
+    let args = ["--once-key", "k1", "--once-mode", "at-most"];
+    assert_eq!(
+        code(env.lock("failing", &args, "echo x >> \"$D/failing\"; exit 1")),
+        1
+    );
+    let (status, stderr) = run(env.lock("failing", &args, "echo x >> \"$D/failing\""));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert_eq!(env.read("failing").lines().count(), 1);
+}
+
+#[test]
+fn once_at_least_runs_again_when_the_lock_is_lost() {
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let (runs, stderr) = once_lost_before_the_record(&env, "at-least");
+    assert_eq!(runs, ["first", "second"], "{stderr}");
+    // The second run was recorded: a third host does not run it.
+    let (status, stderr) = run(env.lock(
+        "once-at-least",
+        &["--once-per", "24h", "--once-mode", "at-least"],
+        r#"echo third >> "$D/runs""#,
+    ));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert_eq!(env.read("runs").lines().count(), 2);
+}
+
 #[test]
 fn bad_input_is_refused_and_garbage_is_survived() {
     let env = Env::sqlite();
