@@ -247,6 +247,10 @@ pub async fn semaphore_status(
     let limit = serde_json::from_slice::<crate::section::SemaphoreRecord>(&e.value)
         .map(|r| r.limit)
         .unwrap_or(0);
+    if limit == 1 {
+        // A plain lock's recorded limit (`putex lock` without --limit).
+        return Ok(None);
+    }
     let now = store_now(store, timeout).await;
     let mut slots = Vec::new();
     for i in 0..limit {
