@@ -48,12 +48,17 @@ impl Env {
     }
 
     fn lock_via(&self, url: &str, name: &str, args: &[&str], script: &str) -> Command {
+        self.lock_ttl(url, name, "1s", args, script)
+    }
+
+    /// [`Env::lock_via`] with another `--ttl`.
+    fn lock_ttl(&self, url: &str, name: &str, ttl: &str, args: &[&str], script: &str) -> Command {
         let mut c = putex();
         c.current_dir(self.dir.path())
             .env("D", self.dir.path())
             .env("PUTEX_KEEPER_DIR", self.dir.path().join("keepers"))
             .env("RUST_LOG", "warn")
-            .args(["lock", name, "--ttl", "1s", "--store", url])
+            .args(["lock", name, "--ttl", ttl, "--store", url])
             .args(args)
             .args(["--", "sh", "-c", script])
             .stdin(Stdio::null());
@@ -118,13 +123,17 @@ echo $((n + 1)) > "$D/counter"
 echo "$PUTEX_EPOCH $PUTEX_REVISION" >> "$D/tokens""#;
 
 fn counter_is_exact(env: &Env) {
+    // T = 3 s: eight processes on a busy two-core machine must not lose a
+    // lock to a slow renewal (a lost lock kills CMD and fails the client,
+    // correctly, but this test is about counting, not about lapses).
+    let lock = |script: &str| env.lock_ttl(&env.url, "counter", "3s", &[], script);
     // Make the name's first use (S4: W + G) before the clients start.
-    assert_eq!(code(env.lock("counter", &[], "true")), 0);
+    assert_eq!(code(lock("true")), 0);
     let clients: Vec<_> = (0..8)
         .map(|i| {
             let cmds: Vec<Command> = (0..15)
                 .map(|_| {
-                    let mut c = env.lock("counter", &[], COUNTER);
+                    let mut c = lock(COUNTER);
                     c.env("PUTEX_NODE", format!("client{i}"));
                     c
                 })
