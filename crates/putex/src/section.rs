@@ -776,7 +776,23 @@ impl Host for SlotHost {
                 if shared.ops.send(KeeperOp::Barrier(tx)).is_ok() {
                     let _ = rx.await;
                 }
-                shared.keeper.stop(kind).await.unwrap_or(false)
+                match shared.keeper.stop(kind).await {
+                    Ok(ok) => ok,
+                    // The keeper died (OOM): stop CMD's tree without it,
+                    // from the keeper's last snapshot, and prove it gone.
+                    // The lock is kept (renewed) until then.
+                    Err(crate::keeper::KeeperError::Lost) => {
+                        tracing::error!("the keeper is gone: stopping the command without it");
+                        shared
+                            .keeper
+                            .stop_tree_without_keeper(clock::until(deadline))
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the keeper could not stop the command");
+                        false
+                    }
+                }
             };
             let limit = clock::until(deadline) + Duration::from_millis(100);
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
@@ -1146,6 +1162,8 @@ pub async fn run(
     .await
     .map_err(|e| SectionError::Keeper(e.to_string()))?;
     let mut keeper_events = keeper.take_events();
+    // Set once the keeper is gone: its event channel is read no more.
+    let mut keeper_gone = false;
     let keeper = Arc::new(keeper);
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
     let ops_task = tokio::spawn(keeper_ops(keeper.clone(), ops_rx));
@@ -1293,7 +1311,7 @@ pub async fn run(
                     queue_turn = None;
                 }
             }
-            ev = keeper_events.recv() => match ev.unwrap_or(KeeperEvent::Lost) {
+            ev = keeper_events.recv(), if !keeper_gone => match ev.unwrap_or(KeeperEvent::Lost) {
                 KeeperEvent::ChildExited(exit) => {
                     tracing::debug!(?exit, "command exited");
                     shared.with(|s| s.exit = Some(exit));
@@ -1301,7 +1319,15 @@ pub async fn run(
                 KeeperEvent::Tree(_) => {}
                 other => {
                     if other == KeeperEvent::Lost {
-                        tracing::error!("the keeper is gone");
+                        tracing::error!("the keeper is gone: CMD is stopped without it");
+                        // CMD ran under a keeper that died: it is stopped
+                        // (from the keeper's last tree snapshot) before the
+                        // lock is given back, and the section ends as lost.
+                        shared.with(|s| {
+                            if s.spawned.is_some() && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| Reason::KeeperLost.to_string());
+                            }
+                        });
                     } else {
                         tracing::error!("the keeper's deadline passed: it stopped the command");
                         // The licence ended with CMD running: whatever exit
@@ -1316,7 +1342,7 @@ pub async fn run(
                     }
                     if other == KeeperEvent::Lost {
                         // No more events; keep waiting for the drivers.
-                        keeper_events = mpsc::unbounded_channel().1;
+                        keeper_gone = true;
                     }
                 }
             },

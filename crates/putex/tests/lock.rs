@@ -975,3 +975,42 @@ fn leased_ids_are_distinct_and_die_with_their_holder() {
         started.elapsed()
     );
 }
+
+/// Issue 14 item 1 for `putex lock`: without a cgroup, a keeper SIGKILLed
+/// while CMD runs leaves CMD and its child orphaned. putex lock stops them
+/// itself (from the keeper's last tree snapshot) before it gives the lock
+/// back, and exits 76 (lost); the next holder finds nothing of the first
+/// tree running. On the old code nothing stopped them.
+#[test]
+fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let mut first = env
+        .lock("fault", &["--no-cgroup"], HOLD)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    // Let the keeper report its tree (it looks at most every 500 ms).
+    std::thread::sleep(Duration::from_millis(1200));
+    let keepers =
+        crate::common::agent::pids_matching(&format!("--socket {}", env.path("keepers").display()));
+    assert_eq!(keepers.len(), 1, "{keepers:?}");
+    kill(Pid::from_raw(keepers[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let code = wait_exit(&mut first, Duration::from_secs(10));
+    let mut stderr = String::new();
+    if let Some(mut e) = first.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    for p in env.read("pids").split_whitespace() {
+        let pid: i32 = p.parse().unwrap();
+        assert!(
+            !pid_alive(pid),
+            "{pid} of the first tree survives\n{stderr}"
+        );
+    }
+    assert_eq!(code, Some(76), "{stderr}");
+    second_holder_finds_the_first_tree_gone(&env, &env.url);
+}

@@ -138,6 +138,11 @@ pub struct LockArgs {
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else /tmp/putex-UID].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,
+    /// Never use a cgroup scope for CMD: the keeper owns its tree as
+    /// subreaper (should the keeper die, putex finds the tree from the
+    /// keeper's last snapshot: members, process groups, sessions).
+    #[arg(long, env = "PUTEX_NO_CGROUP")]
+    pub no_cgroup: bool,
     /// CMD and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<String>,
@@ -244,7 +249,7 @@ impl LockArgs {
                     .keeper_dir
                     .clone()
                     .unwrap_or_else(crate::keeper::default_keeper_dir),
-                cgroup: true,
+                cgroup: !self.no_cgroup,
                 queue: true,
                 slots: None,
             },
