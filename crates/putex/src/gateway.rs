@@ -414,6 +414,7 @@ impl Gateway {
                 store_timeout: timing.store_timeout(),
                 title: Some(req.title.clone()),
                 asked: Some((req.wait, req.lifetime)),
+                patience: req.wait.max(MIN_WAIT),
             },
         )
         .await?;

@@ -97,6 +97,10 @@ pub struct Waiter {
     pub title: Option<String>,
     /// For HTTP requests: the wait and the lifetime asked for.
     pub asked: Option<(Duration, Duration)>,
+    /// How long joining may go on trying a store whose answers are
+    /// unknown (busy, electing a leader) before it gives up: the waiter's
+    /// own patience (`--wait`, an HTTP request's wait).
+    pub patience: Duration,
 }
 
 impl Ticket {
@@ -128,7 +132,8 @@ impl Ticket {
             wait_ms: waiter.asked.map(|(w, _)| millis(w)),
             lifetime_ms: waiter.asked.map(|(_, l)| millis(l)),
         };
-        let token = create_ticket(&store, &key, &mut record, waiter.store_timeout).await?;
+        let give_up = tokio::time::Instant::now() + waiter.patience;
+        let token = create_ticket(&store, &key, &mut record, waiter.store_timeout, give_up).await?;
         let arrival = record.arrival;
         let (turn_tx, turn) = watch::channel(false);
         let (leave_tx, leave_rx) = oneshot::channel();
@@ -182,48 +187,54 @@ impl Drop for Ticket {
 }
 
 /// Creates the ticket; its revision is the place in line. An unknown
-/// outcome is resolved by reading the key back (our instance id names it).
+/// outcome is resolved by reading the key back (our instance id names it),
+/// and tried again with back-off until `give_up`: a busy store or a leader
+/// election is no reason to fail a waiter that still has time.
 async fn create_ticket(
     store: &AnyStore,
     key: &str,
     record: &mut TicketRecord,
     timeout: Duration,
+    give_up: tokio::time::Instant,
 ) -> Result<Token, StoreError> {
-    let mut last = None;
     let mut pause = Duration::from_millis(50);
-    for attempt in 0..5 {
+    let mut attempt = 0u32;
+    loop {
         if attempt > 0 {
             // Back off: an unknown outcome is usually a store that is busy
             // or electing a leader.
             tokio::time::sleep(pause).await;
-            pause *= 2;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
+        attempt += 1;
         let value = serde_json::to_vec(&*record).expect("a ticket serialises");
-        match store.create(key, &value, timeout).await {
-            Ok(token) => {
-                record.arrival = token.revision;
-                let value = serde_json::to_vec(&*record).expect("a ticket serialises");
-                // The arrival is written into the record for readers that
-                // see only a later refresh; failing here is harmless, the
-                // next refresh writes it.
-                return Ok(store
-                    .update(key, &value, token, timeout)
-                    .await
-                    .unwrap_or(token));
-            }
+        let created = match store.create(key, &value, timeout).await {
+            Ok(token) => Some(token),
             Err(e @ StoreError::Config { .. }) => return Err(e),
             Err(e) => {
                 // Conflict: a ticket of ours landed (an unknown create), or a
                 // leftover with our instance id — either way it is ours.
-                if let Ok(Some(entry)) = store.get(key, ReadMode::Leader, timeout).await {
-                    record.arrival = entry.token.revision;
-                    return Ok(entry.token);
+                match store.get(key, ReadMode::Leader, timeout).await {
+                    Ok(Some(entry)) => Some(entry.token),
+                    Ok(None) if e.is_conflict() => None,
+                    Ok(None) | Err(_) if tokio::time::Instant::now() + pause < give_up => None,
+                    Ok(None) => return Err(e),
+                    Err(read) => return Err(read),
                 }
-                last = Some(e);
             }
-        }
+        };
+        let Some(token) = created else { continue };
+        record.arrival = token.revision;
+        let value = serde_json::to_vec(&*record).expect("a ticket serialises");
+        // The arrival is written into the record for readers that see only
+        // a later refresh (an adopted create still says 0, which would
+        // put us first in line); failing here is harmless, the next
+        // refresh writes it.
+        return Ok(store
+            .update(key, &value, token, timeout)
+            .await
+            .unwrap_or(token));
     }
-    Err(last.expect("at least one attempt"))
 }
 
 /// One ticket as an observer sees it.

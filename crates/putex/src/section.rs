@@ -451,12 +451,22 @@ async fn define_limit(
     }
 }
 
-/// The current period's key for `once`, on the store's clock.
-pub async fn period_key(store: &AnyStore, once: &Once, node: &str, timeout: Duration) -> String {
-    match once {
+/// The current period's key for `once`, on the store's clock. Unknown
+/// outcomes are retried until `give_up` (a busy store is no reason to
+/// fail); a store that stays unreachable is an error, never a fall-back to
+/// this host's clock (which may be off, and would put the run in another
+/// period).
+pub async fn period_key(
+    store: &AnyStore,
+    once: &Once,
+    node: &str,
+    timeout: Duration,
+    give_up: tokio::time::Instant,
+) -> Result<String, StoreError> {
+    Ok(match once {
         Once::Key(k) => k.clone(),
         Once::Every(every) => {
-            let now = store_wall_clock(store, node, timeout).await;
+            let now = store_wall_clock(store, node, timeout, give_up).await?;
             let secs = now
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default()
@@ -469,25 +479,33 @@ pub async fn period_key(store: &AnyStore, once: &Once, node: &str, timeout: Dura
                 humantime::format_duration(*every)
             )
         }
-    }
+    })
 }
 
 /// The store's wall clock: a NATS bucket's timestamps are its stream
-/// leader's UTC clock (read back from a probe write); the embedded stores
-/// live on this machine, whose clock is theirs.
-async fn store_wall_clock(store: &AnyStore, node: &str, timeout: Duration) -> SystemTime {
-    if let AnyStore::Nats(_) = store {
-        if let Ok(key) = keys::probe(node) {
-            let probe = br#"{"v":1,"node":"once","write":"once"}"#;
-            if store.put(&key, probe, timeout).await.is_ok() {
-                if let Ok(Some(e)) = store.get(&key, ReadMode::Leader, timeout).await {
-                    return SystemTime::UNIX_EPOCH + Duration::from_nanos(e.time.nanos);
-                }
-            }
+/// leader's UTC clock (read back from a probe write, an unconditional put
+/// that may simply be repeated); the embedded stores live on this machine,
+/// whose clock is theirs.
+async fn store_wall_clock(
+    store: &AnyStore,
+    node: &str,
+    timeout: Duration,
+    give_up: tokio::time::Instant,
+) -> Result<SystemTime, StoreError> {
+    let AnyStore::Nats(_) = store else {
+        return Ok(SystemTime::now());
+    };
+    let key = keys::probe(node)?;
+    let probe = br#"{"v":1,"node":"once","write":"once"}"#;
+    let written = patiently(give_up, timeout, |t| store.put(&key, probe, t)).await?;
+    let read = patiently(give_up, timeout, |t| store.get(&key, ReadMode::Leader, t)).await?;
+    match read {
+        // Our probe, or a later one of ours: its time is the store's.
+        Some(e) if e.token >= written => {
+            Ok(SystemTime::UNIX_EPOCH + Duration::from_nanos(e.time.nanos))
         }
-        tracing::warn!("could not read the store's clock; using this host's for --once-per");
+        _ => Err(StoreError::timed_out(crate::store::Op::Get, &key, timeout)),
     }
-    SystemTime::now()
 }
 
 /// The recorded run of `name` in `period`, if any: "node at time".
@@ -691,11 +709,18 @@ impl Host for SlotHost {
             let o = &shared.opts;
             let timeout = o.timing.store_timeout();
             if let Some(once) = &o.once {
-                let period = period_key(&shared.store, once, &o.node, timeout).await;
                 // Store calls whose outcome is unknown are retried until
                 // then, leaving time to start CMD.
                 let left = clock::until(deadline);
                 let until = tokio::time::Instant::now() + left - (left / 4).min(Duration::from_secs(5));
+                let period = match period_key(&shared.store, once, &o.node, timeout, until).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the store's clock for --once-per; not running");
+                        shared.with(|s| s.spawn_failed = Some(format!("once-per period: {e}")));
+                        return false;
+                    }
+                };
                 let checked = match o.once_mode {
                     OnceMode::AtLeast => {
                         patiently(until, timeout, |t| done_in(&shared.store, &o.name, &period, t))
@@ -934,9 +959,13 @@ async fn once_record(
     timeout: Duration,
 ) -> (Vec<u8>, String) {
     let o = &shared.opts;
-    let at =
-        humantime::format_rfc3339_seconds(store_wall_clock(&shared.store, &o.node, timeout).await)
-            .to_string();
+    // When it ran, for people: the store's clock if it answers at once,
+    // else this host's (the period itself never falls back).
+    let give_up = tokio::time::Instant::now() + timeout;
+    let when = store_wall_clock(&shared.store, &o.node, timeout, give_up)
+        .await
+        .unwrap_or_else(|_| SystemTime::now());
+    let at = humantime::format_rfc3339_seconds(when).to_string();
     let write = crate::lease::instance_id();
     let record = OnceRecord {
         v: 1,
@@ -1119,7 +1148,7 @@ pub async fn run(
 
     // Already done in this period: no need to wait at all.
     if let Some(once) = &opts.once {
-        let period = period_key(&store, once, &opts.node, timeout).await;
+        let period = period_key(&store, once, &opts.node, timeout, setup_deadline).await?;
         let done = patiently(setup_deadline, timeout, |t| {
             done_in(&store, &opts.name, &period, t)
         });
@@ -1193,6 +1222,7 @@ pub async fn run(
             store_timeout: timing.store_timeout(),
             title: opts.title.clone(),
             asked: None,
+            patience: setup_deadline.saturating_duration_since(tokio::time::Instant::now()),
         };
         // One waiter per slot may try at once: with N slots free and N
         // waiters, N run.

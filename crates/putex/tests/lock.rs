@@ -1014,3 +1014,52 @@ fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
     assert_eq!(code, Some(76), "{stderr}");
     second_holder_finds_the_first_tree_gone(&env, &env.url);
 }
+
+/// Issue 14 item 14: a slow moment is not a failure. A queue ticket whose
+/// create keeps timing out (a busy store, a leader election: eight
+/// unknown outcomes in a row) is tried again, with back-off, for as long
+/// as the waiter is willing to wait (`patience`, from `--wait`), instead
+/// of failing the command after a few attempts (exit 69 on the old code,
+/// which gave up after 5).
+#[test]
+fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
+    use putex::queue::{Ticket, Waiter};
+    use putex::store::memory::Fault;
+    use putex::store::{AnyStore, MemoryStore};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mem = MemoryStore::new();
+        let key = putex::store::keys::ticket("busy", "w1").unwrap();
+        for _ in 0..8 {
+            mem.inject_on(&key, Fault::Stall);
+        }
+        let waiter = |patience| Waiter {
+            name: "busy".into(),
+            node: "n1".into(),
+            instance: "w1".into(),
+            renew: Duration::from_millis(100),
+            store_timeout: Duration::from_millis(20),
+            title: None,
+            asked: None,
+            patience,
+        };
+        let store = AnyStore::from(mem.clone());
+        let started = Instant::now();
+        let ticket = Ticket::join(store.clone(), waiter(Duration::from_secs(30)))
+            .await
+            .expect("joined once the store answered");
+        assert!(ticket.arrival() > 0, "its place in line is known");
+        assert!(*ticket.turn().borrow() || ticket.turn().changed().await.is_ok());
+        eprintln!("joined after {:?} of unknown outcomes", started.elapsed());
+        ticket.leave().await;
+        // The other side: a waiter whose patience runs out is told so.
+        let key2 = putex::store::keys::ticket("busy", "w2").unwrap();
+        for _ in 0..100 {
+            mem.inject_on(&key2, Fault::Stall);
+        }
+        let mut w2 = waiter(Duration::from_millis(500));
+        w2.instance = "w2".into();
+        let e = Ticket::join(store, w2).await.err().expect("gives up");
+        assert!(e.is_unknown(), "{e}");
+    });
+}
