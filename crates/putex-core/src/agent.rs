@@ -518,9 +518,20 @@ struct Acquire {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Service {
     NotStarted,
-    Fencing { deadline: Instant },
-    Starting { deadline: Instant },
-    Up { grace_until: Instant },
+    Fencing {
+        deadline: Instant,
+    },
+    /// Fenced; the activation waits for the keeper to acknowledge a
+    /// deadline still ahead (see [`KeeperArm::Armed`]).
+    Fenced {
+        deadline: Instant,
+    },
+    Starting {
+        deadline: Instant,
+    },
+    Up {
+        grace_until: Instant,
+    },
 }
 
 /// One holding of the lock, from acquisition to stepping down.
@@ -550,7 +561,13 @@ enum KeeperArm {
         at: Instant,
         deadline: Instant,
     },
-    Armed,
+    /// The keeper acknowledged a deadline of `until` (the latest `Arm` or
+    /// `Extend` it said yes to). Nothing starts once `until` has passed:
+    /// the keeper has fired, or will, even if our own licence (extended by
+    /// a renewal whose `Extend` it has not answered yet) runs on.
+    Armed {
+        until: Instant,
+    },
 }
 
 /// What we last saw of the lock record (standby).
@@ -858,9 +875,9 @@ impl Agent {
                 }
             }
             match t.service {
-                Service::Fencing { deadline } | Service::Starting { deadline } => {
-                    consider(Some(deadline))
-                }
+                Service::Fencing { deadline }
+                | Service::Fenced { deadline }
+                | Service::Starting { deadline } => consider(Some(deadline)),
                 _ => {}
             }
         }
@@ -939,7 +956,7 @@ impl Agent {
                     service: Service::Up {
                         grace_until: self.now,
                     },
-                    keeper: KeeperArm::Armed,
+                    keeper: KeeperArm::Armed { until: deadline },
                 });
                 self.start_step = None;
                 // Resumed: the previous instance has no more say (S5).
@@ -1143,9 +1160,12 @@ impl Agent {
                 {
                     self.leave_confirming(Reason::KeeperRefused);
                 }
-                (Service::Fencing { deadline } | Service::Starting { deadline }, _)
-                    if self.now >= deadline && self.role == Role::Active =>
-                {
+                (
+                    Service::Fencing { deadline }
+                    | Service::Fenced { deadline }
+                    | Service::Starting { deadline },
+                    _,
+                ) if self.now >= deadline && self.role == Role::Active => {
                     self.step_down(Reason::ActivationFailed);
                 }
                 _ => {}
@@ -1408,7 +1428,7 @@ impl Agent {
         let armed = self
             .tenure
             .as_ref()
-            .is_some_and(|t| t.keeper == KeeperArm::Armed);
+            .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
         if self.service_may_run() || armed {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
@@ -1504,10 +1524,9 @@ impl Agent {
     fn lose(&mut self, reason: Reason, token: Option<Token>) {
         let service = self.service_may_run();
         let armed_idle = !service
-            && self
-                .tenure
-                .as_ref()
-                .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed | KeeperArm::Arming { .. }));
+            && self.tenure.as_ref().is_some_and(|t| {
+                matches!(t.keeper, KeeperArm::Armed { .. } | KeeperArm::Arming { .. })
+            });
         if armed_idle {
             // Nothing started under the keeper: it has nothing to guard.
             self.outputs
@@ -1619,7 +1638,11 @@ impl Agent {
         // (`on_keeper_ack`).
         let unguarded = self.mutations.is(Rule::ActivateBeforeArmed);
         match tenure.keeper {
-            KeeperArm::Armed => {}
+            // The keeper's acknowledged deadline has passed: it fires (or
+            // has fired), whatever our licence says; an acknowledged
+            // extension lets us go on, its refusal ends the tenure.
+            KeeperArm::Armed { until } if self.now >= until && !unguarded => return,
+            KeeperArm::Armed { .. } => {}
             KeeperArm::Arming { .. } => return,
             KeeperArm::NotArmed => {
                 let deadline = self.now + self.timing.activate_timeout();
@@ -1647,14 +1670,25 @@ impl Agent {
         });
     }
 
-    /// The keeper answered. Only the answer to the tenure's `Arm` matters:
-    /// an acknowledgement lets the node activate (once everything else
-    /// allows it); a refusal, or no answer by the activate timeout, means
-    /// it never does — it leaves `confirming` (no release, H6). A refused
-    /// `Extend` needs nothing here: the keeper fires and says so.
+    /// The keeper answered. The answer to the tenure's `Arm` lets the node
+    /// activate (once everything else allows it); a refusal, or no answer
+    /// by the activate timeout, means it never does — it leaves
+    /// `confirming` (no release, H6). An acknowledged `Extend` moves the
+    /// keeper's deadline on, which an activation waits for once the last
+    /// acknowledged one has passed. A refused `Extend` needs nothing here:
+    /// the keeper fires and says so.
     fn on_keeper_ack(&mut self, command: KeeperCommand, ok: bool) {
-        let KeeperCommand::Arm(armed) = command else {
-            return;
+        let armed = match command {
+            KeeperCommand::Arm(at) => at,
+            KeeperCommand::Extend(to) => {
+                if let Some(tenure) = self.tenure.as_mut() {
+                    if let (true, KeeperArm::Armed { until }) = (ok, &mut tenure.keeper) {
+                        *until = (*until).max(to);
+                    }
+                }
+                return self.continue_activation();
+            }
+            KeeperCommand::Disarm => return,
         };
         if self.role != Role::Confirming {
             return;
@@ -1672,7 +1706,7 @@ impl Agent {
             tenure.keeper = KeeperArm::NotArmed;
             return self.leave_confirming(Reason::KeeperRefused);
         }
-        tenure.keeper = KeeperArm::Armed;
+        tenure.keeper = KeeperArm::Armed { until: at };
         // Renewals since the `Arm` moved the licence on: tell the keeper.
         let end = self.lease.as_ref().map(|l| l.licence_end);
         if let Some(end) = end.filter(|e| *e > at) {
@@ -1680,6 +1714,40 @@ impl Agent {
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
         }
         self.try_activate();
+    }
+
+    /// Whether the keeper's acknowledged deadline is still ahead: the
+    /// condition for starting anything.
+    fn keeper_guards(&self) -> bool {
+        self.mutations.is(Rule::ActivateBeforeArmed)
+            || self
+                .tenure
+                .as_ref()
+                .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { until } if self.now < until))
+    }
+
+    /// An activation held back for the keeper (its acknowledged deadline
+    /// had passed) goes on once it is ahead again.
+    fn continue_activation(&mut self) {
+        match self.role {
+            Role::Confirming => self.try_activate(),
+            Role::Active if self.keeper_guards() => {
+                let Some(tenure) = self.tenure.as_mut() else {
+                    return;
+                };
+                if let Service::Fenced { deadline } = tenure.service {
+                    let token = tenure.active_token.expect("active has a token");
+                    let previous = tenure.acquire.previous.clone();
+                    tenure.service = Service::Starting { deadline };
+                    self.outputs.push_back(Output::Activate {
+                        token,
+                        previous,
+                        deadline,
+                    });
+                }
+            }
+            _ => {}
+        }
     }
 
     fn on_hook(&mut self, hook: Hook, ok: bool) {
@@ -1692,14 +1760,12 @@ impl Agent {
         let token = tenure.active_token.expect("active has a token");
         match (hook, tenure.service, ok) {
             (Hook::Fence, Service::Fencing { .. }, true) => {
+                let _ = token;
                 let deadline = self.now + self.timing.activate_timeout();
-                tenure.service = Service::Starting { deadline };
-                let previous = tenure.acquire.previous.clone();
-                self.outputs.push_back(Output::Activate {
-                    token,
-                    previous,
-                    deadline,
-                });
+                tenure.service = Service::Fenced { deadline };
+                // Only under a keeper whose deadline is ahead (else once an
+                // extension is acknowledged: `continue_activation`).
+                self.continue_activation();
             }
             (Hook::Activate, Service::Starting { .. }, true) => {
                 tenure.service = Service::Up {

@@ -1017,3 +1017,62 @@ fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
         "no release: a hidden holder may still be inside the gap (H6)"
     );
 }
+
+/// Found by the million-seed sweep (regression `r14`): the agent froze
+/// after its renewal but before the keeper read the `Extend`; the keeper
+/// fired at the older deadline; on waking, the fence hook's result came in
+/// before the keeper's "fired", and the service started under a fired
+/// keeper. Nothing starts once the keeper's last acknowledged deadline has
+/// passed: the activation waits for an acknowledged extension.
+#[test]
+fn the_service_never_starts_past_the_keepers_acknowledged_deadline() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    let Output::Keeper(arm) = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_)))) else {
+        unreachable!()
+    };
+    h.input(Input::KeeperAck {
+        command: arm,
+        ok: true,
+    });
+    assert_eq!(h.agent.role(), Role::Active);
+    let _fence = h.take(|o| matches!(o, Output::Fence { .. }));
+    // Renewals go on (the keeper's answers to their extensions are late),
+    // past the deadline the keeper acknowledged (the Arm's, 110 s).
+    let mut revision = 8;
+    for second in 1..=10 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        renew_all(&mut h, &mut revision);
+    }
+    h.advance_to(110.5);
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Fence,
+        ok: true,
+    });
+    assert!(
+        !h.find(|o| matches!(o, Output::Activate { .. })),
+        "started under a keeper whose deadline passed"
+    );
+    // An extension the keeper acknowledges: now it may start.
+    let ext = h
+        .out
+        .iter()
+        .rev()
+        .find_map(|o| match o {
+            Output::Keeper(c @ KeeperCommand::Extend(_)) => Some(*c),
+            _ => None,
+        })
+        .expect("extensions were sent");
+    h.input(Input::KeeperAck {
+        command: ext,
+        ok: true,
+    });
+    assert!(h.find(|o| matches!(o, Output::Activate { .. })));
+}
