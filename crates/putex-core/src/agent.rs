@@ -87,6 +87,13 @@ pub struct AgentConfig {
     pub previous: Option<PreviousInstance>,
     /// The highest fencing token this host has persisted for the lock (S6).
     pub highest_token: Option<Token>,
+    /// The host's stops are proven by a supervisor that kills the whole
+    /// service tree (the keeper of `putex run` and `putex lock`). Only then
+    /// does a holder whose record an administrator revoked free it with
+    /// `released` once its stop is proven (S7). A program that is its own
+    /// service (a library lease, an HTTP client) merely *hears* of the loss:
+    /// its revoked record stays for takers to judge after W + G' (H6).
+    pub supervised_stops: bool,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -703,6 +710,8 @@ pub struct Agent {
     /// service may have run: once the stop is proven, `released` goes over
     /// it, so the next holder need not wait W + G' (S7).
     revoked_over: Option<Token>,
+    /// See [`AgentConfig::supervised_stops`].
+    supervised_stops: bool,
 
     health: Option<HealthRun>,
     ok_streak: u32,
@@ -762,6 +771,7 @@ impl Agent {
             trusted: config.highest_token,
             duplicate_seen: None,
             revoked_over: None,
+            supervised_stops: config.supervised_stops,
             health: None,
             ok_streak: 0,
             fail_streak: 0,
@@ -1505,7 +1515,10 @@ impl Agent {
             }
             _ => {
                 if let Some(r) = record.record() {
-                    if r.state == LockState::Revoked && r.instance == self.id.instance {
+                    if r.state == LockState::Revoked
+                        && r.instance == self.id.instance
+                        && self.supervised_stops
+                    {
                         self.revoked_over = Some(entry.token);
                     }
                 }

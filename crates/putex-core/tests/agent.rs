@@ -35,6 +35,11 @@ struct Harness {
 
 impl Harness {
     fn new(node: &str) -> Harness {
+        Harness::with_stops(node, true)
+    }
+
+    /// An agent whose host's stops are (or are not) proven by a supervisor.
+    fn with_stops(node: &str, supervised_stops: bool) -> Harness {
         let config = AgentConfig {
             identity: Identity {
                 node: node.into(),
@@ -44,6 +49,7 @@ impl Harness {
             timing: timing(),
             previous: None,
             highest_token: None,
+            supervised_stops,
             mutations: Default::default(),
         };
         let mut h = Harness {
@@ -342,7 +348,11 @@ fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
 
 /// Holds the lock (over a released record) and returns the harness.
 fn holding() -> Harness {
-    let mut h = Harness::new("a");
+    holding_with(Harness::new("a"))
+}
+
+/// `h`, active with token 1:8 over a released record.
+fn holding_with(mut h: Harness) -> Harness {
     look(
         &mut h,
         Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
@@ -824,6 +834,7 @@ fn s5_a_shutdown_during_the_start_up_stop_exits_when_it_finishes() {
         timing: timing(),
         previous: None,
         highest_token: None,
+        supervised_stops: true,
         mutations: Default::default(),
     };
     let mut agent = Agent::new(config, at(1.0));
@@ -987,6 +998,34 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         "released over the revoked record"
     );
     h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+}
+
+/// A program that is its own service (a library lease, an HTTP client)
+/// only hears of the loss; nothing proves it stopped acting, so its revoked
+/// record stays for takers to judge after W + G'.
+#[test]
+fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
+    let mut h = holding_with(Harness::with_stops("a", false));
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 9, 60.0))));
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    h.answer_stop(StopKind::Emergency, true);
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "no release over the revoked record"
+    );
 }
 
 #[test]

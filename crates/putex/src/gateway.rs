@@ -438,6 +438,7 @@ impl Gateway {
                 timing: timing.clone(),
                 previous: None,
                 highest_token: self.highest(&req.resource),
+                supervised_stops: false,
                 mutations: Default::default(),
             },
             clock::boot_time_now(),

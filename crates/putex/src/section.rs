@@ -1245,6 +1245,7 @@ pub async fn run(
                 timing: timing.clone(),
                 previous: None,
                 highest_token: highest.load(),
+                supervised_stops: true,
                 mutations: Default::default(),
             },
             clock::boot_time_now(),

@@ -1844,7 +1844,12 @@ async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
         StatusCode::NO_CONTENT
     );
     let st = crate::common::agent::status_json(&server.url, "agentheld");
-    assert_eq!(st["state"], "revoked", "{st}");
+    // Revoked — or already released by the holder, whose stop of a `sleep`
+    // can be proven before `putex status` has even started.
+    assert!(
+        st["state"] == "revoked" || st["state"] == "released",
+        "{st}"
+    );
     // The holder learns it from its record, and its command is stopped.
     let code = tokio::time::timeout(Duration::from_secs(10), cmd.wait())
         .await

@@ -551,6 +551,7 @@ impl World {
             timing: host.timing.clone(),
             previous: previous.clone(),
             highest_token: host.persisted.highest,
+            supervised_stops: true,
             mutations: self.sc.mutations,
         };
         host.agent = Some(Box::new(Agent::new(config, Instant::from_nanos(local))));

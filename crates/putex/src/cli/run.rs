@@ -1172,6 +1172,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             timing: settings.timing.clone(),
             previous,
             highest_token: highest,
+            supervised_stops: true,
             mutations: Default::default(),
         },
         clock::boot_time_now(),
