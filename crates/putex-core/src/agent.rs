@@ -87,6 +87,13 @@ pub struct AgentConfig {
     pub previous: Option<PreviousInstance>,
     /// The highest fencing token this host has persisted for the lock (S6).
     pub highest_token: Option<Token>,
+    /// The host's stops are proven by a supervisor that kills the whole
+    /// service tree (the keeper of `putex run` and `putex lock`). Only then
+    /// does a holder whose record an administrator revoked free it with
+    /// `released` once its stop is proven (S7). A program that is its own
+    /// service (a library lease, an HTTP client) merely *hears* of the loss:
+    /// its revoked record stays for takers to judge after W + G' (H6).
+    pub supervised_stops: bool,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -518,9 +525,20 @@ struct Acquire {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Service {
     NotStarted,
-    Fencing { deadline: Instant },
-    Starting { deadline: Instant },
-    Up { grace_until: Instant },
+    Fencing {
+        deadline: Instant,
+    },
+    /// Fenced; the activation waits for the keeper to acknowledge a
+    /// deadline still ahead (see [`KeeperArm::Armed`]).
+    Fenced {
+        deadline: Instant,
+    },
+    Starting {
+        deadline: Instant,
+    },
+    Up {
+        grace_until: Instant,
+    },
 }
 
 /// One holding of the lock, from acquisition to stepping down.
@@ -550,7 +568,13 @@ enum KeeperArm {
         at: Instant,
         deadline: Instant,
     },
-    Armed,
+    /// The keeper acknowledged a deadline of `until` (the latest `Arm` or
+    /// `Extend` it said yes to). Nothing starts once `until` has passed:
+    /// the keeper has fired, or will, even if our own licence (extended by
+    /// a renewal whose `Extend` it has not answered yet) runs on.
+    Armed {
+        until: Instant,
+    },
 }
 
 /// What we last saw of the lock record (standby).
@@ -596,6 +620,12 @@ enum LockOp {
     },
     Release {
         write: String,
+    },
+    /// `released` over an administrator's `revoked` record of our own
+    /// tenure, once our stop is proven (S7).
+    ReleaseRevoked {
+        write: String,
+        expected: Token,
     },
 }
 
@@ -676,6 +706,12 @@ pub struct Agent {
     trusted: Option<Token>,
     /// A record with our node id and another machine id was seen at this token.
     duplicate_seen: Option<Token>,
+    /// An administrator revoked our tenure's record at this token while the
+    /// service may have run: once the stop is proven, `released` goes over
+    /// it, so the next holder need not wait W + G' (S7).
+    revoked_over: Option<Token>,
+    /// See [`AgentConfig::supervised_stops`].
+    supervised_stops: bool,
 
     health: Option<HealthRun>,
     ok_streak: u32,
@@ -734,6 +770,8 @@ impl Agent {
             highest: config.highest_token,
             trusted: config.highest_token,
             duplicate_seen: None,
+            revoked_over: None,
+            supervised_stops: config.supervised_stops,
             health: None,
             ok_streak: 0,
             fail_streak: 0,
@@ -847,9 +885,9 @@ impl Agent {
                 }
             }
             match t.service {
-                Service::Fencing { deadline } | Service::Starting { deadline } => {
-                    consider(Some(deadline))
-                }
+                Service::Fencing { deadline }
+                | Service::Fenced { deadline }
+                | Service::Starting { deadline } => consider(Some(deadline)),
                 _ => {}
             }
         }
@@ -928,7 +966,7 @@ impl Agent {
                     service: Service::Up {
                         grace_until: self.now,
                     },
-                    keeper: KeeperArm::Armed,
+                    keeper: KeeperArm::Armed { until: deadline },
                 });
                 self.start_step = None;
                 // Resumed: the previous instance has no more say (S5).
@@ -1027,6 +1065,11 @@ impl Agent {
                 key: Key::Lock,
                 value: self.record(LockState::Released, write, None),
                 expected: self.lease.as_ref().expect("release needs a lease").token,
+            },
+            LockOp::ReleaseRevoked { write, expected } => StoreOp::Update {
+                key: Key::Lock,
+                value: self.record(LockState::Released, write, None),
+                expected: *expected,
             },
         };
         self.lock_op = Some(Pending { id, deadline, what });
@@ -1127,9 +1170,12 @@ impl Agent {
                 {
                     self.leave_confirming(Reason::KeeperRefused);
                 }
-                (Service::Fencing { deadline } | Service::Starting { deadline }, _)
-                    if self.now >= deadline && self.role == Role::Active =>
-                {
+                (
+                    Service::Fencing { deadline }
+                    | Service::Fenced { deadline }
+                    | Service::Starting { deadline },
+                    _,
+                ) if self.now >= deadline && self.role == Role::Active => {
                     self.step_down(Reason::ActivationFailed);
                 }
                 _ => {}
@@ -1335,6 +1381,15 @@ impl Agent {
             } => self.on_acquire_outcome(write, sent, *acquire, outcome),
             LockOp::Renew { write, sent } => self.on_renew_outcome(write, sent, outcome),
             LockOp::Release { write } => self.on_release_outcome(&write, outcome),
+            LockOp::ReleaseRevoked { .. } => {
+                if let StoreOutcome::Written(t) = outcome {
+                    self.note_token(t);
+                }
+                if self.shutdown {
+                    let released = matches!(outcome, StoreOutcome::Written(_));
+                    self.exit(ExitReason::Shutdown { released });
+                }
+            }
         }
     }
 
@@ -1388,7 +1443,7 @@ impl Agent {
         let armed = self
             .tenure
             .as_ref()
-            .is_some_and(|t| t.keeper == KeeperArm::Armed);
+            .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
         if self.service_may_run() || armed {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
@@ -1464,6 +1519,14 @@ impl Agent {
                 }
             }
             _ => {
+                if let Some(r) = record.record() {
+                    if r.state == LockState::Revoked
+                        && r.instance == self.id.instance
+                        && self.supervised_stops
+                    {
+                        self.revoked_over = Some(entry.token);
+                    }
+                }
                 let why = match record.record() {
                     Some(r) if r.state == LockState::Revoked => "revoked".to_owned(),
                     Some(r) => format!("held by {} ({})", r.node, r.write),
@@ -1479,10 +1542,9 @@ impl Agent {
     fn lose(&mut self, reason: Reason, token: Option<Token>) {
         let service = self.service_may_run();
         let armed_idle = !service
-            && self
-                .tenure
-                .as_ref()
-                .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed | KeeperArm::Arming { .. }));
+            && self.tenure.as_ref().is_some_and(|t| {
+                matches!(t.keeper, KeeperArm::Armed { .. } | KeeperArm::Arming { .. })
+            });
         if armed_idle {
             // Nothing started under the keeper: it has nothing to guard.
             self.outputs
@@ -1503,6 +1565,9 @@ impl Agent {
             self.set_role(Role::Lapsed, reason, token);
             self.begin_stop(StopKind::Emergency);
         } else {
+            // Nothing of ours ran: a revoked record stays for takers to
+            // judge (the holder we displaced may still be stopping, H6).
+            self.revoked_over = None;
             self.set_role(Role::Standby, reason, token);
             if self.shutdown {
                 self.exit(ExitReason::Shutdown { released: false });
@@ -1591,7 +1656,11 @@ impl Agent {
         // (`on_keeper_ack`).
         let unguarded = self.mutations.is(Rule::ActivateBeforeArmed);
         match tenure.keeper {
-            KeeperArm::Armed => {}
+            // The keeper's acknowledged deadline has passed: it fires (or
+            // has fired), whatever our licence says; an acknowledged
+            // extension lets us go on, its refusal ends the tenure.
+            KeeperArm::Armed { until } if self.now >= until && !unguarded => return,
+            KeeperArm::Armed { .. } => {}
             KeeperArm::Arming { .. } => return,
             KeeperArm::NotArmed => {
                 let deadline = self.now + self.timing.activate_timeout();
@@ -1619,14 +1688,25 @@ impl Agent {
         });
     }
 
-    /// The keeper answered. Only the answer to the tenure's `Arm` matters:
-    /// an acknowledgement lets the node activate (once everything else
-    /// allows it); a refusal, or no answer by the activate timeout, means
-    /// it never does — it leaves `confirming` (no release, H6). A refused
-    /// `Extend` needs nothing here: the keeper fires and says so.
+    /// The keeper answered. The answer to the tenure's `Arm` lets the node
+    /// activate (once everything else allows it); a refusal, or no answer
+    /// by the activate timeout, means it never does — it leaves
+    /// `confirming` (no release, H6). An acknowledged `Extend` moves the
+    /// keeper's deadline on, which an activation waits for once the last
+    /// acknowledged one has passed. A refused `Extend` needs nothing here:
+    /// the keeper fires and says so.
     fn on_keeper_ack(&mut self, command: KeeperCommand, ok: bool) {
-        let KeeperCommand::Arm(armed) = command else {
-            return;
+        let armed = match command {
+            KeeperCommand::Arm(at) => at,
+            KeeperCommand::Extend(to) => {
+                if let Some(tenure) = self.tenure.as_mut() {
+                    if let (true, KeeperArm::Armed { until }) = (ok, &mut tenure.keeper) {
+                        *until = (*until).max(to);
+                    }
+                }
+                return self.continue_activation();
+            }
+            KeeperCommand::Disarm => return,
         };
         if self.role != Role::Confirming {
             return;
@@ -1644,7 +1724,7 @@ impl Agent {
             tenure.keeper = KeeperArm::NotArmed;
             return self.leave_confirming(Reason::KeeperRefused);
         }
-        tenure.keeper = KeeperArm::Armed;
+        tenure.keeper = KeeperArm::Armed { until: at };
         // Renewals since the `Arm` moved the licence on: tell the keeper.
         let end = self.lease.as_ref().map(|l| l.licence_end);
         if let Some(end) = end.filter(|e| *e > at) {
@@ -1652,6 +1732,40 @@ impl Agent {
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
         }
         self.try_activate();
+    }
+
+    /// Whether the keeper's acknowledged deadline is still ahead: the
+    /// condition for starting anything.
+    fn keeper_guards(&self) -> bool {
+        self.mutations.is(Rule::ActivateBeforeArmed)
+            || self
+                .tenure
+                .as_ref()
+                .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { until } if self.now < until))
+    }
+
+    /// An activation held back for the keeper (its acknowledged deadline
+    /// had passed) goes on once it is ahead again.
+    fn continue_activation(&mut self) {
+        match self.role {
+            Role::Confirming => self.try_activate(),
+            Role::Active if self.keeper_guards() => {
+                let Some(tenure) = self.tenure.as_mut() else {
+                    return;
+                };
+                if let Service::Fenced { deadline } = tenure.service {
+                    let token = tenure.active_token.expect("active has a token");
+                    let previous = tenure.acquire.previous.clone();
+                    tenure.service = Service::Starting { deadline };
+                    self.outputs.push_back(Output::Activate {
+                        token,
+                        previous,
+                        deadline,
+                    });
+                }
+            }
+            _ => {}
+        }
     }
 
     fn on_hook(&mut self, hook: Hook, ok: bool) {
@@ -1664,14 +1778,12 @@ impl Agent {
         let token = tenure.active_token.expect("active has a token");
         match (hook, tenure.service, ok) {
             (Hook::Fence, Service::Fencing { .. }, true) => {
+                let _ = token;
                 let deadline = self.now + self.timing.activate_timeout();
-                tenure.service = Service::Starting { deadline };
-                let previous = tenure.acquire.previous.clone();
-                self.outputs.push_back(Output::Activate {
-                    token,
-                    previous,
-                    deadline,
-                });
+                tenure.service = Service::Fenced { deadline };
+                // Only under a keeper whose deadline is ahead (else once an
+                // extension is acknowledged: `continue_activation`).
+                self.continue_activation();
             }
             (Hook::Activate, Service::Starting { .. }, true) => {
                 tenure.service = Service::Up {
@@ -1804,7 +1916,15 @@ impl Agent {
                 // Nothing left for the keeper to guard.
                 self.outputs
                     .push_back(Output::Keeper(KeeperCommand::Disarm));
+                let release = self.revoked_over.take().filter(|_| self.lock_op.is_none());
                 self.set_role(Role::Standby, Reason::Stopped, None);
+                if let Some(expected) = release {
+                    // S7: our stop is proven; free the revoked record at
+                    // once (a shutdown exits once this is answered).
+                    let write = self.write_id();
+                    self.send_lock(LockOp::ReleaseRevoked { write, expected }, self.deadline());
+                    return;
+                }
                 if self.shutdown {
                     self.exit(ExitReason::Shutdown { released: false });
                 }

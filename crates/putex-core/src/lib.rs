@@ -45,6 +45,7 @@
 //!     timing,
 //!     previous: None,
 //!     highest_token: None,
+//!     supervised_stops: true,
 //!     mutations: Default::default(),
 //! };
 //! let mut agent = Agent::new(config, Instant::from_nanos(1_000_000_000));

@@ -33,11 +33,17 @@ pub enum Rule {
     /// H2/H6 broken: a holder whose stop proved nothing (or whose keeper
     /// died) gives its lease up on purpose while the service may run.
     UnprovenStopLetsGo = 1 << 10,
+    /// Inside `Timing::staleness_wait`: W = T', the drift factor dropped.
+    TimingWaitWithoutDrift = 1 << 11,
+    /// Inside `Timing::gap_against` and `gap_unknown`: G' = 0.
+    TimingGapDropped = 1 << 12,
+    /// Inside `Timing::lease_against`: T' = own T, the advertised T ignored.
+    TimingIgnoresAdvertisedLease = 1 << 13,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 14] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -49,6 +55,9 @@ impl Rule {
         Rule::ProbeWitnessLease,
         Rule::ActivateBeforeArmed,
         Rule::UnprovenStopLetsGo,
+        Rule::TimingWaitWithoutDrift,
+        Rule::TimingGapDropped,
+        Rule::TimingIgnoresAdvertisedLease,
     ];
 }
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::mutation::{Mutations, Rule};
 use crate::time::Drift;
 
 /// Default renewal interval R.
@@ -106,6 +107,11 @@ pub struct TimingConfig {
     pub stop_timeout: Duration,
     /// Emergency-stop timeout (`--emergency-timeout`); default: the budget.
     pub emergency_timeout: Option<Duration>,
+    /// Test-only: rules switched off inside the timing functions (W, G',
+    /// T'), which the simulation's own bound check shares; only its
+    /// overlap check can then catch them. Always empty outside tests.
+    #[doc(hidden)]
+    pub mutations: Mutations,
 }
 
 impl Default for TimingConfig {
@@ -127,6 +133,7 @@ impl Default for TimingConfig {
             activate_timeout: DEFAULT_ACTIVATE_TIMEOUT,
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             emergency_timeout: None,
+            mutations: Mutations::NONE,
         }
     }
 }
@@ -456,6 +463,9 @@ impl Timing {
 
     /// T' for a record advertising `advertised`: the larger of the two.
     pub fn lease_against(&self, advertised: Duration) -> Duration {
+        if self.config.mutations.is(Rule::TimingIgnoresAdvertisedLease) {
+            return self.lease();
+        }
         self.lease().max(advertised)
     }
 
@@ -467,17 +477,26 @@ impl Timing {
 
     /// W = T'·(1+ε)/(1−ε): the staleness wait for a holder whose T' is given.
     pub fn staleness_wait(&self, lease: Duration) -> Duration {
+        if self.config.mutations.is(Rule::TimingWaitWithoutDrift) {
+            return lease;
+        }
         self.drift().stretch(lease)
     }
 
     /// G' for a displaced holder advertising `gap`: the larger of the two.
     pub fn gap_against(&self, advertised: Duration) -> Duration {
+        if self.config.mutations.is(Rule::TimingGapDropped) {
+            return Duration::ZERO;
+        }
         self.gap().max(advertised)
     }
 
     /// G' when the holder's G is unknown (record absent or unreadable): the
     /// larger of `--max-gap` and the own G (S4).
     pub fn gap_unknown(&self) -> Duration {
+        if self.config.mutations.is(Rule::TimingGapDropped) {
+            return Duration::ZERO;
+        }
         self.max_gap().map_or(self.gap(), |m| m.max(self.gap()))
     }
 

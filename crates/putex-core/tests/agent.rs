@@ -35,6 +35,11 @@ struct Harness {
 
 impl Harness {
     fn new(node: &str) -> Harness {
+        Harness::with_stops(node, true)
+    }
+
+    /// An agent whose host's stops are (or are not) proven by a supervisor.
+    fn with_stops(node: &str, supervised_stops: bool) -> Harness {
         let config = AgentConfig {
             identity: Identity {
                 node: node.into(),
@@ -44,6 +49,7 @@ impl Harness {
             timing: timing(),
             previous: None,
             highest_token: None,
+            supervised_stops,
             mutations: Default::default(),
         };
         let mut h = Harness {
@@ -342,7 +348,11 @@ fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
 
 /// Holds the lock (over a released record) and returns the harness.
 fn holding() -> Harness {
-    let mut h = Harness::new("a");
+    holding_with(Harness::new("a"))
+}
+
+/// `h`, active with token 1:8 over a released record.
+fn holding_with(mut h: Harness) -> Harness {
     look(
         &mut h,
         Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
@@ -824,6 +834,7 @@ fn s5_a_shutdown_during_the_start_up_stop_exits_when_it_finishes() {
         timing: timing(),
         previous: None,
         highest_token: None,
+        supervised_stops: true,
         mutations: Default::default(),
     };
     let mut agent = Agent::new(config, at(1.0));
@@ -955,4 +966,152 @@ fn h6_the_release_waits_for_the_renewal_in_flight() {
     assert_eq!(expected, Token::new(1, 9), "released over the renewal");
     h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
     assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
+    let mut h = holding();
+    // An administrator revokes our record (keeping our identity).
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 9, 60.0))));
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    // No release before the stop is proven.
+    assert!(!h.find(|o| matches!(o, Output::Store(_))));
+    h.answer_stop(StopKind::Emergency, true);
+    assert_eq!(h.agent.role(), Role::Standby);
+    let (id, expected) = h.release_write();
+    assert_eq!(
+        expected,
+        Token::new(1, 9),
+        "released over the revoked record"
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+}
+
+/// A program that is its own service (a library lease, an HTTP client)
+/// only hears of the loss; nothing proves it stopped acting, so its revoked
+/// record stays for takers to judge after W + G'.
+#[test]
+fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
+    let mut h = holding_with(Harness::with_stops("a", false));
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 9, 60.0))));
+    assert_eq!(h.agent.role(), Role::Lapsed);
+    h.answer_stop(StopKind::Emergency, true);
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "no release over the revoked record"
+    );
+}
+
+#[test]
+fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(&mut h, None);
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 1)));
+    assert_eq!(h.agent.role(), Role::Confirming);
+    let revoked = LockRecord {
+        v: 1,
+        node: "a".into(),
+        machine: "a-machine".into(),
+        instance: "a-i1".into(),
+        state: LockState::Revoked,
+        write: "admin-1".into(),
+        lease_ms: 10_000,
+        gap_ms: 2000,
+    };
+    h.forget_store();
+    h.input(Input::Watch(Some(entry(&revoked, 2, 60.0))));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Read(Some(entry(&revoked, 2, 60.0))));
+    assert_eq!(h.agent.role(), Role::Standby);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+        "no release: a hidden holder may still be inside the gap (H6)"
+    );
+}
+
+/// Found by the million-seed sweep (regression `r14`): the agent froze
+/// after its renewal but before the keeper read the `Extend`; the keeper
+/// fired at the older deadline; on waking, the fence hook's result came in
+/// before the keeper's "fired", and the service started under a fired
+/// keeper. Nothing starts once the keeper's last acknowledged deadline has
+/// passed: the activation waits for an acknowledged extension.
+#[test]
+fn the_service_never_starts_past_the_keepers_acknowledged_deadline() {
+    let mut h = Harness::new("a");
+    h.auto_arm = false;
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    let Output::Keeper(arm) = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_)))) else {
+        unreachable!()
+    };
+    h.input(Input::KeeperAck {
+        command: arm,
+        ok: true,
+    });
+    assert_eq!(h.agent.role(), Role::Active);
+    let _fence = h.take(|o| matches!(o, Output::Fence { .. }));
+    // Renewals go on (the keeper's answers to their extensions are late),
+    // past the deadline the keeper acknowledged (the Arm's, 110 s).
+    let mut revision = 8;
+    for second in 1..=10 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        renew_all(&mut h, &mut revision);
+    }
+    h.advance_to(110.5);
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Fence,
+        ok: true,
+    });
+    assert!(
+        !h.find(|o| matches!(o, Output::Activate { .. })),
+        "started under a keeper whose deadline passed"
+    );
+    // An extension the keeper acknowledges: now it may start.
+    let ext = h
+        .out
+        .iter()
+        .rev()
+        .find_map(|o| match o {
+            Output::Keeper(c @ KeeperCommand::Extend(_)) => Some(*c),
+            _ => None,
+        })
+        .expect("extensions were sent");
+    h.input(Input::KeeperAck {
+        command: ext,
+        ok: true,
+    });
+    assert!(h.find(|o| matches!(o, Output::Activate { .. })));
 }

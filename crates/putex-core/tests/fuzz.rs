@@ -544,6 +544,7 @@ fn timing_config() -> impl Strategy<Value = TimingConfig> {
                 activate_timeout,
                 stop_timeout,
                 emergency_timeout,
+                ..TimingConfig::default()
             },
         )
 }
@@ -628,6 +629,7 @@ impl World {
             timing,
             previous: None,
             highest_token: None,
+            supervised_stops: true,
             mutations,
         };
         let mut w = World {

@@ -1307,6 +1307,7 @@ async fn contend(
                             store_timeout,
                             title: None,
                             asked: None,
+                            patience: Duration::from_secs(5),
                         },
                     )
                     .await

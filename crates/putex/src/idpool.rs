@@ -763,10 +763,24 @@ impl PoolView {
     }
 }
 
+/// How many times an unknown write outcome is looked into (a leader read,
+/// and the same write sent again) before it is reported as unknown.
+const SETTLE_ATTEMPTS: u32 = 12;
+
 /// Creates (`expected: None`) or compare-and-swaps a record whose `write`
-/// field is `write`. `Some(token)` when it was written, `None` on a
-/// conflict. An unknown outcome is settled by reading the record back from
-/// the leader: ours if it carries our write id (H4).
+/// field is `write`. `Some(token)` when it was written, `None` when it
+/// definitely was not (a conflict).
+///
+/// An unknown outcome (H4) is settled, never guessed: a write that timed
+/// out may still land later. A leader read that shows our write id says it
+/// landed. One that shows the record moved on without it says it never
+/// will (its condition is gone). One that shows the record still where our
+/// write expected it says nothing yet: the same write (same write id) is
+/// sent again, and its definite answer — written, or a conflict that the
+/// next read explains — settles both. Only a store that stays unreachable
+/// through [`SETTLE_ATTEMPTS`] looks (with back-off) is an error, and the
+/// error says the outcome is unknown: a claim is never reported as not
+/// made while it might still land (an orphan).
 async fn write_checked<S: Store>(
     store: &S,
     key: &str,
@@ -775,22 +789,50 @@ async fn write_checked<S: Store>(
     expected: Option<Token>,
     timeout: Duration,
 ) -> Result<Option<Token>, IdError> {
-    let r = match expected {
-        None => store.create(key, value, timeout).await,
-        Some(t) => store.update(key, value, t, timeout).await,
-    };
-    match r {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.is_conflict() => Ok(None),
-        Err(e) if e.is_unknown() => {
-            tracing::debug!(key, error = %e, "write outcome unknown; reading it back");
-            let back = store.get(key, ReadMode::Leader, timeout).await?;
-            Ok(back
-                .filter(|b| write_of(&b.value).as_deref() == Some(write))
-                .map(|b| b.token))
+    let send = || async {
+        match expected {
+            None => store.create(key, value, timeout).await,
+            Some(t) => store.update(key, value, t, timeout).await,
         }
-        Err(e) => Err(e.into()),
+    };
+    let mut last = match send().await {
+        Ok(t) => return Ok(Some(t)),
+        Err(e) if e.is_conflict() => return Ok(None),
+        Err(e) if e.is_unknown() => e,
+        Err(e) => return Err(e.into()),
+    };
+    let mut pause = Duration::from_millis(10);
+    for _ in 0..SETTLE_ATTEMPTS {
+        tracing::debug!(key, error = %last, "write outcome unknown; reading it back");
+        match store.get(key, ReadMode::Leader, timeout).await {
+            Ok(Some(b)) if write_of(&b.value).as_deref() == Some(write) => {
+                return Ok(Some(b.token));
+            }
+            Ok(back) => {
+                let unchanged = match (expected, &back) {
+                    (None, None) => true,
+                    (Some(t), Some(b)) => b.token == t,
+                    _ => false,
+                };
+                if !unchanged {
+                    // Moved on without our write: its condition is gone.
+                    return Ok(None);
+                }
+                match send().await {
+                    Ok(t) => return Ok(Some(t)),
+                    // Ours landed meanwhile, or someone else's: read again.
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) if e.is_unknown() => last = e,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) if e.is_unknown() => last = e,
+            Err(e) => return Err(e.into()),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
     }
+    Err(last.into())
 }
 
 /// Reads the pool's range from its meta record, creating it with `asked`

@@ -259,6 +259,8 @@ impl Lock {
                 timing,
                 previous: None,
                 highest_token: None,
+                // The program is the service: it only hears of a loss.
+                supervised_stops: false,
                 mutations: Default::default(),
             },
             now,

@@ -130,6 +130,8 @@ struct KeeperArgs {
 }
 
 fn main() -> ExitCode {
+    // Before clap reads the environment, and before any thread starts.
+    let ignored = putex::cli::unset_empty_vars();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -189,6 +191,9 @@ fn main() -> ExitCode {
         putex::cli::init_quiet_logging(cli.verbose);
     } else {
         putex::cli::init_logging(cli.verbose);
+    }
+    if !ignored.is_empty() {
+        tracing::debug!(vars = ?ignored, "empty environment variables ignored (taken as unset)");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -12,8 +12,12 @@
 //!   changed for [`expiry`] on an observer's clock belongs to a waiter that
 //!   died or was cut off, and is skipped (and removed by the first live
 //!   waiter), so a dead waiter never blocks the line;
-//! - [`Ticket::turn`] says whether this waiter is first among the live
-//!   tickets. The host passes it to the core as
+//! - [`Ticket::turn`] says whether this waiter is among the first `admit`
+//!   live tickets: the first one for a lock, the first N for a semaphore of
+//!   N slots ([`Ticket::join_admitting`]). Tickets stay until their waiter
+//!   is done, so the holders count among the first: a semaphore's
+//!   waiters behind N holders wait, and the next in line is admitted when a
+//!   holder leaves. The host passes it to the core as
 //!   [`Input::Turn`](putex_core::Input::Turn), which only ever *delays* an
 //!   acquisition: a queue cannot weaken any safety rule, and a waiter that
 //!   is wrongly first (or wrongly not) costs fairness, never exclusion.
@@ -93,12 +97,28 @@ pub struct Waiter {
     pub title: Option<String>,
     /// For HTTP requests: the wait and the lifetime asked for.
     pub asked: Option<(Duration, Duration)>,
+    /// How long joining may go on trying a store whose answers are
+    /// unknown (busy, electing a leader) before it gives up: the waiter's
+    /// own patience (`--wait`, an HTTP request's wait).
+    pub patience: Duration,
 }
 
 impl Ticket {
     /// Joins the queue of `waiter.name`: creates the ticket and starts
-    /// refreshing it and watching the others.
+    /// refreshing it and watching the others. It is this waiter's turn when
+    /// it is first in line.
     pub async fn join(store: AnyStore, waiter: Waiter) -> Result<Ticket, StoreError> {
+        Ticket::join_admitting(store, waiter, 1).await
+    }
+
+    /// [`Ticket::join`] for a lock that `admit` may hold at once (a
+    /// semaphore): it is this waiter's turn while fewer than `admit` live
+    /// tickets are ahead of it.
+    pub async fn join_admitting(
+        store: AnyStore,
+        waiter: Waiter,
+        admit: usize,
+    ) -> Result<Ticket, StoreError> {
         let key = keys::ticket(&waiter.name, &waiter.instance)?;
         let filter = keys::queue_of(&waiter.name)?;
         let mut record = TicketRecord {
@@ -112,12 +132,21 @@ impl Ticket {
             wait_ms: waiter.asked.map(|(w, _)| millis(w)),
             lifetime_ms: waiter.asked.map(|(_, l)| millis(l)),
         };
-        let token = create_ticket(&store, &key, &mut record, waiter.store_timeout).await?;
+        let give_up = tokio::time::Instant::now() + waiter.patience;
+        let token = create_ticket(&store, &key, &mut record, waiter.store_timeout, give_up).await?;
         let arrival = record.arrival;
         let (turn_tx, turn) = watch::channel(false);
         let (leave_tx, leave_rx) = oneshot::channel();
         let task = tokio::spawn(keep(
-            store, waiter, key, filter, record, token, turn_tx, leave_rx,
+            store,
+            waiter,
+            key,
+            filter,
+            record,
+            token,
+            admit.max(1),
+            turn_tx,
+            leave_rx,
         ));
         Ok(Ticket {
             arrival,
@@ -132,7 +161,8 @@ impl Ticket {
         self.arrival
     }
 
-    /// Whether this waiter is first in line; changes are signalled.
+    /// Whether it is this waiter's turn (first in line, or among the first
+    /// `admit`); changes are signalled.
     pub fn turn(&self) -> watch::Receiver<bool> {
         self.turn.clone()
     }
@@ -157,41 +187,54 @@ impl Drop for Ticket {
 }
 
 /// Creates the ticket; its revision is the place in line. An unknown
-/// outcome is resolved by reading the key back (our instance id names it).
+/// outcome is resolved by reading the key back (our instance id names it),
+/// and tried again with back-off until `give_up`: a busy store or a leader
+/// election is no reason to fail a waiter that still has time.
 async fn create_ticket(
     store: &AnyStore,
     key: &str,
     record: &mut TicketRecord,
     timeout: Duration,
+    give_up: tokio::time::Instant,
 ) -> Result<Token, StoreError> {
-    let mut last = None;
-    for _ in 0..5 {
+    let mut pause = Duration::from_millis(50);
+    let mut attempt = 0u32;
+    loop {
+        if attempt > 0 {
+            // Back off: an unknown outcome is usually a store that is busy
+            // or electing a leader.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+        attempt += 1;
         let value = serde_json::to_vec(&*record).expect("a ticket serialises");
-        match store.create(key, &value, timeout).await {
-            Ok(token) => {
-                record.arrival = token.revision;
-                let value = serde_json::to_vec(&*record).expect("a ticket serialises");
-                // The arrival is written into the record for readers that
-                // see only a later refresh; failing here is harmless, the
-                // next refresh writes it.
-                return Ok(store
-                    .update(key, &value, token, timeout)
-                    .await
-                    .unwrap_or(token));
-            }
+        let created = match store.create(key, &value, timeout).await {
+            Ok(token) => Some(token),
             Err(e @ StoreError::Config { .. }) => return Err(e),
             Err(e) => {
                 // Conflict: a ticket of ours landed (an unknown create), or a
                 // leftover with our instance id — either way it is ours.
-                if let Ok(Some(entry)) = store.get(key, ReadMode::Leader, timeout).await {
-                    record.arrival = entry.token.revision;
-                    return Ok(entry.token);
+                match store.get(key, ReadMode::Leader, timeout).await {
+                    Ok(Some(entry)) => Some(entry.token),
+                    Ok(None) if e.is_conflict() => None,
+                    Ok(None) | Err(_) if tokio::time::Instant::now() + pause < give_up => None,
+                    Ok(None) => return Err(e),
+                    Err(read) => return Err(read),
                 }
-                last = Some(e);
             }
-        }
+        };
+        let Some(token) = created else { continue };
+        record.arrival = token.revision;
+        let value = serde_json::to_vec(&*record).expect("a ticket serialises");
+        // The arrival is written into the record for readers that see only
+        // a later refresh (an adopted create still says 0, which would
+        // put us first in line); failing here is harmless, the next
+        // refresh writes it.
+        return Ok(store
+            .update(key, &value, token, timeout)
+            .await
+            .unwrap_or(token));
     }
-    Err(last.expect("at least one attempt"))
 }
 
 /// One ticket as an observer sees it.
@@ -209,6 +252,7 @@ async fn keep(
     filter: String,
     record: TicketRecord,
     mut token: Token,
+    admit: usize,
     turn: watch::Sender<bool>,
     mut leave: oneshot::Receiver<()>,
 ) {
@@ -260,30 +304,74 @@ async fn keep(
                 }
             }
         }
-        let first = first_live(&tickets);
-        turn.send_if_modified(|t| {
-            let ours = first.as_deref() == Some(key.as_str());
-            std::mem::replace(t, ours) != ours
-        });
+        let ours = ahead_of(&tickets, &key).is_some_and(|n| n < admit);
+        turn.send_if_modified(|t| std::mem::replace(t, ours) != ours);
     }
     turn.send_replace(false);
-    if let Err(e) = store.delete(&key, token, timeout).await {
-        tracing::debug!(error = %e, "ticket not removed; it expires");
+    remove_ticket(&store, &key, token, &waiter).await;
+}
+
+/// Removes our ticket on leaving. Its last refresh may have landed without
+/// our hearing of it (an unknown outcome), so a conflict or an unknown
+/// outcome is resolved by reading the ticket back — every record under our
+/// key is ours — and deleting at the revision read, with back-off, for up
+/// to one expiry: after that it has expired for everyone anyway.
+async fn remove_ticket(store: &AnyStore, key: &str, mut token: Token, waiter: &Waiter) {
+    let give_up = tokio::time::Instant::now() + expiry(waiter.renew);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        let timeout = waiter.store_timeout.min(left);
+        if timeout.is_zero() {
+            tracing::debug!("ticket not removed; it expires");
+            return;
+        }
+        match store.delete(key, token, timeout).await {
+            Ok(()) => return,
+            Err(e @ StoreError::Config { .. }) => {
+                tracing::debug!(error = %e, "ticket not removed; it expires");
+                return;
+            }
+            Err(e) => match store.get(key, ReadMode::Leader, timeout).await {
+                Ok(None) => return,
+                Ok(Some(entry)) if entry.token != token => token = entry.token,
+                _ if tokio::time::Instant::now() + pause >= give_up => {
+                    tracing::debug!(error = %e, "ticket not removed; it expires");
+                    return;
+                }
+                _ => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            },
+        }
     }
 }
 
-/// The key of the first live ticket: lowest arrival, then instance id.
-fn first_live(tickets: &HashMap<String, Seen>) -> Option<String> {
+/// The live tickets, in line: lowest arrival, then instance id.
+fn live_line(tickets: &HashMap<String, Seen>) -> Vec<&str> {
     let now = tokio::time::Instant::now();
-    tickets
+    let mut line: Vec<(u64, &str, &str)> = tickets
         .iter()
         .filter_map(|(k, s)| {
             let r = s.record.as_ref()?;
             let alive = now.duration_since(s.changed) < expiry(Duration::from_millis(r.renew_ms));
-            alive.then_some((r.arrival, r.instance.as_str(), k))
+            alive.then_some((r.arrival, r.instance.as_str(), k.as_str()))
         })
-        .min()
-        .map(|(_, _, k)| k.clone())
+        .collect();
+    line.sort_unstable();
+    line.into_iter().map(|(_, _, k)| k).collect()
+}
+
+/// How many live tickets are ahead of `ours`; `None` while ours is not
+/// among the live ones (not seen yet, or expired).
+fn ahead_of(tickets: &HashMap<String, Seen>, ours: &str) -> Option<usize> {
+    live_line(tickets).iter().position(|k| *k == ours)
+}
+
+/// The key of the first live ticket.
+fn first_live(tickets: &HashMap<String, Seen>) -> Option<String> {
+    live_line(tickets).first().map(|k| (*k).to_owned())
 }
 
 /// Removes the expired (and unreadable) tickets of others, when we are the

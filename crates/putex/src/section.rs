@@ -20,22 +20,28 @@
 //!   hold the lock forever by being renewed.
 //!
 //! **Semaphores** (`limit` N > 1) are N ordinary locks, the slots
-//! `sem.<name>.0` … `sem.<name>.<N−1>`, with the limit recorded in
-//! `sem.<name>` so that clients disagreeing on N are refused. One agent
+//! `sem.<name>.0` … `sem.<name>.<N−1>`. Every name's limit (1 for a plain
+//! lock) is recorded in `sem.<name>` by its first client's create, so that
+//! of clients disagreeing on N the first definition wins and the others
+//! are refused ([`targets`]). One agent
 //! runs per slot; the first to arm the keeper wins, and CMD runs under that
 //! slot alone. A slot that another agent of ours took at the same moment is
 //! released at once.
 //!
 //! **Waiting** is watch-driven: a release reaches the waiters as a watch
 //! event, and the first waiter in the fair queue ([`crate::queue`]) takes
-//! it within milliseconds.
+//! it within milliseconds. A semaphore of N slots admits the first N
+//! waiters of its queue at once, so N run at the same time.
 //!
 //! **Once per period** (`once`): before waiting, and again once the lock is
-//! held, the `once.<name>` record is read; if it records a successful run in
-//! the current period (UTC on the store's clock, or an explicit key) CMD is
-//! not run ([`Outcome::AlreadyDone`]). A successful run is recorded while
-//! the lock is still held, just before the release, so the next holder
-//! always sees it.
+//! held, the `once.<name>` record is read; if it records a run in the
+//! current period (UTC on the store's clock, or an explicit key) CMD is not
+//! run ([`Outcome::AlreadyDone`]). With [`OnceMode::AtLeast`] a successful
+//! run is recorded while the lock is still held, just before the release,
+//! so the next holder sees it — unless the lock is lost in between, when it
+//! runs CMD again. With [`OnceMode::AtMost`] the period is claimed by a
+//! compare-and-swap before CMD starts, so CMD never starts twice in a
+//! period.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -71,7 +77,7 @@ pub enum Wait {
     No,
 }
 
-/// Run at most once per period across all hosts.
+/// Run once per period across all hosts ([`OnceMode`] says what "once" means).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Once {
     /// Periods of this length aligned to the Unix epoch in UTC on the
@@ -79,6 +85,33 @@ pub enum Once {
     Every(Duration),
     /// An explicit period key (e.g. a date the caller computed).
     Key(String),
+}
+
+/// When a run is recorded, and so what `once` guarantees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnceMode {
+    /// Record after CMD exits 0, while the lock is still held (the
+    /// default): a period is never left without a successful run while
+    /// hosts keep trying, but the lock lost between the run and its record
+    /// (or CMD stopped half-way because the lock was lost) lets another host
+    /// run CMD again in the same period.
+    #[default]
+    AtLeast,
+    /// Claim the period before CMD starts, with a compare-and-swap on the
+    /// record, and start CMD only once the claim is known to have landed:
+    /// CMD is never started twice in a period, but a run that fails, is
+    /// killed or loses the lock uses up the period.
+    AtMost,
+}
+
+impl OnceMode {
+    /// The flag's value (`at-least`, `at-most`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnceMode::AtLeast => "at-least",
+            OnceMode::AtMost => "at-most",
+        }
+    }
 }
 
 /// What to run and how.
@@ -98,6 +131,8 @@ pub struct SectionOptions {
     pub wait: Wait,
     /// Once per period.
     pub once: Option<Once>,
+    /// When a run counts for `once`.
+    pub once_mode: OnceMode,
     /// Stop CMD when it runs longer than this.
     pub max_duration: Option<Duration>,
     /// What the lock is held for, shown to operators and given to CMD as
@@ -198,7 +233,9 @@ pub struct SemaphoreRecord {
     pub limit: u32,
 }
 
-/// The once-per-period record, `once.<name>`: the last successful run.
+/// The once-per-period record, `once.<name>`: the period last used — a
+/// successful run (`done`, `--once-mode at-least`) or a run claimed before
+/// it started (`started`, `--once-mode at-most`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OnceRecord {
     /// Format version (1).
@@ -209,23 +246,120 @@ pub struct OnceRecord {
     pub node: String,
     /// The fencing token it ran under.
     pub token: Token,
-    /// When it finished, RFC 3339 UTC on the store's clock.
+    /// When it finished (`done`) or was claimed (`started`), RFC 3339 UTC
+    /// on the store's clock.
     pub at: String,
+    /// `done` (recorded after a successful run) or `started` (claimed
+    /// before the run). Records without it are `done`.
+    #[serde(default)]
+    pub state: OnceState,
+    /// The write's unique id: tells a writer whose outcome was unknown
+    /// whether its write landed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<String>,
+}
+
+/// The state of a [`OnceRecord`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnceState {
+    /// CMD ran and exited 0 (`--once-mode at-least`).
+    #[default]
+    Done,
+    /// The period was claimed before CMD started (`--once-mode at-most`).
+    Started,
+}
+
+impl OnceRecord {
+    /// Who used the period, for messages: "node at time (token …)".
+    fn by(&self) -> String {
+        match self.state {
+            OnceState::Done => format!("{} at {} (token {})", self.node, self.at, self.token),
+            OnceState::Started => format!(
+                "{}, started at {} (token {}, --once-mode at-most: whether it succeeded is \
+                 not recorded)",
+                self.node, self.at, self.token
+            ),
+        }
+    }
 }
 
 /// How long `Wait::No` may take to acquire a lock it saw free.
 const NO_WAIT_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a section that waits for the lock forever keeps retrying the
+/// store calls before its wait (the limit record, the once-per record) while
+/// their outcome is unknown: longer than a NATS stream-leader election
+/// (4–9 s). `--wait DUR` retries for DUR, `--no-wait` for `NO_WAIT_GRACE`.
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+
 /// The largest `--limit`: each slot is watched and polled by its own agent.
 pub const MAX_LIMIT: u32 = 64;
 
+/// Retries `call` while its outcome is unknown (a timeout or a lost
+/// connection: the store may be busy or electing a leader), with back-off,
+/// until `deadline`; each attempt's deadline is at most `timeout` and never
+/// past `deadline`. A conflict, a configuration error or the last unknown
+/// outcome is returned. Only for calls that may simply be repeated (reads);
+/// a write must first find out by reading whether it landed.
+async fn patiently<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    mut call: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match call(timeout.min(left).max(Duration::from_millis(100))).await {
+            Err(e @ StoreError::Unknown { .. })
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %e, "outcome unknown; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The message refusing a client whose `--limit` is not the name's.
+fn limit_mismatch(name: &str, key: &str, defined: u32, ours: u32) -> SectionError {
+    let is = if defined == 1 {
+        format!("a plain lock (--limit 1, record {key})")
+    } else {
+        format!("a semaphore with --limit {defined} (record {key})")
+    };
+    SectionError::Usage(format!(
+        "{name:?} is {is}, but this client has --limit {ours}: every client of a name must \
+         use the same --limit (or another name)"
+    ))
+}
+
 /// The lock keys a section competes for: `lock.<name>`, or the semaphore's
-/// slots after checking (or recording) its limit.
+/// slots, once the name's limit is known to be `limit`.
+///
+/// The limit of every name `putex lock` uses — 1 for a plain lock — is
+/// recorded in `sem.<name>` by the first client, with a create: of clients
+/// that disagree, exactly one create lands, and every other client finds
+/// that definition and is refused. Nothing is checked and then acted on:
+/// the record is written only by a create and never changed or deleted by
+/// putex, so what a client finds is what every other client finds. A name
+/// used as a plain lock before its limit was recorded (by an older putex, or
+/// by `putex run --lock`) keeps being one: a semaphore is refused on it.
+///
+/// Unknown outcomes are resolved by reading, and retried with back-off
+/// until `deadline`.
 pub async fn targets(
     store: &AnyStore,
     name: &str,
     limit: u32,
     timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<Vec<String>, SectionError> {
     if limit == 0 || limit > MAX_LIMIT {
         return Err(SectionError::Usage(format!(
@@ -235,69 +369,104 @@ pub async fn targets(
     let bad = |e: keys::NameError| SectionError::Usage(e.to_string());
     let sem_key = keys::semaphore(name).map_err(bad)?;
     let lock_key = keys::lock(name).map_err(bad)?;
-    let read_limit = |entry: Option<crate::store::Entry>| match entry {
-        None => Ok(None),
-        Some(e) => match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
-            Ok(r) if r.v == 1 => Ok(Some(r.limit)),
-            _ => Err(SectionError::Usage(format!(
-                "the semaphore record {sem_key} holds something putex does not understand \
-                 ({} bytes); fix or remove it",
-                e.value.len()
-            ))),
-        },
-    };
-    if limit == 1 {
-        if let Some(n) = read_limit(store.get(&sem_key, ReadMode::Any, timeout).await?)? {
+    if limit > 1 {
+        let entry = patiently(deadline, timeout, |t| {
+            store.get(&lock_key, ReadMode::Any, t)
+        })
+        .await?;
+        if let Some(entry) = entry {
+            let holder = match Observed::decode(&entry.value) {
+                Observed::Record(r) => format!(", last holder {}", r.node),
+                Observed::Garbage => String::new(),
+            };
             return Err(SectionError::Usage(format!(
-                "{name:?} is a semaphore with --limit {n} (record {sem_key}); every client \
-                 must use the same limit"
+                "{name:?} is a plain lock (--limit 1, record {lock_key}{holder}), but this \
+                 client has --limit {limit}: every client of a name must use the same --limit \
+                 (or another name)"
             )));
         }
+    }
+    let defined = define_limit(store, &sem_key, limit, timeout, deadline).await?;
+    if defined != limit {
+        return Err(limit_mismatch(name, &sem_key, defined, limit));
+    }
+    if limit == 1 {
         return Ok(vec![lock_key]);
-    }
-    if let Some(entry) = store.get(&lock_key, ReadMode::Any, timeout).await? {
-        let holder = match Observed::decode(&entry.value) {
-            Observed::Record(r) => format!(" (last holder {})", r.node),
-            Observed::Garbage => String::new(),
-        };
-        return Err(SectionError::Usage(format!(
-            "{name:?} is used as a plain lock (--limit 1, record {lock_key}{holder}); every \
-             client must use the same limit"
-        )));
-    }
-    let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
-    let existing = match store.create(&sem_key, &record, timeout).await {
-        Ok(_) => Some(limit),
-        Err(StoreError::Conflict { .. }) => {
-            read_limit(store.get(&sem_key, ReadMode::Leader, timeout).await?)?
-        }
-        Err(e) => return Err(e.into()),
-    };
-    match existing {
-        Some(n) if n == limit => {}
-        Some(n) => {
-            return Err(SectionError::Usage(format!(
-                "semaphore {name:?} has --limit {n} (record {sem_key}), not {limit}; every \
-                 client must use the same limit"
-            )))
-        }
-        None => {
-            return Err(SectionError::Usage(format!(
-                "semaphore {name:?}: its limit record {sem_key} vanished; try again"
-            )))
-        }
     }
     (0..limit)
         .map(|i| keys::slot(name, i).map_err(bad))
         .collect()
 }
 
-/// The current period's key for `once`, on the store's clock.
-pub async fn period_key(store: &AnyStore, once: &Once, node: &str, timeout: Duration) -> String {
-    match once {
+/// The limit recorded in `sem_key`, recording `limit` there first if the
+/// record is absent: an exclusive create, so the first definition wins.
+/// Every client writes the same bytes for the same limit, so a create whose
+/// outcome is unknown is resolved by reading the record back: whoever wrote
+/// what is found, it is the definition.
+async fn define_limit(
+    store: &AnyStore,
+    sem_key: &str,
+    limit: u32,
+    timeout: Duration,
+    deadline: tokio::time::Instant,
+) -> Result<u32, SectionError> {
+    let parse = |e: crate::store::Entry| match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
+        Ok(r) if r.v == 1 && (1..=MAX_LIMIT).contains(&r.limit) => Ok(r.limit),
+        _ => Err(SectionError::Usage(format!(
+            "the limit record {sem_key} holds something putex does not understand \
+             ({} bytes); fix or remove it",
+            e.value.len()
+        ))),
+    };
+    let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
+    let mut pause = Duration::from_millis(50);
+    loop {
+        // Read first: after the first use of a name, no write at all.
+        let read = |t| store.get(sem_key, ReadMode::Leader, t);
+        if let Some(e) = patiently(deadline, timeout, read).await? {
+            return parse(e);
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match store
+            .create(
+                sem_key,
+                &record,
+                timeout.min(left).max(Duration::from_millis(100)),
+            )
+            .await
+        {
+            Ok(_) => return Ok(limit),
+            // Someone else's definition (or ours, landed unheard): read it.
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e @ StoreError::Unknown { .. }) => {
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(e.into());
+                }
+                tracing::debug!(error = %e, "recording the limit: outcome unknown; reading it back");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The current period's key for `once`, on the store's clock. Unknown
+/// outcomes are retried until `give_up` (a busy store is no reason to
+/// fail); a store that stays unreachable is an error, never a fall-back to
+/// this host's clock (which may be off, and would put the run in another
+/// period).
+pub async fn period_key(
+    store: &AnyStore,
+    once: &Once,
+    node: &str,
+    timeout: Duration,
+    give_up: tokio::time::Instant,
+) -> Result<String, StoreError> {
+    Ok(match once {
         Once::Key(k) => k.clone(),
         Once::Every(every) => {
-            let now = store_wall_clock(store, node, timeout).await;
+            let now = store_wall_clock(store, node, timeout, give_up).await?;
             let secs = now
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default()
@@ -310,25 +479,33 @@ pub async fn period_key(store: &AnyStore, once: &Once, node: &str, timeout: Dura
                 humantime::format_duration(*every)
             )
         }
-    }
+    })
 }
 
 /// The store's wall clock: a NATS bucket's timestamps are its stream
-/// leader's UTC clock (read back from a probe write); the embedded stores
-/// live on this machine, whose clock is theirs.
-async fn store_wall_clock(store: &AnyStore, node: &str, timeout: Duration) -> SystemTime {
-    if let AnyStore::Nats(_) = store {
-        if let Ok(key) = keys::probe(node) {
-            let probe = br#"{"v":1,"node":"once","write":"once"}"#;
-            if store.put(&key, probe, timeout).await.is_ok() {
-                if let Ok(Some(e)) = store.get(&key, ReadMode::Leader, timeout).await {
-                    return SystemTime::UNIX_EPOCH + Duration::from_nanos(e.time.nanos);
-                }
-            }
+/// leader's UTC clock (read back from a probe write, an unconditional put
+/// that may simply be repeated); the embedded stores live on this machine,
+/// whose clock is theirs.
+async fn store_wall_clock(
+    store: &AnyStore,
+    node: &str,
+    timeout: Duration,
+    give_up: tokio::time::Instant,
+) -> Result<SystemTime, StoreError> {
+    let AnyStore::Nats(_) = store else {
+        return Ok(SystemTime::now());
+    };
+    let key = keys::probe(node)?;
+    let probe = br#"{"v":1,"node":"once","write":"once"}"#;
+    let written = patiently(give_up, timeout, |t| store.put(&key, probe, t)).await?;
+    let read = patiently(give_up, timeout, |t| store.get(&key, ReadMode::Leader, t)).await?;
+    match read {
+        // Our probe, or a later one of ours: its time is the store's.
+        Some(e) if e.token >= written => {
+            Ok(SystemTime::UNIX_EPOCH + Duration::from_nanos(e.time.nanos))
         }
-        tracing::warn!("could not read the store's clock; using this host's for --once-per");
+        _ => Err(StoreError::timed_out(crate::store::Op::Get, &key, timeout)),
     }
-    SystemTime::now()
 }
 
 /// The recorded run of `name` in `period`, if any: "node at time".
@@ -346,7 +523,7 @@ pub async fn done_in(
         // A record of another version is not understood: no recorded run,
         // as for one that does not parse.
         .filter(|r| r.v == 1 && r.period == period)
-        .map(|r| format!("{} at {} (token {})", r.node, r.at, r.token)))
+        .map(|r| r.by()))
 }
 
 /// A file beside the keeper sockets holding the highest fencing token this
@@ -430,6 +607,12 @@ struct State {
     released: bool,
     /// CMD was not run: it already ran in this period.
     already_done: Option<(String, String)>,
+    /// The once-per period CMD runs in (read at activation: a run that
+    /// crosses into the next period is recorded for the one it started in).
+    period: Option<String>,
+    /// The once-per record could not be read or claimed in time: CMD was
+    /// not run.
+    once_failed: Option<StoreError>,
     /// A spawn failed.
     spawn_failed: Option<String>,
     /// Slots whose agent must stop (lost the race for CMD).
@@ -528,16 +711,34 @@ impl Host for SlotHost {
             let o = &shared.opts;
             let timeout = o.timing.store_timeout();
             if let Some(once) = &o.once {
-                let period = period_key(&shared.store, once, &o.node, timeout).await;
-                match done_in(&shared.store, &o.name, &period, timeout).await {
+                // Store calls whose outcome is unknown are retried until
+                // then, leaving time to start CMD.
+                let left = clock::until(deadline);
+                let until = tokio::time::Instant::now() + left - (left / 4).min(Duration::from_secs(5));
+                let period = match period_key(&shared.store, once, &o.node, timeout, until).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the store's clock for --once-per; not running");
+                        shared.with(|s| s.spawn_failed = Some(format!("once-per period: {e}")));
+                        return false;
+                    }
+                };
+                let checked = match o.once_mode {
+                    OnceMode::AtLeast => {
+                        patiently(until, timeout, |t| done_in(&shared.store, &o.name, &period, t))
+                            .await
+                    }
+                    OnceMode::AtMost => claim_period(&shared, &period, token, until).await,
+                };
+                match checked {
                     Ok(Some(by)) => {
                         shared.with(|s| s.already_done = Some((period, by)));
                         return false;
                     }
-                    Ok(None) => {}
+                    Ok(None) => shared.with(|s| s.period = Some(period)),
                     Err(e) => {
-                        tracing::error!(error = %e, "cannot read the once-per record; not running");
-                        shared.with(|s| s.spawn_failed = Some(format!("once-per record: {e}")));
+                        tracing::error!(error = %e, "cannot read or claim the once-per record; not running");
+                        shared.with(|s| s.once_failed = Some(e));
                         return false;
                     }
                 }
@@ -602,7 +803,23 @@ impl Host for SlotHost {
                 if shared.ops.send(KeeperOp::Barrier(tx)).is_ok() {
                     let _ = rx.await;
                 }
-                shared.keeper.stop(kind).await.unwrap_or(false)
+                match shared.keeper.stop(kind).await {
+                    Ok(ok) => ok,
+                    // The keeper died (OOM): stop CMD's tree without it,
+                    // from the keeper's last snapshot, and prove it gone.
+                    // The lock is kept (renewed) until then.
+                    Err(crate::keeper::KeeperError::Lost) => {
+                        tracing::error!("the keeper is gone: stopping the command without it");
+                        shared
+                            .keeper
+                            .stop_tree_without_keeper(clock::until(deadline))
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the keeper could not stop the command");
+                        false
+                    }
+                }
             };
             let limit = clock::until(deadline) + Duration::from_millis(100);
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
@@ -735,48 +952,137 @@ impl Host for SlotHost {
     }
 }
 
-/// Records a successful run in the once-per record, while the lock is still
-/// held (the graceful stop comes before the release).
+/// A fresh once-per record of ours for `period`, and its write id.
+async fn once_record(
+    shared: &Shared,
+    period: &str,
+    token: Token,
+    state: OnceState,
+    timeout: Duration,
+) -> (Vec<u8>, String) {
+    let o = &shared.opts;
+    // When it ran, for people: the store's clock if it answers at once,
+    // else this host's (the period itself never falls back).
+    let give_up = tokio::time::Instant::now() + timeout;
+    let when = store_wall_clock(&shared.store, &o.node, timeout, give_up)
+        .await
+        .unwrap_or_else(|_| SystemTime::now());
+    let at = humantime::format_rfc3339_seconds(when).to_string();
+    let write = crate::lease::instance_id();
+    let record = OnceRecord {
+        v: 1,
+        period: period.to_owned(),
+        node: o.node.clone(),
+        token,
+        at,
+        state,
+        write: Some(write.clone()),
+    };
+    (serde_json::to_vec(&record).expect("serialises"), write)
+}
+
+/// `--once-mode at-most`: claims `period` in the once-per record before CMD
+/// starts. `Ok(None)` when the claim is ours and known to have landed (CMD
+/// may start), `Ok(Some(by))` when the period is used already.
+///
+/// The claim is a compare-and-swap on the record's revision as read (a
+/// create when absent), so of any number of claimers of a period — even a
+/// former holder whose write arrives late — exactly one succeeds. A write
+/// whose outcome is unknown is resolved by reading the record back: our
+/// write id means it landed; the revision we expected means it did not, and
+/// it is tried again with back-off; anything else is someone else's. After
+/// `until` the error is returned and CMD is not started.
+async fn claim_period(
+    shared: &Shared,
+    period: &str,
+    token: Token,
+    until: tokio::time::Instant,
+) -> Result<Option<String>, StoreError> {
+    let o = &shared.opts;
+    let store = &shared.store;
+    let timeout = o.timing.store_timeout();
+    let key = keys::once(&o.name)?;
+    let (value, write) = once_record(shared, period, token, OnceState::Started, timeout).await;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let current = patiently(until, timeout, |t| store.get(&key, ReadMode::Leader, t)).await?;
+        let expected = match current {
+            Some(e) => match serde_json::from_slice::<OnceRecord>(&e.value) {
+                Ok(r) if r.write.as_deref() == Some(write.as_str()) => return Ok(None),
+                Ok(r) if r.period == period => return Ok(Some(r.by())),
+                // Another period's record, or one putex cannot read: ours
+                // replaces it.
+                _ => Some(e.token),
+            },
+            None => None,
+        };
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let t = timeout.min(left).max(Duration::from_millis(100));
+        let written = match expected {
+            Some(rev) => store.update(&key, &value, rev, t).await,
+            None => store.create(&key, &value, t).await,
+        };
+        match written {
+            Ok(_) => return Ok(None),
+            // Someone else's write came first (or ours, unheard): read.
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e @ StoreError::Unknown { .. }) => {
+                if tokio::time::Instant::now() + pause >= until {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "claiming the period: outcome unknown; reading it back");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `--once-mode at-least`: records a successful run in the once-per record,
+/// while the lock is still held (the graceful stop comes before the
+/// release), for the period the run started in. A write whose outcome is
+/// unknown is resolved by reading the record back (our write id means it
+/// landed) and retried with back-off while the stop's deadline allows.
 async fn record_once(shared: &Shared, deadline: Instant) {
     let o = &shared.opts;
-    let Some(once) = &o.once else { return };
-    let (exit, token) = shared.with(|s| (s.exit, s.spawned));
-    let (Some(exit), Some(token)) = (exit, token) else {
+    if o.once.is_none() || o.once_mode != OnceMode::AtLeast {
+        return;
+    }
+    let (exit, token, period) = shared.with(|s| (s.exit, s.spawned, s.period.clone()));
+    let (Some(exit), Some(token), Some(period)) = (exit, token, period) else {
         return;
     };
     if exit.code != Some(0) {
         return;
     }
     let timeout = o.timing.store_timeout();
-    let period = period_key(&shared.store, once, &o.node, timeout).await;
-    let at =
-        humantime::format_rfc3339_seconds(store_wall_clock(&shared.store, &o.node, timeout).await)
-            .to_string();
-    let record = OnceRecord {
-        v: 1,
-        period,
-        node: o.node.clone(),
-        token,
-        at,
-    };
-    let value = serde_json::to_vec(&record).expect("serialises");
+    let (value, write) = once_record(shared, &period, token, OnceState::Done, timeout).await;
     let Ok(key) = keys::once(&o.name) else { return };
+    let mut pause = Duration::from_millis(50);
     loop {
-        match shared.store.put(&key, &value, timeout).await {
+        let e = match shared.store.put(&key, &value, timeout).await {
             Ok(_) => return,
-            Err(e) if clock::until(deadline) > timeout => {
-                tracing::warn!(error = %e, "recording the run failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => {
-                tracing::error!(
-                    error = %e,
-                    "could not record the successful run: another host may run it again \
-                     this period"
-                );
+            Err(e) => e,
+        };
+        if let Ok(Some(entry)) = shared.store.get(&key, ReadMode::Leader, timeout).await {
+            let landed = serde_json::from_slice::<OnceRecord>(&entry.value)
+                .is_ok_and(|r| r.write.as_deref() == Some(write.as_str()));
+            if landed {
                 return;
             }
         }
+        if matches!(e, StoreError::Config { .. }) || clock::until(deadline) <= timeout + pause {
+            tracing::error!(
+                error = %e,
+                "could not record the successful run: another host may run it again this \
+                 period"
+            );
+            return;
+        }
+        tracing::warn!(error = %e, "recording the run failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -824,24 +1130,37 @@ pub async fn run(
 ) -> Result<Outcome, SectionError> {
     let timing = opts.timing.clone();
     let timeout = timing.store_timeout().max(Duration::from_secs(1));
+    // Store calls before waiting whose outcome is unknown are retried until
+    // then: a busy store or a leader election does not fail the command.
+    let setup_deadline = tokio::time::Instant::now()
+        + match opts.wait {
+            Wait::For(d) => d,
+            Wait::No => NO_WAIT_GRACE,
+            Wait::Forever => SETUP_PATIENCE,
+        }
+        .max(timeout);
     keys::validate_name(&opts.name).map_err(|e| SectionError::Usage(e.to_string()))?;
     let keys = match &opts.slots {
         Some(slots) if slots.keys.is_empty() => {
             return Err(SectionError::Usage("nothing to compete for".into()))
         }
         Some(slots) => slots.keys.clone(),
-        None => targets(&store, &opts.name, opts.limit, timeout).await?,
+        None => targets(&store, &opts.name, opts.limit, timeout, setup_deadline).await?,
     };
 
     // Already done in this period: no need to wait at all.
     if let Some(once) = &opts.once {
-        let period = period_key(&store, once, &opts.node, timeout).await;
-        if let Some(by) = done_in(&store, &opts.name, &period, timeout).await? {
+        let period = period_key(&store, once, &opts.node, timeout, setup_deadline).await?;
+        let done = patiently(setup_deadline, timeout, |t| {
+            done_in(&store, &opts.name, &period, t)
+        });
+        if let Some(by) = done.await? {
             return Ok(Outcome::AlreadyDone { period, by });
         }
     }
     if opts.wait == Wait::No {
-        if let Some(holder) = busy(&store, &keys, timeout).await? {
+        let busy = patiently(setup_deadline, timeout, |t| busy(&store, &keys, t));
+        if let Some(holder) = busy.await? {
             return Ok(Outcome::NotAcquired {
                 holder: Some(holder),
             });
@@ -874,6 +1193,8 @@ pub async fn run(
     .await
     .map_err(|e| SectionError::Keeper(e.to_string()))?;
     let mut keeper_events = keeper.take_events();
+    // Set once the keeper is gone: its event channel is read no more.
+    let mut keeper_gone = false;
     let keeper = Arc::new(keeper);
     let (ops_tx, ops_rx) = mpsc::unbounded_channel();
     let ops_task = tokio::spawn(keeper_ops(keeper.clone(), ops_rx));
@@ -903,8 +1224,11 @@ pub async fn run(
             store_timeout: timing.store_timeout(),
             title: opts.title.clone(),
             asked: None,
+            patience: setup_deadline.saturating_duration_since(tokio::time::Instant::now()),
         };
-        Some(Ticket::join(store.clone(), waiter).await?)
+        // One waiter per slot may try at once: with N slots free and N
+        // waiters, N run.
+        Some(Ticket::join_admitting(store.clone(), waiter, keys.len()).await?)
     };
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
 
@@ -923,6 +1247,7 @@ pub async fn run(
                 timing: timing.clone(),
                 previous: None,
                 highest_token: highest.load(),
+                supervised_stops: true,
                 mutations: Default::default(),
             },
             clock::boot_time_now(),
@@ -998,6 +1323,7 @@ pub async fn run(
                 s.exit.is_some()
                     || s.lost.is_some()
                     || s.already_done.is_some()
+                    || s.once_failed.is_some()
                     || s.spawn_failed.is_some(),
                 s.spawned_at,
             )
@@ -1018,7 +1344,7 @@ pub async fn run(
                     queue_turn = None;
                 }
             }
-            ev = keeper_events.recv() => match ev.unwrap_or(KeeperEvent::Lost) {
+            ev = keeper_events.recv(), if !keeper_gone => match ev.unwrap_or(KeeperEvent::Lost) {
                 KeeperEvent::ChildExited(exit) => {
                     tracing::debug!(?exit, "command exited");
                     shared.with(|s| s.exit = Some(exit));
@@ -1026,7 +1352,15 @@ pub async fn run(
                 KeeperEvent::Tree(_) => {}
                 other => {
                     if other == KeeperEvent::Lost {
-                        tracing::error!("the keeper is gone");
+                        tracing::error!("the keeper is gone: CMD is stopped without it");
+                        // CMD ran under a keeper that died: it is stopped
+                        // (from the keeper's last tree snapshot) before the
+                        // lock is given back, and the section ends as lost.
+                        shared.with(|s| {
+                            if s.spawned.is_some() && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| Reason::KeeperLost.to_string());
+                            }
+                        });
                     } else {
                         tracing::error!("the keeper's deadline passed: it stopped the command");
                         // The licence ended with CMD running: whatever exit
@@ -1041,7 +1375,7 @@ pub async fn run(
                     }
                     if other == KeeperEvent::Lost {
                         // No more events; keep waiting for the drivers.
-                        keeper_events = mpsc::unbounded_channel().1;
+                        keeper_gone = true;
                     }
                 }
             },
@@ -1114,6 +1448,8 @@ pub async fn run(
             token,
             released: st.released,
         }
+    } else if let Some(e) = st.once_failed {
+        return Err(SectionError::Store(e));
     } else if let Some(e) = st.spawn_failed {
         return Err(SectionError::Keeper(format!(
             "cannot start the command: {e}"

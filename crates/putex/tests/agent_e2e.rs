@@ -417,3 +417,60 @@ fn agent_second_signal_makes_an_emergency_stop_and_exits() {
     );
     assert!(a.log_text().contains("second signal"), "{}", a.log_text());
 }
+
+/// The SQLite store's files deleted under a holder (docs/stores.md): the
+/// holder's next store call fails as unknown, naming the file, so it stops
+/// when its licence ends (H1); an agent started afterwards creates a new
+/// file, takes the absent record (S4, W + G') and activates only after the
+/// old holder's service stopped.
+#[test]
+fn agent_sqlite_store_deleted_under_the_holder_never_two_active() {
+    let _serial = serial();
+    // On tmpfs where there is one, and R = 200 ms: R must be ten times the
+    // store's p99 compare-and-swap, and a loaded disk's fsync can take
+    // longer than 10 ms.
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let db = dir.path().join("store.db");
+    let url = format!("sqlite://{}", db.display());
+    let ev = dir.path().join("events");
+    let mut flags = hooks(&ev);
+    flags.extend(["--renew".to_string(), "200ms".to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a = Agent::start(dir.path(), &url, "svc", "a", &flags);
+    assert!(
+        wait_for(Duration::from_secs(10), || !starts(&ev).is_empty()),
+        "a did not activate\n{}",
+        dump(&[&a], &ev)
+    );
+    // A few renewals in, delete the database with its -wal and -shm.
+    std::thread::sleep(10 * R);
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(format!("{}{suffix}", db.display())).unwrap();
+    }
+    let b = Agent::start(dir.path(), &url, "svc", "b", &flags);
+    assert!(
+        wait_for(Duration::from_secs(10), || starts(&ev)
+            .iter()
+            .any(|l| l.node == "b")),
+        "b did not activate on the new file\n{}",
+        dump(&[&a, &b], &ev)
+    );
+    // A while longer: a must not come back either.
+    std::thread::sleep(20 * R);
+    let lines = events(&ev);
+    assert_no_overlap(&lines, &[], &dump(&[&a, &b], &ev));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.what == "stop" && l.node == "a" && l.extra == "emergency"),
+        "a never stopped\n{}",
+        dump(&[&a, &b], &ev)
+    );
+    assert!(
+        a.log_text().contains("deleted or replaced"),
+        "{}",
+        a.log_text()
+    );
+}

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 use putex::core::Drift;
 use putex::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOptions};
+
+/// The grant deadline D: a lock's record advertises its lifetime + D.
+const DEADLINE: Duration = putex::gateway::DEFAULT_GRANT_DEADLINE;
 use putex::store::{AnyStore, SqliteStore};
 
 async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
@@ -19,6 +22,7 @@ async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(3600),
             acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+            grant_deadline: DEADLINE,
         },
     )
 }
@@ -35,7 +39,10 @@ fn req(resource: &str, wait_ms: u64, lifetime_ms: u64) -> AcquireRequest {
 /// First use of a name waits W + G (S4), also when the request gives up:
 /// the gateway finishes the takeover in the background and releases.
 async fn warm(g: &Gateway, resource: &str) {
-    let _ = g.acquire(req(resource, 100, 500)).await;
+    if let Ok(l) = g.acquire(req(resource, 100, 500)).await {
+        assert!(g.release(resource, &l.uid).await.unwrap());
+        return;
+    }
     let started = Instant::now();
     loop {
         match g.acquire(req(resource, 100, 500)).await {
@@ -84,8 +91,8 @@ async fn grant_expire_release_and_wait_in_turn() {
     // every acquisition starts from it.
     let highest = g.highest("res").expect("a token was seen");
     assert!(Some(highest) >= b.token, "{highest:?} below {:?}", b.token);
-    // Expired after its lifetime.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Expired after its lifetime and the grant deadline.
+    tokio::time::sleep(Duration::from_millis(600) + DEADLINE).await;
     assert!(g.get("res", &b.uid).await.unwrap().is_none());
 
     // Three waiters get it in arrival order.
@@ -140,13 +147,13 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         tokio::spawn(async move { g2.acquire(req("adm", 10_000, 1000)).await })
     };
     waiting(&g1, "adm").await;
-    assert!(g1.revoke("adm").await.unwrap());
+    assert!(g1.delete("adm").await.unwrap());
     assert!(matches!(
         waiter.await.unwrap(),
         Err(AcquireError::Cancelled)
     ));
-    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "revoked");
-    assert!(!g1.revoke("nothing").await.unwrap());
+    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "freed");
+    assert!(!g1.delete("nothing").await.unwrap());
 
     // A client that disconnects while waiting never ends up holding it.
     warm(&g1, "gone").await;
@@ -167,4 +174,60 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         started.elapsed()
     );
     assert!(g1.release("gone", &next.uid).await.unwrap());
+}
+
+/// A grant counts from its write: handed over in time, it says how much of
+/// its licence is left; handed over too late, or never (its client left),
+/// it is given back and the next waiter gets the lock at once rather than
+/// after the lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_not_handed_over_in_time_is_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(&dir, "gw1").await;
+    warm(&g, "late").await;
+
+    // In time: lifetime + D, less the time it took.
+    let lifetime = Duration::from_secs(5);
+    let grant = g.acquire_grant(req("late", 1000, 5000)).await.unwrap();
+    let info = grant.hand_over().unwrap();
+    let left = info.lifetime_left.unwrap();
+    assert!(
+        left > lifetime + DEADLINE / 2 && left <= lifetime + DEADLINE,
+        "{left:?}"
+    );
+    assert!(g.release("late", &info.uid).await.unwrap());
+
+    // Too late: given back; the waiter gets it at once.
+    let grant = g.acquire_grant(req("late", 1000, 30_000)).await.unwrap();
+    let uid = grant.info().uid.clone();
+    let token = grant.info().token;
+    let waiter = {
+        let g = g.clone();
+        tokio::spawn(async move { g.acquire(req("late", 10_000, 1000)).await })
+    };
+    waiting(&g, "late").await;
+    tokio::time::sleep(DEADLINE / 2 + Duration::from_millis(50)).await;
+    let late = Instant::now();
+    assert!(matches!(grant.hand_over(), Err(AcquireError::Late(_))));
+    let next = waiter.await.unwrap().unwrap();
+    assert!(
+        late.elapsed() < Duration::from_millis(1500),
+        "the waiter got the lock {:?} after the grant was given back",
+        late.elapsed()
+    );
+    assert!(next.token > token);
+    assert!(g.get("late", &uid).await.unwrap().is_none());
+    assert!(g.release("late", &next.uid).await.unwrap());
+
+    // Never handed over (dropped): given back too.
+    let grant = g.acquire_grant(req("late", 1000, 30_000)).await.unwrap();
+    drop(grant);
+    let started = Instant::now();
+    let again = g.acquire(req("late", 3000, 1000)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(g.release("late", &again.uid).await.unwrap());
 }

@@ -565,3 +565,57 @@ fn id_pool_cli_exit_codes_and_output() {
         text(&o.stdout)
     );
 }
+
+/// Issue 14 item 9: a claim's write that times out and lands later (as
+/// NATS writes have been seen to) must not leave an orphaned claim. Every
+/// id record's first write is reported unknown and lands 300 ms later; the
+/// claim settles it (read back, write again) instead of taking it for "not
+/// written" and moving on to the next id.
+#[tokio::test]
+async fn r20_a_claim_whose_write_lands_late_leaves_no_orphan() {
+    use putex::store::memory::Fault;
+    use putex::store::MemoryStore;
+    let mem = MemoryStore::new();
+    let pool = "late";
+    for n in 1..=4 {
+        mem.inject_on(
+            &keys::id_record(pool, n).unwrap(),
+            Fault::LandLater(Duration::from_millis(300)),
+        );
+    }
+    let s = AnyStore::from(mem);
+    let opts = Options {
+        timeout: Duration::from_millis(100),
+        ..opts()
+    };
+    let got = idpool::claim(&s, pool, range("1-4"), &who("h1", "m1"), &opts)
+        .await
+        .unwrap();
+    // Every late write has landed (or found its condition gone) by now.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut claimed = Vec::new();
+    for n in 1..=4 {
+        let e = s
+            .get(&keys::id_record(pool, n).unwrap(), ReadMode::Leader, T)
+            .await
+            .unwrap();
+        if let Some(e) = e {
+            if let Some(r) = Observed::decode(&e.value).record() {
+                if r.state == LockState::Active && r.node == "h1" {
+                    claimed.push(n);
+                }
+            }
+        }
+    }
+    assert_eq!(claimed, vec![got.id], "one claim, the one reported");
+    assert!(
+        problems(&s, pool).await.is_empty(),
+        "{:?}",
+        problems(&s, pool).await
+    );
+    // Claiming again under the same name gives the same id.
+    let again = idpool::claim(&s, pool, None, &who("h1", "m1"), &opts)
+        .await
+        .unwrap();
+    assert_eq!(again.id, got.id);
+}

@@ -48,12 +48,17 @@ impl Env {
     }
 
     fn lock_via(&self, url: &str, name: &str, args: &[&str], script: &str) -> Command {
+        self.lock_ttl(url, name, "1s", args, script)
+    }
+
+    /// [`Env::lock_via`] with another `--ttl`.
+    fn lock_ttl(&self, url: &str, name: &str, ttl: &str, args: &[&str], script: &str) -> Command {
         let mut c = putex();
         c.current_dir(self.dir.path())
             .env("D", self.dir.path())
             .env("PUTEX_KEEPER_DIR", self.dir.path().join("keepers"))
             .env("RUST_LOG", "warn")
-            .args(["lock", name, "--ttl", "1s", "--store", url])
+            .args(["lock", name, "--ttl", ttl, "--store", url])
             .args(args)
             .args(["--", "sh", "-c", script])
             .stdin(Stdio::null());
@@ -118,13 +123,17 @@ echo $((n + 1)) > "$D/counter"
 echo "$PUTEX_EPOCH $PUTEX_REVISION" >> "$D/tokens""#;
 
 fn counter_is_exact(env: &Env) {
+    // T = 3 s: eight processes on a busy two-core machine must not lose a
+    // lock to a slow renewal (a lost lock kills CMD and fails the client,
+    // correctly, but this test is about counting, not about lapses).
+    let lock = |script: &str| env.lock_ttl(&env.url, "counter", "3s", &[], script);
     // Make the name's first use (S4: W + G) before the clients start.
-    assert_eq!(code(env.lock("counter", &[], "true")), 0);
+    assert_eq!(code(lock("true")), 0);
     let clients: Vec<_> = (0..8)
         .map(|i| {
             let cmds: Vec<Command> = (0..15)
                 .map(|_| {
-                    let mut c = env.lock("counter", &[], COUNTER);
+                    let mut c = lock(COUNTER);
                     c.env("PUTEX_NODE", format!("client{i}"));
                     c
                 })
@@ -442,6 +451,248 @@ fn semaphore_admits_two_on_sqlite() {
     semaphore_admits_two(&Env::sqlite());
 }
 
+/// The most sections inside at once, from the `+ NS` / `- NS` lines that
+/// [`inside`] sections append to `$D/ev` (a section's `-` is written before
+/// its release, the next one's `+` after its acquisition: the wall-clock
+/// order of the lines is the order of the sections on this machine).
+fn most_inside(env: &Env) -> usize {
+    let mut ev: Vec<(u128, i32)> = env
+        .read("ev")
+        .lines()
+        .map(|l| {
+            let (k, t) = l.split_once(' ').unwrap();
+            // At equal times the leaving one first: never an overcount.
+            (t.parse().unwrap(), if k == "+" { 1 } else { -1 })
+        })
+        .collect();
+    ev.sort();
+    let (mut n, mut most) = (0, 0);
+    for (_, d) in ev {
+        n += d;
+        most = most.max(n);
+    }
+    most as usize
+}
+
+/// A section that logs when it enters and leaves and holds for `secs`.
+fn inside(secs: f64) -> String {
+    format!(r#"echo "+ $(date +%s%N)" >> "$D/ev"; sleep {secs}; echo "- $(date +%s%N)" >> "$D/ev""#)
+}
+
+/// `clients` sections of `--limit limit` holding `secs` each, started at
+/// once: the most inside at once, and how long they all took.
+fn run_at_once(
+    env: &Env,
+    name: &str,
+    args: &[&str],
+    clients: usize,
+    secs: f64,
+) -> (usize, Duration) {
+    let _ = std::fs::remove_file(env.path("ev"));
+    let started = Instant::now();
+    let children: Vec<Child> = (0..clients)
+        .map(|i| {
+            let mut c = env.lock(name, args, &inside(secs));
+            c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    // Every client is waited for before anything is asserted.
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let took = started.elapsed();
+    for out in outs {
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        env.read("ev").lines().count(),
+        2 * clients,
+        "{}",
+        env.read("ev")
+    );
+    (most_inside(env), took)
+}
+
+/// N slots free and N or more waiters: N run at once, never more, and M
+/// clients holding h each take about ⌈M/N⌉·h — on a fresh name (its slot
+/// records are created: S4, W + G' once) and on one whose slots exist.
+fn semaphore_runs_n_at_once(env: &Env, limit: u32, clients: usize, secs: f64) {
+    let n = limit.to_string();
+    let args = ["--limit", n.as_str()];
+    let serial = Duration::from_secs_f64(secs * clients as f64);
+    let (fresh, took) = run_at_once(env, "par", &args, clients, secs);
+    eprintln!("fresh name: {clients} × {secs}s, --limit {limit}: at most {fresh} inside, {took:?}");
+    assert_eq!(fresh, limit as usize, "on a fresh name; took {took:?}");
+    let (most, took) = run_at_once(env, "par", &args, clients, secs);
+    eprintln!(
+        "existing slots: {clients} × {secs}s, --limit {limit}: at most {most} inside, {took:?}"
+    );
+    assert_eq!(most, limit as usize, "took {took:?}");
+    // ⌈M/N⌉·h plus hand-offs and process starts; one at a time would take
+    // M·h.
+    assert!(took < serial * 3 / 4, "{clients} × {secs}s took {took:?}");
+}
+
+#[test]
+fn semaphore_runs_n_at_once_on_nats() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    semaphore_runs_n_at_once(&Env::nats(&server), 2, 6, 1.0);
+}
+
+#[test]
+fn semaphore_runs_n_at_once_on_sqlite() {
+    let _serial = serial();
+    semaphore_runs_n_at_once(&Env::sqlite(), 4, 12, 0.5);
+}
+
+/// Clients of a fresh name started at once, half with `--limit 1`, half
+/// with `--limit 3`: the first definition wins, every client of the other
+/// limit is refused (exit 64, naming both limits), and never more are
+/// inside than the winning limit allows.
+fn disagreeing_limits_never_overlap(env: &Env) {
+    for round in 0..2 {
+        let name = format!("mixed{round}");
+        let _ = std::fs::remove_file(env.path("ev"));
+        let children: Vec<(u32, Child)> = [1, 3, 1, 3]
+            .into_iter()
+            .enumerate()
+            .map(|(i, limit)| {
+                let n = limit.to_string();
+                let mut c = env.lock(&name, &["--limit", &n], &inside(1.0));
+                c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
+                (limit, c.spawn().unwrap())
+            })
+            .collect();
+        // Every client is waited for before anything is asserted.
+        let outs: Vec<(u32, std::process::Output)> = children
+            .into_iter()
+            .map(|(limit, c)| (limit, c.wait_with_output().unwrap()))
+            .collect();
+        let mut ran = Vec::new();
+        let mut refused = Vec::new();
+        for (limit, out) in outs {
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            match out.status.code() {
+                Some(0) => ran.push(limit),
+                Some(64) => {
+                    let other = if limit == 1 { 3 } else { 1 };
+                    assert!(
+                        stderr.contains(&format!("--limit {other}"))
+                            && stderr.contains(&format!("--limit {limit}")),
+                        "the refusal names both limits: {stderr}"
+                    );
+                    refused.push(limit);
+                }
+                _ => panic!("--limit {limit}: {:?}: {stderr}", out.status),
+            }
+        }
+        ran.sort();
+        refused.sort();
+        let (winner, loser) = match ran.first() {
+            Some(1) => (1, 3),
+            Some(3) => (3, 1),
+            _ => panic!("nobody ran: refused {refused:?}"),
+        };
+        assert_eq!(ran, [winner, winner], "round {round}: refused {refused:?}");
+        assert_eq!(refused, [loser, loser], "round {round}: ran {ran:?}");
+        let most = most_inside(env);
+        assert!(
+            most <= winner as usize,
+            "round {round}: {most} inside at once under --limit {winner}"
+        );
+    }
+}
+
+#[test]
+fn disagreeing_limits_never_overlap_on_sqlite() {
+    disagreeing_limits_never_overlap(&Env::sqlite());
+}
+
+#[test]
+fn disagreeing_limits_never_overlap_on_nats() {
+    let server = NatsServer::start();
+    disagreeing_limits_never_overlap(&Env::nats(&server));
+}
+
+/// The lock is lost between CMD's run and its record: CMD logs its run,
+/// freezes its own putex (SIGSTOP) and exits 0, so no renewal or record
+/// follows, the keeper's deadline passes and a second host takes over.
+/// Returns who ran, and the second host's stderr.
+fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
+    let name = format!("once-{mode}");
+    let args = ["--once-per", "24h", "--once-mode", mode];
+    let mut first = env.lock(
+        &name,
+        &args,
+        r#"echo "$PUTEX_NODE" >> "$D/runs"; kill -STOP "$(cat "$D/first.pid")"; exit 0"#,
+    );
+    first.env("PUTEX_NODE", "first");
+    let mut first = first.spawn().unwrap();
+    std::fs::write(env.path("first.pid"), first.id().to_string()).unwrap();
+    env.wait_for_lines("runs", 1, Duration::from_secs(15));
+    let mut second = env.lock(
+        &name,
+        &[&args[..], &["--wait", "30s"]].concat(),
+        r#"echo "$PUTEX_NODE" >> "$D/runs""#,
+    );
+    second.env("PUTEX_NODE", "second");
+    let (status, stderr) = run(second);
+    assert!(status.success(), "{status:?}: {stderr}");
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGCONT).unwrap();
+    // CMD ran to its end before the lock was lost: its 0, or 76 when the
+    // keeper's deadline is read first.
+    let code = wait_exit(&mut first, Duration::from_secs(15));
+    assert!(
+        matches!(code, Some(0 | 76)),
+        "the frozen first host: {code:?}"
+    );
+    let runs = env.read("runs").lines().map(str::to_owned).collect();
+    (runs, stderr)
+}
+
+#[test]
+fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
+    let env = Env::sqlite();
+    let (runs, stderr) = once_lost_before_the_record(&env, "at-most");
+    assert_eq!(runs, ["first"], "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    // A run that fails still used the period: it is never started twice.
+    let args = ["--once-key", "k1", "--once-mode", "at-most"];
+    assert_eq!(
+        code(env.lock("failing", &args, "echo x >> \"$D/failing\"; exit 1")),
+        1
+    );
+    let (status, stderr) = run(env.lock("failing", &args, "echo x >> \"$D/failing\""));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert_eq!(env.read("failing").lines().count(), 1);
+}
+
+#[test]
+fn once_at_least_runs_again_when_the_lock_is_lost() {
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let (runs, stderr) = once_lost_before_the_record(&env, "at-least");
+    assert_eq!(runs, ["first", "second"], "{stderr}");
+    // The second run was recorded: a third host does not run it.
+    let (status, stderr) = run(env.lock(
+        "once-at-least",
+        &["--once-per", "24h", "--once-mode", "at-least"],
+        r#"echo third >> "$D/runs""#,
+    ));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert_eq!(env.read("runs").lines().count(), 2);
+}
+
 #[test]
 fn bad_input_is_refused_and_garbage_is_survived() {
     let env = Env::sqlite();
@@ -723,4 +974,92 @@ fn leased_ids_are_distinct_and_die_with_their_holder() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Issue 14 item 1 for `putex lock`: without a cgroup, a keeper SIGKILLed
+/// while CMD runs leaves CMD and its child orphaned. putex lock stops them
+/// itself (from the keeper's last tree snapshot) before it gives the lock
+/// back, and exits 76 (lost); the next holder finds nothing of the first
+/// tree running. On the old code nothing stopped them.
+#[test]
+fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
+    let mut first = env
+        .lock("fault", &["--no-cgroup"], HOLD)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    // Let the keeper report its tree (it looks at most every 500 ms).
+    std::thread::sleep(Duration::from_millis(1200));
+    let keepers =
+        crate::common::agent::pids_matching(&format!("--socket {}", env.path("keepers").display()));
+    assert_eq!(keepers.len(), 1, "{keepers:?}");
+    kill(Pid::from_raw(keepers[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let code = wait_exit(&mut first, Duration::from_secs(10));
+    let mut stderr = String::new();
+    if let Some(mut e) = first.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    for p in env.read("pids").split_whitespace() {
+        let pid: i32 = p.parse().unwrap();
+        assert!(
+            !pid_alive(pid),
+            "{pid} of the first tree survives\n{stderr}"
+        );
+    }
+    assert_eq!(code, Some(76), "{stderr}");
+    second_holder_finds_the_first_tree_gone(&env, &env.url);
+}
+
+/// Issue 14 item 14: a slow moment is not a failure. A queue ticket whose
+/// create keeps timing out (a busy store, a leader election: eight
+/// unknown outcomes in a row) is tried again, with back-off, for as long
+/// as the waiter is willing to wait (`patience`, from `--wait`), instead
+/// of failing the command after a few attempts (exit 69 on the old code,
+/// which gave up after 5).
+#[test]
+fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
+    use putex::queue::{Ticket, Waiter};
+    use putex::store::memory::Fault;
+    use putex::store::{AnyStore, MemoryStore};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mem = MemoryStore::new();
+        let key = putex::store::keys::ticket("busy", "w1").unwrap();
+        for _ in 0..8 {
+            mem.inject_on(&key, Fault::Stall);
+        }
+        let waiter = |patience| Waiter {
+            name: "busy".into(),
+            node: "n1".into(),
+            instance: "w1".into(),
+            renew: Duration::from_millis(100),
+            store_timeout: Duration::from_millis(20),
+            title: None,
+            asked: None,
+            patience,
+        };
+        let store = AnyStore::from(mem.clone());
+        let started = Instant::now();
+        let ticket = Ticket::join(store.clone(), waiter(Duration::from_secs(30)))
+            .await
+            .expect("joined once the store answered");
+        assert!(ticket.arrival() > 0, "its place in line is known");
+        assert!(*ticket.turn().borrow() || ticket.turn().changed().await.is_ok());
+        eprintln!("joined after {:?} of unknown outcomes", started.elapsed());
+        ticket.leave().await;
+        // The other side: a waiter whose patience runs out is told so.
+        let key2 = putex::store::keys::ticket("busy", "w2").unwrap();
+        for _ in 0..100 {
+            mem.inject_on(&key2, Fault::Stall);
+        }
+        let mut w2 = waiter(Duration::from_millis(500));
+        w2.instance = "w2".into();
+        let e = Ticket::join(store, w2).await.err().expect("gives up");
+        assert!(e.is_unknown(), "{e}");
+    });
 }

@@ -41,21 +41,28 @@ struct Served {
     task: Option<JoinHandle<Result<(), HttpError>>>,
 }
 
+/// The gateway options of the tests' servers.
+fn gateway_options(node: &str) -> GatewayOptions {
+    GatewayOptions {
+        node: node.into(),
+        max_drift: Drift::from_percent(1.0),
+        max_lifetime: MAX_LIFETIME,
+        max_wait: MAX_WAIT,
+        acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+        grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
+    }
+}
+
 impl Served {
     async fn start(store: AnyStore, node: &str, opts: HttpOptions) -> Served {
+        Served::start_gateway(store, gateway_options(node), opts).await
+    }
+
+    async fn start_gateway(store: AnyStore, gateway: GatewayOptions, opts: HttpOptions) -> Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let scheme = if opts.tls.is_some() { "https" } else { "http" };
-        let gateway = Gateway::new(
-            store,
-            GatewayOptions {
-                node: node.into(),
-                max_drift: Drift::from_percent(1.0),
-                max_lifetime: MAX_LIFETIME,
-                max_wait: MAX_WAIT,
-                acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
-            },
-        );
+        let gateway = Gateway::new(store, gateway);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(http::serve(listener, App::new(gateway, opts), async {
             let _ = stopped.await;
@@ -377,11 +384,13 @@ async fn rdlm_408_after_the_wait_and_404_after_the_lifetime() {
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
     assert!(started.elapsed() < Duration::from_millis(900));
 
-    // The lifetime runs out: GET says 404, and a waiter gets the lock.
-    // (A waiter with the same lifetime: see the next test for a longer one.)
+    // The lifetime runs out (with the grant deadline, 1 s: what the
+    // answer may take to reach its client): GET says 404, and a waiter gets
+    // the lock. (A waiter with the same lifetime: see the next test for a
+    // longer one.)
     let second = rdlm_post(&c, &s, "resource1", 5.0, 1.5);
     let (second, ()) = tokio::join!(second, async {
-        tokio::time::sleep(Duration::from_millis(1700)).await;
+        tokio::time::sleep(Duration::from_millis(2700)).await;
         assert_eq!(
             status_of(&c, reqwest::Method::GET, &first).await,
             StatusCode::NOT_FOUND,
@@ -429,7 +438,7 @@ async fn rdlm_admin_deletes_give_waiters_409() {
     let held1 = location(&rdlm_post(&c, &s, "resource1", 5.0, 10.0).await);
     let held2 = location(&rdlm_post(&c, &s, "resource2", 5.0, 10.0).await);
 
-    // DELETE /resources/{r}: the holder's lock is revoked, the waiter 409.
+    // DELETE /resources/{r}: the holder's lock is freed, the waiter 409.
     let waiter = {
         let (c, s) = (c.clone(), s.clone());
         tokio::spawn(async move { rdlm_post(&c, &s, "resource1", 20.0, 10.0).await.status() })
@@ -450,9 +459,11 @@ async fn rdlm_admin_deletes_give_waiters_409() {
         status_of(&c, reqwest::Method::GET, &held1).await,
         StatusCode::NOT_FOUND
     );
-    // S7: the record says `revoked` and keeps the holder.
+    // Freed at once: the record says `released` (the holder's, or that of
+    // the cancelled waiter, which may have taken the freed lock before it
+    // saw the cancel, and gave it back).
     let st: Value = get_json(&c, &s, "/v1/status/resource1").await;
-    assert_eq!(st["state"], "revoked", "{st}");
+    assert_eq!(st["state"], "released", "{st}");
     assert_eq!(st["holder"], "gw1");
 
     // DELETE /resources: everything, waiters 409.
@@ -602,6 +613,10 @@ async fn v1_lock_renew_list_status_release() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     let header = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
+    let left_header = r.headers()["x-putex-lifetime-left"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let loc = r.headers()["location"].to_str().unwrap().to_owned();
     let lock: Value = r.json().await.unwrap();
     let uid = lock["uid"].as_str().unwrap().to_owned();
@@ -615,6 +630,11 @@ async fn v1_lock_renew_list_status_release() {
     assert_eq!(lock["active"], true);
     assert_eq!(lock["lifetime"], 5.0);
     assert!(lock["active_since"].as_str().unwrap().ends_with('Z'));
+    // What is left: the lifetime and the 1 s grant deadline, less the time
+    // the answer took to leave (at most half the deadline).
+    let left = lock["lifetime_left"].as_f64().unwrap();
+    assert!((5.5..=6.0).contains(&left), "{lock}");
+    assert_eq!(left_header, format!("{left:.3}"));
 
     let got: Value = c.get(&loc).send().await.unwrap().json().await.unwrap();
     assert_eq!(got["uid"], uid.as_str());
@@ -627,8 +647,11 @@ async fn v1_lock_renew_list_status_release() {
         .await
         .unwrap();
     assert_eq!(renewed.status(), StatusCode::OK);
+    assert!(renewed.headers().contains_key("x-putex-lifetime-left"));
     let renewed: Value = renewed.json().await.unwrap();
     assert_eq!(renewed["lifetime"], 8.0);
+    let left = renewed["lifetime_left"].as_f64().unwrap();
+    assert!((8.5..=9.0).contains(&left), "{renewed}");
     assert!(renewed["revision"].as_u64() > lock["revision"].as_u64());
     // An empty body keeps the lock's own lifetime.
     let again = c.post(format!("{loc}/renew")).send().await.unwrap();
@@ -644,7 +667,8 @@ async fn v1_lock_renew_list_status_release() {
     assert_eq!(st["state"], "active");
     assert_eq!(st["instance"], uid.as_str());
     assert_eq!(st["revision"], st["token"]["revision"]);
-    assert_eq!(st["lease_ms"], 8000);
+    // The lifetime and the grant deadline (1 s).
+    assert_eq!(st["lease_ms"], 9000);
     let all: Value = get_json(&c, &s, "/v1/status").await;
     assert!(all["locks"]
         .as_array()
@@ -850,16 +874,33 @@ async fn openapi_document_describes_both_apis() {
         "/locks/{resource}",
         "/resources",
         "/v1/locks/{resource}",
+        "/v1/locks/{resource}/revoke",
+        "/v1/locks/{resource}/force",
         "/health",
     ] {
         assert!(paths.contains_key(p), "{p}");
     }
+    // Both admin calls are described, and told apart.
+    for (p, says) in [
+        ("/v1/locks/{resource}/revoke", "revoked"),
+        ("/v1/locks/{resource}/force", "released"),
+    ] {
+        let op = &doc["paths"][p]["post"];
+        assert!(op["description"].as_str().unwrap().contains(says), "{op}");
+        assert!(op["responses"]["200"].is_object(), "{op}");
+    }
+    assert!(doc["paths"]["/v1/locks/{resource}/force"]["post"]["responses"]["409"].is_object());
     let created = &doc["paths"]["/v1/locks/{resource}"]["post"]["responses"]["201"];
-    assert!(
-        created["headers"].get("X-Putex-Token").is_some(),
-        "{created}"
-    );
-    for schema in ["LockView", "FencingToken", "ErrorBody", "HalLock"] {
+    for header in ["X-Putex-Token", "X-Putex-Lifetime-Left"] {
+        assert!(created["headers"].get(header).is_some(), "{created}");
+    }
+    for schema in [
+        "LockView",
+        "FencingToken",
+        "ErrorBody",
+        "HalLock",
+        "AdminView",
+    ] {
         assert!(
             doc["components"]["schemas"].get(schema).is_some(),
             "{schema}"
@@ -922,6 +963,8 @@ async fn auth_bearer_token_and_admin_basic() {
         c.get(s.at("/resources/x")),
         c.delete(s.at("/resources/x")),
         c.delete(s.at("/v1/locks/x")),
+        c.post(s.at("/v1/locks/x/revoke")),
+        c.post(s.at("/v1/locks/x/force")),
     ] {
         let r = admin.try_clone().unwrap().send().await.unwrap();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
@@ -1364,4 +1407,470 @@ async fn the_binary_serves_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+}
+
+/// A `201`'s fencing token as `(epoch, revision)`, which orders tokens.
+fn token_of(r: &Response) -> (u64, u64) {
+    let t = r.headers()["x-putex-token"].to_str().unwrap();
+    let (e, r) = t.split_once(':').unwrap();
+    (e.parse().unwrap(), r.parse().unwrap())
+}
+
+/// RDLM's own test suite ends every case with `DELETE /resources` and
+/// starts the next by locking the same names again, expecting a `201`
+/// within a 5 s wait: an admin delete frees a lock granted over HTTP at
+/// once, and the fencing token still goes up.
+async fn rdlm_admin_deletes_free_http_locks_at_once(store: AnyStore) {
+    let s = Served::start(store, "gw1", HttpOptions::default()).await;
+    let c = client();
+    tokio::join!(warm(&c, &s, "resource1"), warm(&c, &s, "resource2"));
+    use reqwest::Method as M;
+
+    // DELETE /resources/{r}, then the same name again at once.
+    let a = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
+    let a_token = token_of(&a);
+    let a = location(&a);
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, M::DELETE, &s.at("/resources/resource1")).await,
+        StatusCode::NO_CONTENT
+    );
+    let b = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
+    let took = deleted.elapsed();
+    assert_eq!(
+        b.status(),
+        StatusCode::CREATED,
+        "not granted within 5 s of the admin delete ({took:?})"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "granted {took:?} after the delete"
+    );
+    let b_token = token_of(&b);
+    assert!(
+        b_token > a_token,
+        "fencing token {b_token:?} after {a_token:?}"
+    );
+    let b = location(&b);
+    assert_eq!(status_of(&c, M::GET, &a).await, StatusCode::NOT_FOUND);
+    assert_eq!(status_of(&c, M::DELETE, &a).await, StatusCode::NOT_FOUND);
+    assert_eq!(status_of(&c, M::GET, &b).await, StatusCode::OK);
+
+    // DELETE /resources: every resource, then both names again at once.
+    let r2 = rdlm_post(&c, &s, "resource2", 5.0, 60.0).await;
+    let r2_token = token_of(&r2);
+    let r2 = location(&r2);
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, M::DELETE, &s.at("/resources")).await,
+        StatusCode::NO_CONTENT
+    );
+    let (again1, again2) = tokio::join!(
+        rdlm_post(&c, &s, "resource1", 5.0, 60.0),
+        rdlm_post(&c, &s, "resource2", 5.0, 60.0)
+    );
+    let took = deleted.elapsed();
+    assert_eq!(again1.status(), StatusCode::CREATED, "after {took:?}");
+    assert_eq!(again2.status(), StatusCode::CREATED, "after {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "granted {took:?} after the delete"
+    );
+    assert!(token_of(&again1) > b_token);
+    assert!(token_of(&again2) > r2_token);
+    for gone in [&b, &r2] {
+        assert_eq!(status_of(&c, M::GET, gone).await, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_free_http_locks_at_once_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    rdlm_admin_deletes_free_http_locks_at_once(sqlite(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_free_http_locks_at_once_nats() {
+    let server = NatsServer::start();
+    rdlm_admin_deletes_free_http_locks_at_once(nats(&server).await).await;
+}
+
+/// A `201` that takes long to reach its client (a slow network, a slow
+/// client socket): the client counts its lifetime from the moment it
+/// receives it, so the next holder must not start before then + lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
+    use crate::common::proxy::{Mode, Proxy};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(
+        Served::start_gateway(
+            sqlite(&dir).await,
+            GatewayOptions {
+                grant_deadline: Duration::from_secs(2),
+                ..gateway_options("gw1")
+            },
+            HttpOptions::default(),
+        )
+        .await,
+    );
+    let c = client();
+    warm(&c, &s, "late201").await;
+    // Every byte between the first client and the gateway takes 900 ms:
+    // within half the 2 s grant deadline.
+    let addr = s.url.trim_start_matches("http://").parse().unwrap();
+    let proxy = Proxy::start(addr).await.unwrap();
+    proxy.set(Mode::Jitter {
+        min: Duration::from_millis(900),
+        max: Duration::from_millis(900),
+    });
+    let first = {
+        let url = format!("http://{}/locks/late201", proxy.addr());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let r = client()
+                .post(url)
+                .body(lock_body("far away", 5.0, 1.0))
+                .send()
+                .await
+                .unwrap();
+            (sent, Instant::now(), r)
+        })
+    };
+    // The next client asks as soon as the first one is in line.
+    wait_listed(&c, &s, "late201", 1).await;
+    let second = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            let r = rdlm_post(&c, &s, "late201", 10.0, 1.0).await;
+            (Instant::now(), r)
+        })
+    };
+    let (sent, received, first) = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let (granted, second) = second.await.unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    let lifetime = Duration::from_secs(1);
+    assert!(
+        granted >= received + lifetime,
+        "the next holder got the lock {:?} after the first client received its 201 \
+         (lifetime {lifetime:?})",
+        granted - received
+    );
+    // What the 201 says is left of the lifetime.
+    let left = first.headers()["x-putex-lifetime-left"]
+        .to_str()
+        .unwrap()
+        .parse::<f64>()
+        .unwrap();
+    let left = Duration::from_secs_f64(left);
+    let deadline = Duration::from_secs(2);
+    assert!(
+        left >= lifetime + deadline / 2 && left <= lifetime + deadline,
+        "{left:?} left"
+    );
+    // Counted from before the grant (the request), it ends before the next
+    // holder starts; and it is not much shorter than the truth.
+    assert!(granted >= sent + left, "{:?} < {left:?}", granted - sent);
+    assert!(
+        granted <= received + left + Duration::from_millis(1500),
+        "{:?} after receipt, {left:?} said to be left",
+        granted - received
+    );
+}
+
+/// A gateway whose store is slow cannot answer within its grant deadline:
+/// it gives the lock back, and the next waiter gets it at once rather than
+/// after the lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
+    use crate::common::proxy::{Mode, Proxy};
+    let server = NatsServer::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap())
+        .await
+        .unwrap();
+    let fast = Arc::new(Served::start(nats(&server).await, "fast", HttpOptions::default()).await);
+    let slow_store = AnyStore::open(&StoreUrl::parse(&proxy.url()).unwrap())
+        .await
+        .unwrap();
+    // A lease long enough for the agent's store calls to fit in their
+    // deadlines through the slow link (R = 1 s: 400 ms each); a grant
+    // deadline of 200 ms: the answer must leave within 100 ms of the
+    // granting write.
+    let slow = Arc::new(
+        Served::start_gateway(
+            slow_store,
+            GatewayOptions {
+                acquire_lease: Duration::from_secs(10),
+                grant_deadline: Duration::from_millis(200),
+                ..gateway_options("slow")
+            },
+            HttpOptions::default(),
+        )
+        .await,
+    );
+    let c = client();
+    warm(&c, &fast, "given").await;
+    let held = location(&rdlm_post(&c, &fast, "given", 5.0, 30.0).await);
+    // B waits on the slow gateway, C behind it on the fast one.
+    let b = {
+        let (c, slow) = (c.clone(), slow.clone());
+        tokio::spawn(async move { rdlm_post(&c, &slow, "given", 20.0, 30.0).await })
+    };
+    wait_listed(&c, &fast, "given", 2).await;
+    let next = {
+        let (c, fast) = (c.clone(), fast.clone());
+        tokio::spawn(async move {
+            let r = rdlm_post(&c, &fast, "given", 25.0, 5.0).await;
+            (Instant::now(), r)
+        })
+    };
+    wait_listed(&c, &fast, "given", 3).await;
+    // Each store call of the slow gateway now takes at least 240 ms: the
+    // reply to its granting write comes too late to answer within 100 ms.
+    proxy.set(Mode::Jitter {
+        min: Duration::from_millis(120),
+        max: Duration::from_millis(120),
+    });
+    let released = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &held).await,
+        StatusCode::NO_CONTENT
+    );
+    let b = b.await.unwrap();
+    assert_eq!(
+        b.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the slow gateway answered {} {:?}",
+        b.status(),
+        b.headers()
+    );
+    let (granted, next) = next.await.unwrap();
+    assert_eq!(next.status(), StatusCode::CREATED);
+    assert!(
+        granted - released < Duration::from_secs(12),
+        "the next waiter got the lock {:?} after the release (B's lifetime is 30 s)",
+        granted - released
+    );
+}
+
+/// Waits for `path` to exist.
+async fn wait_file(path: &std::path::Path, what: &str) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `putex lock` holders are listed with their instance as the uid; an
+/// HTTP release or renewal naming it must not touch their record: a
+/// `released` record would let the next holder start at once while the
+/// command still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
+    let server = NatsServer::start();
+    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "watched",
+        &[],
+        r#"touch "$D/held"; sleep 3; touch "$D/done""#,
+    )
+    .spawn()
+    .unwrap();
+    wait_file(&d.join("held"), "putex lock never ran").await;
+    let v = listed(&c, &s, "watched").await;
+    let uid = v["locks"][0]["uid"].as_str().unwrap().to_owned();
+    let st = crate::common::agent::status_json(&server.url, "watched");
+    assert_eq!(st["instance"], uid.as_str(), "{st}");
+    use reqwest::Method as M;
+    for url in [
+        s.at(&format!("/v1/locks/watched/{uid}")),
+        s.at(&format!("/locks/watched/{uid}")),
+    ] {
+        assert_eq!(status_of(&c, M::DELETE, &url).await, StatusCode::NOT_FOUND);
+    }
+    let renew = s.at(&format!("/v1/locks/watched/{uid}/renew"));
+    assert_eq!(status_of(&c, M::POST, &renew).await, StatusCode::NOT_FOUND);
+    let after = crate::common::agent::status_json(&server.url, "watched");
+    assert!(
+        after["state"] == "active" || after["state"] == "confirming",
+        "{after}"
+    );
+    assert_eq!(after["instance"], uid.as_str(), "{after}");
+    assert_eq!(
+        cmd.wait().await.unwrap().code(),
+        Some(0),
+        "the lock was lost"
+    );
+    assert!(d.join("done").exists());
+}
+
+/// `/v1/`'s two admin calls on a lock granted over HTTP: `force` frees it
+/// at once (the waiter gets it, with a higher fencing token); `revoke`
+/// marks it `revoked`, and takers wait out its lifetime + D.
+async fn v1_force_frees_and_revoke_revokes_an_http_lock(store: AnyStore) {
+    let s = Arc::new(Served::start(store, "gw1", HttpOptions::default()).await);
+    let c = client();
+    warm(&c, &s, "vforce").await;
+    use reqwest::Method as M;
+    let post = |path: &str| c.post(s.at(path)).send();
+
+    let a = c
+        .post(s.at("/v1/locks/vforce"))
+        .json(&json!({"wait": 5, "lifetime": 60}))
+        .send()
+        .await
+        .unwrap();
+    let a_token = token_of(&a);
+    let a: Value = a.json().await.unwrap();
+    let waiter = {
+        let (c, s) = (c.clone(), s.clone());
+        tokio::spawn(async move {
+            let r = c
+                .post(s.at("/v1/locks/vforce"))
+                .json(&json!({"wait": 20, "lifetime": 5}))
+                .send()
+                .await
+                .unwrap();
+            (Instant::now(), r)
+        })
+    };
+    wait_listed(&c, &s, "vforce", 2).await;
+    let forced = Instant::now();
+    let r = post("/v1/locks/vforce/force").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["action"], "freed", "{v}");
+    assert_eq!(v["holder"], "gw1");
+    assert_eq!(v["instance"], a["uid"]);
+    assert_eq!(v["fencing_token"], a["fencing_token"]);
+    // The waiter keeps its place and gets the lock at once.
+    let (granted, b) = waiter.await.unwrap();
+    assert_eq!(b.status(), StatusCode::CREATED);
+    assert!(
+        granted - forced < Duration::from_secs(2),
+        "granted {:?} after the force",
+        granted - forced
+    );
+    assert!(token_of(&b) > a_token);
+    let b: Value = b.json().await.unwrap();
+    let a_url = s.at(a["href"].as_str().unwrap());
+    assert_eq!(status_of(&c, M::GET, &a_url).await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        status_of(&c, M::DELETE, &a_url).await,
+        StatusCode::NOT_FOUND
+    );
+
+    // Revoke: `revoked` (S7), not free: a short wait gets nothing.
+    let r = post("/v1/locks/vforce/revoke").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["action"], "revoked", "{v}");
+    assert_eq!(v["instance"], b["uid"]);
+    let st: Value = get_json(&c, &s, "/v1/status/vforce").await;
+    assert_eq!(st["state"], "revoked", "{st}");
+    let r = c
+        .post(s.at("/v1/locks/vforce"))
+        .json(&json!({"wait": 1, "lifetime": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+
+    // Nothing holds it any more.
+    for call in ["/v1/locks/vforce/force", "/v1/locks/vforce/revoke"] {
+        let r = post(call).await.unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{call}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "not_found", "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_force_frees_and_revoke_revokes_an_http_lock_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    v1_force_frees_and_revoke_revokes_an_http_lock(sqlite(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_force_frees_and_revoke_revokes_an_http_lock_nats() {
+    let server = NatsServer::start();
+    v1_force_frees_and_revoke_revokes_an_http_lock(nats(&server).await).await;
+}
+
+/// A `putex lock` holder watches its record and may still be running:
+/// `force` refuses it, and RDLM's admin delete revokes it (S7) rather than
+/// freeing it — the command is stopped, and the next request waits W + G'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
+    let server = NatsServer::start();
+    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut cmd = putex_lock(
+        &server.url,
+        d,
+        "agentheld",
+        &[],
+        r#"touch "$D/held"; sleep 30"#,
+    )
+    .spawn()
+    .unwrap();
+    wait_file(&d.join("held"), "putex lock never ran").await;
+
+    let r = c
+        .post(s.at("/v1/locks/agentheld/force"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "not_forceable", "{e}");
+    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    assert!(
+        st["state"] == "active" || st["state"] == "confirming",
+        "{st}"
+    );
+
+    let deleted = Instant::now();
+    assert_eq!(
+        status_of(&c, reqwest::Method::DELETE, &s.at("/resources/agentheld")).await,
+        StatusCode::NO_CONTENT
+    );
+    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    // Revoked — or already released by the holder, whose stop of a `sleep`
+    // can be proven before `putex status` has even started.
+    assert!(
+        st["state"] == "revoked" || st["state"] == "released",
+        "{st}"
+    );
+    // The holder learns it from its record, and its command is stopped.
+    let code = tokio::time::timeout(Duration::from_secs(10), cmd.wait())
+        .await
+        .expect("putex lock kept running after the revoke")
+        .unwrap()
+        .code();
+    assert_eq!(code, Some(76));
+    let exited = Instant::now();
+    // Free once the holder proved its stop (it writes `released` over the
+    // revoked record before it exits, S7): no wait of W + G' (the advertised
+    // --ttl is 1 s) — and only then, since it exited first.
+    let r = rdlm_post(&c, &s, "agentheld", 10.0, 1.0).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    eprintln!(
+        "revoked putex lock: exited {:?} after the delete, the next grant {:?} after that",
+        exited.duration_since(deleted),
+        exited.elapsed()
+    );
+    assert!(
+        exited.elapsed() < Duration::from_millis(900),
+        "granted {:?} after the revoked holder exited: it did not free the record",
+        exited.elapsed()
+    );
 }

@@ -198,7 +198,7 @@ pub fn earliest_activation(w: &World, h: usize, local: u64) -> Result<(), String
         let since = host
             .absent_before_tenure
             .ok_or("created a record it never saw absent")?;
-        let need = since + wait(t.staleness_wait(t.lease_unknown()) + t.gap());
+        let need = since + wait(t.staleness_wait(t.lease_unknown()) + t.gap_unknown());
         return if local >= need {
             Ok(())
         } else {
@@ -245,7 +245,7 @@ pub fn earliest_activation(w: &World, h: usize, local: u64) -> Result<(), String
     }
     let (lease, gap) = match &observed {
         Observed::Record(r) => (t.lease_against(r.lease()), t.gap_against(r.gap())),
-        Observed::Garbage => (t.lease_unknown(), t.gap()),
+        Observed::Garbage => (t.lease_unknown(), t.gap_unknown()),
     };
     let key = (prev.token, crate::world::fingerprint(&prev.value));
     let first = *host
@@ -255,8 +255,11 @@ pub fn earliest_activation(w: &World, h: usize, local: u64) -> Result<(), String
     let stale_need = (first + wait(t.staleness_wait(lease) + gap)).max(ack + wait(gap));
     let regressed = host.regressed.contains(&prev.token);
     let (absent_lease, absent_gap) = match &observed {
-        Observed::Record(r) => (t.lease_unknown().max(r.lease()), t.gap_against(r.gap())),
-        Observed::Garbage => (t.lease_unknown(), t.gap()),
+        Observed::Record(r) => (
+            t.lease_unknown().max(r.lease()),
+            t.gap_unknown().max(r.gap()),
+        ),
+        Observed::Garbage => (t.lease_unknown(), t.gap_unknown()),
     };
     let absent_need = first + wait(t.staleness_wait(absent_lease) + absent_gap);
     if local >= stale_need || (regressed && local >= absent_need) {

@@ -221,6 +221,7 @@ fn targeted_profiles_are_clean() {
         Profile::LateAcks,
         Profile::Skewed,
         Profile::Mixed,
+        Profile::MixedSkewed,
         Profile::StaleView,
         Profile::StepDowns,
         Profile::ClockJumps,
@@ -316,6 +317,32 @@ fn mutation_activate_before_armed_is_caught() {
 #[test]
 fn mutation_unproven_stop_lets_go_is_caught() {
     must_catch(Rule::UnprovenStopLetsGo, Profile::StepDowns, &["a/overlap"]);
+}
+
+/// The switches inside `timing.rs` change what the checker's bound check
+/// (d) computes too, so (d) cannot see them: the overlap check (a) must,
+/// with every clock at an ε extreme and full-length emergency stops.
+#[test]
+fn mutation_timing_wait_without_drift_is_caught_by_the_overlap_check() {
+    must_catch(
+        Rule::TimingWaitWithoutDrift,
+        Profile::Skewed,
+        &["a/overlap"],
+    );
+}
+
+#[test]
+fn mutation_timing_gap_dropped_is_caught_by_the_overlap_check() {
+    must_catch(Rule::TimingGapDropped, Profile::Skewed, &["a/overlap"]);
+}
+
+#[test]
+fn mutation_timing_ignoring_the_advertised_lease_is_caught_by_the_overlap_check() {
+    must_catch(
+        Rule::TimingIgnoresAdvertisedLease,
+        Profile::MixedSkewed,
+        &["a/overlap"],
+    );
 }
 
 /// Prints the trace of one run: `PUTEX_SIM_REPLAY=profile:seed[:Rule]`.

@@ -121,3 +121,15 @@ regression!(
     Profile::Chaos,
     41094
 );
+// Found by the million-seed sweep (session 4, the `skewed` profile). The
+// agent froze after a renewal, before its keeper (slow to read) took the
+// extension; the keeper fired at the older deadline; on waking, the fence
+// hook's result was handled before the keeper's "fired", and the service
+// started under a fired keeper (check f). Fixed: nothing starts once the
+// keeper's last acknowledged deadline has passed; the activation waits for
+// an acknowledged extension (or ends with the keeper's "fired").
+regression!(
+    r14_nothing_starts_past_the_keepers_acknowledged_deadline,
+    Profile::Skewed,
+    6159
+);

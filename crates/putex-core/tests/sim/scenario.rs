@@ -30,6 +30,9 @@ pub enum Profile {
     Skewed,
     /// Hosts with different T and G (configuration mismatch).
     Mixed,
+    /// Mixed timing with every clock pinned at an ε extreme and emergency
+    /// stops that take their whole budget: the worst case for T' and G'.
+    MixedSkewed,
     /// Standbys whose watch breaks and whose reads come from a lagging replica.
     StaleView,
     /// Frequent graceful step-downs and shutdowns, slow stops (H6, S3).
@@ -47,6 +50,7 @@ impl Profile {
             Profile::LateAcks => "late-acks",
             Profile::Skewed => "skewed",
             Profile::Mixed => "mixed",
+            Profile::MixedSkewed => "mixed-skewed",
             Profile::StaleView => "stale-view",
             Profile::StepDowns => "step-downs",
             Profile::ClockJumps => "clock-jumps",
@@ -61,6 +65,7 @@ impl Profile {
             Profile::LateAcks,
             Profile::Skewed,
             Profile::Mixed,
+            Profile::MixedSkewed,
             Profile::StaleView,
             Profile::StepDowns,
             Profile::ClockJumps,
@@ -118,6 +123,14 @@ pub enum FaultKind {
     /// A keeper is killed; the service lives on, its tree sometimes not
     /// found for 2–6 T.
     KeeperDeath,
+    /// The store's file is replaced under running clients: each handle
+    /// fails its calls as unknown until it opens the new (empty) store.
+    StoreReplaced,
+    /// A stream-leader change: writes pause, the deposed leader answers
+    /// leader reads from its stale view, the store clock's offset changes.
+    LeaderChange,
+    /// A host's watch replays the last few versions.
+    WatchReplay,
 }
 
 /// One concrete run.
@@ -168,13 +181,17 @@ impl Scenario {
         let mut rng = Rng::new(seed ^ (profile as u64) << 56);
         let hosts = rng.range(3, 5) as usize;
         let drift_ppm = match profile {
-            Profile::Skewed | Profile::ClockJumps => *rng.pick(&[50_000u32, 100_000]),
+            Profile::Skewed | Profile::ClockJumps | Profile::MixedSkewed => {
+                *rng.pick(&[50_000u32, 100_000])
+            }
             Profile::LateAcks => 1_000,
             _ => *rng.pick(&[1_000u32, 10_000, 10_000, 50_000, 100_000]),
         };
         let drift = Drift::from_ppm(drift_ppm);
         let extremes = match profile {
-            Profile::Skewed | Profile::ClockJumps | Profile::LateAcks => true,
+            Profile::Skewed | Profile::ClockJumps | Profile::LateAcks | Profile::MixedSkewed => {
+                true
+            }
             Profile::Jitter | Profile::Lossy => false,
             _ => rng.chance(0.3),
         };
@@ -216,7 +233,8 @@ impl Scenario {
             activate_timeout: Duration::from_secs(10),
             ..TimingConfig::default()
         };
-        let mixed = profile == Profile::Mixed || (profile == Profile::Chaos && rng.chance(0.3));
+        let mixed = matches!(profile, Profile::Mixed | Profile::MixedSkewed)
+            || (profile == Profile::Chaos && rng.chance(0.3));
         let mut timings: Vec<TimingConfig> = (0..hosts)
             .map(|_| {
                 if mixed {
@@ -315,12 +333,23 @@ impl Scenario {
                 (IsolateAndJump, 1),
                 (StuckStop, 2),
                 (KeeperDeath, 2),
+                (StoreReplaced, 1),
+                (LeaderChange, 2),
+                (WatchReplay, 2),
             ],
             Profile::Jitter | Profile::Lossy => vec![],
             Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
             Profile::Skewed => vec![(Partition, 4), (Stall, 3), (HostCrash, 1), (AgentKill, 1)],
-            Profile::Mixed => vec![(Partition, 4), (Stall, 3), (HostCrash, 2), (Shutdown, 1)],
-            Profile::StaleView => vec![(StaleView, 6), (Partition, 1), (HostCrash, 1)],
+            Profile::Mixed | Profile::MixedSkewed => {
+                vec![(Partition, 4), (Stall, 3), (HostCrash, 2), (Shutdown, 1)]
+            }
+            Profile::StaleView => vec![
+                (StaleView, 6),
+                (Partition, 1),
+                (HostCrash, 1),
+                (LeaderChange, 3),
+                (WatchReplay, 3),
+            ],
             Profile::StepDowns => vec![
                 (Shutdown, 5),
                 (HealthFlap, 5),
@@ -333,6 +362,11 @@ impl Scenario {
             ],
             Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
         };
+        // Switches inside the timing functions reach the agents and the
+        // checker alike: only the overlap check can see them.
+        for t in &mut s.timings {
+            t.mutations = mutations;
+        }
         if profile == Profile::Lossy {
             s.req_loss = 0.01;
             s.reply_loss = 0.03;

@@ -85,6 +85,9 @@ enum Heal {
     StorePause,
     /// The agent of this generation may acquire again.
     Turn(u64),
+    /// The host's store handle, which noticed its file was replaced, opens
+    /// the new one.
+    Reopen,
 }
 
 struct Scheduled {
@@ -168,6 +171,9 @@ pub struct Host {
     link_from: bool,
     hold_until: u64,
     stale_view_since: Option<u64>,
+    /// Until then, this host's store handle fails every call as unknown
+    /// (its file was replaced under it).
+    store_lost_until: u64,
     watch_last: u64,
     restart_after_exit: Option<u64>,
     op_keys: HashMap<OpId, Key>,
@@ -227,6 +233,11 @@ pub struct Store {
     probes: Vec<Option<Entry>>,
     clock: Clock,
     paused_until: u64,
+    /// Until then, a deposed leader answers leader reads with its view as
+    /// of `deposed_at` (a leader change: reads that should see every
+    /// acknowledged write do not).
+    deposed_until: u64,
+    deposed_at: u64,
     pub log: Vec<Applied>,
     admin_writes: u64,
     /// The highest revision a rollback lost.
@@ -313,6 +324,7 @@ impl World {
                     link_from: true,
                     hold_until: 0,
                     stale_view_since: None,
+                    store_lost_until: 0,
                     watch_last: 0,
                     restart_after_exit: None,
                     op_keys: HashMap::new(),
@@ -338,6 +350,8 @@ impl World {
             probes: vec![None; sc.hosts],
             clock: Clock::new(0, 1_700_000_000 * SEC, sc.store_rate),
             paused_until: 0,
+            deposed_until: 0,
+            deposed_at: 0,
             log: Vec::new(),
             admin_writes: 0,
             lost_high: None,
@@ -430,7 +444,20 @@ impl World {
             }
             Ev::Deliver { h, gen, input } => self.deliver(h, gen, input),
             Ev::Arrive { h, gen, id, op } => {
-                if self.store.paused_until > self.now {
+                if self.hosts[h].store_lost_until > self.now {
+                    // The handle's file was replaced: every call fails as
+                    // unknown, applied nowhere.
+                    self.reply(h, gen, id, StoreOutcome::Unknown);
+                    return;
+                }
+                let deposed_read = matches!(
+                    op,
+                    StoreOp::Get {
+                        key: Key::Lock,
+                        leader: true
+                    }
+                ) && self.store.deposed_until > self.now;
+                if self.store.paused_until > self.now && !deposed_read {
                     let at = self.store.paused_until + self.rng.range(0, MS);
                     self.at(at, Ev::Arrive { h, gen, id, op });
                     return;
@@ -524,6 +551,7 @@ impl World {
             timing: host.timing.clone(),
             previous: previous.clone(),
             highest_token: host.persisted.highest,
+            supervised_stops: true,
             mutations: self.sc.mutations,
         };
         host.agent = Some(Box::new(Agent::new(config, Instant::from_nanos(local))));
@@ -897,6 +925,9 @@ impl World {
                 leader,
             } => {
                 let entry = match self.hosts[h].stale_view_since {
+                    _ if leader && self.store.deposed_until > self.now => {
+                        self.store.as_of(self.store.deposed_at)
+                    }
                     Some(since) if !leader => self.store.as_of(since),
                     _ if !leader && self.sc.replica_lag > 0 => {
                         let lag = self.rng.range(0, self.sc.replica_lag);
@@ -980,13 +1011,23 @@ impl World {
     fn broadcast(&mut self, entry: Option<Entry>) {
         for h in 0..self.hosts.len() {
             let host = &self.hosts[h];
-            if host.agent.is_none() || !host.link_from || host.stale_view_since.is_some() {
+            if host.agent.is_none()
+                || !host.link_from
+                || host.stale_view_since.is_some()
+                || host.store_lost_until > self.now
+            {
                 continue;
             }
             let d = self.rng.range(self.sc.watch_delay.0, self.sc.watch_delay.1);
             let at = (self.now + d).max(host.watch_last).max(host.hold_until);
             self.hosts[h].watch_last = at;
             let gen = self.hosts[h].agent_gen;
+            if self.rng.chance(self.sc.dup) {
+                // A duplicated event, possibly after newer ones.
+                let again = at + self.rng.range(0, 50 * MS);
+                let input = Input::Watch(entry.clone());
+                self.at(again, Ev::Deliver { h, gen, input });
+            }
             self.at(
                 at,
                 Ev::Deliver {
@@ -1237,7 +1278,10 @@ impl World {
         // faults stay well apart (a staleness wait covers at most 2W).
         let clock_fault = matches!(
             kind,
-            FaultKind::NodeJump | FaultKind::StoreJump | FaultKind::IsolateAndJump
+            FaultKind::NodeJump
+                | FaultKind::StoreJump
+                | FaultKind::IsolateAndJump
+                | FaultKind::LeaderChange
         );
         if clock_fault {
             if self.now < self.last_clock_fault + 5 * self.check.failover_bound {
@@ -1335,12 +1379,77 @@ impl World {
                 self.last_instant_fault = self.now;
             }
             Recreate => {
-                self.store.epoch += 1;
-                self.store.rev = 0;
-                self.store.versions.clear();
-                self.store.probes.iter_mut().for_each(|p| *p = None);
-                self.broadcast(None);
+                self.recreate();
                 self.last_instant_fault = self.now;
+            }
+            StoreReplaced => {
+                // The store's file is replaced by a new, empty one. Every
+                // handle notices at its next call (the path no longer names
+                // its file) and fails it as unknown, until it opens the new
+                // file: at once for some, up to T later for others.
+                for host in 0..self.hosts.len() {
+                    let until = self.now + self.rng.range(0, t);
+                    self.hosts[host].store_lost_until = until;
+                    self.active_faults += 1;
+                    self.at(
+                        until,
+                        Ev::Heal {
+                            h: host,
+                            what: Heal::Reopen,
+                        },
+                    );
+                }
+                self.recreate();
+                self.last_instant_fault = self.now;
+            }
+            LeaderChange => {
+                // A stream-leader election: writes wait for it; the deposed
+                // leader keeps answering "leader" reads from its frozen
+                // view meanwhile; the new leader's clock is offset from the
+                // old one's.
+                let dur = self.rng.range(t / 4, t);
+                self.store.paused_until = self.now + dur;
+                self.store.deposed_at = self.now;
+                self.store.deposed_until = self.now + dur;
+                let delta = self.rng.range(t / 10, t) as i64;
+                let delta = if self.rng.chance(0.5) { delta } else { -delta };
+                self.store.clock.jump(self.now, delta);
+                self.active_faults += 1;
+                self.at(
+                    self.now + dur,
+                    Ev::Heal {
+                        h,
+                        what: Heal::StorePause,
+                    },
+                );
+                self.last_instant_fault = self.now + dur;
+            }
+            WatchReplay => {
+                // A watch re-established from an older revision: the last
+                // few versions again, in order, then the present.
+                let host = &self.hosts[h];
+                if host.agent.is_some() && host.link_from && host.stale_view_since.is_none() {
+                    let k = self.rng.range(1, 6) as usize;
+                    let from = self.store.versions.len().saturating_sub(k);
+                    let replay: Vec<Option<Entry>> = self.store.versions[from..]
+                        .iter()
+                        .map(|v| v.entry.clone())
+                        .collect();
+                    let gen = self.hosts[h].agent_gen;
+                    let mut at = self.now.max(self.hosts[h].watch_last);
+                    for entry in replay {
+                        at += self.rng.range(MS / 10, MS);
+                        self.at(
+                            at,
+                            Ev::Deliver {
+                                h,
+                                gen,
+                                input: Input::Watch(entry),
+                            },
+                        );
+                    }
+                    self.hosts[h].watch_last = at;
+                }
             }
             NodeJump => {
                 // A faulty forward jump (no real time passes). S1 (b) makes it
@@ -1533,6 +1642,15 @@ impl World {
         self.at(next, Ev::Fault);
     }
 
+    /// The bucket is deleted and made anew: a new epoch, nothing in it.
+    fn recreate(&mut self) {
+        self.store.epoch += 1;
+        self.store.rev = 0;
+        self.store.versions.clear();
+        self.store.probes.iter_mut().for_each(|p| *p = None);
+        self.broadcast(None);
+    }
+
     /// Whether host `h`'s service may run with no keeper to stop it.
     fn unguarded(&self, h: usize) -> bool {
         let host = &self.hosts[h];
@@ -1571,6 +1689,10 @@ impl World {
             }
             Heal::StorePause => {}
             Heal::Turn(gen) => self.deliver(h, gen, Input::Turn(true)),
+            Heal::Reopen => {
+                self.hosts[h].store_lost_until = 0;
+                self.rewatch(h);
+            }
         }
     }
 

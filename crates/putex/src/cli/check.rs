@@ -18,8 +18,14 @@ use super::config::{AgentArgs, AgentSettings, Strictness};
 use super::CliError;
 use crate::store::{keys, AnyStore, ReadMode, Store};
 
-/// How many compare-and-swaps [`measure_store`] times.
-pub const CAS_SAMPLES: usize = 20;
+/// How many compare-and-swaps one measurement of [`measure_store`] times:
+/// enough that its p99 is not simply the slowest one.
+pub const CAS_SAMPLES: usize = 100;
+
+/// How many measurements [`measure_store`] makes at most: a p99 that is
+/// too slow for R is measured again (after a pause) before it counts, so
+/// that a moment of load on the host does not refuse a sound setting.
+pub const CAS_MEASUREMENTS: usize = 3;
 
 /// What [`measure_store`] found.
 #[derive(Clone, Debug)]
@@ -33,8 +39,36 @@ pub struct StoreMeasurement {
 }
 
 /// Learns the store facts: replication, and the p99 of [`CAS_SAMPLES`]
-/// compare-and-swaps on this node's probe record.
+/// compare-and-swaps on this node's probe record. When `renew` is given
+/// and the p99 is above a tenth of it, the measurement is repeated (up to
+/// [`CAS_MEASUREMENTS`] in all, 200 ms apart) and the lowest p99 counts: a
+/// store that is slow every time is still refused, a busy moment is not.
 pub async fn measure_store(
+    store: &AnyStore,
+    node: &str,
+    timeout: Duration,
+    renew: Option<Duration>,
+) -> Result<StoreMeasurement, CliError> {
+    let mut best = measure_once(store, node, timeout).await?;
+    for _ in 1..CAS_MEASUREMENTS {
+        let slow = renew.is_some_and(|r| best.facts.p99_cas.is_some_and(|p| r < p * 10));
+        if !slow {
+            break;
+        }
+        tracing::info!(
+            p99 = ?best.facts.p99_cas,
+            "the store's compare-and-swaps were slow; measuring again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = measure_once(store, node, timeout).await?;
+        if again.facts.p99_cas < best.facts.p99_cas {
+            best = again;
+        }
+    }
+    Ok(best)
+}
+
+async fn measure_once(
     store: &AnyStore,
     node: &str,
     timeout: Duration,
@@ -149,6 +183,7 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
                 &store,
                 &settings.node,
                 t.store_timeout().max(Duration::from_secs(2)),
+                Some(t.renew()),
             )
             .await?;
             println!(
@@ -255,7 +290,7 @@ mod tests {
     #[tokio::test]
     async fn measures_the_memory_store() {
         let store = AnyStore::from(crate::store::MemoryStore::new());
-        let m = measure_store(&store, "n1", Duration::from_secs(1))
+        let m = measure_store(&store, "n1", Duration::from_secs(1), None)
             .await
             .unwrap();
         assert!(!m.facts.replicated);

@@ -472,6 +472,7 @@ impl AgentSettings {
                 .timing
                 .emergency_timeout
                 .or(file_duration("emergency-timeout", &file.emergency_timeout)?),
+            mutations: Default::default(),
         };
         let timing = timing_config.validate().map_err(|e| usage(e.to_string()))?;
         let keeper_dir = args

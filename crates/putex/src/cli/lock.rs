@@ -11,7 +11,7 @@ use putex_core::{Drift, TimingConfig};
 
 use super::config::{hostname, parse_duration, TimingArgs};
 use super::{sysexits, CliError};
-use crate::section::{self, Once, Outcome, SectionError, SectionOptions, Wait};
+use crate::section::{self, Once, OnceMode, Outcome, SectionError, SectionOptions, Wait};
 use crate::store::{AnyStore, StoreUrl};
 
 /// The default `--stop-timeout` of `putex lock`: how long what is left of
@@ -24,7 +24,9 @@ pub const LOCK_EXIT_CODES_HELP: &str = "\
 Exit codes:
   CMD's own    CMD ran to its end (a signal n that ended it becomes 128+n)
   0            --once-per: CMD already ran in this period (on any host)
-  64           usage error: a flag, name or argument is wrong
+               (at-most: was started in it)
+  64           usage error: a flag, name or argument is wrong, or --limit
+               differs from the limit the name was first used with
   69           the store cannot be reached or opened
   70           internal failure (the keeper failed, a stop could not be proven)
   75           not acquired: the lock is held (--no-wait, or --wait ran out);
@@ -34,10 +36,40 @@ Exit codes:
   126, 127     CMD cannot be executed, or was not found
   128+n        putex was stopped by signal n while waiting
 
+Once per period (--once-per, --once-key), by --once-mode:
+  at-least     (default) the period is recorded after CMD exits 0, while the
+               lock is still held. A failed or interrupted run is retried by
+               the next host; if the lock is lost after CMD ran but before
+               the record landed (or while CMD ran), CMD runs again.
+  at-most      the period is claimed (compare-and-swap) before CMD starts, and
+               CMD starts only once the claim landed: it never starts twice
+               in a period, even if the lock is lost; a run that fails, is
+               killed or loses the lock is not retried until the next period.
+
 Timing: R = --renew (1s), T = F·R = 10s (--failures 10, or --ttl), G = C·R = 2s
 (--confirm 2). A holder killed or frozen loses CMD at most T after its last
 renewal; a crashed holder's lock is taken over after about T + G; a released
 lock passes on in milliseconds. The first use of a name waits T + G once (S4).";
+
+/// `--once-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnceModeArg {
+    /// Record after a successful run (retried until one succeeds; may run twice).
+    #[value(alias = "at-least-once")]
+    AtLeast,
+    /// Claim the period before the run (never started twice; not retried).
+    #[value(alias = "at-most-once")]
+    AtMost,
+}
+
+impl From<OnceModeArg> for OnceMode {
+    fn from(m: OnceModeArg) -> OnceMode {
+        match m {
+            OnceModeArg::AtLeast => OnceMode::AtLeast,
+            OnceModeArg::AtMost => OnceMode::AtMost,
+        }
+    }
+}
 
 /// The flags of `putex lock`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -59,20 +91,33 @@ pub struct LockArgs {
     #[arg(long)]
     pub no_wait: bool,
     /// A semaphore: at most N holders at once, each in its own slot
-    /// (PUTEX_SLOT = 0..N-1). Every client of a name must use the same N.
+    /// (PUTEX_SLOT = 0..N-1). Every client of a name must use the same N:
+    /// the first client's N is recorded (1 for a plain lock), and a client
+    /// with another N is refused (exit 64).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub limit: u32,
     /// What the lock is held for: shown to operators, given to CMD as PUTEX_TITLE.
     #[arg(long)]
     pub title: Option<String>,
-    /// Run at most once per period across all hosts, periods aligned to UTC
-    /// on the store's clock (`24h` = once per UTC day). Only a run that exits
-    /// 0 counts.
+    /// Run once per period across all hosts, periods aligned to UTC on the
+    /// store's clock (`24h` = once per UTC day). What "once" means is
+    /// --once-mode's: by default (at-least) only a run that exits 0 counts,
+    /// and CMD may run again in the same period if the lock is lost between
+    /// its end and its record, or while it runs.
     #[arg(long, value_parser = parse_duration, value_name = "DUR", conflicts_with = "once_key")]
     pub once_per: Option<Duration>,
     /// Like --once-per, with an explicit period key (e.g. `$(date +%G-W%V)`).
     #[arg(long, value_name = "TEXT")]
     pub once_key: Option<String>,
+    /// With --once-per/--once-key: `at-least` (the default) records the
+    /// period after CMD exits 0, so a failed or interrupted run is retried
+    /// by the next host, and CMD may run twice in a period if the lock is
+    /// lost before the record is written. `at-most` claims the period
+    /// (compare-and-swap) before CMD starts: CMD never starts twice in a
+    /// period, and a run that fails, is killed or loses the lock is not
+    /// retried until the next period.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub once_mode: Option<OnceModeArg>,
     /// Stop CMD (and its tree) when it runs longer than this; exit 124.
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
     pub max_duration: Option<Duration>,
@@ -93,6 +138,11 @@ pub struct LockArgs {
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else /tmp/putex-UID].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,
+    /// Never use a cgroup scope for CMD: the keeper owns its tree as
+    /// subreaper (should the keeper die, putex finds the tree from the
+    /// keeper's last snapshot: members, process groups, sessions).
+    #[arg(long, env = "PUTEX_NO_CGROUP")]
+    pub no_cgroup: bool,
     /// CMD and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<String>,
@@ -169,6 +219,9 @@ impl LockArgs {
             (None, Some(k)) => Some(Once::Key(k.clone())),
             (None, None) => None,
         };
+        if once.is_none() && self.once_mode.is_some() {
+            return Err(usage("--once-mode needs --once-per or --once-key"));
+        }
         if self.max_duration.is_some_and(|d| d.is_zero()) {
             return Err(usage("--max-duration must be longer than 0"));
         }
@@ -187,6 +240,7 @@ impl LockArgs {
                 limit: self.limit,
                 wait,
                 once,
+                once_mode: self.once_mode.map(OnceMode::from).unwrap_or_default(),
                 max_duration: self.max_duration,
                 title: self.title.clone(),
                 argv: self.command.clone(),
@@ -195,7 +249,7 @@ impl LockArgs {
                     .keeper_dir
                     .clone()
                     .unwrap_or_else(crate::keeper::default_keeper_dir),
-                cgroup: true,
+                cgroup: !self.no_cgroup,
                 queue: true,
                 slots: None,
             },
@@ -401,6 +455,35 @@ mod tests {
         assert!(e.to_string().contains("--failures"), "{e}");
         assert!(parse(&["job", "--wait", "1s", "--no-wait", "--", "true"]).is_err());
         assert!(parse(&["job"]).is_err(), "a command is required");
+    }
+
+    #[test]
+    fn once_mode_defaults_to_at_least_and_needs_a_period() {
+        let o = |args: &[&str]| parse(args).unwrap().options();
+        let (_, opts) = o(&["job", "--once-per", "1h", "--", "true"]).unwrap();
+        assert_eq!(opts.once_mode, OnceMode::AtLeast);
+        for (flag, mode) in [
+            ("at-most", OnceMode::AtMost),
+            ("at-most-once", OnceMode::AtMost),
+            ("at-least-once", OnceMode::AtLeast),
+        ] {
+            let (_, opts) =
+                o(&["job", "--once-key", "k", "--once-mode", flag, "--", "true"]).unwrap();
+            assert_eq!(opts.once_mode, mode, "{flag}");
+        }
+        let e = o(&["job", "--once-mode", "at-most", "--", "true"]).unwrap_err();
+        assert_eq!(e.code(), sysexits::USAGE);
+        assert!(e.to_string().contains("--once-per"), "{e}");
+        assert!(parse(&[
+            "job",
+            "--once-per",
+            "1h",
+            "--once-mode",
+            "never",
+            "--",
+            "true"
+        ])
+        .is_err());
     }
 
     #[test]

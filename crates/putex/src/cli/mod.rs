@@ -45,6 +45,38 @@ pub mod serve;
 pub mod status;
 pub mod watch;
 
+/// Whether putex reads the environment variable `name`: every `PUTEX_*`,
+/// and `NATS_URL` and `NATS_CREDS` (as the `nats` CLI uses them).
+pub fn is_putex_var(name: &str) -> bool {
+    name.starts_with("PUTEX_") || name == "NATS_URL" || name == "NATS_CREDS"
+}
+
+/// Removes from the process environment every putex variable
+/// ([`is_putex_var`]) that is set but empty or only whitespace, and returns
+/// their names: an empty variable is not a value. Without this, clap takes
+/// `PUTEX_STORE=` for the store URL `""` (clap 4 has no setting to ignore
+/// empty environment values), `PUTEX_RENEW=` for an unparseable duration,
+/// and an empty variable hides the config file's value below it.
+///
+/// Call it first thing in `main`, before clap reads the environment and
+/// before any thread starts (the environment is process-wide and not
+/// synchronised). What putex starts — hooks, `putex lock`'s CMD, the
+/// keeper — inherits the environment without them, which to them means the
+/// same (unset); every other variable is passed on unchanged.
+pub fn unset_empty_vars() -> Vec<String> {
+    let empty: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            let blank = v.to_str().is_some_and(|v| v.trim().is_empty());
+            (blank && is_putex_var(&k)).then_some(k)
+        })
+        .collect();
+    for k in &empty {
+        std::env::remove_var(k);
+    }
+    empty
+}
+
 /// Text for `putex --help` listing the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:

@@ -989,6 +989,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         &store,
         &node,
         settings.timing.store_timeout().max(Duration::from_secs(1)),
+        Some(settings.timing.renew()),
     )
     .await?;
     check_store(&settings.timing, &m)?;
@@ -1171,6 +1172,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             timing: settings.timing.clone(),
             previous,
             highest_token: highest,
+            supervised_stops: true,
             mutations: Default::default(),
         },
         clock::boot_time_now(),

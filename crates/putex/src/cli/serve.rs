@@ -78,6 +78,12 @@ pub struct ServeArgs {
     /// holders only up to it (as --max-lease does for agents).
     #[arg(long, env = "PUTEX_ACQUIRE_LEASE", value_parser = parse_duration, default_value = "2s", value_name = "DUR")]
     pub acquire_lease: Duration,
+    /// D: a granted lock's record advertises its lifetime + D, so takers
+    /// wait that long; the answer must leave within D/2 of the grant (else
+    /// the lock is given back and the client gets 503), which leaves D/2
+    /// for it to reach the client.
+    #[arg(long, env = "PUTEX_GRANT_DEADLINE", value_parser = parse_duration, default_value = "1s", value_name = "DUR")]
+    pub grant_deadline: Duration,
     /// ε: clock-rate bound [default: 1%].
     #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
     pub max_drift: Option<f64>,
@@ -141,6 +147,11 @@ impl ServeArgs {
         if self.max_lifetime.is_zero() {
             return Err(usage("--max-lifetime must be above 0"));
         }
+        if self.grant_deadline < Duration::from_millis(10) {
+            return Err(usage(
+                "--grant-deadline must be at least 10ms: the answer to a grant must leave within half of it",
+            ));
+        }
         let public_url = self
             .public_url
             .as_deref()
@@ -187,6 +198,7 @@ impl ServeArgs {
                 max_lifetime: self.max_lifetime,
                 max_wait: self.max_wait,
                 acquire_lease: self.acquire_lease,
+                grant_deadline: self.grant_deadline,
             },
             http: HttpOptions {
                 public_url,
@@ -276,6 +288,10 @@ mod tests {
         assert_eq!(s.gateway.max_lifetime, Duration::from_secs(3600));
         assert_eq!(s.gateway.max_wait, Duration::from_secs(3600));
         assert_eq!(s.gateway.max_drift, Drift::from_percent(1.0));
+        assert_eq!(
+            s.gateway.grant_deadline,
+            crate::gateway::DEFAULT_GRANT_DEADLINE
+        );
         assert!(s.http.tls.is_none() && s.http.auth.token.is_none());
     }
 
@@ -303,6 +319,7 @@ mod tests {
             ),
             (vec!["--max-wait", "soon"], "--max-wait"),
             (vec!["--max-lifetime", "0s"], "--max-lifetime"),
+            (vec!["--grant-deadline", "0s"], "--grant-deadline"),
         ] {
             let mut all = vec!["--store", "sqlite:///tmp/x.db", "--node", "gw1"];
             all.extend(args.iter().copied());

@@ -248,6 +248,10 @@ pub async fn semaphore_status(
         .ok()
         .filter(|r| r.v == 1)
         .map_or(0, |r| r.limit);
+    if limit == 1 {
+        // A plain lock's recorded limit (`putex lock` without --limit).
+        return Ok(None);
+    }
     let now = store_now(store, timeout).await;
     let mut slots = Vec::new();
     // A record from elsewhere may claim any limit; no semaphore has more

@@ -30,7 +30,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{AcquireError, AcquireRequest, Gateway, LockInfo};
+use crate::gateway::{AcquireError, AcquireRequest, Gateway, Grant};
 
 pub mod auth;
 pub mod openapi;
@@ -50,6 +50,12 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// The response header carrying a granted lock's fencing token,
 /// `EPOCH:REVISION`.
 pub const TOKEN_HEADER: &str = "x-putex-token";
+
+/// The response header of a granted or renewed lock saying how much of its
+/// licence is left, in seconds with three decimals (`60.996`): `lifetime`
+/// plus the grant deadline, minus the time since the grant's write, as the
+/// answer left the gateway (see `docs/http.md`).
+pub const LIFETIME_LEFT_HEADER: &str = "x-putex-lifetime-left";
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -146,12 +152,13 @@ pub(crate) enum AcquireFailure {
 
 impl Shared {
     /// The gateway's acquire, abandoned (dropped, so the gateway releases
-    /// anything granted at that moment) when the server shuts down.
-    pub(crate) async fn acquire(&self, req: AcquireRequest) -> Result<LockInfo, AcquireFailure> {
+    /// anything granted at that moment) when the server shuts down. The
+    /// handler hands the [`Grant`] over as the last step of its answer.
+    pub(crate) async fn acquire(&self, req: AcquireRequest) -> Result<Grant, AcquireFailure> {
         tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Err(AcquireFailure::ShuttingDown),
-            r = self.gateway.acquire(req) => r.map_err(AcquireFailure::Gateway),
+            r = self.gateway.acquire_grant(req) => r.map_err(AcquireFailure::Gateway),
         }
     }
 }
@@ -195,6 +202,18 @@ pub(crate) fn parse_lifetime(secs: f64, max: Duration) -> Result<Duration, Strin
 /// names no lock.
 pub(crate) fn plausible_uid(uid: &str) -> bool {
     (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// A duration in seconds, rounded down to the millisecond: what is left of a
+/// lock is never overstated.
+pub(crate) fn seconds_floor_ms(d: Duration) -> f64 {
+    (d.as_millis() as f64) / 1000.0
+}
+
+/// [`LIFETIME_LEFT_HEADER`]'s value for `left`.
+pub(crate) fn lifetime_left_header(left: Duration) -> axum::http::HeaderValue {
+    axum::http::HeaderValue::from_str(&format!("{:.3}", seconds_floor_ms(left)))
+        .expect("a number is a header value")
 }
 
 /// A duration as JSON seconds: an integer when whole (as RDLM writes
@@ -272,13 +291,15 @@ impl App {
         let admin_routes = Router::new()
             .route(
                 "/resources",
-                get(rdlm::list_resources).delete(rdlm::revoke_all),
+                get(rdlm::list_resources).delete(rdlm::delete_all),
             )
             .route(
                 "/resources/{resource}",
-                get(rdlm::get_resource).delete(rdlm::revoke),
+                get(rdlm::get_resource).delete(rdlm::delete_resource),
             )
-            .route("/v1/locks/{resource}", delete(v1::revoke))
+            .route("/v1/locks/{resource}", delete(v1::delete_resource))
+            .route("/v1/locks/{resource}/revoke", post(v1::revoke))
+            .route("/v1/locks/{resource}/force", post(v1::force))
             .route_layer(admin);
         Router::new()
             .merge(user_routes)

@@ -7,16 +7,19 @@
 //! | `GET /locks/{resource}/{uid}` | `200` `application/hal+json`; `404` once released, expired or revoked |
 //! | `DELETE /locks/{resource}/{uid}` | `204`; `404` if not held |
 //! | `GET /resources`, `GET /resources/{resource}` | admin: HAL listings (`200`, also for a resource without locks) |
-//! | `DELETE /resources/{resource}` | admin: `204`; `404` when it has no lock |
-//! | `DELETE /resources` | admin: `204`; every waiting request gets `409` |
+//! | `DELETE /resources/{resource}` | admin: `204` (HTTP locks freed at once, `putex lock` and agent holders revoked, waiters `409`); `404` when it has no lock |
+//! | `DELETE /resources` | admin: the same for every resource, `204` |
 //! | `GET /` | a hello |
 //!
 //! As in RDLM, resource names and uids are `[a-zA-Z0-9]+` (other names
 //! match no route: `404`), `wait` and `lifetime` are seconds (numbers, or
 //! strings holding one), errors carry a plain-text message, and `201`,
-//! `408` and `409` have an empty body. putex adds the fencing token: the
+//! `408` and `409` have an empty body. putex adds the fencing token (the
 //! `X-Putex-Token: EPOCH:REVISION` header of a `201` and the `token` of a
-//! lock. Times are ISO 8601 in UTC without a zone, as RDLM writes them.
+//! lock) and what is left of a granted lock (`X-Putex-Lifetime-Left`,
+//! `lifetime_left`; a grant that cannot be answered in time is given back:
+//! `503`, see [`crate::gateway::Grant`]). Times are ISO 8601 in UTC without
+//! a zone, as RDLM writes them.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,8 +36,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{
-    parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_json, AcquireFailure, Shared,
-    TOKEN_HEADER,
+    lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
+    seconds_json, AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::gateway::{AcquireError, AcquireRequest, GatewayOptions, LockInfo};
 use crate::store::{keys, StoreError};
@@ -58,6 +61,14 @@ fn not_found() -> Response {
 
 fn lock_not_found() -> Response {
     text(StatusCode::NOT_FOUND, "lock not found")
+}
+
+/// A grant that could not be answered in time, and was given back.
+fn late(e: &AcquireError) -> Response {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{e} (--grant-deadline); the lock was given back: ask again"),
+    )
 }
 
 fn hal(value: &impl Serialize) -> Response {
@@ -199,6 +210,10 @@ pub struct HalLock {
     /// The fencing token `EPOCH:REVISION`, once granted (a putex addition).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// Seconds left of the lock's licence, once granted (a putex addition):
+    /// `lifetime` plus the grant deadline, minus the time since the grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifetime_left: Option<f64>,
     /// Links.
     #[serde(rename = "_links")]
     pub links: HalLockLinks,
@@ -215,6 +230,7 @@ impl HalLock {
             active_since: info.active_since.map(rdlm_time),
             active_expires: info.active_expires.map(rdlm_time),
             token: info.token.map(|t| t.to_string()),
+            lifetime_left: info.lifetime_left.map(seconds_floor_ms),
             links: HalLockLinks {
                 this: HalLink::new(format!("/locks/{}/{}", info.resource, info.uid)),
                 resource: with_resource
@@ -309,6 +325,7 @@ pub(crate) async fn hello() -> Response {
         (status = 201, description = "Granted; empty body", headers(
             ("Location" = String, description = "The lock's absolute URL"),
             ("X-Putex-Token" = String, description = "The fencing token, EPOCH:REVISION"),
+            ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the lock's licence as the answer left: lifetime + grant deadline - time since the grant (at least lifetime + half the deadline)"),
         )),
         (status = 400, description = "Empty, malformed or incomplete body", body = String, content_type = "text/plain"),
         (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
@@ -316,7 +333,7 @@ pub(crate) async fn hello() -> Response {
         (status = 408, description = "Not granted within the wait; empty body"),
         (status = 409, description = "An administrator deleted the waiting request; empty body"),
         (status = 413, description = "Body too large", body = String, content_type = "text/plain"),
-        (status = 503, description = "Store failure, or shutting down", body = String, content_type = "text/plain"),
+        (status = 503, description = "Store failure, shutting down, or granted too late to answer within half the grant deadline (given back)", body = String, content_type = "text/plain"),
     ),
     security((), ("bearer" = [])),
 )]
@@ -343,7 +360,8 @@ pub(crate) async fn acquire(
         lifetime,
     };
     match s.acquire(req).await {
-        Ok(info) => {
+        Ok(grant) => {
+            let info = grant.info();
             let url = format!("{}/locks/{resource}/{}", s.base_url, info.uid);
             let mut resp = StatusCode::CREATED.into_response();
             if let Ok(v) = HeaderValue::from_str(&url) {
@@ -353,8 +371,21 @@ pub(crate) async fn acquire(
                 resp.headers_mut()
                     .insert(HeaderName::from_static(TOKEN_HEADER), t);
             }
-            resp
+            // The last step before the answer leaves.
+            match grant.hand_over() {
+                Ok(info) => {
+                    if let Some(left) = info.lifetime_left {
+                        resp.headers_mut().insert(
+                            HeaderName::from_static(LIFETIME_LEFT_HEADER),
+                            lifetime_left_header(left),
+                        );
+                    }
+                    resp
+                }
+                Err(e) => late(&e),
+            }
         }
+        Err(AcquireFailure::Gateway(e @ AcquireError::Late(_))) => late(&e),
         Err(AcquireFailure::Gateway(AcquireError::Timeout)) => {
             StatusCode::REQUEST_TIMEOUT.into_response()
         }
@@ -510,15 +541,18 @@ pub(crate) async fn get_resource(
     })
 }
 
-/// Admin: delete every lock of a resource (RDLM): the granted one is
-/// revoked (S7), the waiting ones get `409`.
+/// Admin: delete every lock of a resource (RDLM): the waiting ones get
+/// `409`; a lock granted over HTTP is freed at once (`released`: the next
+/// request gets it at once; its client is not told, its fencing token is
+/// what protects the resource); a `putex lock` or agent holder is revoked
+/// (S7: it stops, takers wait W + G').
 #[utoipa::path(
     delete,
     path = "/resources/{resource}",
     tag = "rdlm",
     params(("resource" = String, Path, description = "The resource", pattern = "^[a-zA-Z0-9]{1,64}$")),
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
         (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
         (status = 404, description = "The resource has no lock", body = String, content_type = "text/plain"),
@@ -526,34 +560,35 @@ pub(crate) async fn get_resource(
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke(
+pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     RdlmPath(resource): RdlmPath<String>,
 ) -> Response {
     if let Some(r) = refuse_resource(&resource) {
         return r;
     }
-    match s.gateway.revoke(&resource).await {
+    match s.gateway.delete(&resource).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => text(StatusCode::NOT_FOUND, "no resource (with locks) found"),
         Err(e) => store_error(e),
     }
 }
 
-/// Admin: delete every lock of every resource (RDLM).
+/// Admin: delete every lock of every resource (RDLM), as
+/// `DELETE /resources/{resource}` does for one.
 #[utoipa::path(
     delete,
     path = "/resources",
     tag = "rdlm",
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 204, description = "Deleted: waiters cancelled, HTTP locks freed at once, putex lock and agent holders revoked"),
         (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
         (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke_all(State(s): State<Arc<Shared>>) -> Response {
-    match s.gateway.revoke_all().await {
+pub(crate) async fn delete_all(State(s): State<Arc<Shared>>) -> Response {
+    match s.gateway.delete_all().await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => store_error(e),
     }
@@ -570,6 +605,7 @@ mod tests {
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(60),
             acquire_lease: crate::gateway::DEFAULT_ACQUIRE_LEASE,
+            grant_deadline: crate::gateway::DEFAULT_GRANT_DEADLINE,
         }
     }
 

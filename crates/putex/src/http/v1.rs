@@ -8,7 +8,9 @@
 //! | `DELETE /v1/locks/{resource}/{uid}` | release it: `204` |
 //! | `POST /v1/locks/{resource}/{uid}/renew` | a new lifetime from now |
 //! | `GET /v1/locks`, `GET /v1/locks/{resource}` | the resources with locks, and their granted and waiting locks |
-//! | `DELETE /v1/locks/{resource}` | admin: revoke the granted lock (S7), cancel the waiting ones |
+//! | `DELETE /v1/locks/{resource}` | admin, RDLM's delete: cancel the waiting locks, free an HTTP lock at once, revoke a `putex lock` or agent holder |
+//! | `POST /v1/locks/{resource}/revoke` | admin: revoke the holder, whatever it is (S7) |
+//! | `POST /v1/locks/{resource}/force` | admin: free an HTTP lock at once (`released`); never a `putex lock` or agent holder |
 //! | `GET /v1/status`, `GET /v1/status/{lock}` | any putex lock's record: holder, state, revision, fencing token |
 //! | `GET /v1/status/{lock}/members` | the member records of a lock (`putex run` agents) |
 //! | `GET /health` | liveness, never behind auth |
@@ -34,11 +36,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{
-    parse_lifetime, parse_seconds, plausible_uid, rfc3339, AcquireFailure, Shared, TOKEN_HEADER,
+    lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
+    AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::cli::status::{lock_status, LockStatus, MemberStatus};
 use crate::cli::CliError;
-use crate::gateway::{AcquireError, AcquireRequest, LockInfo};
+use crate::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
 use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// What went wrong, for programs.
@@ -60,6 +63,13 @@ pub enum ErrorCode {
     Store,
     /// The server is shutting down (`503`).
     Unavailable,
+    /// `force` on a resource held by a `putex lock` or agent, which may
+    /// still be running: nothing was done (`409`).
+    NotForceable,
+    /// The lock was granted, but the answer was not ready within half the
+    /// grant deadline: the lock was given back; ask again (`503`). For a
+    /// renewal: the lock was renewed, but count from the previous answer.
+    Late,
 }
 
 impl ErrorCode {
@@ -67,11 +77,13 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::Timeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorCode::Cancelled => StatusCode::CONFLICT,
+            ErrorCode::Cancelled | ErrorCode::NotForceable => StatusCode::CONFLICT,
             ErrorCode::Invalid => StatusCode::BAD_REQUEST,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::Store | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Store | ErrorCode::Unavailable | ErrorCode::Late => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 }
@@ -158,6 +170,10 @@ impl From<AcquireFailure> for ApiError {
                 ApiError::new(ErrorCode::Invalid, m)
             }
             AcquireFailure::Gateway(AcquireError::Store(e)) => ApiError::store(e),
+            AcquireFailure::Gateway(e @ AcquireError::Late(_)) => ApiError::new(
+                ErrorCode::Late,
+                format!("{e} (--grant-deadline); the lock was given back: ask again"),
+            ),
             AcquireFailure::ShuttingDown => {
                 ApiError::new(ErrorCode::Unavailable, "the server is shutting down")
             }
@@ -287,6 +303,11 @@ pub struct LockView {
     pub fencing_token: Option<String>,
     /// The store revision of the lock record (the token's revision).
     pub revision: Option<u64>,
+    /// Seconds left of the lock's licence, once granted: in the answer to
+    /// a grant or renewal, `lifetime` plus the grant deadline minus the
+    /// time since the granting write, as the answer left the gateway (also
+    /// in `X-Putex-Lifetime-Left`); in a listing, as of the read.
+    pub lifetime_left: Option<f64>,
     /// This lock's URL path.
     pub href: String,
 }
@@ -305,6 +326,7 @@ impl LockView {
             token: info.token.map(FencingToken::from),
             fencing_token: info.token.map(|t| t.to_string()),
             revision: info.token.map(|t| t.revision),
+            lifetime_left: info.lifetime_left.map(seconds_floor_ms),
             href: format!("/v1/locks/{}/{}", info.resource, info.uid),
         }
     }
@@ -458,13 +480,14 @@ pub struct HealthView {
         (status = 201, description = "Granted", body = LockView, headers(
             ("Location" = String, description = "The lock's absolute URL"),
             ("X-Putex-Token" = String, description = "The fencing token, EPOCH:REVISION"),
+            ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the lock's licence as the answer left: lifetime + grant deadline - time since the grant (at least lifetime + half the deadline)"),
         )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 408, description = "Not granted within the wait", body = ErrorBody),
         (status = 409, description = "An administrator deleted the waiting request", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Store failure, or shutting down", body = ErrorBody),
+        (status = 503, description = "Store failure, shutting down, or granted too late to answer within half the grant deadline (`late`: given back)", body = ErrorBody),
     ),
     security((), ("bearer" = [])),
 )]
@@ -478,7 +501,7 @@ pub(crate) async fn acquire(
     let invalid = |m| ApiError::new(ErrorCode::Invalid, m);
     let wait = parse_seconds("wait", body.wait, opts.max_wait, "--max-wait").map_err(invalid)?;
     let lifetime = parse_lifetime(body.lifetime, opts.max_lifetime).map_err(invalid)?;
-    let info = s
+    let grant = s
         .acquire(AcquireRequest {
             resource,
             title: body.title,
@@ -486,8 +509,16 @@ pub(crate) async fn acquire(
             lifetime,
         })
         .await?;
-    let view = LockView::new(&info);
-    let mut resp = (StatusCode::CREATED, Json(&view)).into_response();
+    // The last step before the answer leaves.
+    let info = grant.hand_over().map_err(AcquireFailure::Gateway)?;
+    Ok(granted(&s, StatusCode::CREATED, &info))
+}
+
+/// The answer to a grant or renewal: the lock, `Location`, and the
+/// `X-Putex-Token` and `X-Putex-Lifetime-Left` headers.
+fn granted(s: &Shared, status: StatusCode, info: &LockInfo) -> Response {
+    let view = LockView::new(info);
+    let mut resp = (status, Json(&view)).into_response();
     let location = format!("{}{}", s.base_url, view.href);
     if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(LOCATION, v);
@@ -496,7 +527,13 @@ pub(crate) async fn acquire(
         resp.headers_mut()
             .insert(HeaderName::from_static(TOKEN_HEADER), t);
     }
-    Ok(resp)
+    if let Some(left) = info.lifetime_left {
+        resp.headers_mut().insert(
+            HeaderName::from_static(LIFETIME_LEFT_HEADER),
+            lifetime_left_header(left),
+        );
+    }
+    resp
 }
 
 /// A lock, granted or waiting.
@@ -572,12 +609,15 @@ pub(crate) async fn release(
     ),
     request_body = RenewBody,
     responses(
-        (status = 200, description = "Renewed", body = LockView),
+        (status = 200, description = "Renewed", body = LockView, headers(
+            ("X-Putex-Token" = String, description = "The new fencing token, EPOCH:REVISION"),
+            ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the renewed licence as the answer left"),
+        )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 404, description = "Not held", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        (status = 503, description = "Store failure, or renewed too late to answer within half the grant deadline (`late`: count from the previous answer)", body = ErrorBody),
     ),
     security((), ("bearer" = [])),
 )]
@@ -585,7 +625,7 @@ pub(crate) async fn renew(
     State(s): State<Arc<Shared>>,
     V1Path((resource, uid)): V1Path<(String, String)>,
     V1Json(body): V1Json<RenewBody>,
-) -> Result<Json<LockView>, ApiError> {
+) -> Result<Response, ApiError> {
     check_name("resource", &resource)?;
     let max = s.gateway.options().max_lifetime;
     let lifetime = body
@@ -596,10 +636,23 @@ pub(crate) async fn renew(
     if !plausible_uid(&uid) {
         return Err(ApiError::not_found(&resource, &uid));
     }
-    match s.gateway.renew(&resource, &uid, lifetime).await? {
-        Some(info) => Ok(Json(LockView::new(&info))),
-        None => Err(ApiError::not_found(&resource, &uid)),
-    }
+    let Some(renewal) = s.gateway.renew(&resource, &uid, lifetime).await? else {
+        return Err(ApiError::not_found(&resource, &uid));
+    };
+    let info = renewal.hand_over().map_err(late_renewal)?;
+    Ok(granted(&s, StatusCode::OK, &info))
+}
+
+/// A renewal that could not be answered in time: it stays, but its client
+/// only knows the previous answer, which ends earlier.
+fn late_renewal(e: AcquireError) -> ApiError {
+    ApiError::new(
+        ErrorCode::Late,
+        format!(
+            "{e} (--grant-deadline); the lock was renewed, but count from the previous \
+             answer, or renew again"
+        ),
+    )
 }
 
 /// Every resource with a granted or waiting lock, and its locks.
@@ -655,15 +708,18 @@ pub(crate) async fn list_resource(
     }))
 }
 
-/// Admin: revoke the granted lock of a resource (its record becomes
-/// `revoked`, S7) and cancel its waiting requests (they get `409`).
+/// Admin: delete every lock of a resource, as RDLM does.
+///
+/// As `DELETE /resources/{resource}`: the waiting requests get `409`, a
+/// lock granted over HTTP is freed at once (`released`, as `force`), and a
+/// `putex lock` or agent holder is revoked (`revoked`, S7, as `revoke`).
 #[utoipa::path(
     delete,
     path = "/v1/locks/{resource}",
     tag = "v1",
     params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
     responses(
-        (status = 204, description = "Revoked"),
+        (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
         (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
         (status = 404, description = "The resource has no lock", body = ErrorBody),
@@ -671,18 +727,134 @@ pub(crate) async fn list_resource(
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
-pub(crate) async fn revoke(
+pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name("resource", &resource)?;
-    if s.gateway.revoke(&resource).await? {
+    if s.gateway.delete(&resource).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(
             ErrorCode::NotFound,
             format!("{resource} has no lock"),
         ))
+    }
+}
+
+/// What an admin call did to a resource's holder.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdminView {
+    /// The resource.
+    pub resource: String,
+    /// `freed` (`force`: an HTTP lock, now `released`, the next request
+    /// gets it at once) or `revoked` (`revoke`: now `revoked`, S7).
+    pub action: String,
+    /// The holder's node id (the gateway's `--node` for an HTTP lock).
+    pub holder: String,
+    /// The holder's instance id (an HTTP lock's uid).
+    pub instance: String,
+    /// The holder's fencing token, `EPOCH:REVISION`: tell the protected
+    /// resource to refuse it and anything older.
+    pub fencing_token: String,
+    /// The same token.
+    pub token: FencingToken,
+}
+
+impl AdminView {
+    fn new(resource: String, ended: &Ended) -> AdminView {
+        AdminView {
+            resource,
+            action: match ended.action {
+                AdminAction::Freed => "freed",
+                AdminAction::Revoked => "revoked",
+                AdminAction::Refused => "refused",
+            }
+            .into(),
+            holder: ended.node.clone(),
+            instance: ended.instance.clone(),
+            fencing_token: ended.token.to_string(),
+            token: ended.token.into(),
+        }
+    }
+}
+
+fn no_holder(resource: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!("nothing holds {resource} (free, expired, released or revoked)"),
+    )
+}
+
+/// Admin: revoke a resource's holder, whatever it is (S7).
+///
+/// Its record becomes `revoked`: a `putex lock` or agent holder stops at
+/// once; an HTTP client cannot be told. Takers wait W + G' of the holder's
+/// advertised lease (an HTTP lock's lifetime + grant deadline): the lock
+/// is not free at once. Waiting requests keep their place.
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{resource}/revoke",
+    tag = "v1",
+    params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "Revoked", body = AdminView),
+        (status = 400, description = "Malformed resource name", body = ErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        (status = 404, description = "Nothing holds the resource", body = ErrorBody),
+        (status = 503, description = "Store failure", body = ErrorBody),
+    ),
+    security((), ("basic" = []), ("bearer" = [])),
+)]
+pub(crate) async fn revoke(
+    State(s): State<Arc<Shared>>,
+    V1Path(resource): V1Path<String>,
+) -> Result<Json<AdminView>, ApiError> {
+    check_name("resource", &resource)?;
+    match s.gateway.revoke(&resource).await? {
+        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        None => Err(no_holder(&resource)),
+    }
+}
+
+/// Admin: free a lock granted over HTTP at once.
+///
+/// Its record becomes `released`: the next request (or `putex lock`) gets
+/// it at once, with a higher fencing token. Its client is not told: its
+/// fencing token is what protects the resource. A `putex lock` or agent
+/// holder, which may still be running, is never forced (`409`
+/// `not_forceable`: revoke it). Waiting requests keep their place.
+#[utoipa::path(
+    post,
+    path = "/v1/locks/{resource}/force",
+    tag = "v1",
+    params(("resource" = String, Path, description = "The resource", pattern = "^[A-Za-z0-9_-]{1,64}$")),
+    responses(
+        (status = 200, description = "Freed", body = AdminView),
+        (status = 400, description = "Malformed resource name", body = ErrorBody),
+        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        (status = 404, description = "Nothing holds the resource", body = ErrorBody),
+        (status = 409, description = "Held by a putex lock or agent, not over HTTP (`not_forceable`): nothing was done", body = ErrorBody),
+        (status = 503, description = "Store failure", body = ErrorBody),
+    ),
+    security((), ("basic" = []), ("bearer" = [])),
+)]
+pub(crate) async fn force(
+    State(s): State<Arc<Shared>>,
+    V1Path(resource): V1Path<String>,
+) -> Result<Json<AdminView>, ApiError> {
+    check_name("resource", &resource)?;
+    match s.gateway.force(&resource).await? {
+        Some(ended) if ended.action == AdminAction::Refused => Err(ApiError::new(
+            ErrorCode::NotForceable,
+            format!(
+                "{resource} is held by {} (instance {}), a putex lock or agent that may still \
+                 be running, not over HTTP: nothing was done; revoke it instead",
+                ended.node, ended.instance
+            ),
+        )),
+        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        None => Err(no_holder(&resource)),
     }
 }
 

@@ -11,7 +11,7 @@
 //! | `member.<name>.<node>` | node `<node>`'s member record for lock `<name>` |
 //! | `probe.<node>` | node `<node>`'s probe record (reads the store's clock, S1 b) |
 //!
-//! | `sem.<name>` | semaphore `<name>`'s limit (`putex lock --limit N`) |
+//! | `sem.<name>` | the limit of `putex lock <name>` (`--limit N`, 1 for a plain lock), created once by the first client |
 //! | `sem.<name>.<slot>` | slot `<slot>` (0..N−1) of semaphore `<name>`: an ordinary lock record |
 //! | `queue.<name>.<instance>` | a waiter's ticket in lock `<name>`'s fair queue |
 //! | `once.<name>` | the last recorded successful run of `putex lock <name> --once-per` |

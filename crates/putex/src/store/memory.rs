@@ -27,6 +27,12 @@ pub enum Fault {
     /// The operation is applied, but its call waits out its deadline and
     /// reports [`StoreError::Unknown`] (a write that landed after a timeout).
     ApplyThenStall,
+    /// A write is not applied now; its call waits out its deadline and
+    /// reports [`StoreError::Unknown`]; the write lands this long after the
+    /// call began, its condition (absent, at a revision) judged then — as
+    /// NATS has been seen to apply a write after reporting a timeout.
+    /// Other operations take it as [`Fault::Stall`].
+    LandLater(Duration),
 }
 
 type Clock = Arc<dyn Fn() -> StoreTime + Send + Sync>;
@@ -53,6 +59,8 @@ struct State {
     /// Every change, in revision order.
     log: Vec<Change>,
     faults: VecDeque<Fault>,
+    /// Faults for the next operation on a key with this exact name.
+    targeted: Vec<(String, Fault)>,
 }
 
 #[derive(Clone)]
@@ -77,6 +85,7 @@ impl Default for MemoryStore {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Expect {
     Absent,
     At(Token),
@@ -105,6 +114,21 @@ impl MemoryStore {
     /// operation).
     pub fn inject(&self, fault: Fault) {
         self.state().faults.push_back(fault);
+    }
+
+    /// Queues a fault for the next write (create, update, put, delete) on
+    /// `key` only, ahead of any fault queued with [`MemoryStore::inject`].
+    pub fn inject_on(&self, key: &str, fault: Fault) {
+        self.state().targeted.push((key.to_owned(), fault));
+    }
+
+    /// The fault for the next write on `key`, taken off its queue.
+    fn next_write_fault(&self, key: &str) -> Option<Fault> {
+        let mut st = self.state();
+        if let Some(i) = st.targeted.iter().position(|(k, _)| k == key) {
+            return Some(st.targeted.remove(i).1);
+        }
+        st.faults.pop_front()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -166,6 +190,32 @@ impl MemoryStore {
         Ok(self.token(revision))
     }
 
+    /// A write under the next queued fault, if any.
+    async fn write_op(
+        &self,
+        op: Op,
+        key: &str,
+        value: Option<&[u8]>,
+        expect: Expect,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        let fault = self.next_write_fault(key);
+        if let Some(Fault::LandLater(after)) = fault {
+            let store = self.clone();
+            let (k, v) = (key.to_owned(), value.map(<[u8]>::to_vec));
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = store.write(op, &k, v.as_deref(), expect);
+            });
+            tokio::time::sleep(timeout).await;
+            return Err(StoreError::timed_out(op, key, timeout));
+        }
+        self.run_with(fault, op, key, timeout, || {
+            self.write(op, key, value, expect)
+        })
+        .await
+    }
+
     /// Runs `f` under the next queued fault, if any.
     async fn run<T>(
         &self,
@@ -175,9 +225,22 @@ impl MemoryStore {
         f: impl FnOnce() -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let fault = self.state().faults.pop_front();
+        self.run_with(fault, op, key, timeout, f).await
+    }
+
+    /// Runs `f` under `fault`.
+    async fn run_with<T>(
+        &self,
+        fault: Option<Fault>,
+        op: Op,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         match fault {
             None => f(),
             Some(fault) => {
+                // LandLater reaches here only for reads: a stall.
                 if fault == Fault::ApplyThenStall {
                     let _ = f();
                 }
@@ -221,10 +284,8 @@ impl Store for MemoryStore {
         value: &[u8],
         timeout: Duration,
     ) -> Result<Token, StoreError> {
-        self.run(Op::Create, key, timeout, || {
-            self.write(Op::Create, key, Some(value), Expect::Absent)
-        })
-        .await
+        self.write_op(Op::Create, key, Some(value), Expect::Absent, timeout)
+            .await
     }
 
     async fn update(
@@ -234,17 +295,13 @@ impl Store for MemoryStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
-        self.run(Op::Update, key, timeout, || {
-            self.write(Op::Update, key, Some(value), Expect::At(expected))
-        })
-        .await
+        self.write_op(Op::Update, key, Some(value), Expect::At(expected), timeout)
+            .await
     }
 
     async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
-        self.run(Op::Put, key, timeout, || {
-            self.write(Op::Put, key, Some(value), Expect::Anything)
-        })
-        .await
+        self.write_op(Op::Put, key, Some(value), Expect::Anything, timeout)
+            .await
     }
 
     async fn delete(
@@ -253,11 +310,9 @@ impl Store for MemoryStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        self.run(Op::Delete, key, timeout, || {
-            self.write(Op::Delete, key, None, Expect::At(expected))
-                .map(drop)
-        })
-        .await
+        self.write_op(Op::Delete, key, None, Expect::At(expected), timeout)
+            .await
+            .map(drop)
     }
 
     async fn watch(

@@ -11,8 +11,14 @@
 //! - **Reads**: [`ReadMode::Leader`] asks the stream leader for the last
 //!   message of the key's subject (`STREAM.MSG.GET`); [`ReadMode::Any`] uses
 //!   direct get, which any replica may answer.
-//! - **Epoch**: the stream's creation time in nanoseconds, read at open and
-//!   re-read after every reconnect; a re-created bucket has a later one.
+//! - **Epoch**: the stream's creation time in nanoseconds; a re-created
+//!   bucket has a later one. A compare-and-swap (`update`, `delete`) reads
+//!   it from the stream leader (a stream-info request) right before it
+//!   publishes: a bucket re-created under a connected handle restarts its
+//!   revisions, and a token of the old bucket must be a conflict there,
+//!   never a hit on the new bucket's record at the same revision. Other
+//!   calls use the epoch cached at open, re-read after every reconnect and
+//!   every 5 s.
 //! - **Store time**: era 1, nanos = the message timestamp (the stream
 //!   leader's wall clock; it can jump at a leader change).
 //! - **Opening** refuses nats-server older than 2.11, creates the bucket if
@@ -408,11 +414,18 @@ impl NatsStore {
         .await
     }
 
-    /// Re-reads the epoch from the stream leader if a reconnect happened.
+    /// Re-reads the epoch if a reconnect happened or [`EPOCH_RECHECK`]
+    /// passed.
     async fn refresh_epoch(&self, op: Op, key: &str) -> Result<(), StoreError> {
         if !self.inner.epoch_stale.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
+        self.read_epoch(op, key).await.map(drop)
+    }
+
+    /// Reads the bucket's epoch from the stream leader (one stream-info
+    /// request) and caches it.
+    async fn read_epoch(&self, op: Op, key: &str) -> Result<u64, StoreError> {
         match self.inner.kv.stream.get_info().await {
             Ok(info) => {
                 let epoch = nanos!(info.created);
@@ -420,14 +433,14 @@ impl NatsStore {
                 if old != epoch {
                     tracing::warn!(bucket = %self.inner.bucket, old, new = epoch, "the NATS bucket was re-created: new epoch");
                 }
-                Ok(())
+                Ok(epoch)
             }
             Err(e) => {
                 self.inner.epoch_stale.store(true, Ordering::SeqCst);
                 Err(StoreError::unknown(
                     op,
                     key,
-                    format_args!("cannot re-read the bucket's epoch: {e}"),
+                    format_args!("cannot read the bucket's epoch: {e}"),
                 ))
             }
         }
@@ -475,6 +488,7 @@ impl NatsStore {
 
     /// Publishes to the key's subject; `expect` is the required last
     /// revision of the key (0 = none), `delete` writes a delete marker.
+    /// Returns the revision written.
     async fn publish(
         &self,
         op: Op,
@@ -482,7 +496,7 @@ impl NatsStore {
         value: &[u8],
         expect: Option<u64>,
         delete: bool,
-    ) -> Result<Token, StoreError> {
+    ) -> Result<u64, StoreError> {
         let subject = format!("{}{key}", self.inner.subject_prefix);
         let mut headers = HeaderMap::new();
         if let Some(rev) = expect {
@@ -502,7 +516,7 @@ impl NatsStore {
             .map_err(|e| publish_error(op, key, &e))?
             .await
             .map_err(|e| publish_error(op, key, &e))?;
-        Ok(self.token(ack.sequence))
+        Ok(ack.sequence)
     }
 
     async fn cas(
@@ -516,16 +530,21 @@ impl NatsStore {
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
         with_deadline(op, key, timeout, async {
-            self.refresh_epoch(op, key).await?;
-            if expected.epoch != self.epoch() {
+            // The epoch as the stream leader has it now, not as cached: a
+            // bucket re-created since restarted its revisions, and its
+            // record of this key may be at `expected.revision` too.
+            let epoch = self.read_epoch(op, key).await?;
+            if expected.epoch != epoch {
                 return Err(StoreError::conflict(op, key));
             }
             if expected.revision == 0 {
                 // Revision 0 would mean "must not exist": not a CAS on a record.
                 return Err(StoreError::conflict(op, key));
             }
-            self.publish(op, key, value, Some(expected.revision), delete)
-                .await
+            let revision = self
+                .publish(op, key, value, Some(expected.revision), delete)
+                .await?;
+            Ok(Token::new(epoch, revision))
         })
         .await
     }
@@ -623,14 +642,15 @@ impl Store for NatsStore {
             self.refresh_epoch(Op::Create, key).await?;
             match self.publish(Op::Create, key, value, Some(0), false).await {
                 Err(StoreError::Conflict { .. }) => {}
-                other => return other,
+                other => return other.map(|rev| self.token(rev)),
             }
             // The key exists, but may be only a delete marker: then create
             // means a compare-and-swap on the marker.
             match self.raw(key, ReadMode::Leader).await {
-                Ok(Raw::Deleted(rev)) => {
-                    self.publish(Op::Create, key, value, Some(rev), false).await
-                }
+                Ok(Raw::Deleted(rev)) => self
+                    .publish(Op::Create, key, value, Some(rev), false)
+                    .await
+                    .map(|rev| self.token(rev)),
                 // The first attempt was definitely not applied.
                 _ => Err(StoreError::conflict(Op::Create, key)),
             }
@@ -653,7 +673,9 @@ impl Store for NatsStore {
         validate_key(key)?;
         with_deadline(Op::Put, key, timeout, async {
             self.refresh_epoch(Op::Put, key).await?;
-            self.publish(Op::Put, key, value, None, false).await
+            self.publish(Op::Put, key, value, None, false)
+                .await
+                .map(|rev| self.token(rev))
         })
         .await
     }

@@ -23,7 +23,24 @@
 //!   watcher may see several quick changes of one key as its latest.
 //! - Every blocking call runs in [`tokio::task::spawn_blocking`]; a call
 //!   that outlives its deadline is reported unknown and may still commit.
+//! - **The file deleted or replaced under a handle**: SQLite keeps using the
+//!   file it opened even after its path names another file or none, so a
+//!   holder would go on renewing in a file nobody else sees while a new
+//!   file at the path hands the lock to someone else. Every call (and every
+//!   watch poll) therefore checks, after its SQL, that the database path
+//!   and its `-wal` and `-shm` still name the files the handle opened
+//!   (device and inode, three `stat`s, about 2 µs); if not, the call fails as
+//!   unknown ([`FileError::Replaced`]) and the holder stops when its licence
+//!   ends (H1). A handle never follows the new file: restart to use it.
+//! - **No new database next to another one's log**: SQLite names the
+//!   write-ahead log and the shared-memory index by path (`store.db-wal`,
+//!   `store.db-shm`). If `store.db` alone is deleted, a new `store.db` would
+//!   share them with the deleted file's open handles, which can corrupt
+//!   both. Opening refuses when the database is missing but either is
+//!   present ([`FileError::Leftovers`], a configuration error).
 
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +70,175 @@ struct Inner {
     epoch: u64,
     /// The connection for reads and writes; watches open their own.
     conn: Arc<Mutex<Connection>>,
+    /// The files the connection opened, checked around every call.
+    files: Arc<Files>,
+}
+
+/// Why the store's files are not (or no longer) the ones to use.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The path no longer names the file this handle opened: the file was
+    /// deleted, or another file took its name. Its writes would reach a
+    /// file no other process sees.
+    #[error(
+        "embedded store file {} was deleted or replaced while in use (the path now names {now}): \
+         this handle no longer sees the store that others use; restart to open the file now at the path",
+        path.display()
+    )]
+    Replaced {
+        /// The file (the database, or its `-wal` or `-shm`).
+        path: PathBuf,
+        /// What the path names now: `no file` or `another file`.
+        now: &'static str,
+    },
+    /// The database is missing but its write-ahead log or shared-memory
+    /// index is still there: a new database would share them with handles
+    /// of the deleted one.
+    #[error(
+        "embedded store {} is missing but {} remain: the database was deleted while in use, and a new \
+         one would share the old one's write-ahead log. Make sure no process uses the deleted store \
+         (a putex holding a lock there stops within its lease), then remove them",
+        path.display(),
+        leftovers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and ")
+    )]
+    Leftovers {
+        /// The database path.
+        path: PathBuf,
+        /// The `-wal` and `-shm` files found without it.
+        leftovers: Vec<PathBuf>,
+    },
+    /// A store file could not be examined.
+    #[error("embedded store file {}: cannot stat it: {source}", path.display())]
+    Stat {
+        /// The file.
+        path: PathBuf,
+        /// What `stat` said.
+        source: std::io::Error,
+    },
+}
+
+/// What a path names: (device, inode). While a connection keeps a file
+/// open its inode cannot be reused, so equal identities mean the same file.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+/// What `path` names now; `None` when nothing.
+fn file_id(path: &Path) -> Result<Option<FileId>, FileError> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(FileError::Stat {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// `path` with `suffix` appended: how SQLite names a database's `-wal` and
+/// `-shm`.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = OsString::from(path.as_os_str());
+    s.push(suffix);
+    s.into()
+}
+
+/// The files of an open store and the identity each had when it was
+/// opened: the database (by the path the user named) and its `-wal` and
+/// `-shm` (named, as SQLite names them, after the database's real path).
+/// SQLite removes a `-wal` or `-shm` only when the last connection to the
+/// database closes, so while a handle is open all three stay put unless
+/// something else deletes or replaces them.
+#[derive(Debug)]
+struct Files {
+    files: [(PathBuf, FileId); 3],
+    /// Set once the loss has been logged.
+    alarmed: std::sync::atomic::AtomicBool,
+}
+
+impl Files {
+    /// The files as they are now, right after the connection opened them.
+    fn capture(path: &Path) -> Result<Files, FileError> {
+        let real = std::fs::canonicalize(path).map_err(|source| FileError::Stat {
+            path: path.to_owned(),
+            source,
+        })?;
+        let one = |p: PathBuf| -> Result<(PathBuf, FileId), FileError> {
+            match file_id(&p)? {
+                Some(id) => Ok((p, id)),
+                None => Err(FileError::Replaced {
+                    path: p,
+                    now: "no file",
+                }),
+            }
+        };
+        Ok(Files {
+            files: [
+                one(path.to_owned())?,
+                one(with_suffix(&real, "-wal"))?,
+                one(with_suffix(&real, "-shm"))?,
+            ],
+            alarmed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Whether every path still names the file it named when opened.
+    fn verify(&self) -> Result<(), FileError> {
+        for (path, id) in &self.files {
+            let now = match file_id(path)? {
+                Some(now) if now == *id => continue,
+                Some(_) => "another file",
+                None => "no file",
+            };
+            return Err(FileError::Replaced {
+                path: path.clone(),
+                now,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Files::verify`] as the outcome of a call: unknown, since a write
+    /// may have landed in the file that is gone.
+    /// The first time, the loss is logged as an error: every later call
+    /// fails the same way, and the process needs a restart.
+    fn check(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        self.verify().map_err(|e| {
+            if !self
+                .alarmed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::error!(error = %e, "the embedded store's file is gone");
+            }
+            StoreError::unknown(op, key, e)
+        })
+    }
+}
+
+/// Refuses a missing database whose `-wal` or `-shm` is still there (see
+/// [`FileError::Leftovers`]). They are looked at first: a database is
+/// always created before them, so finding one and then no database means
+/// the database was deleted, not that it is still being created.
+fn refuse_leftovers(path: &Path) -> Result<(), FileError> {
+    let mut leftovers = Vec::new();
+    for suffix in ["-wal", "-shm"] {
+        let p = with_suffix(path, suffix);
+        if file_id(&p)?.is_some() {
+            leftovers.push(p);
+        }
+    }
+    if leftovers.is_empty() || file_id(path)?.is_some() {
+        return Ok(());
+    }
+    Err(FileError::Leftovers {
+        path: path.to_owned(),
+        leftovers,
+    })
 }
 
 enum Expect {
@@ -104,6 +290,8 @@ impl SqliteStore {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| cfg("cannot create its directory", &e))?;
         }
+        refuse_leftovers(&path).map_err(StoreError::config)?;
+        let before = file_id(&path).map_err(StoreError::config)?;
         let conn = Connection::open(&path).map_err(|e| cfg("cannot open", &e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| cfg("busy_timeout", &e))?;
@@ -163,11 +351,24 @@ impl SqliteStore {
             })
             .map_err(|e| cfg("cannot read the epoch", &e))?;
         tx.commit().map_err(|e| cfg("cannot initialise", &e))?;
+        // The connection has the database, its -wal and its -shm open now.
+        // A file that was there before must still be the one (else it was
+        // replaced while opening, and the connection may have the old one).
+        let key = path.display().to_string();
+        let files = Files::capture(&path).map_err(|e| StoreError::unknown(Op::Open, &key, e))?;
+        if before.is_some_and(|id| id != files.files[0].1) {
+            let e = FileError::Replaced {
+                path: path.clone(),
+                now: "another file",
+            };
+            return Err(StoreError::unknown(Op::Open, &key, e));
+        }
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 epoch: from_i64(epoch),
                 conn: Arc::new(Mutex::new(conn)),
+                files: Arc::new(files),
             }),
         })
     }
@@ -205,7 +406,8 @@ impl SqliteStore {
         .await
     }
 
-    /// Runs blocking work on the main connection, within the deadline.
+    /// Runs blocking work on the main connection, within the deadline,
+    /// checking after it that the files are still in place.
     async fn blocking<T: Send + 'static>(
         &self,
         op: Op,
@@ -213,7 +415,15 @@ impl SqliteStore {
         timeout: Duration,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        on_conn(self.inner.conn.clone(), op, key, timeout, f).await
+        let files = self.inner.files.clone();
+        on_conn(
+            self.inner.conn.clone(),
+            op,
+            key,
+            timeout,
+            checked(files, op, key, f),
+        )
+        .await
     }
 
     async fn write(
@@ -273,6 +483,27 @@ impl SqliteStore {
             Ok(Token::new(epoch, from_i64(revision)))
         })
         .await
+    }
+}
+
+/// `f`, then the check that the store's files are still the ones the
+/// handle opened. Once a path names another file (or none) it never names
+/// the handle's file again — the connection keeps that inode from being
+/// reused — so a check that passes after the SQL means the file was in
+/// place while it ran: a success is a success in the file everyone uses.
+/// Anything else, a conflict included, is unknown: it happened, if at all,
+/// in a file nobody else sees.
+fn checked<T>(
+    files: Arc<Files>,
+    op: Op,
+    key: &str,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+) -> impl FnOnce(&mut Connection) -> Result<T, StoreError> {
+    let key = key.to_owned();
+    move |conn| {
+        let result = f(conn);
+        files.check(op, &key)?;
+        result
     }
 }
 
@@ -475,9 +706,18 @@ impl Store for SqliteStore {
             .map_err(|e| StoreError::unknown(Op::Watch, &f, e))?
             .map_err(|e| sql_err(Op::Watch, &f, e))?,
         ));
-        let (first, last) = on_conn(conn.clone(), Op::Watch, filter, timeout, move |conn| {
-            rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
-        })
+        // The checks after each query also make sure that the connection
+        // opened the handle's file, not one that took its name since.
+        let files = self.inner.files.clone();
+        let (first, last) = on_conn(
+            conn.clone(),
+            Op::Watch,
+            filter,
+            timeout,
+            checked(files.clone(), Op::Watch, filter, move |conn| {
+                rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+            }),
+        )
         .await?;
         let epoch = self.inner.epoch;
         let state = (
@@ -487,50 +727,93 @@ impl Store for SqliteStore {
             last,
             false,
         );
-        let stream = futures::stream::unfold(state, move |state| async move {
-            let (conn, filter, mut queue, mut last, failed): (
-                Arc<Mutex<Connection>>,
-                String,
-                std::collections::VecDeque<Row>,
-                u64,
-                bool,
-            ) = state;
-            if failed {
-                return None;
-            }
-            loop {
-                if let Some((key, value, revision, time)) = queue.pop_front() {
-                    let ev = WatchEvent {
-                        key,
-                        entry: value.map(|value| Entry {
-                            value,
-                            token: Token::new(epoch, revision),
-                            time,
-                        }),
-                        revision,
-                        time,
-                    };
-                    return Some((Ok(ev), (conn, filter, queue, last, false)));
+        let stream = futures::stream::unfold(state, move |state| {
+            let files = files.clone();
+            async move {
+                let (conn, filter, mut queue, mut last, failed): (
+                    Arc<Mutex<Connection>>,
+                    String,
+                    std::collections::VecDeque<Row>,
+                    u64,
+                    bool,
+                ) = state;
+                if failed {
+                    return None;
                 }
-                tokio::time::sleep(WATCH_POLL).await;
-                let f = filter.clone();
-                let polled = on_conn(
-                    conn.clone(),
-                    Op::Watch,
-                    &filter,
-                    BUSY_TIMEOUT * 2,
-                    move |c| rows_since(c, last, &f).map_err(|e| sql_err(Op::Watch, &f, e)),
-                )
-                .await;
-                match polled {
-                    Ok((rows, upto)) => {
-                        last = upto;
-                        queue.extend(rows);
+                loop {
+                    if let Some((key, value, revision, time)) = queue.pop_front() {
+                        let ev = WatchEvent {
+                            key,
+                            entry: value.map(|value| Entry {
+                                value,
+                                token: Token::new(epoch, revision),
+                                time,
+                            }),
+                            revision,
+                            time,
+                        };
+                        return Some((Ok(ev), (conn, filter, queue, last, false)));
                     }
-                    Err(e) => return Some((Err(e), (conn, filter, queue, last, true))),
+                    tokio::time::sleep(WATCH_POLL).await;
+                    let f = filter.clone();
+                    let polled = on_conn(
+                        conn.clone(),
+                        Op::Watch,
+                        &filter,
+                        BUSY_TIMEOUT * 2,
+                        checked(files.clone(), Op::Watch, &filter, move |c| {
+                            rows_since(c, last, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+                        }),
+                    )
+                    .await;
+                    match polled {
+                        Ok((rows, upto)) => {
+                            last = upto;
+                            queue.extend(rows);
+                        }
+                        Err(e) => return Some((Err(e), (conn, filter, queue, last, true))),
+                    }
                 }
             }
         });
         Ok(Box::pin(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(5);
+
+    /// SQLite names the -wal and -shm after the database's real path: a
+    /// store opened through a symbolic link checks the files beside the
+    /// target, and a file renamed over the path is another file.
+    #[tokio::test]
+    async fn files_through_a_symlink_and_a_file_renamed_over_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.db");
+        let link = dir.path().join("store.db");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let s = SqliteStore::open(link.clone()).await.unwrap();
+        let t = s.create("lock.pg", b"x", T).await.unwrap();
+        assert!(with_suffix(&real, "-wal").exists());
+        assert!(!with_suffix(&link, "-wal").exists());
+        let files = &s.inner.files.files;
+        assert_eq!(files[0].0, link);
+        assert_eq!(files[1].0, with_suffix(&real, "-wal"));
+
+        let other = SqliteStore::open(dir.path().join("other.db"))
+            .await
+            .unwrap();
+        drop(other);
+        std::fs::rename(dir.path().join("other.db"), &real).unwrap();
+        match s.update("lock.pg", b"y", t, T).await {
+            Err(StoreError::Unknown { reason, .. }) => assert!(
+                reason.contains(&link.display().to_string()) && reason.contains("another file"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -241,6 +241,7 @@ async fn serve(store: &AnyStore) -> (std::net::SocketAddr, tokio::sync::oneshot:
             max_lifetime: Duration::from_secs(2),
             max_wait: Duration::from_secs(1),
             acquire_lease: Duration::from_millis(200),
+            grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
         },
     );
     let options = HttpOptions {
@@ -317,7 +318,7 @@ fn r50_a_grant_that_ends_after_the_year_9999_is_shown() {
         put(
             "lock.L",
             json!({"v": 1, "node": "gw", "machine": "m", "instance": "U1", "state": "active",
-                   "write": "w1", "lease_ms": 60_000, "gap_ms": 0}),
+                   "write": "U1-grant", "lease_ms": 60_000, "gap_ms": 0}),
         )
         .await;
         put(

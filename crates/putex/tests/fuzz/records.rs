@@ -22,7 +22,7 @@ use putex::gateway::{Gateway, GatewayOptions, GrantRecord};
 use putex::history::{self, StaleEvidence, TransitionRecord};
 use putex::idpool::{self, Claimant, IdRange, NameRecord, NameState};
 use putex::queue::TicketRecord;
-use putex::section::{self, OnceRecord, SemaphoreRecord};
+use putex::section::{self, OnceRecord, OnceState, SemaphoreRecord};
 use putex::store::{AnyStore, Store, StoreUrl};
 use serde_json::json;
 
@@ -181,15 +181,26 @@ fn semaphore() -> impl Strategy<Value = SemaphoreRecord> + Clone {
 }
 
 fn once() -> impl Strategy<Value = OnceRecord> + Clone {
-    (prop_oneof![Just("p1".to_owned()), text()], text(), token()).prop_map(
-        |(period, node, token)| OnceRecord {
+    (
+        prop_oneof![Just("p1".to_owned()), text()],
+        text(),
+        token(),
+        any::<bool>(),
+        proptest::option::of(text()),
+    )
+        .prop_map(|(period, node, token, done, write)| OnceRecord {
             v: 1,
             period,
             node,
             token,
             at: "2026-01-01T00:00:00Z".into(),
-        },
-    )
+            state: if done {
+                OnceState::Done
+            } else {
+                OnceState::Started
+            },
+            write,
+        })
 }
 
 fn grant() -> impl Strategy<Value = GrantRecord> + Clone {
@@ -199,15 +210,17 @@ fn grant() -> impl Strategy<Value = GrantRecord> + Clone {
         millis(),
         prop_oneof![3 => 0u64..2_000_000_000_000_000_000, 1 => any::<u64>()],
         token(),
+        millis(),
     )
         .prop_map(
-            |(title, wait_ms, lifetime_ms, since_ns, token)| GrantRecord {
+            |(title, wait_ms, lifetime_ms, since_ns, token, deadline_ms)| GrantRecord {
                 v: 1,
                 title,
                 wait_ms,
                 lifetime_ms,
                 since_ns,
                 token,
+                deadline_ms,
             },
         )
 }
@@ -325,6 +338,7 @@ fn gateway(store: &AnyStore) -> Gateway {
             max_lifetime: Duration::from_secs(60),
             max_wait: Duration::from_secs(1),
             acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+            grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
         },
     )
 }
@@ -376,7 +390,13 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
 
     // putex lock: the semaphore's limit and once-per.
     for limit in [1, 2, 3] {
-        match bounded("targets", section::targets(&store, NAME, limit, t)).await {
+        match bounded("targets", section::targets(
+                &store,
+                NAME,
+                limit,
+                t,
+                tokio::time::Instant::now() + t,
+            )).await {
             Ok(keys) => prop_assert_eq!(keys.len(), limit as usize),
             Err(section::SectionError::Usage(_)) => {}
             Err(e) => prop_assert!(false, "targets: {e}"),

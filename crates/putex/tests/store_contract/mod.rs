@@ -293,19 +293,36 @@ async fn contract(handles: &[AnyStore]) {
     concurrent_cas(handles).await;
 }
 
+/// Which write [`unknown_then_landed`] leaves unanswered.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Landing {
+    /// A compare-and-swap: the renewal H4 is about.
+    Cas,
+    /// An unconditional put, for NATS: a compare-and-swap there first reads
+    /// the bucket's epoch from the stream leader, so a server that stalls
+    /// before that answer is never sent the write at all (see
+    /// [`store_unknown_nats_sigstop`]).
+    Put,
+}
+
 /// A write reported Unknown that landed is found by its write id with a
 /// leader read. `stall` makes the store unresponsive and returns a closure
 /// that makes it responsive again.
-async fn unknown_then_landed<F: FnOnce()>(s: &AnyStore, stall: impl FnOnce() -> F) {
+async fn unknown_then_landed<F: FnOnce()>(
+    s: &AnyStore,
+    landing: Landing,
+    stall: impl FnOnce() -> F,
+) {
     let k = "lock.unknown";
     let t = s.create(k, &json("w-0"), T).await.unwrap();
     let unstall = stall();
     let started = Instant::now();
     let short = Duration::from_millis(300);
-    let e = s
-        .update(k, &json("w-unknown-1"), t, short)
-        .await
-        .unwrap_err();
+    let e = match landing {
+        Landing::Cas => s.update(k, &json("w-unknown-1"), t, short).await,
+        Landing::Put => s.put(k, &json("w-unknown-1"), short).await,
+    }
+    .unwrap_err();
     assert!(
         e.is_unknown(),
         "a timeout must be unknown, never a conflict: {e}"
@@ -515,7 +532,7 @@ async fn store_contract_nats_cluster_r3() {
 async fn store_unknown_memory_fault() {
     let m = MemoryStore::new();
     let s = AnyStore::from(m.clone());
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Cas, || {
         m.inject(putex::store::memory::Fault::ApplyThenStall);
         || {}
     })
@@ -558,7 +575,7 @@ async fn store_unknown_sqlite_locked() {
         release_rx.recv().unwrap();
         t.rollback().unwrap();
     });
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Cas, || {
         go_tx.send(()).unwrap();
         locked_rx.recv().unwrap();
         move || {
@@ -569,18 +586,37 @@ async fn store_unknown_sqlite_locked() {
     .await;
 }
 
-/// A frozen nats-server (SIGSTOP): the update is unknown within its
-/// deadline; after SIGCONT the leader read finds it by its write id.
+/// A frozen nats-server (SIGSTOP): a write is unknown within its deadline;
+/// after SIGCONT the leader read finds it by its write id. A
+/// compare-and-swap frozen at its epoch read is unknown and never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_unknown_nats_sigstop() {
     let server = NatsServer::start();
     let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
     let server = &server;
-    unknown_then_landed(&s, || {
+    unknown_then_landed(&s, Landing::Put, || {
         server.pause();
         move || server.resume()
     })
     .await;
+    // A compare-and-swap stalled at its epoch read is unknown too; it was
+    // never sent, so nothing lands after the server wakes up.
+    let k = "lock.unknown";
+    let before = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
+    server.pause();
+    let e = s
+        .update(
+            k,
+            &json("w-never"),
+            before.token,
+            Duration::from_millis(300),
+        )
+        .await;
+    server.resume();
+    assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
+    assert_eq!(after, before);
     // A read during a stall is unknown too, never "absent".
     server.pause();
     let e = s
@@ -612,6 +648,67 @@ async fn store_nats_recreated_bucket_has_a_later_epoch() {
     assert!(t2 > t, "but tokens compare higher");
     let e = s2.update("lock.e", b"z", t, T).await.unwrap_err();
     assert!(e.is_conflict(), "{e}");
+}
+
+/// The bucket re-created under a connected handle, and the key written in
+/// the new bucket up to the very revision an old token names: a
+/// compare-and-swap with the old token conflicts at once — the handle does
+/// not wait for its periodic epoch check (every 5 s) to learn of the new
+/// bucket — and the new bucket's record is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
+    let server = NatsServer::start();
+    let url = StoreUrl::parse(&server.url).unwrap();
+    let old = open_retrying(&url).await;
+    let AnyStore::Nats(n) = &old else {
+        unreachable!()
+    };
+    let t = old.create("lock.e", b"old holder", T).await.unwrap();
+    let t = old.update("lock.e", b"old holder", t, T).await.unwrap();
+    let js = async_nats::jetstream::new(n.client().clone());
+    js.delete_key_value("putex").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Another host re-creates the bucket and writes the key up to the
+    // revision of the old token.
+    let new = open_retrying(&url).await;
+    assert!(new.epoch() > old.epoch());
+    let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
+    while t2.revision < t.revision {
+        t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+    }
+    assert_eq!(
+        t2.revision, t.revision,
+        "the same revision in the new bucket"
+    );
+
+    let started = Instant::now();
+    let e = old.update("lock.e", b"stale", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "update with the old epoch's token: {e}");
+    let e = old.delete("lock.e", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete with the old epoch's token: {e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "not at once: {:?}",
+        started.elapsed()
+    );
+    let e = new
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
+    // The old handle knows the new bucket now: its reads carry the new
+    // epoch, and a compare-and-swap on what it reads succeeds.
+    assert_eq!(old.epoch(), new.epoch());
+    let seen = old
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.token, t2);
+    old.update("lock.e", b"taken over", seen.token, T)
+        .await
+        .unwrap();
 }
 
 /// Keys names on the wire: the layout DESIGN §3 and docs/stores.md describe.
@@ -782,4 +879,135 @@ async fn store_sqlite_many_processes() {
         String::from_utf8(e.value).unwrap(),
         (PROCS * INCREMENTS).to_string()
     );
+}
+
+/// `r` failed as unknown (the holder stops by H1), saying that `file` was
+/// deleted or replaced.
+fn assert_replaced<V: std::fmt::Debug>(
+    r: Result<V, StoreError>,
+    file: &std::path::Path,
+    ctx: &str,
+) {
+    match r {
+        Err(e @ StoreError::Unknown { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("deleted or replaced") && msg.contains(&file.display().to_string()),
+                "{ctx}: {msg}"
+            );
+        }
+        other => panic!(
+            "{ctx}: expected an unknown outcome naming {}, got {other:?}",
+            file.display()
+        ),
+    }
+}
+
+fn sidecar(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    s.into()
+}
+
+/// The SQLite file deleted (with its -wal and -shm) under an open handle,
+/// then a new file created at the same path: every call of the old handle,
+/// and its watch, fails as unknown naming the file — it never goes on
+/// renewing a lock in a file nobody else sees — and nothing it does
+/// reaches the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_file_deleted_under_a_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let old = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    let t = old.create("lock.pg", b"old holder", T).await.unwrap();
+    let mut w = old.watch("lock.", None, T).await.unwrap();
+    assert_eq!(next_event(&mut w).await.unwrap().revision, t.revision);
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(sidecar(&path, suffix)).unwrap();
+    }
+    // No file at the path.
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update, no file",
+    );
+    assert_replaced(
+        old.get("lock.pg", ReadMode::Leader, T).await,
+        &path,
+        "get, no file",
+    );
+
+    // A new file at the path is a new store: a later epoch, and revisions
+    // that start again (the old token's revision is handed out again).
+    let new = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    assert!(new.epoch() > old.epoch());
+    let t2 = new.create("lock.pg", b"new holder", T).await.unwrap();
+    assert_eq!(t2.revision, t.revision);
+
+    // The old handle reaches neither file.
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update",
+    );
+    assert_replaced(old.get("lock.pg", ReadMode::Any, T).await, &path, "get");
+    assert_replaced(old.create("lock.other", b"x", T).await, &path, "create");
+    assert_replaced(old.put("probe.x", b"x", T).await, &path, "put");
+    assert_replaced(old.delete("lock.pg", t, T).await, &path, "delete");
+    assert_replaced(
+        old.watch("lock.", None, T).await.map(drop),
+        &path,
+        "new watch",
+    );
+    // Its running watch ends with the same error instead of following
+    // either file.
+    match tokio::time::timeout(T, w.next()).await {
+        Ok(Some(r)) => assert_replaced(r, &path, "running watch"),
+        other => panic!("the old handle's watch went on: {other:?}"),
+    }
+    let e = new
+        .get("lock.pg", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
+}
+
+/// Only the SQLite database file deleted, its -wal and -shm left behind:
+/// the open handle fails as unknown, and a new handle refuses to open — a
+/// new database next to them would share the deleted database's
+/// write-ahead log and shared-memory index with its open handles, which can
+/// corrupt both. Once they are removed, a fresh store opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_database_deleted_but_its_wal_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let old = AnyStore::from(SqliteStore::open(path.clone()).await.unwrap());
+    let t = old.create("lock.pg", b"old holder", T).await.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_replaced(old.get("lock.pg", ReadMode::Leader, T).await, &path, "get");
+    assert_replaced(
+        old.update("lock.pg", b"renewal", t, T).await,
+        &path,
+        "update",
+    );
+    let refused = |r: Result<SqliteStore, StoreError>, ctx: &str| match r {
+        Err(StoreError::Config { reason }) => assert!(
+            reason.contains(&sidecar(&path, "-wal").display().to_string())
+                && reason.contains("remove"),
+            "{ctx}: {reason}"
+        ),
+        other => panic!("{ctx}: a new database next to the old -wal: {other:?}"),
+    };
+    refused(SqliteStore::open(path.clone()).await, "open");
+    // Closing the old handle leaves them: SQLite neither checkpoints nor
+    // removes the log of a database that was unlinked.
+    drop(old);
+    refused(SqliteStore::open(path.clone()).await, "open after close");
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(sidecar(&path, suffix)).unwrap();
+    }
+    let fresh = SqliteStore::open(path.clone()).await.unwrap();
+    assert!(fresh.epoch() > t.epoch);
+    fresh.create("lock.pg", b"new holder", T).await.unwrap();
 }
