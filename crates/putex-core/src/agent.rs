@@ -20,7 +20,7 @@
 //!
 //! # Where each rule lives
 //!
-//! - H1 licence: [`Lease::licence_end`] is the *send* time of the last
+//! - H1 licence: `Lease::licence_end` is the *send* time of the last
 //!   successful write plus T; `expire_licence` ends it.
 //! - H2 healthy renewals: `start_round` and `on_health`.
 //! - H3/H4 conflicts and unknown outcomes: `on_verify` and `adopt`.
