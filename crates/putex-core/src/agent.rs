@@ -20,7 +20,7 @@
 //!
 //! # Where each rule lives
 //!
-//! - H1 licence: [`Lease::licence_end`] is the *send* time of the last
+//! - H1 licence: `Lease::licence_end` is the *send* time of the last
 //!   successful write plus T; `expire_licence` ends it.
 //! - H2 healthy renewals: `start_round` and `on_health`.
 //! - H3/H4 conflicts and unknown outcomes: `on_verify` and `adopt`.
@@ -588,6 +588,11 @@ struct Seen {
     first_seen: Instant,
     /// Seen as absent-like: absent, regressed (S6) or a new epoch.
     absent_like: bool,
+    /// When a leader read last showed this very record (revision and
+    /// contents). A stale takeover needs one after the store-clock witness:
+    /// a replica's old view of a revision the store has since lost and
+    /// reused would make the CAS displace a record never judged (S1, S6).
+    leader_at: Option<Instant>,
 }
 
 /// A write whose outcome is unknown (H4).
@@ -1111,9 +1116,21 @@ impl Agent {
         }
     }
 
+    /// An entry seen by watch or read, in any role: the highest token, and
+    /// the store's present as far as it is trusted (S6). A holder's view
+    /// counts too: a record it saw while holding or stepping down that the
+    /// store later loses must make the rolled-back record it shows then
+    /// suspect, never a clean `released` to take at once.
     fn note_entry(&mut self, entry: Option<&Entry>) {
         if let Some(e) = entry {
             self.note_token(e.token);
+            if self
+                .trusted
+                .is_none_or(|t| t.epoch == e.token.epoch && t < e.token)
+                && !self.mutations.is(Rule::HolderViewUntrusted)
+            {
+                self.trusted = Some(e.token);
+            }
         }
     }
 
@@ -2010,6 +2027,7 @@ impl Agent {
                     ))),
                     first_seen: self.now,
                     absent_like: false,
+                    leader_at: None,
                 })
             }
             _ => None,
@@ -2211,9 +2229,14 @@ impl Agent {
                 observed,
                 first_seen: self.now,
                 absent_like,
+                leader_at: leader.then_some(self.now),
             });
             self.probe = None;
             self.probe_op = None;
+        } else if leader {
+            if let Some(s) = self.seen.as_mut() {
+                s.leader_at = Some(self.now);
+            }
         }
     }
 
@@ -2447,6 +2470,18 @@ impl Agent {
             return;
         }
         match self.probe_verdict(&seen, w) {
+            ProbeVerdict::Stale
+                if !self.mutations.is(Rule::StaleTakeoverUnconfirmed)
+                    && self
+                        .probe
+                        .is_some_and(|p| seen.leader_at.is_none_or(|t| t < p.at)) =>
+            {
+                // The record as the leader has it now, after the witness:
+                // the same revision with other contents restarts S1 (a).
+                if self.lock_op.is_none() {
+                    self.send_lock(LockOp::LeaderPoll, self.deadline());
+                }
+            }
             ProbeVerdict::Stale => {
                 let owed_gap = gap_of(&self.timing, &seen.observed);
                 let unchanged_for = self.now.saturating_since(seen.first_seen);

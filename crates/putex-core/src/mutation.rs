@@ -39,11 +39,18 @@ pub enum Rule {
     TimingGapDropped = 1 << 12,
     /// Inside `Timing::lease_against`: T' = own T, the advertised T ignored.
     TimingIgnoresAdvertisedLease = 1 << 13,
+    /// S6 broken: what an agent saw while holding or stepping down does
+    /// not raise the store's trusted present, so a rollback below it looks
+    /// like a clean record to the agent once it is a standby again.
+    HolderViewUntrusted = 1 << 14,
+    /// S1/S6 broken: a stale takeover trusts the view it judged (possibly a
+    /// replica's) without a leader read after the store-clock witness.
+    StaleTakeoverUnconfirmed = 1 << 15,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 14] = [
+    pub const ALL: [Rule; 16] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -58,6 +65,8 @@ impl Rule {
         Rule::TimingWaitWithoutDrift,
         Rule::TimingGapDropped,
         Rule::TimingIgnoresAdvertisedLease,
+        Rule::HolderViewUntrusted,
+        Rule::StaleTakeoverUnconfirmed,
     ];
 }
 

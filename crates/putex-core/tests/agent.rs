@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use putex_core::mutation::{Mutations, Rule};
 use putex_core::{
     Agent, AgentConfig, Entry, HealthMode, Identity, Input, KeeperCommand, LockRecord, LockState,
     Observed, OpId, Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing,
@@ -40,6 +41,11 @@ impl Harness {
 
     /// An agent whose host's stops are (or are not) proven by a supervisor.
     fn with_stops(node: &str, supervised_stops: bool) -> Harness {
+        Harness::with_config(node, supervised_stops, Mutations::NONE)
+    }
+
+    /// An agent with one or more safety rules switched off (mutation proofs).
+    fn with_config(node: &str, supervised_stops: bool, mutations: Mutations) -> Harness {
         let config = AgentConfig {
             identity: Identity {
                 node: node.into(),
@@ -50,7 +56,7 @@ impl Harness {
             previous: None,
             highest_token: None,
             supervised_stops,
-            mutations: Default::default(),
+            mutations,
         };
         let mut h = Harness {
             agent: Agent::new(config, at(100.0)),
@@ -331,6 +337,10 @@ fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
         },
     };
     h.reply(id, StoreOutcome::Read(Some(probe)));
+    // The record as the leader has it after the witness: still the same.
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Read(Some(held.clone())));
     let (id, op) = h.store();
     let StoreOp::Update { expected, .. } = op else {
         panic!("{op:?}")
@@ -998,6 +1008,64 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         "released over the revoked record"
     );
     h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+}
+
+/// S6: a record a holder saw above its own (here the taker's, by watch)
+/// is part of what the store has shown. When a rollback later shows the
+/// node, now a standby, an older `released` record between the two, it is
+/// a regression to be judged by the leader and waited out as absent —
+/// never a clean release to take at once (found by the deep sweep, seed
+/// chaos:164586). With the rule switched off, the node takes it at once.
+#[test]
+fn s6_a_record_seen_while_holding_makes_a_rolled_back_release_suspect() {
+    for switched_off in [false, true] {
+        let mutations = if switched_off {
+            Mutations::only(Rule::HolderViewUntrusted)
+        } else {
+            Mutations::NONE
+        };
+        let mut h = holding_with(Harness::with_config("a", true, mutations));
+        // Another node's record at 1:10 (above our 1:8): the lock is lost.
+        let theirs = entry(&holder(LockState::Active, 10_000), 10, 60.0);
+        h.input(Input::Watch(Some(theirs.clone())));
+        let (id, op) = h.store();
+        assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+        h.reply(id, StoreOutcome::Read(Some(theirs)));
+        assert_eq!(h.agent.role(), Role::Lapsed);
+        h.answer_stop(StopKind::Emergency, true);
+        assert_eq!(h.agent.role(), Role::Standby);
+        h.out.clear();
+        // The store rolls back to 1:9, a release between the two.
+        h.input(Input::Watch(Some(entry(
+            &holder(LockState::Released, 10_000),
+            9,
+            61.0,
+        ))));
+        // A standby takes nothing before a healthy check.
+        let t = h.now + 1.1;
+        h.advance_to(t);
+        h.health(true);
+        let rolled_back = entry(&holder(LockState::Released, 10_000), 9, 61.0);
+        let op = loop {
+            match h.store() {
+                (id, StoreOp::Get { leader: false, .. }) => {
+                    h.reply(id, StoreOutcome::Read(Some(rolled_back.clone())))
+                }
+                (_, op) => break op,
+            }
+        };
+        if switched_off {
+            assert!(
+                matches!(op, StoreOp::Update { .. }),
+                "switched off, the release is taken at once: {op:?}"
+            );
+        } else {
+            assert!(
+                matches!(op, StoreOp::Get { leader: true, .. }),
+                "a record below what we saw is asked of the leader first: {op:?}"
+            );
+        }
+    }
 }
 
 /// A program that is its own service (a library lease, an HTTP client)

@@ -3,8 +3,8 @@
 //!
 //! An HTTP client asks for a lock on a resource with a `lifetime`; it then
 //! holds it that long **without renewing** (RDLM's contract). The gateway
-//! acquires it by the agent's rules — the core [`Agent`](putex_core::Agent)
-//! through the [`driver`](crate::driver), with T = lifetime, so the record
+//! acquires it by the agent's rules — the core [`Agent`]
+//! through the [`driver`], with T = lifetime, so the record
 //! advertises the client's lifetime to every taker — and, once the lock is
 //! granted, writes nothing more: a gateway that dies does not shorten
 //! anyone's lock, and no gateway needs to survive for the lock to expire.

@@ -3,7 +3,7 @@
 //! One set per process ([`global`]): the driver records every store call's
 //! latency and its own progress; the agent's host records roles,
 //! transitions, health checks, hook durations, stops and the keeper's
-//! deadline. [`encode`] renders them with the gauges that are computed at
+//! deadline. [`Metrics::encode`] renders them with the gauges that are computed at
 //! scrape time (licence left, last renewal age).
 //!
 //! | series | type | what |

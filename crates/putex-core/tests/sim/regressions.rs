@@ -133,3 +133,47 @@ regression!(
     Profile::Skewed,
     6159
 );
+// Found by the million-seed sweep (session 5, 5 of the first 242,836
+// chaos seeds). A node stepping down saw the next holder's record (1:325)
+// by watch, but a holder's view did not raise the store's trusted present;
+// a rollback then showed the node its own older `released` (1:324), which
+// it took at once (S3) while the rolled-back holder's service still ran.
+// Fixed: every record seen, in any role, raises the trusted present (S6),
+// so the rolled-back record is suspect and owes the absent wait.
+regression!(
+    r15_what_a_holder_saw_counts_after_a_rollback,
+    Profile::Chaos,
+    164586
+);
+regression!(
+    r16_what_a_holder_saw_counts_after_a_rollback_too,
+    Profile::Chaos,
+    191278
+);
+// Same sweep. A standby whose replica view was stuck (stale reads) judged
+// revision 1:104 stale; a rollback had meanwhile handed 1:104 to another
+// node's fresh record, and the takeover CAS on "1:104" displaced a record
+// the standby never saw, activating after G' instead of W + G'. Fixed: a
+// stale takeover first reads the record from the leader after the
+// store-clock witness; the same revision with other contents restarts the
+// wait (S1 a). `mutation_stale_takeover_unconfirmed_is_caught` replays
+// this seed with the read switched off.
+regression!(
+    r17_a_stale_takeover_reads_the_leader_first,
+    Profile::Chaos,
+    242835
+);
+regression!(
+    r18_a_stale_takeover_reads_the_leader_first_too,
+    Profile::Chaos,
+    131456
+);
+// Same sweep: an acquisition whose outcome was unknown landed on a revision
+// a rollback had reused, over a record the node never saw (it then waited
+// the absent wait from the adoption, which check (d) does not accept for
+// an unseen record). With (v) the run takes another course and is clean.
+regression!(
+    r19_an_adopted_acquisition_over_a_reused_revision,
+    Profile::Chaos,
+    162778
+);
