@@ -390,13 +390,12 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
 
     // putex lock: the semaphore's limit and once-per.
     for limit in [1, 2, 3] {
-        match bounded("targets", section::targets(
-                &store,
-                NAME,
-                limit,
-                t,
-                tokio::time::Instant::now() + t,
-            )).await {
+        match bounded(
+            "targets",
+            section::targets(&store, NAME, limit, t, tokio::time::Instant::now() + t),
+        )
+        .await
+        {
             Ok(keys) => prop_assert_eq!(keys.len(), limit as usize),
             Err(section::SectionError::Usage(_)) => {}
             Err(e) => prop_assert!(false, "targets: {e}"),
