@@ -443,8 +443,19 @@ async fn supervision_keeper_killed_without_cgroup_the_agent_still_kills_the_whol
         wait_for(|| all_running(&args), Duration::from_secs(3)).await,
         "the tree lives on without its keeper"
     );
-    let orphan = proc_table().into_iter().find(|e| e.pid == daemon).unwrap();
-    assert_ne!(orphan.ppid, keeper, "re-parented away from the dead keeper");
+    // The socket closes before the kernel re-parents the keeper's children
+    // (files are closed before exit_notify), so wait for the re-parenting.
+    assert!(
+        wait_for(
+            || proc_table()
+                .into_iter()
+                .find(|e| e.pid == daemon)
+                .is_some_and(|e| e.ppid != keeper),
+            Duration::from_secs(3)
+        )
+        .await,
+        "re-parented away from the dead keeper"
+    );
     assert!(
         client
             .stop_tree_without_keeper(Duration::from_millis(2000))
