@@ -1983,9 +1983,14 @@ impl Agent {
         // Anything else outstanding is abandoned: if a write of ours lands
         // anyway, the release conflicts and the lock goes stale the slow,
         // safe way (H6).
+        let until = lease.licence_end;
         self.lock_op = None;
         let write = self.write_id();
-        self.send_lock(LockOp::Release { write }, self.deadline());
+        // The stop is behind us and nothing else is left to do: the release
+        // may take until the licence ends (a busy store answers a write
+        // after the usual store timeout more often than not), and every
+        // waiter gains from it landing instead of waiting W + G'.
+        self.send_lock(LockOp::Release { write }, until);
     }
 
     fn on_release_outcome(&mut self, write: &str, outcome: StoreOutcome) {

@@ -937,6 +937,24 @@ fn release_request_gives_the_lock_back_and_takes_it_again_in_one_write() {
 }
 
 #[test]
+fn the_release_may_take_until_the_licence_ends() {
+    // After a proven stop nothing is left but the release: a busy store
+    // that answers after the usual store timeout still frees the lock for
+    // the waiters at once, instead of leaving them W + G'.
+    let mut h = holding();
+    let licence_end = h.agent.licence_end().expect("holding");
+    h.input(Input::Release);
+    h.answer_stop(StopKind::Graceful, true);
+    let Output::Store(r) = h.take(|o| matches!(o, Output::Store(_))) else {
+        unreachable!()
+    };
+    assert!(matches!(r.op, StoreOp::Update { .. }), "{:?}", r.op);
+    assert_eq!(r.deadline, licence_end);
+    h.reply(r.id, StoreOutcome::Written(Token::new(1, 9)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
 fn after_an_ordinary_step_down_health_is_proven_again_and_the_old_view_is_forgotten() {
     // A child that exited (or any step-down but a release request) must
     // pass a standby check again before the node re-acquires, and the

@@ -626,6 +626,17 @@ fn disagreeing_limits_never_overlap_on_nats() {
 /// freezes its own putex (SIGSTOP) and exits 0, so no renewal or record
 /// follows, the keeper's deadline passes and a second host takes over.
 /// Returns who ran, and the second host's stderr.
+/// Resumes and kills a process that a test froze, when the test ends.
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        let pid = Pid::from_raw(self.0 as i32);
+        let _ = kill(pid, Signal::SIGCONT);
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+}
+
 fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     let name = format!("once-{mode}");
     let args = ["--once-per", "24h", "--once-mode", mode];
@@ -636,6 +647,8 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     );
     first.env("PUTEX_NODE", "first");
     let mut first = first.spawn().unwrap();
+    // Whatever happens below, the frozen host does not outlive the test.
+    let _thaw = Thaw(first.id());
     std::fs::write(env.path("first.pid"), first.id().to_string()).unwrap();
     env.wait_for_lines("runs", 1, Duration::from_secs(15));
     let mut second = env.lock(
@@ -660,7 +673,11 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
 
 #[test]
 fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
-    let env = Env::sqlite();
+    // On NATS: a process frozen inside an SQLite write transaction would
+    // hold the file's write lock, and the second host could not even open
+    // the store (docs/stores.md, "a frozen writer blocks everyone").
+    let server = NatsServer::start();
+    let env = Env::nats(&server);
     let (runs, stderr) = once_lost_before_the_record(&env, "at-most");
     assert_eq!(runs, ["first"], "{stderr}");
     assert!(stderr.contains("already ran in period"), "{stderr}");
