@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use putex::process::pids_matching;
+use putex::supervision::process::pids_matching;
 
 /// Sends `sig` to `pid`, ignoring a process that is gone.
 pub fn signal(pid: i32, sig: Signal) {

@@ -59,8 +59,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use putex::core::{TimingConfig, Token};
-use putex::lease::{self, Lease, LeaseOptions, Lock};
-use putex::queue::{Ticket, Waiter};
+use putex::locks::lease::{self, Lease, LeaseOptions, Lock};
+use putex::locks::queue::{Ticket, Waiter};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 #[path = "support/mod.rs"]

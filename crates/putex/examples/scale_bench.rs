@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::core::TimingConfig;
-use putex::lease::{Lease, LeaseOptions};
+use putex::locks::lease::{Lease, LeaseOptions};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 #[path = "support/mod.rs"]

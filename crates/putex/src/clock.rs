@@ -10,7 +10,7 @@
 //! Every reading goes through libc's `clock_gettime(3)` (via `nix`, which calls
 //! the libc symbol), so fault tests can preload libfaketime to move or skew
 //! it. Nothing else in putex may read a clock for a safety decision; the keeper's
-//! deadline timer is a `timerfd` on the same clock ([`crate::keeper`]).
+//! deadline timer is a `timerfd` on the same clock ([`crate::supervision::keeper`]).
 
 use std::time::Duration;
 

@@ -134,7 +134,7 @@ pub async fn run_with_inputs(
         if let Some(reason) = exited {
             break reason;
         }
-        crate::metrics::global().progress();
+        crate::observe::metrics::global().progress();
         let sleep = agent
             .poll_timeout()
             .map_or(Duration::from_secs(3600), clock::until);
@@ -188,7 +188,11 @@ fn dispatch(
                 let op = op_name(&request.op);
                 let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
-                crate::metrics::global().store_call(op, outcome_name(&outcome), started.elapsed());
+                crate::observe::metrics::global().store_call(
+                    op,
+                    outcome_name(&outcome),
+                    started.elapsed(),
+                );
                 Input::Store {
                     id: request.id,
                     outcome,

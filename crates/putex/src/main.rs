@@ -150,17 +150,19 @@ fn main() -> ExitCode {
     };
     let command = match cli.command {
         Some(Command::Keeper(a)) => {
-            return match putex::keeper::run_keeper(putex::keeper::KeeperOptions {
-                lock: a.lock,
-                node: a.node,
-                socket: a.socket,
-                deactivate: a.deactivate,
-                stop_timeout: Duration::from_millis(a.stop_timeout_ms),
-                emergency_timeout: Duration::from_millis(a.emergency_timeout_ms),
-                cgroup: !a.no_cgroup,
-                announce: a.announce,
-                quiet: a.quiet,
-            }) {
+            return match putex::supervision::keeper::run_keeper(
+                putex::supervision::keeper::KeeperOptions {
+                    lock: a.lock,
+                    node: a.node,
+                    socket: a.socket,
+                    deactivate: a.deactivate,
+                    stop_timeout: Duration::from_millis(a.stop_timeout_ms),
+                    emergency_timeout: Duration::from_millis(a.emergency_timeout_ms),
+                    cgroup: !a.no_cgroup,
+                    announce: a.announce,
+                    quiet: a.quiet,
+                },
+            ) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => CliError::Other(format!("keeper: {e}")).report(),
             };

@@ -69,7 +69,7 @@ fn env_empty_variables_are_unset_for_putex_lock() {
     );
     // The blank PUTEX_KEEPER_DIR meant the default keeper directory: leave
     // nothing of this lock there.
-    if let Ok(entries) = std::fs::read_dir(putex::keeper::default_keeper_dir()) {
+    if let Ok(entries) = std::fs::read_dir(putex::supervision::keeper::default_keeper_dir()) {
         for e in entries.flatten() {
             if e.file_name()
                 .to_string_lossy()

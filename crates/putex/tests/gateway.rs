@@ -1,4 +1,4 @@
-//! The lock gateway's library API (`putex::gateway`) on the embedded store:
+//! The lock gateway's library API (`putex::locks::gateway`) on the embedded store:
 //! grant, expiry, release, waiting in turn, cancellation, revocation, and a
 //! caller that goes away mid-wait. The HTTP layer on top is tested in
 //! `serve`.
@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use putex::core::Drift;
-use putex::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOptions};
+use putex::locks::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOptions};
 
 /// The grant deadline D: a lock's record advertises its lifetime + D.
-const DEADLINE: Duration = putex::gateway::DEFAULT_GRANT_DEADLINE;
+const DEADLINE: Duration = putex::locks::gateway::DEFAULT_GRANT_DEADLINE;
 use putex::store::{AnyStore, SqliteStore};
 
 async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
@@ -21,7 +21,7 @@ async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
             max_drift: Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(3600),
-            acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
+            acquire_lease: putex::locks::gateway::DEFAULT_ACQUIRE_LEASE,
             grant_deadline: DEADLINE,
         },
     )

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use putex::core::{LockState, Observed};
-use putex::idpool::{self, Claimant, IdError, IdRange, NameRecord, NameState, Options};
+use putex::locks::idpool::{self, Claimant, IdError, IdRange, NameRecord, NameState, Options};
 use putex::store::{keys, AnyStore, ReadMode, SqliteStore, Store, StoreUrl};
 
 use crate::common::nats_server::NatsServer;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use putex::core::{LockRecord, LockState, Observed, TimingConfig};
-use putex::lease::{Lease, LeaseOptions, Lock, Lost};
+use putex::locks::lease::{Lease, LeaseOptions, Lock, Lost};
 use putex::store::{keys, AnyStore, MemoryStore, ReadMode, SqliteStore, Store};
 
 /// R = 100 ms, T = 300 ms, G = 100 ms, ε = 1 %: W ≈ 306 ms.
@@ -333,7 +333,7 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
     assert!(
         matches!(
             got,
-            Err(putex::lease::LeaseError::Exited(
+            Err(putex::locks::lease::LeaseError::Exited(
                 putex::core::ExitReason::DuplicateNode { .. }
             ))
         ),

@@ -1040,7 +1040,7 @@ fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
 /// which gave up after 5).
 #[test]
 fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
-    use putex::queue::{Ticket, Waiter};
+    use putex::locks::queue::{Ticket, Waiter};
     use putex::store::memory::Fault;
     use putex::store::{AnyStore, MemoryStore};
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use putex::core::Drift;
-use putex::gateway::{Gateway, GatewayOptions};
 use putex::http::{
     self, AdminCredentials, App, AuthSettings, HttpError, HttpOptions, Secret, TlsSettings,
 };
+use putex::locks::gateway::{Gateway, GatewayOptions};
 use putex::store::{AnyStore, SqliteStore, StoreUrl};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{json, Value};
@@ -48,8 +48,8 @@ fn gateway_options(node: &str) -> GatewayOptions {
         max_drift: Drift::from_percent(1.0),
         max_lifetime: MAX_LIFETIME,
         max_wait: MAX_WAIT,
-        acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
-        grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
+        acquire_lease: putex::locks::gateway::DEFAULT_ACQUIRE_LEASE,
+        grant_deadline: putex::locks::gateway::DEFAULT_GRANT_DEADLINE,
     }
 }
 

@@ -12,9 +12,11 @@ use nix::unistd::Pid;
 use putex::clock::boot_time_now;
 use putex::core::agent::StopKind;
 use putex::core::{Instant, Token};
-use putex::hooks::{Hook, HookEnv, HookKind, HookRunner, HookStatus};
-use putex::keeper::{socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
-use putex::process::{proc_table, CgroupRoot, TreeInfo};
+use putex::supervision::hooks::{Hook, HookEnv, HookKind, HookRunner, HookStatus};
+use putex::supervision::keeper::{
+    socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent,
+};
+use putex::supervision::process::{proc_table, CgroupRoot, TreeInfo};
 
 fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
     KeeperConfig {
@@ -761,7 +763,7 @@ async fn supervision_signals_reach_the_child_through_the_keeper() {
 
     // The forwarder: a SIGHUP to this process reaches the callback.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let task = putex::process::forward_signals(move |s| {
+    let task = putex::supervision::process::forward_signals(move |s| {
         let _ = tx.send(s);
     })
     .unwrap();

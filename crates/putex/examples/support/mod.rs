@@ -148,7 +148,7 @@ pub fn cpu_ticks(pid: i32) -> u64 {
 /// `path` (an agent's keeper names its keeper directory).
 pub fn processes_naming(path: &std::path::Path, except: i32) -> Vec<i32> {
     let needle = path.display().to_string();
-    putex::process::proc_table()
+    putex::supervision::process::proc_table()
         .into_iter()
         .filter(|e| !e.is_dead() && e.pid != except)
         .filter(|e| {
@@ -181,7 +181,7 @@ impl WatchFailures {
         let counter = WatchFailures::default();
         let targets = tracing_subscriber::filter::Targets::new()
             .with_target("putex::driver", tracing::Level::DEBUG)
-            .with_target("putex::queue", tracing::Level::DEBUG);
+            .with_target("putex::locks::queue", tracing::Level::DEBUG);
         let log = std::env::var_os("RUST_LOG").map(|_| {
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)

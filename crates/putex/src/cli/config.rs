@@ -28,8 +28,8 @@ use std::time::Duration;
 use putex_core::{Drift, Timing, TimingConfig};
 use serde::Deserialize;
 
-use crate::hooks::{Hook, HookKind};
 use crate::store::{keys, StoreUrl};
+use crate::supervision::hooks::{Hook, HookKind};
 
 use super::CliError;
 
@@ -479,7 +479,7 @@ impl AgentSettings {
             .keeper_dir
             .clone()
             .or_else(|| file.keeper_dir.clone())
-            .unwrap_or_else(crate::keeper::default_keeper_dir);
+            .unwrap_or_else(crate::supervision::keeper::default_keeper_dir);
         let http = match pick(&args.http, &file.http) {
             Some(a) => Some(a.trim().parse().map_err(|e| {
                 usage(format!(

@@ -20,8 +20,8 @@ use nix::unistd::Pid;
 use super::check::measure_store;
 use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness, TimingArgs};
 use super::CliError;
-use crate::process::pids_matching;
 use crate::store::AnyStore;
+use crate::supervision::process::pids_matching;
 
 /// `putex demo` flags.
 #[derive(clap::Args, Clone, Debug)]

@@ -1,6 +1,6 @@
 //! `putex history`: who held a lock when, and why it moved.
 //!
-//! Reads the lock's transition records ([`crate::history`]) consistently
+//! Reads the lock's transition records ([`crate::observe::history`]) consistently
 //! (a scan marker, [`crate::store::snapshot_synced`]), orders them by store
 //! revision and derives the holder after each one, the handovers and the
 //! time the lock had no active holder ([`history::derive`]).
@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::status::{table, Format};
 use super::CliError;
-use crate::history::{self, HistoryRow, NoHolderBasis};
+use crate::observe::history::{self, HistoryRow, NoHolderBasis};
 use crate::store::{keys, AnyStore, StoreUrl};
 
 /// `putex history` flags.
@@ -146,7 +146,7 @@ pub async fn run(args: &HistoryArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{HistoryWriter, WriterConfig};
+    use crate::observe::history::{HistoryWriter, WriterConfig};
     use crate::store::MemoryStore;
     use putex_core::{Reason, Role, Token};
 

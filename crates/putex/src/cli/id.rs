@@ -1,13 +1,13 @@
 //! `putex id`: identity pools — a unique small number per machine (a
 //! snowflake worker id, a shard number), claimed atomically and never
-//! duplicated. The logic is in [`crate::idpool`]; this module parses the
+//! duplicated. The logic is in [`crate::locks::idpool`]; this module parses the
 //! flags, opens the store and maps errors onto the [`sysexits`] codes.
 
 use std::time::Duration;
 
 use super::sysexits;
 use super::CliError;
-use crate::idpool::{self, Claimant, IdError, IdRange, Options};
+use crate::locks::idpool::{self, Claimant, IdError, IdRange, Options};
 use crate::store::{AnyStore, StoreError, StoreUrl};
 
 /// The exit codes of `putex id`, for `--help`.
@@ -193,7 +193,7 @@ fn claimant(name: &Option<String>) -> Result<Claimant, CliError> {
     crate::store::keys::validate_node(&name).map_err(|e| exit_error(IdError::Name(e)))?;
     Ok(Claimant {
         name,
-        machine: crate::lease::machine_id(),
+        machine: crate::locks::lease::machine_id(),
     })
 }
 
@@ -264,7 +264,7 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
     }
     let chosen: Vec<u64> = candidates.into_iter().take(LEASE_CANDIDATES).collect();
     opts.queue = false;
-    opts.slots = Some(crate::section::Slots {
+    opts.slots = Some(crate::locks::section::Slots {
         keys: chosen
             .iter()
             .map(|n| crate::store::keys::id_record(pool, *n))

@@ -11,7 +11,7 @@ use putex_core::{Drift, TimingConfig};
 
 use super::config::{hostname, parse_duration, TimingArgs};
 use super::{sysexits, CliError};
-use crate::section::{self, Once, OnceMode, Outcome, SectionError, SectionOptions, Wait};
+use crate::locks::section::{self, Once, OnceMode, Outcome, SectionError, SectionOptions, Wait};
 use crate::store::{AnyStore, StoreUrl};
 
 /// The default `--stop-timeout` of `putex lock`: how long what is left of
@@ -248,7 +248,7 @@ impl LockArgs {
                 keeper_dir: self
                     .keeper_dir
                     .clone()
-                    .unwrap_or_else(crate::keeper::default_keeper_dir),
+                    .unwrap_or_else(crate::supervision::keeper::default_keeper_dir),
                 cgroup: !self.no_cgroup,
                 queue: true,
                 slots: None,
@@ -371,7 +371,7 @@ pub async fn run_section(
 }
 
 /// CMD's status as an exit code: its code, or 128+n for signal n.
-pub fn exit_code(exit: crate::process::Exit) -> u8 {
+pub fn exit_code(exit: crate::supervision::process::Exit) -> u8 {
     match (exit.code, exit.signal) {
         (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(1),
         (None, Some(s)) => 128u8.saturating_add(u8::try_from(s).unwrap_or(0)),
@@ -509,7 +509,7 @@ mod tests {
 
     #[test]
     fn exit_codes_pass_through() {
-        use crate::process::Exit;
+        use crate::supervision::process::Exit;
         assert_eq!(
             exit_code(Exit {
                 code: Some(3),

@@ -22,7 +22,7 @@
 //! deadline through the keeper (which owns the child in child mode and runs
 //! the deactivate hook in hook mode), the highest token into the state file,
 //! and transitions into the log, the member record and a transition record
-//! ([`crate::history`], written in the background for `putex history`).
+//! ([`crate::observe::history`], written in the background for `putex history`).
 //!
 //! Signals: the first SIGTERM or SIGINT asks the core for a graceful stop and
 //! release; a second one makes an emergency stop through the keeper and exits
@@ -49,10 +49,12 @@ use super::config::{AgentArgs, AgentSettings, ServiceMode, Strictness};
 use super::CliError;
 use crate::clock;
 use crate::driver::{self, Host, Keys};
-use crate::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
-use crate::keeper::{socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
-use crate::process::TreeSnapshot;
 use crate::store::{keys, AnyStore, Store};
+use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
+use crate::supervision::keeper::{
+    socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent,
+};
+use crate::supervision::process::TreeSnapshot;
 
 /// Extra time a stop may take past the core's deadline before it is
 /// reported unproven: the keeper's own SIGKILL wait ends right at it.
@@ -325,7 +327,7 @@ struct Inner {
     /// Wakes the state-file writer.
     state_dirty: Notify,
     /// Writes the transition records (`putex history`); never waited for.
-    history: crate::history::HistoryWriter,
+    history: crate::observe::history::HistoryWriter,
     /// A second signal asked for an emergency stop: exit 1 however the
     /// running stop ends.
     emergency_requested: std::sync::atomic::AtomicBool,
@@ -333,13 +335,13 @@ struct Inner {
     wedge_at: Option<std::time::Instant>,
 }
 
-impl crate::agent_http::AgentView for AgentHost {
-    fn snapshot(&self) -> crate::agent_http::AgentSnapshot {
-        let live = crate::agent_http::live(
-            crate::metrics::global().since_progress(),
+impl crate::http::agent::AgentView for AgentHost {
+    fn snapshot(&self) -> crate::http::agent::AgentSnapshot {
+        let live = crate::http::agent::live(
+            crate::observe::metrics::global().since_progress(),
             self.inner.settings.timing.renew(),
         );
-        self.set(|st| crate::agent_http::AgentSnapshot {
+        self.set(|st| crate::http::agent::AgentSnapshot {
             lock: self.inner.lock.clone(),
             node: self.inner.node.clone(),
             role: st.role_name(),
@@ -429,7 +431,7 @@ impl AgentHost {
         let hook = Hook::new(kind, command);
         match inner.runner.run(&hook, env, arg, timeout).await {
             Ok(o) => {
-                crate::metrics::global().hook(o.name, o.duration);
+                crate::observe::metrics::global().hook(o.name, o.duration);
                 if o.ok() {
                     tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
                 } else {
@@ -495,7 +497,7 @@ impl AgentHost {
         let Some(orphans) = orphans else {
             return true;
         };
-        let survivors = orphans.survivors(&crate::process::proc_table());
+        let survivors = orphans.survivors(&crate::supervision::process::proc_table());
         if !survivors.is_empty() {
             tracing::warn!(
                 ?survivors,
@@ -534,7 +536,7 @@ impl Host for AgentHost {
                 timeout,
             )
             .await;
-            crate::metrics::global().health_check(health_arg(mode), ok);
+            crate::observe::metrics::global().health_check(health_arg(mode), ok);
             let changed = this.set(|st| {
                 let changed = st.healthy != Some(ok);
                 st.healthy = Some(ok);
@@ -658,13 +660,13 @@ impl Host for AgentHost {
                 Self::do_stop(inner.clone(), kind, env, clock::until(deadline)).await
             };
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
-            let name = crate::hooks::stop_name(kind);
-            crate::metrics::global().hook(&format!("stop-{name}"), started.elapsed());
+            let name = crate::supervision::hooks::stop_name(kind);
+            crate::observe::metrics::global().hook(&format!("stop-{name}"), started.elapsed());
             if ok {
                 tracing::info!(kind = name, "service stopped");
             } else {
                 if kind == StopKind::Graceful {
-                    crate::metrics::global().graceful_stop_failed();
+                    crate::observe::metrics::global().graceful_stop_failed();
                 }
                 tracing::error!(kind = name, "stop not proven");
             }
@@ -684,7 +686,7 @@ impl Host for AgentHost {
                 }
             }
         }
-        crate::metrics::global().licence(match command {
+        crate::observe::metrics::global().licence(match command {
             KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
             KeeperCommand::Disarm => None,
         });
@@ -714,12 +716,12 @@ impl Host for AgentHost {
                 reason,
                 token,
             } => {
-                crate::metrics::global().transition(*to, token.map(|t| t.revision));
+                crate::observe::metrics::global().transition(*to, token.map(|t| t.revision));
                 if *from == Role::Starting {
                     // Connected, and the first decision is made.
-                    crate::systemd::notify("READY=1");
+                    crate::supervision::systemd::notify("READY=1");
                 }
-                crate::systemd::notify(&format!("STATUS={to} ({reason})"));
+                crate::supervision::systemd::notify(&format!("STATUS={to} ({reason})"));
                 self.set(|st| {
                     st.role = Some(*to);
                     match to {
@@ -762,19 +764,19 @@ impl Host for AgentHost {
                 attempts,
                 holding,
             } => {
-                crate::metrics::global().stop_unproven(true);
+                crate::observe::metrics::global().stop_unproven(true);
                 self.set(|st| st.unproven = Some((*attempts, *holding)));
                 self.inner.member_dirty.notify_one();
                 if *holding {
                     tracing::error!(
-                        kind = crate::hooks::stop_name(*kind),
+                        kind = crate::supervision::hooks::stop_name(*kind),
                         attempts,
                         "STOP UNPROVEN: the service may still run; keeping the lock (renewing, no \
                          release) and retrying the stop every round"
                     );
                 } else {
                     tracing::error!(
-                        kind = crate::hooks::stop_name(*kind),
+                        kind = crate::supervision::hooks::stop_name(*kind),
                         attempts,
                         "STOP UNPROVEN after the lock was lost: the service may still run beside \
                          the next holder; only the fencing token protects the resource; retrying \
@@ -783,7 +785,7 @@ impl Host for AgentHost {
                 }
             }
             Event::StopProven { after } => {
-                crate::metrics::global().stop_unproven(false);
+                crate::observe::metrics::global().stop_unproven(false);
                 self.set(|st| st.unproven = None);
                 self.inner.member_dirty.notify_one();
                 tracing::warn!(after, "the service is proven stopped after all");
@@ -959,7 +961,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     // 2. The state file (S5, S6).
     let boot = boot_id();
     let previous_state = LocalState::load(&paths.state_file);
-    let instance = crate::lease::instance_id();
+    let instance = crate::locks::lease::instance_id();
     let highest = previous_state.as_ref().and_then(|s| s.highest);
     // A previous instance's tree stays on record until a stop proves it gone.
     let orphans = previous_state.as_ref().and_then(|s| s.tree.clone());
@@ -1095,9 +1097,9 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
             stops: watch::Sender::new(0),
             member_dirty: Notify::new(),
             state_dirty: Notify::new(),
-            history: crate::history::HistoryWriter::spawn(
+            history: crate::observe::history::HistoryWriter::spawn(
                 store.clone(),
-                crate::history::WriterConfig::new(
+                crate::observe::history::WriterConfig::new(
                     &lock,
                     &node,
                     &instance,
@@ -1110,15 +1112,15 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         }),
     };
     let mut tasks = tokio::task::JoinSet::new();
-    if let Some(interval) = crate::systemd::watchdog_interval() {
+    if let Some(interval) = crate::supervision::systemd::watchdog_interval() {
         let renew = settings.timing.renew();
         tracing::info!(
             ?interval,
             "systemd watchdog: pinging while the state machine progresses"
         );
         tasks.spawn(
-            crate::systemd::watchdog(interval, move || {
-                crate::agent_http::live(crate::metrics::global().since_progress(), renew)
+            crate::supervision::systemd::watchdog(interval, move || {
+                crate::http::agent::live(crate::observe::metrics::global().since_progress(), renew)
             })
             .in_current_span(),
         );
@@ -1138,7 +1140,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         let inner = host.inner.clone();
         tasks.spawn(async move {
             signals.next().await;
-            crate::systemd::notify("STOPPING=1");
+            crate::supervision::systemd::notify("STOPPING=1");
             tracing::info!("signal: stopping gracefully and releasing the lock (send it again to stop at once)");
             let _ = first_tx.send(());
             signals.next().await;
@@ -1166,7 +1168,7 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
         AgentConfig {
             identity: Identity {
                 node: node.clone(),
-                machine: crate::lease::machine_id(),
+                machine: crate::locks::lease::machine_id(),
                 instance,
             },
             timing: settings.timing.clone(),
@@ -1192,15 +1194,15 @@ async fn run_agent(settings: AgentSettings) -> Result<(), CliError> {
     );
     let (http_stop, http_stopped) = oneshot::channel::<()>();
     if let Some(listener) = http {
-        let view: Arc<dyn crate::agent_http::AgentView> = Arc::new(host.clone());
-        let page = crate::web::router(store.clone(), Some(vec![lock.clone()]));
+        let view: Arc<dyn crate::http::agent::AgentView> = Arc::new(host.clone());
+        let page = crate::observe::web::router(store.clone(), Some(vec![lock.clone()]));
         tracing::info!(addr = ?listener.local_addr().ok(), "serving /primary, /replica, /health, /metrics");
         tokio::spawn(
             async move {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::agent_http::serve(listener, view, page, stopped).await {
+                if let Err(e) = crate::http::agent::serve(listener, view, page, stopped).await {
                     tracing::error!(error = %e, "the HTTP endpoints failed");
                 }
             }
@@ -1287,7 +1289,7 @@ async fn pump_keeper_events(
                 host.inner.state_dirty.notify_one();
             }
             KeeperEvent::Fired { ok } => {
-                crate::metrics::global().keeper_fired();
+                crate::observe::metrics::global().keeper_fired();
                 tracing::error!(
                     ok,
                     "the keeper's deadline passed: it made the emergency stop"
@@ -1331,7 +1333,7 @@ mod tests {
             boot_id: boot_id(),
             highest: Some(Token::new(5, 7)),
             tree: Some(TreeSnapshot {
-                members: vec![crate::process::ProcId { pid: 42, start: 7 }],
+                members: vec![crate::supervision::process::ProcId { pid: 42, start: 7 }],
                 ..TreeSnapshot::default()
             }),
         };

@@ -16,8 +16,8 @@ use tokio::net::TcpListener;
 
 use super::config::{hostname, parse_drift, parse_duration};
 use super::CliError;
-use crate::gateway::{Gateway, GatewayOptions};
 use crate::http::{self, AdminCredentials, AuthSettings, HttpOptions, Secret, TlsSettings};
+use crate::locks::gateway::{Gateway, GatewayOptions};
 use crate::store::{keys, AnyStore, StoreUrl};
 
 /// The default `--listen`: loopback, on RDLM's port.
@@ -290,7 +290,7 @@ mod tests {
         assert_eq!(s.gateway.max_drift, Drift::from_percent(1.0));
         assert_eq!(
             s.gateway.grant_deadline,
-            crate::gateway::DEFAULT_GRANT_DEADLINE
+            crate::locks::gateway::DEFAULT_GRANT_DEADLINE
         );
         assert!(s.http.tls.is_none() && s.http.auth.token.is_none());
     }

@@ -178,11 +178,11 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Cli
     let line = keys::queue_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
     let mut waiting = Vec::new();
     for (_, e) in snapshot(store, &line, timeout).await? {
-        let Ok(t) = serde_json::from_slice::<crate::queue::TicketRecord>(&e.value) else {
+        let Ok(t) = serde_json::from_slice::<crate::locks::queue::TicketRecord>(&e.value) else {
             continue;
         };
         let refreshed_ago_ms = age(now, e.time);
-        let expiry = crate::queue::expiry(Duration::from_millis(t.renew_ms));
+        let expiry = crate::locks::queue::expiry(Duration::from_millis(t.renew_ms));
         let expired = refreshed_ago_ms.is_none_or(|a| u128::from(a) > expiry.as_millis());
         if st.instance.as_deref() == Some(t.instance.as_str())
             && matches!(st.state.as_str(), "active" | "confirming")
@@ -244,7 +244,7 @@ pub async fn semaphore_status(
     else {
         return Ok(None);
     };
-    let limit = serde_json::from_slice::<crate::section::SemaphoreRecord>(&e.value)
+    let limit = serde_json::from_slice::<crate::locks::section::SemaphoreRecord>(&e.value)
         .ok()
         .filter(|r| r.v == 1)
         .map_or(0, |r| r.limit);
@@ -256,7 +256,7 @@ pub async fn semaphore_status(
     let mut slots = Vec::new();
     // A record from elsewhere may claim any limit; no semaphore has more
     // slots than `--limit` allows.
-    for i in 0..limit.min(crate::section::MAX_LIMIT) {
+    for i in 0..limit.min(crate::locks::section::MAX_LIMIT) {
         let slot = keys::slot(name, i).map_err(|e| CliError::Usage(e.to_string()))?;
         slots.push(record_status(store, &format!("{name}.{i}"), &slot, now, timeout).await?);
     }
@@ -298,7 +298,7 @@ async fn semaphores_and_pools(
     }
     let mut out = Vec::new();
     for pool in pools {
-        let l = crate::idpool::list(store, &pool, &crate::idpool::Options::default())
+        let l = crate::locks::idpool::list(store, &pool, &crate::locks::idpool::Options::default())
             .await
             .map_err(|e| CliError::Store(format!("pool {pool}: {e}")))?;
         out.push(PoolStatus {

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use super::history::open_store;
 use super::status::{self, LockStatus};
 use super::CliError;
-use crate::history;
+use crate::observe::history;
 use crate::store::{keys, AnyStore, Entry, Store, WatchStream};
 
 /// `putex watch` flags.

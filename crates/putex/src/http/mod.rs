@@ -3,6 +3,7 @@
 //!
 //! | module | what it is for |
 //! |---|---|
+//! | [`agent`] | the failover agent's endpoints (`putex run --http`): `/primary`, `/replica`, health, metrics |
 //! | [`rdlm`] | the RDLM-compatible API at the root (`/locks/…`, `/resources/…`), so existing RDLM clients keep working |
 //! | [`v1`] | the versioned JSON API under `/v1/`: locks with fencing tokens, renewals, listings, status and members |
 //! | [`auth`] | the optional bearer token for the whole server and Basic credentials for the admin calls |
@@ -30,8 +31,9 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{AcquireError, AcquireRequest, Gateway, Grant};
+use crate::locks::gateway::{AcquireError, AcquireRequest, Gateway, Grant};
 
+pub mod agent;
 pub mod auth;
 pub mod openapi;
 pub mod rdlm;
@@ -186,13 +188,13 @@ pub(crate) fn parse_seconds(
 }
 
 /// A lifetime in seconds from a request: [`parse_seconds`], and at least
-/// the gateway's [`MIN_LIFETIME`](crate::gateway::MIN_LIFETIME).
+/// the gateway's [`MIN_LIFETIME`](crate::locks::gateway::MIN_LIFETIME).
 pub(crate) fn parse_lifetime(secs: f64, max: Duration) -> Result<Duration, String> {
     let d = parse_seconds("lifetime", secs, max, "--max-lifetime")?;
-    if d < crate::gateway::MIN_LIFETIME {
+    if d < crate::locks::gateway::MIN_LIFETIME {
         return Err(format!(
             "lifetime must be at least {}s (got {secs})",
-            crate::gateway::MIN_LIFETIME.as_secs_f64()
+            crate::locks::gateway::MIN_LIFETIME.as_secs_f64()
         ));
     }
     Ok(d)
@@ -261,8 +263,8 @@ impl App {
         });
         let auth = Arc::new(self.options.auth.clone());
         let token = axum::middleware::from_fn_with_state(auth.clone(), auth::require_token);
-        // The web status page ([`crate::web`]), behind the same token.
-        let page = crate::web::router(self.gateway.store().clone(), None).route_layer(
+        // The web status page ([`crate::observe::web`]), behind the same token.
+        let page = crate::observe::web::router(self.gateway.store().clone(), None).route_layer(
             axum::middleware::from_fn_with_state(auth.clone(), auth::require_token),
         );
         let admin = axum::middleware::from_fn_with_state(auth, auth::require_admin);

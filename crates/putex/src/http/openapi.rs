@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::auth::AuthSettings;
 use super::{rdlm, v1, Shared};
-use crate::gateway::{GatewayOptions, MIN_LIFETIME};
+use crate::locks::gateway::{GatewayOptions, MIN_LIFETIME};
 
 /// The document's skeleton, from the handlers' attributes.
 #[derive(OpenApi)]

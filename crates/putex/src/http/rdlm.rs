@@ -18,7 +18,7 @@
 //! `X-Putex-Token: EPOCH:REVISION` header of a `201` and the `token` of a
 //! lock) and what is left of a granted lock (`X-Putex-Lifetime-Left`,
 //! `lifetime_left`; a grant that cannot be answered in time is given back:
-//! `503`, see [`crate::gateway::Grant`]). Times are ISO 8601 in UTC without
+//! `503`, see [`crate::locks::gateway::Grant`]). Times are ISO 8601 in UTC without
 //! a zone, as RDLM writes them.
 
 use std::sync::Arc;
@@ -39,7 +39,7 @@ use super::{
     lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
     seconds_json, AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
-use crate::gateway::{AcquireError, AcquireRequest, GatewayOptions, LockInfo};
+use crate::locks::gateway::{AcquireError, AcquireRequest, GatewayOptions, LockInfo};
 use crate::store::{keys, StoreError};
 
 const HAL_JSON: &str = "application/hal+json";
@@ -604,8 +604,8 @@ mod tests {
             max_drift: putex_core::Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(60),
-            acquire_lease: crate::gateway::DEFAULT_ACQUIRE_LEASE,
-            grant_deadline: crate::gateway::DEFAULT_GRANT_DEADLINE,
+            acquire_lease: crate::locks::gateway::DEFAULT_ACQUIRE_LEASE,
+            grant_deadline: crate::locks::gateway::DEFAULT_GRANT_DEADLINE,
         }
     }
 

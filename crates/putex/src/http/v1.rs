@@ -41,7 +41,7 @@ use super::{
 };
 use crate::cli::status::{lock_status, LockStatus, MemberStatus};
 use crate::cli::CliError;
-use crate::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
+use crate::locks::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
 use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// What went wrong, for programs.

@@ -21,7 +21,7 @@
 //! | `id.<pool>.<n>` | id `<n>` (decimal) of pool `<pool>`: a lock record naming its claimer |
 //! | `id.<pool>.name.<name>` | claim name `<name>`'s index record: which id it holds |
 //! | `id.<pool>.scan` | a marker that `putex id` writes to read the pool consistently |
-//! | `history.<name>.<node>-<instance>-<seq>` | a transition record of lock `<name>` ([`crate::history`]) |
+//! | `history.<name>.<node>-<instance>-<seq>` | a transition record of lock `<name>` ([`crate::observe::history`]) |
 //! | `history.<name>.=scan` | a marker that `putex history` writes to read the records consistently |
 //!
 //! A name never contains a dot, so `<name>` is
@@ -56,7 +56,7 @@ pub const GRANT_PREFIX: &str = "grant.";
 pub const CANCEL_PREFIX: &str = "cancel.";
 /// Prefix of the identity pools' records.
 pub const ID_PREFIX: &str = "id.";
-/// Prefix of the transition records ([`crate::history`]).
+/// Prefix of the transition records ([`crate::observe::history`]).
 pub const HISTORY_PREFIX: &str = "history.";
 
 /// A name or node id that cannot be used.

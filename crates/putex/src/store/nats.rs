@@ -397,7 +397,7 @@ impl NatsStore {
     /// history, nothing of the key remains, and watchers see no event.
     ///
     /// For write-once records that nobody reads any more (pruned
-    /// transition records, [`crate::history`]); never for lock records.
+    /// transition records, [`crate::observe::history`]); never for lock records.
     pub async fn purge_key(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
         validate_key(key)?;
         let subject = format!("{}{key}", self.inner.subject_prefix);

@@ -383,7 +383,7 @@ impl SqliteStore {
     /// Returns whether a row was removed.
     ///
     /// For write-once records that nobody reads any more (pruned
-    /// transition records, [`crate::history`]); never for lock records.
+    /// transition records, [`crate::observe::history`]); never for lock records.
     pub async fn purge_key(
         &self,
         key: &str,

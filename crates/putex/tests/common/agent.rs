@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::core::TimingConfig;
-pub use putex::process::pids_matching;
-use putex::process::proc_table;
+pub use putex::supervision::process::pids_matching;
+use putex::supervision::process::proc_table;
 
 pub static SERIAL: Mutex<()> = Mutex::new(());
 

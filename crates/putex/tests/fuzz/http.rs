@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use putex::core::Drift;
-use putex::gateway::{Gateway, GatewayOptions};
 use putex::http::{self, AdminCredentials, App, AuthSettings, HttpOptions, Secret};
+use putex::locks::gateway::{Gateway, GatewayOptions};
 use putex::store::{AnyStore, Store, StoreUrl};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -241,7 +241,7 @@ async fn serve(store: &AnyStore) -> (std::net::SocketAddr, tokio::sync::oneshot:
             max_lifetime: Duration::from_secs(2),
             max_wait: Duration::from_secs(1),
             acquire_lease: Duration::from_millis(200),
-            grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
+            grant_deadline: putex::locks::gateway::DEFAULT_GRANT_DEADLINE,
         },
     );
     let options = HttpOptions {

@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 use proptest::prelude::*;
 use putex::clock::boot_time_now;
 use putex::core::Token;
-use putex::keeper::{
+use putex::supervision::keeper::{
     socket_path, FromKeeper, KeeperClient, KeeperConfig, KeeperError, KeeperStatus, ToKeeper,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

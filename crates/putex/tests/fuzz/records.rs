@@ -18,11 +18,11 @@ use proptest::prelude::*;
 use putex::cli::run::MemberRecord;
 use putex::cli::status;
 use putex::core::{Drift, LockRecord, LockState, Observed, Token};
-use putex::gateway::{Gateway, GatewayOptions, GrantRecord};
-use putex::history::{self, StaleEvidence, TransitionRecord};
-use putex::idpool::{self, Claimant, IdRange, NameRecord, NameState};
-use putex::queue::TicketRecord;
-use putex::section::{self, OnceRecord, OnceState, SemaphoreRecord};
+use putex::locks::gateway::{Gateway, GatewayOptions, GrantRecord};
+use putex::locks::idpool::{self, Claimant, IdRange, NameRecord, NameState};
+use putex::locks::queue::TicketRecord;
+use putex::locks::section::{self, OnceRecord, OnceState, SemaphoreRecord};
+use putex::observe::history::{self, StaleEvidence, TransitionRecord};
 use putex::store::{AnyStore, Store, StoreUrl};
 use serde_json::json;
 
@@ -337,8 +337,8 @@ fn gateway(store: &AnyStore) -> Gateway {
             max_drift: Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(60),
             max_wait: Duration::from_secs(1),
-            acquire_lease: putex::gateway::DEFAULT_ACQUIRE_LEASE,
-            grant_deadline: putex::gateway::DEFAULT_GRANT_DEADLINE,
+            acquire_lease: putex::locks::gateway::DEFAULT_ACQUIRE_LEASE,
+            grant_deadline: putex::locks::gateway::DEFAULT_GRANT_DEADLINE,
         },
     )
 }
@@ -374,7 +374,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     {
         prop_assert!(sem.slots.len() <= section::MAX_LIMIT as usize);
     }
-    let page = bounded("web::collect", putex::web::collect(&store, None))
+    let page = bounded("web::collect", putex::observe::web::collect(&store, None))
         .await
         .expect("the page's data");
     let _ = serde_json::to_string(&page).unwrap();

@@ -41,7 +41,7 @@ use putex_core::Token;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 
-use crate::process::{self, CgroupRoot, Exit, Tree};
+use crate::supervision::process::{self, CgroupRoot, Exit, Tree};
 
 /// How long output is still read after a hook exited (a background process
 /// it started may hold the pipes open forever).

@@ -8,8 +8,8 @@
 //! | `GET /health` | always (the body says role and health) | — |
 //! | `GET /liveness` | the agent's state machine went round its loop recently (3 R + 1 s) | 503 |
 //! | `GET /readiness` | the agent has started and made its first decision | 503 |
-//! | `GET /metrics` | always: OpenMetrics text ([`crate::metrics`]) | — |
-//! | `GET /ui` | the web status page of the lock ([`crate::web`]) | — |
+//! | `GET /metrics` | always: OpenMetrics text ([`crate::observe::metrics`]) | — |
+//! | `GET /ui` | the web status page of the lock ([`crate::observe::web`]) | — |
 //!
 //! Every status route answers with the same JSON body ([`AgentSnapshot`]),
 //! so `curl` shows why a check fails. HAProxy's `option httpchk GET /primary`
@@ -68,7 +68,7 @@ pub fn router(view: View) -> Router {
         .with_state(view)
 }
 
-/// Serves the endpoints, and the web status page ([`crate::web`]) of the
+/// Serves the endpoints, and the web status page ([`crate::observe::web`]) of the
 /// agent's lock, on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -126,7 +126,7 @@ async fn metrics() -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::metrics::global().encode(),
+        crate::observe::metrics::global().encode(),
     )
         .into_response()
 }

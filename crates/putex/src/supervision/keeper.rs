@@ -13,7 +13,7 @@
 //!   or runs the deactivate hook with `PUTEX_STOP=emergency` — and reports
 //!   `fired`;
 //! - spawns the child (child mode) and owns its tree: a cgroup v2 scope, or
-//!   itself as child subreaper ([`crate::process`]); graceful stops go through
+//!   itself as child subreaper ([`crate::supervision::process`]); graceful stops go through
 //!   it too, so the service has one owner;
 //! - ignores SIGTERM, SIGINT and SIGHUP (it catches and logs them), sets
 //!   `oom_score_adj` to −1000 (best effort), and outlives its agent: a
@@ -81,8 +81,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::boot_time_now;
-use crate::hooks::{Hook, HookEnv, HookKind, HookRunner};
-use crate::process::{self, CgroupRoot, Exit, Tree, TreeInfo, TreeSnapshot};
+use crate::supervision::hooks::{Hook, HookEnv, HookKind, HookRunner};
+use crate::supervision::process::{self, CgroupRoot, Exit, Tree, TreeInfo, TreeSnapshot};
 
 // ---------------------------------------------------------------------------
 // The deadline, as a pure value.
@@ -1592,7 +1592,7 @@ impl KeeperClient {
 
     /// Stops the service through the keeper; `Ok(true)` is proof (H6).
     pub async fn stop(&self, kind: StopKind) -> Result<bool, KeeperError> {
-        let kind = crate::hooks::stop_name(kind).to_string();
+        let kind = crate::supervision::hooks::stop_name(kind).to_string();
         match self.request(|id| ToKeeper::Stop { id, kind }).await? {
             FromKeeper::Stopped { ok, .. } => Ok(ok),
             other => Err(KeeperError::Unexpected(Box::new(other))),

@@ -73,7 +73,7 @@ use putex_core::store::{Entry, StoreGap, StoreTime, Token};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::lease::instance_id;
+use crate::locks::lease::instance_id;
 use crate::store::{keys, snapshot_synced, ReadMode, Store, StoreError};
 
 /// The lease a persistent claim advertises: ten years. The lock state
@@ -317,7 +317,7 @@ impl From<keys::NameError> for IdError {
 pub struct Claimant {
     /// The claim name (default: the hostname); validated like a node id.
     pub name: String,
-    /// The machine id ([`crate::lease::machine_id`]).
+    /// The machine id ([`crate::locks::lease::machine_id`]).
     pub machine: String,
 }
 

@@ -15,7 +15,7 @@
 //! | key | what |
 //! |---|---|
 //! | `lock.<resource>` | the lock record: `node` = the gateway's node id, `instance` = the lock's uid |
-//! | `queue.<resource>.<uid>` | a waiting request's ticket (fair order, [`crate::queue`]) |
+//! | `queue.<resource>.<uid>` | a waiting request's ticket (fair order, [`crate::locks::queue`]) |
 //! | `cancel.<resource>` | an admin cancel: every ticket that arrived before it is cancelled (its waiter ends, and it is no longer listed) |
 //! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET` |
 //!
@@ -48,7 +48,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
-use crate::queue::{Ticket, TicketRecord, Waiter};
+use crate::locks::queue::{Ticket, TicketRecord, Waiter};
 use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// A request for a lock.
@@ -403,7 +403,7 @@ impl Gateway {
             }
         }
         let deadline = tokio::time::Instant::now() + req.wait.max(MIN_WAIT);
-        let uid = crate::lease::instance_id();
+        let uid = crate::locks::lease::instance_id();
         let ticket = Ticket::join(
             self.store.clone(),
             Waiter {
@@ -432,7 +432,7 @@ impl Gateway {
             AgentConfig {
                 identity: Identity {
                     node: self.opts.node.clone(),
-                    machine: crate::lease::machine_id(),
+                    machine: crate::locks::lease::machine_id(),
                     instance: uid.clone(),
                 },
                 timing: timing.clone(),
@@ -451,9 +451,9 @@ impl Gateway {
             highest: self.highest.clone(),
             granted: granted_tx,
             role: role_tx,
-            history: crate::history::HistoryWriter::spawn(
+            history: crate::observe::history::HistoryWriter::spawn(
                 self.store.clone(),
-                crate::history::WriterConfig::new(
+                crate::observe::history::WriterConfig::new(
                     &req.resource,
                     &self.opts.node,
                     &uid,
@@ -1050,7 +1050,7 @@ impl Gateway {
             let ended = Ended::of(action, &rec, entry.token);
             let written = LockRecord {
                 state,
-                write: format!("{}-{write}", crate::lease::instance_id()),
+                write: format!("{}-{write}", crate::locks::lease::instance_id()),
                 ..rec
             };
             match self
@@ -1241,7 +1241,7 @@ struct GatewayHost {
     role: tokio::sync::watch::Sender<Role>,
     /// Transition records for `putex history` (the acquisition; the
     /// client's release is no transition of this agent).
-    history: crate::history::HistoryWriter,
+    history: crate::observe::history::HistoryWriter,
 }
 
 impl Host for GatewayHost {

@@ -6,7 +6,7 @@
 //! and S1–S7), so a critical section is exactly as safe as a failover
 //! service:
 //!
-//! - CMD is spawned by a **keeper** ([`crate::keeper`]) armed with the
+//! - CMD is spawned by a **keeper** ([`crate::supervision::keeper`]) armed with the
 //!   licence deadline: if this process stalls (SIGSTOP) or dies (SIGKILL),
 //!   the keeper kills CMD's whole tree (cgroup scope or subreaper) at the
 //!   deadline, before a taker's staleness wait W can end;
@@ -29,7 +29,7 @@
 //! released at once.
 //!
 //! **Waiting** is watch-driven: a release reaches the waiters as a watch
-//! event, and the first waiter in the fair queue ([`crate::queue`]) takes
+//! event, and the first waiter in the fair queue ([`crate::locks::queue`]) takes
 //! it within milliseconds. A semaphore of N slots admits the first N
 //! waiters of its queue at once, so N run at the same time.
 //!
@@ -58,11 +58,11 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
-use crate::history::{HistoryWriter, TransitionRecord, WriterConfig};
-use crate::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
-use crate::process::Exit;
-use crate::queue::{Ticket, Waiter};
+use crate::locks::queue::{Ticket, Waiter};
+use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
 use crate::store::{keys, AnyStore, ReadMode, Store, StoreError};
+use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
+use crate::supervision::process::Exit;
 
 /// How long to wait for the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,7 +146,7 @@ pub struct SectionOptions {
     pub keeper_dir: PathBuf,
     /// Use a cgroup scope for CMD when possible.
     pub cgroup: bool,
-    /// Wait in the fair queue of `name` ([`crate::queue`]).
+    /// Wait in the fair queue of `name` ([`crate::locks::queue`]).
     pub queue: bool,
     /// Explicit lock keys to compete for, instead of `lock.<name>` or the
     /// semaphore's slots (leased ids: `id.<pool>.<n>`).
@@ -537,7 +537,7 @@ pub struct HighestFile {
 impl HighestFile {
     /// The file for `key` of store `store_id` in `dir`.
     pub fn new(dir: &Path, store_id: &str, key: &str) -> HighestFile {
-        let sock = crate::keeper::socket_path(dir, store_id, key);
+        let sock = crate::supervision::keeper::socket_path(dir, store_id, key);
         HighestFile {
             path: sock.with_extension("highest"),
         }
@@ -808,7 +808,7 @@ impl Host for SlotHost {
                     // The keeper died (OOM): stop CMD's tree without it,
                     // from the keeper's last snapshot, and prove it gone.
                     // The lock is kept (renewed) until then.
-                    Err(crate::keeper::KeeperError::Lost) => {
+                    Err(crate::supervision::keeper::KeeperError::Lost) => {
                         tracing::error!("the keeper is gone: stopping the command without it");
                         shared
                             .keeper
@@ -926,10 +926,10 @@ impl Host for SlotHost {
                 attempts,
                 holding,
             } => {
-                crate::metrics::global().stop_unproven(true);
+                crate::observe::metrics::global().stop_unproven(true);
                 tracing::error!(
                     slot = self.slot,
-                    kind = crate::hooks::stop_name(*kind),
+                    kind = crate::supervision::hooks::stop_name(*kind),
                     attempts,
                     holding,
                     "STOP UNPROVEN: the command's processes may still run; retrying the kill{}",
@@ -941,7 +941,7 @@ impl Host for SlotHost {
                 )
             }
             Event::StopProven { after } => {
-                crate::metrics::global().stop_unproven(false);
+                crate::observe::metrics::global().stop_unproven(false);
                 tracing::warn!(
                     slot = self.slot,
                     after,
@@ -968,7 +968,7 @@ async fn once_record(
         .await
         .unwrap_or_else(|_| SystemTime::now());
     let at = humantime::format_rfc3339_seconds(when).to_string();
-    let write = crate::lease::instance_id();
+    let write = crate::locks::lease::instance_id();
     let record = OnceRecord {
         v: 1,
         period: period.to_owned(),
@@ -1171,13 +1171,13 @@ pub async fn run(
     std::fs::create_dir_all(&opts.keeper_dir).map_err(|e| {
         SectionError::Usage(format!("--keeper-dir {}: {e}", opts.keeper_dir.display()))
     })?;
-    let instance = crate::lease::instance_id();
+    let instance = crate::locks::lease::instance_id();
     let short = &instance[..instance.len().min(12)];
     let exe = std::env::current_exe()
         .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
     let (mut keeper, _) = KeeperClient::spawn_or_adopt(&KeeperConfig {
         exe,
-        socket: crate::keeper::socket_path(
+        socket: crate::supervision::keeper::socket_path(
             &opts.keeper_dir,
             &opts.store_id,
             &format!("{}-{short}", opts.name),
@@ -1241,7 +1241,7 @@ pub async fn run(
             AgentConfig {
                 identity: Identity {
                     node: opts.node.clone(),
-                    machine: crate::lease::machine_id(),
+                    machine: crate::locks::lease::machine_id(),
                     instance: instance.clone(),
                 },
                 timing: timing.clone(),

@@ -21,7 +21,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use putex::lease::{Lease, Lock, LeaseOptions};
+//! use putex::locks::lease::{Lease, Lock, LeaseOptions};
 //! use putex::store::{AnyStore, MemoryStore};
 //! use putex::core::TimingConfig;
 //!

@@ -6,7 +6,7 @@
 //! transition, and `STOPPING=1` when asked to stop. With `WatchdogSec=` set
 //! ( `$WATCHDOG_USEC`), it pings `WATCHDOG=1` twice per interval — but only
 //! while the state machine keeps going round its loop
-//! ([`crate::metrics::Metrics::since_progress`]): a wedged agent stops
+//! ([`crate::observe::metrics::Metrics::since_progress`]): a wedged agent stops
 //! pinging and systemd restarts it (its keeper, outside the agent, keeps the
 //! licence deadline meanwhile).
 //!
