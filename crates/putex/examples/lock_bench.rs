@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use putex::core::{TimingConfig, Token};
-use putex::locks::lease::{self, Lease, LeaseOptions, Lock};
+use putex::locks::lease::{Lease, LeaseOptions, Lock};
 use putex::locks::queue::{Ticket, Waiter};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
@@ -1302,7 +1302,7 @@ async fn contend(
                         Waiter {
                             name: LOCK.into(),
                             node: node.clone(),
-                            instance: lease::instance_id(),
+                            instance: putex::identity::instance_id(),
                             renew: timing.renew,
                             store_timeout,
                             title: None,

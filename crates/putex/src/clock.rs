@@ -1,7 +1,7 @@
 //! The one clock putex reads: `CLOCK_BOOTTIME`.
 //!
 //! Licences and staleness waits are measured on the host's boot-time clock,
-//! a clock that keeps counting through suspend (DESIGN §1): a host that wakes
+//! a clock that keeps counting through suspend (`docs/safety.md`): a host that wakes
 //! from a suspend knows at once how long it slept, and a licence that ended
 //! while it slept has ended when it wakes. Wall-clock time is never used for a
 //! decision, and tokio's timers (`CLOCK_MONOTONIC`, which stops during

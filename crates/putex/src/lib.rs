@@ -5,12 +5,15 @@
 //!
 //! | module | what it is for |
 //! |---|---|
+//! | [`agent`] | the failover agent (`putex run`) as a library: [`agent::run`] |
 //! | [`store`] | the store contract and its backends: NATS JetStream KV, embedded SQLite, memory |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`locks`] | locks for programs and scripts: leases and [`Lock`], critical sections, fair queues, identity pools, the HTTP lock gateway |
 //! | [`supervision`] | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd |
 //! | [`observe`] | metrics, transition history, status queries, the web status page |
 //! | [`http`] | HTTP servers: `putex serve` (RDLM, `/v1/`, auth, TLS, OpenAPI) and the agent's endpoints |
+//! | [`identity`] | who and where this process is: host name, machine, boot and instance ids |
+//! | [`shutdown`] | a graceful request, then an abort: signals as cancellation tokens |
 //! | [`clock`] | reading `CLOCK_BOOTTIME`, the clock every licence runs on |
 //! | [`cli`] | the command line: flags → validated settings → `run`, `lock`, `id`, `serve`, `status`, … |
 
@@ -21,12 +24,15 @@ pub use putex_core as core;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod agent;
 pub mod cli;
 pub mod clock;
 pub mod driver;
 pub mod http;
+pub mod identity;
 pub mod locks;
 pub mod observe;
+pub mod shutdown;
 pub mod store;
 pub mod supervision;
 

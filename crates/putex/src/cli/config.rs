@@ -17,7 +17,7 @@
 //! max-drift = "1%"
 //! ```
 //!
-//! [`AgentSettings::resolve`] merges them and validates everything it can
+//! [`resolve`] merges them and validates everything it can
 //! without the store: names, hooks, and the timing rules
 //! ([`TimingConfig::validate`]). Every error names the flag (and the file
 //! key or variable) to change.
@@ -25,9 +25,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use putex_core::{Drift, Timing, TimingConfig};
+use putex_core::{Drift, TimingConfig};
 use serde::Deserialize;
 
+pub use crate::agent::{AgentSettings, ServiceMode};
+pub use crate::identity::hostname;
 use crate::store::{keys, StoreUrl};
 use crate::supervision::hooks::{Hook, HookKind};
 
@@ -244,52 +246,6 @@ fn location(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// How the service is run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServiceMode {
-    /// `--activate`/`--deactivate` (and optionally `--fence`) hooks.
-    Hooks {
-        /// `--activate`.
-        activate: String,
-        /// `--deactivate`.
-        deactivate: String,
-        /// `--fence`.
-        fence: Option<String>,
-    },
-    /// `-- CHILD ARGS...`, spawned and owned by the keeper.
-    Child {
-        /// The child's argv.
-        argv: Vec<String>,
-        /// `--fence`, run before the child is spawned.
-        fence: Option<String>,
-    },
-}
-
-/// Validated settings of `putex run` / `putex check`.
-#[derive(Clone, Debug)]
-pub struct AgentSettings {
-    /// The lock name (`None` only for a lenient `check`).
-    pub lock: Option<String>,
-    /// The store.
-    pub store: StoreUrl,
-    /// The node id.
-    pub node: String,
-    /// The health check (`None` only for a lenient `check`).
-    pub healthcheck: Option<String>,
-    /// Hooks or child (`None` only for a lenient `check`).
-    pub service: Option<ServiceMode>,
-    /// The timing as given.
-    pub timing_config: TimingConfig,
-    /// The timing, validated.
-    pub timing: Timing,
-    /// Keeper sockets, lock files and state files live here.
-    pub keeper_dir: PathBuf,
-    /// `--http`: where the health and metrics endpoints listen.
-    pub http: Option<std::net::SocketAddr>,
-    /// `--no-cgroup`: process trees by the keeper as subreaper only.
-    pub no_cgroup: bool,
-}
-
 /// Whether the hooks and the lock name are required (`run`) or optional
 /// (`check`, which can validate timing alone).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -316,212 +272,189 @@ fn file_duration(key: &str, v: &Option<String>) -> Result<Option<Duration>, CliE
         .transpose()
 }
 
-/// This host's name, the default node id.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "localhost".into())
+/// Merges flags/environment (`args`), the config file (`file`) and the
+/// defaults, and validates the result.
+pub fn resolve(
+    args: &AgentArgs,
+    file: &FileConfig,
+    strict: Strictness,
+) -> Result<AgentSettings, CliError> {
+    let pick = |a: &Option<String>, f: &Option<String>| {
+        a.clone()
+            .or_else(|| f.clone())
+            .filter(|s| !s.trim().is_empty())
+    };
+    let lock = pick(&args.lock, &file.lock);
+    match &lock {
+        Some(l) => keys::validate_name(l).map_err(|e| usage(format!("--lock: {e}")))?,
+        None if strict == Strictness::Run => {
+            return Err(usage(format!("missing {}", names("lock"))))
+        }
+        None => {}
+    }
+    let store = match pick(&args.store, &file.store) {
+        Some(u) => StoreUrl::parse(&u).map_err(|e| usage(format!("--store: {e}")))?,
+        // PUTEX_STORE was clap's; NATS_URL (and NATS_CREDS), else sqlite:.
+        None => StoreUrl::from_env().map_err(|e| usage(format!("--store: {e}")))?,
+    };
+    let node = pick(&args.node, &file.node).unwrap_or_else(hostname);
+    keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+
+    let healthcheck = pick(&args.healthcheck, &file.healthcheck);
+    let activate = pick(&args.activate, &file.activate);
+    let deactivate = pick(&args.deactivate, &file.deactivate);
+    let fence = pick(&args.fence, &file.fence);
+    let child = if args.child.is_empty() {
+        file.child.clone().unwrap_or_default()
+    } else {
+        args.child.clone()
+    };
+    if healthcheck.is_none() && strict == Strictness::Run {
+        return Err(usage(format!("missing {}", names("healthcheck"))));
+    }
+    let service = match (activate, deactivate, child.is_empty()) {
+        (Some(_), _, false) | (_, Some(_), false) => {
+            return Err(usage(
+                "give either --activate and --deactivate (hook mode) or `-- CHILD ARGS...` \
+                 (child mode), not both",
+            ))
+        }
+        (Some(activate), Some(deactivate), true) => Some(ServiceMode::Hooks {
+            activate,
+            deactivate,
+            fence,
+        }),
+        (Some(_), None, true) => {
+            return Err(usage(format!(
+                "--activate needs {} to stop the service",
+                names("deactivate")
+            )))
+        }
+        (None, Some(_), true) => {
+            return Err(usage(format!(
+                "--deactivate needs {} to start the service",
+                names("activate")
+            )))
+        }
+        (None, None, false) => Some(ServiceMode::Child { argv: child, fence }),
+        (None, None, true) if strict == Strictness::Run => {
+            return Err(usage(
+                "nothing to run: give --activate and --deactivate (hook mode) or \
+                 `-- CHILD ARGS...` after the flags (child mode)",
+            ))
+        }
+        (None, None, true) => None,
+    };
+    validate_hooks(healthcheck.as_deref(), service.as_ref())?;
+
+    let timing_config = TimingConfig {
+        renew: args
+            .timing
+            .renew
+            .or(file_duration("renew", &file.renew)?)
+            .unwrap_or(putex_core::timing::DEFAULT_RENEW),
+        failures: args
+            .timing
+            .failures
+            .or(file.failures)
+            .unwrap_or(putex_core::timing::DEFAULT_FAILURES),
+        confirm: args
+            .timing
+            .confirm
+            .or(file.confirm)
+            .unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
+        unhealthy: args
+            .unhealthy
+            .or(file.unhealthy)
+            .unwrap_or(putex_core::timing::DEFAULT_UNHEALTHY),
+        successes: args
+            .successes
+            .or(file.successes)
+            .unwrap_or(putex_core::timing::DEFAULT_SUCCESSES),
+        max_drift: match args.timing.max_drift {
+            Some(p) => Drift::from_percent(p),
+            None => match &file.max_drift {
+                Some(s) => Drift::from_percent(
+                    parse_drift(s).map_err(|e| usage(format!("config key `max-drift`: {e}")))?,
+                ),
+                None => Drift::from_ppm(putex_core::timing::DEFAULT_MAX_DRIFT_PPM),
+            },
+        },
+        max_lease: args
+            .timing
+            .max_lease
+            .or(file_duration("max-lease", &file.max_lease)?),
+        max_gap: args
+            .timing
+            .max_gap
+            .or(file_duration("max-gap", &file.max_gap)?),
+        allow_short_lease: args.timing.allow_short_lease || file.allow_short_lease.unwrap_or(false),
+        start_grace: args
+            .start_grace
+            .or(file_duration("start-grace", &file.start_grace)?)
+            .unwrap_or(putex_core::timing::DEFAULT_START_GRACE),
+        sched_margin: args
+            .sched_margin
+            .or(file_duration("sched-margin", &file.sched_margin)?),
+        healthcheck_timeout: args.healthcheck_timeout.or(file_duration(
+            "healthcheck-timeout",
+            &file.healthcheck_timeout,
+        )?),
+        store_timeout: args
+            .timing
+            .store_timeout
+            .or(file_duration("store-timeout", &file.store_timeout)?),
+        activate_timeout: args
+            .activate_timeout
+            .or(file_duration("activate-timeout", &file.activate_timeout)?)
+            .unwrap_or(putex_core::timing::DEFAULT_ACTIVATE_TIMEOUT),
+        stop_timeout: args
+            .stop_timeout
+            .or(file_duration("stop-timeout", &file.stop_timeout)?)
+            .unwrap_or(putex_core::timing::DEFAULT_STOP_TIMEOUT),
+        emergency_timeout: args
+            .timing
+            .emergency_timeout
+            .or(file_duration("emergency-timeout", &file.emergency_timeout)?),
+        mutations: Default::default(),
+    };
+    let timing = timing_config.validate().map_err(|e| usage(e.to_string()))?;
+    let keeper_dir = args
+        .keeper_dir
+        .clone()
+        .or_else(|| file.keeper_dir.clone())
+        .unwrap_or_else(crate::supervision::keeper::default_keeper_dir);
+    let http = match pick(&args.http, &file.http) {
+        Some(a) => Some(a.trim().parse().map_err(|e| {
+            usage(format!(
+                "{}: {a:?} is not an address ({e}); write e.g. 0.0.0.0:8008",
+                names("http")
+            ))
+        })?),
+        None => None,
+    };
+    Ok(AgentSettings {
+        lock,
+        store,
+        node,
+        healthcheck,
+        service,
+        timing_config,
+        timing,
+        keeper_dir,
+        http,
+        no_cgroup: args.no_cgroup || file.no_cgroup.unwrap_or(false),
+        keeper_exe: None,
+    })
 }
 
-impl AgentSettings {
-    /// Merges flags/environment (`args`), the config file (`file`) and the
-    /// defaults, and validates the result.
-    pub fn resolve(
-        args: &AgentArgs,
-        file: &FileConfig,
-        strict: Strictness,
-    ) -> Result<AgentSettings, CliError> {
-        let pick = |a: &Option<String>, f: &Option<String>| {
-            a.clone()
-                .or_else(|| f.clone())
-                .filter(|s| !s.trim().is_empty())
-        };
-        let lock = pick(&args.lock, &file.lock);
-        match &lock {
-            Some(l) => keys::validate_name(l).map_err(|e| usage(format!("--lock: {e}")))?,
-            None if strict == Strictness::Run => {
-                return Err(usage(format!("missing {}", names("lock"))))
-            }
-            None => {}
-        }
-        let store = match pick(&args.store, &file.store) {
-            Some(u) => StoreUrl::parse(&u).map_err(|e| usage(format!("--store: {e}")))?,
-            // PUTEX_STORE was clap's; NATS_URL (and NATS_CREDS), else sqlite:.
-            None => StoreUrl::from_env().map_err(|e| usage(format!("--store: {e}")))?,
-        };
-        let node = pick(&args.node, &file.node).unwrap_or_else(hostname);
-        keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
-
-        let healthcheck = pick(&args.healthcheck, &file.healthcheck);
-        let activate = pick(&args.activate, &file.activate);
-        let deactivate = pick(&args.deactivate, &file.deactivate);
-        let fence = pick(&args.fence, &file.fence);
-        let child = if args.child.is_empty() {
-            file.child.clone().unwrap_or_default()
-        } else {
-            args.child.clone()
-        };
-        if healthcheck.is_none() && strict == Strictness::Run {
-            return Err(usage(format!("missing {}", names("healthcheck"))));
-        }
-        let service =
-            match (activate, deactivate, child.is_empty()) {
-                (Some(_), _, false) | (_, Some(_), false) => return Err(usage(
-                    "give either --activate and --deactivate (hook mode) or `-- CHILD ARGS...` \
-                     (child mode), not both",
-                )),
-                (Some(activate), Some(deactivate), true) => Some(ServiceMode::Hooks {
-                    activate,
-                    deactivate,
-                    fence,
-                }),
-                (Some(_), None, true) => {
-                    return Err(usage(format!(
-                        "--activate needs {} to stop the service",
-                        names("deactivate")
-                    )))
-                }
-                (None, Some(_), true) => {
-                    return Err(usage(format!(
-                        "--deactivate needs {} to start the service",
-                        names("activate")
-                    )))
-                }
-                (None, None, false) => Some(ServiceMode::Child { argv: child, fence }),
-                (None, None, true) if strict == Strictness::Run => {
-                    return Err(usage(
-                        "nothing to run: give --activate and --deactivate (hook mode) or \
-                     `-- CHILD ARGS...` after the flags (child mode)",
-                    ))
-                }
-                (None, None, true) => None,
-            };
-        validate_hooks(healthcheck.as_deref(), service.as_ref())?;
-
-        let timing_config = TimingConfig {
-            renew: args
-                .timing
-                .renew
-                .or(file_duration("renew", &file.renew)?)
-                .unwrap_or(putex_core::timing::DEFAULT_RENEW),
-            failures: args
-                .timing
-                .failures
-                .or(file.failures)
-                .unwrap_or(putex_core::timing::DEFAULT_FAILURES),
-            confirm: args
-                .timing
-                .confirm
-                .or(file.confirm)
-                .unwrap_or(putex_core::timing::DEFAULT_CONFIRM),
-            unhealthy: args
-                .unhealthy
-                .or(file.unhealthy)
-                .unwrap_or(putex_core::timing::DEFAULT_UNHEALTHY),
-            successes: args
-                .successes
-                .or(file.successes)
-                .unwrap_or(putex_core::timing::DEFAULT_SUCCESSES),
-            max_drift: match args.timing.max_drift {
-                Some(p) => Drift::from_percent(p),
-                None => match &file.max_drift {
-                    Some(s) => Drift::from_percent(
-                        parse_drift(s)
-                            .map_err(|e| usage(format!("config key `max-drift`: {e}")))?,
-                    ),
-                    None => Drift::from_ppm(putex_core::timing::DEFAULT_MAX_DRIFT_PPM),
-                },
-            },
-            max_lease: args
-                .timing
-                .max_lease
-                .or(file_duration("max-lease", &file.max_lease)?),
-            max_gap: args
-                .timing
-                .max_gap
-                .or(file_duration("max-gap", &file.max_gap)?),
-            allow_short_lease: args.timing.allow_short_lease
-                || file.allow_short_lease.unwrap_or(false),
-            start_grace: args
-                .start_grace
-                .or(file_duration("start-grace", &file.start_grace)?)
-                .unwrap_or(putex_core::timing::DEFAULT_START_GRACE),
-            sched_margin: args
-                .sched_margin
-                .or(file_duration("sched-margin", &file.sched_margin)?),
-            healthcheck_timeout: args.healthcheck_timeout.or(file_duration(
-                "healthcheck-timeout",
-                &file.healthcheck_timeout,
-            )?),
-            store_timeout: args
-                .timing
-                .store_timeout
-                .or(file_duration("store-timeout", &file.store_timeout)?),
-            activate_timeout: args
-                .activate_timeout
-                .or(file_duration("activate-timeout", &file.activate_timeout)?)
-                .unwrap_or(putex_core::timing::DEFAULT_ACTIVATE_TIMEOUT),
-            stop_timeout: args
-                .stop_timeout
-                .or(file_duration("stop-timeout", &file.stop_timeout)?)
-                .unwrap_or(putex_core::timing::DEFAULT_STOP_TIMEOUT),
-            emergency_timeout: args
-                .timing
-                .emergency_timeout
-                .or(file_duration("emergency-timeout", &file.emergency_timeout)?),
-            mutations: Default::default(),
-        };
-        let timing = timing_config.validate().map_err(|e| usage(e.to_string()))?;
-        let keeper_dir = args
-            .keeper_dir
-            .clone()
-            .or_else(|| file.keeper_dir.clone())
-            .unwrap_or_else(crate::supervision::keeper::default_keeper_dir);
-        let http = match pick(&args.http, &file.http) {
-            Some(a) => Some(a.trim().parse().map_err(|e| {
-                usage(format!(
-                    "{}: {a:?} is not an address ({e}); write e.g. 0.0.0.0:8008",
-                    names("http")
-                ))
-            })?),
-            None => None,
-        };
-        Ok(AgentSettings {
-            lock,
-            store,
-            node,
-            healthcheck,
-            service,
-            timing_config,
-            timing,
-            keeper_dir,
-            http,
-            no_cgroup: args.no_cgroup || file.no_cgroup.unwrap_or(false),
-        })
-    }
-
-    /// Resolves `args`, reading the config file it names (if any).
-    pub fn from_args(args: &AgentArgs, strict: Strictness) -> Result<AgentSettings, CliError> {
-        let file = match &args.config {
-            Some(p) => FileConfig::load(p)?,
-            None => FileConfig::default(),
-        };
-        AgentSettings::resolve(args, &file, strict)
-    }
-
-    /// The lock name; present for `run` settings.
-    pub fn lock_name(&self) -> &str {
-        self.lock.as_deref().unwrap_or("")
-    }
-
-    /// A stable id of the store for the keeper socket and the lock file
-    /// (the URL without secrets).
-    pub fn store_id(&self) -> String {
-        self.store.to_string()
-    }
+/// Resolves `args`, reading the config file it names (if any).
+pub fn from_args(args: &AgentArgs, strict: Strictness) -> Result<AgentSettings, CliError> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    resolve(args, &file, strict)
 }
 
 fn validate_hooks(
@@ -584,7 +517,7 @@ mod tests {
                 .unwrap();
         let mut a = args();
         a.timing.failures = Some(5);
-        let s = AgentSettings::resolve(&a, &file, Strictness::Run).unwrap();
+        let s = resolve(&a, &file, Strictness::Run).unwrap();
         assert_eq!(s.timing.renew(), Duration::from_millis(200));
         assert_eq!(s.timing_config.failures, 5, "the flag wins");
         assert_eq!(s.timing_config.confirm, 3, "the file beats the default");
@@ -597,7 +530,7 @@ mod tests {
         let e = FileConfig::parse("renw = \"1s\"\n").unwrap_err();
         assert!(e.contains("renw"), "{e}");
         let file = FileConfig::parse("renew = \"soon\"\n").unwrap();
-        let e = AgentSettings::resolve(&args(), &file, Strictness::Run)
+        let e = resolve(&args(), &file, Strictness::Run)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("config key `renew`"), "{e}");
@@ -607,24 +540,24 @@ mod tests {
     fn validation_names_the_flag() {
         let mut a = args();
         a.timing.failures = Some(1);
-        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run).unwrap_err();
+        let e = resolve(&a, &FileConfig::default(), Strictness::Run).unwrap_err();
         assert_eq!(e.code(), 2);
         assert_eq!(e.to_string(), "--failures must be at least 2 (got 1)");
         let mut a = args();
         a.lock = None;
-        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+        let e = resolve(&a, &FileConfig::default(), Strictness::Run)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--lock (or PUTEX_LOCK"), "{e}");
         let mut a = args();
         a.child = vec!["sleep".into(), "1".into()];
-        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+        let e = resolve(&a, &FileConfig::default(), Strictness::Run)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not both"), "{e}");
         let mut a = args();
         a.lock = Some("a.b".into());
-        let e = AgentSettings::resolve(&a, &FileConfig::default(), Strictness::Run)
+        let e = resolve(&a, &FileConfig::default(), Strictness::Run)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("--lock: "), "{e}");
@@ -632,7 +565,7 @@ mod tests {
 
     #[test]
     fn check_is_lenient_and_defaults_apply() {
-        let s = AgentSettings::resolve(
+        let s = resolve(
             &AgentArgs::default(),
             &FileConfig::default(),
             Strictness::Check,

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::check::measure_store;
-use super::config::{AgentArgs, AgentSettings, FileConfig, Strictness, TimingArgs};
+use super::config::{AgentArgs, FileConfig, Strictness, TimingArgs};
 use super::CliError;
+use crate::store::measure::measure_store;
 use crate::store::AnyStore;
 use crate::supervision::process::pids_matching;
 
@@ -107,7 +107,7 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
         child: vec!["true".into()],
         ..AgentArgs::default()
     };
-    let settings = AgentSettings::resolve(&fast, &FileConfig::default(), Strictness::Run)?;
+    let settings = super::config::resolve(&fast, &FileConfig::default(), Strictness::Run)?;
     let store = AnyStore::open(&settings.store)
         .await
         .map_err(|e| CliError::Store(format!("store {store_url}: {e}")))?;

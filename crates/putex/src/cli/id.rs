@@ -193,7 +193,7 @@ fn claimant(name: &Option<String>) -> Result<Claimant, CliError> {
     crate::store::keys::validate_node(&name).map_err(|e| exit_error(IdError::Name(e)))?;
     Ok(Claimant {
         name,
-        machine: crate::locks::lease::machine_id(),
+        machine: crate::identity::machine_id(),
     })
 }
 

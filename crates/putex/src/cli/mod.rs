@@ -2,7 +2,7 @@
 //!
 //! Two stages, as in ripgrep's `lowargs`/`hiargs`: [`config::AgentArgs`]
 //! holds what clap parsed (flags, with `PUTEX_*` environment variables
-//! filled in by clap), [`config::AgentSettings::resolve`] merges the TOML
+//! filled in by clap), [`config::resolve`] merges the TOML
 //! file (`--config`) and the defaults below them and validates the result,
 //! with errors that name the flag or key to change.
 //!
@@ -10,7 +10,7 @@
 //! |---|---|
 //! | [`config`] | the agent's flags, environment, config file and defaults |
 //! | [`check`] | `putex check`: validate and print the timeline |
-//! | [`run`] | `putex run`: the failover agent ([`run::AgentHost`]) |
+//! | [`run`] | `putex run`: flags → settings → [`crate::agent::run`] → exit code |
 //! | [`status`] | `putex status`: the lock and member records |
 //! | [`history`] | `putex history`: who held a lock when and why it moved (transition records) |
 //! | [`watch`] | `putex watch`: a live view of a lock's status and last transitions |
@@ -188,6 +188,16 @@ impl fmt::Display for CliError {
 }
 
 impl std::error::Error for CliError {}
+
+impl From<crate::store::measure::MeasureError> for CliError {
+    fn from(e: crate::store::measure::MeasureError) -> CliError {
+        use crate::store::measure::MeasureError;
+        match e {
+            MeasureError::Node(_) => CliError::Usage(format!("--node: {e}")),
+            MeasureError::Store(_) => CliError::Store(e.to_string()),
+        }
+    }
+}
 
 /// Installs the tracing subscriber: `RUST_LOG` if set, else `info`
 /// (`debug` with `-v`, `trace` with `-vv`), to stderr.

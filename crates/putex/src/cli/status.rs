@@ -12,8 +12,8 @@ use std::time::Duration;
 use putex_core::{Observed, StoreGap, StoreTime};
 use serde::Serialize;
 
-use super::run::MemberRecord;
 use super::CliError;
+use crate::agent::member::MemberRecord;
 use crate::store::{keys, AnyStore, ReadMode, Store, StoreUrl};
 
 /// `putex status` flags.

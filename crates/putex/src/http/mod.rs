@@ -124,7 +124,7 @@ pub fn parse_public_url(url: &str) -> Result<String, String> {
 fn base_url_from(addr: SocketAddr, tls: bool) -> String {
     let scheme = if tls { "https" } else { "http" };
     let host = match addr.ip() {
-        ip if ip.is_unspecified() => crate::cli::config::hostname(),
+        ip if ip.is_unspecified() => crate::identity::hostname(),
         IpAddr::V4(ip) => ip.to_string(),
         IpAddr::V6(ip) => format!("[{ip}]"),
     };

@@ -403,7 +403,7 @@ impl Gateway {
             }
         }
         let deadline = tokio::time::Instant::now() + req.wait.max(MIN_WAIT);
-        let uid = crate::locks::lease::instance_id();
+        let uid = crate::identity::instance_id();
         let ticket = Ticket::join(
             self.store.clone(),
             Waiter {
@@ -432,7 +432,7 @@ impl Gateway {
             AgentConfig {
                 identity: Identity {
                     node: self.opts.node.clone(),
-                    machine: crate::locks::lease::machine_id(),
+                    machine: crate::identity::machine_id(),
                     instance: uid.clone(),
                 },
                 timing: timing.clone(),
@@ -1050,7 +1050,7 @@ impl Gateway {
             let ended = Ended::of(action, &rec, entry.token);
             let written = LockRecord {
                 state,
-                write: format!("{}-{write}", crate::locks::lease::instance_id()),
+                write: format!("{}-{write}", crate::identity::instance_id()),
                 ..rec
             };
             match self

@@ -18,7 +18,7 @@
 //!   same name from another machine (a cloned VM with the same hostname) is
 //!   refused, never handed the same id.
 //! - **Nothing deleted behind a holder's back.** Release writes `released`
-//!   (by the owner) or `revoked` (`--force`, DESIGN S7) into the id record;
+//!   (by the owner) or `revoked` (`--force`, `docs/safety.md` S7) into the id record;
 //!   id records are never deleted. `revoked` ids are not handed out again
 //!   (their holder may still use them). Unreadable records are treated as
 //!   taken and reported by [`check`].
@@ -73,7 +73,7 @@ use putex_core::store::{Entry, StoreGap, StoreTime, Token};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::locks::lease::instance_id;
+use crate::identity::instance_id;
 use crate::store::{keys, snapshot_synced, ReadMode, Store, StoreError};
 
 /// The lease a persistent claim advertises: ten years. The lock state
@@ -317,7 +317,7 @@ impl From<keys::NameError> for IdError {
 pub struct Claimant {
     /// The claim name (default: the hostname); validated like a node id.
     pub name: String,
-    /// The machine id ([`crate::locks::lease::machine_id`]).
+    /// The machine id ([`crate::identity::machine_id`]).
     pub machine: String,
 }
 

@@ -58,7 +58,7 @@
 //! # }
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::future::{self, BoxFuture, FutureExt};
 use putex_core::{
@@ -249,8 +249,8 @@ impl Lock {
         };
         let identity = Identity {
             node: options.node.clone(),
-            machine: machine_id(),
-            instance: instance_id(),
+            machine: crate::identity::machine_id(),
+            instance: crate::identity::instance_id(),
         };
         let now = clock::boot_time_now();
         let mut agent = Agent::new(
@@ -503,37 +503,4 @@ impl Lease {
     pub async fn release(self) -> Result<bool, LeaseError> {
         self.lock.close().await
     }
-}
-
-/// `/etc/machine-id`, or a stand-in where there is none.
-///
-/// `PUTEX_MACHINE_ID`, when set and not empty, replaces it. It is a test
-/// knob (the end-to-end tests run two "machines" on one host to check the
-/// duplicate-node-id refusal, S5); never set it in production, where two
-/// hosts must never share a machine id.
-pub fn machine_id() -> String {
-    if let Some(id) = std::env::var("PUTEX_MACHINE_ID")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-    {
-        return id;
-    }
-    std::fs::read_to_string("/etc/machine-id")
-        .map(|s| s.trim().to_owned())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown-machine".into())
-}
-
-/// A fresh random id for this start (the kernel's UUID generator).
-pub fn instance_id() -> String {
-    static FALLBACK: Mutex<u64> = Mutex::new(0);
-    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
-        .map(|s| s.trim().replace('-', ""))
-        .unwrap_or_else(|_| {
-            let mut n = FALLBACK.lock().expect("not poisoned");
-            *n += 1;
-            format!("{}-{}", std::process::id(), n)
-        })
 }

@@ -968,7 +968,7 @@ async fn once_record(
         .await
         .unwrap_or_else(|_| SystemTime::now());
     let at = humantime::format_rfc3339_seconds(when).to_string();
-    let write = crate::locks::lease::instance_id();
+    let write = crate::identity::instance_id();
     let record = OnceRecord {
         v: 1,
         period: period.to_owned(),
@@ -1171,7 +1171,7 @@ pub async fn run(
     std::fs::create_dir_all(&opts.keeper_dir).map_err(|e| {
         SectionError::Usage(format!("--keeper-dir {}: {e}", opts.keeper_dir.display()))
     })?;
-    let instance = crate::locks::lease::instance_id();
+    let instance = crate::identity::instance_id();
     let short = &instance[..instance.len().min(12)];
     let exe = std::env::current_exe()
         .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
@@ -1241,7 +1241,7 @@ pub async fn run(
             AgentConfig {
                 identity: Identity {
                     node: opts.node.clone(),
-                    machine: crate::locks::lease::machine_id(),
+                    machine: crate::identity::machine_id(),
                     instance: instance.clone(),
                 },
                 timing: timing.clone(),

@@ -31,7 +31,7 @@
 //! people to read and is never compared with another host's. Durations —
 //! the time a lock had no active holder — are measured on the **store's
 //! clock**: the store timestamps of the records themselves (the entry's
-//! time, which the store assigns when the record lands; DESIGN §3). A
+//! time, which the store assigns when the record lands; `docs/stores.md`). A
 //! record lands about one store round trip after its transition, so these
 //! durations are good to a round trip.
 //!

@@ -1,4 +1,4 @@
-//! The store contract (DESIGN §3) and its backends.
+//! The store contract (`docs/stores.md`) and its backends.
 //!
 //! Every lock decision in putex rests on one primitive: a compare-and-swap
 //! on a record in a store. This module says what a store must offer and how
@@ -41,6 +41,7 @@ use std::time::Duration;
 pub use putex_core::store::{Entry, StoreTime, Token};
 
 pub mod keys;
+pub mod measure;
 pub mod memory;
 pub mod nats;
 pub mod sqlite;
@@ -210,7 +211,7 @@ pub struct WatchEvent {
 /// must be re-established with `from_revision` = last seen revision + 1.
 pub type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
 
-/// The store contract (DESIGN §3). Every call takes a `timeout`; when it
+/// The store contract (`docs/stores.md`). Every call takes a `timeout`; when it
 /// passes without an answer the call returns [`StoreError::Unknown`].
 ///
 /// Keys must pass [`keys::validate_key`]; a bad key is a

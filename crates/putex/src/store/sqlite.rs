@@ -17,7 +17,7 @@
 //! - **Store time**: (hash of this boot's id, `CLOCK_BOOTTIME` nanoseconds),
 //!   read inside the write transaction, so it moves forward with the
 //!   revision. A record written before a reboot is in another era and
-//!   counts as infinitely old (DESIGN §3).
+//!   counts as infinitely old (`docs/stores.md`).
 //! - **Watch**: polls for rows above the last seen revision every 25 ms. The
 //!   table keeps only the latest change per key (deletes as markers), so a
 //!   watcher may see several quick changes of one key as its latest.

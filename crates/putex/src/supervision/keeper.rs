@@ -1,4 +1,4 @@
-//! The keeper: a dead-man's switch that owns the service (DESIGN "Keeper").
+//! The keeper: a dead-man's switch that owns the service (`docs/supervision.md`).
 //!
 //! The agent may be frozen (SIGSTOP, a stalled VM thread), OOM-killed or
 //! crashed while its service runs. The keeper is a small process of its own —

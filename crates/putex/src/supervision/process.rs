@@ -1,7 +1,7 @@
 //! Process-tree control: whatever a service or hook starts, putex can stop.
 //!
 //! "Stopped" means every descendant is gone, including ones that called
-//! `setsid` or double-forked (DESIGN §2, "Killing a process tree"). Two
+//! `setsid` or double-forked (`docs/supervision.md`, "Process trees: cgroup scope or subreaper"). Two
 //! mechanisms give that, chosen per tree:
 //!
 //! - **A cgroup v2 scope** ([`Cgroup`]) when one can be created: the cgroup2

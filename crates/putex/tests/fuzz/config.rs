@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use putex::cli::config::{AgentArgs, AgentSettings, FileConfig, Strictness};
+use putex::cli::config::{AgentArgs, FileConfig, Strictness};
 use putex::cli::CliError;
 use toml::{Table, Value};
 
@@ -198,7 +198,7 @@ fn fuzz_config_file() {
             }
         };
         for strict in [Strictness::Check, Strictness::Run] {
-            match AgentSettings::resolve(&args, &file, strict) {
+            match putex::cli::config::resolve(&args, &file, strict) {
                 Ok(s) => {
                     // The flag beats the file.
                     if args.lock.is_some() {

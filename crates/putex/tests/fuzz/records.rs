@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use putex::cli::run::MemberRecord;
+use putex::agent::member::MemberRecord;
 use putex::cli::status;
 use putex::core::{Drift, LockRecord, LockState, Observed, Token};
 use putex::locks::gateway::{Gateway, GatewayOptions, GrantRecord};

@@ -1,0 +1,710 @@
+//! The agent's [`Host`]: what the core asks for, carried out.
+//!
+//! Health checks and the fence/activate hooks run through [`HookRunner`];
+//! stops and the licence deadline go through the keeper (which owns the
+//! child in child mode and runs the deactivate hook in hook mode), in the
+//! core's order through one queue ([`keeper_ops`]); the highest token and
+//! the service's tree go into the state file; transitions into the log,
+//! the member record and a transition record.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt};
+use putex_core::{Event, HealthMode, Instant, KeeperCommand, Role, StopKind, Token};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::Instrument;
+
+use super::files::LocalState;
+use super::member::MemberRecord;
+use super::settings::{AgentSettings, ServiceMode};
+use crate::clock;
+use crate::driver::Host;
+use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
+use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use crate::supervision::process::TreeSnapshot;
+
+/// Extra time a stop may take past the core's deadline before it is
+/// reported unproven: the keeper's own SIGKILL wait ends right at it.
+pub(super) const STOP_SLACK: Duration = Duration::from_millis(100);
+
+// ---------------------------------------------------------------------------
+// The keeper, replaced when it died.
+
+/// The agent's keeper. One that died is replaced by a new one when the next
+/// tenure arms it (its old tree was stopped without it first: the core
+/// releases nothing before that is proven).
+pub(super) struct KeeperSlot {
+    config: KeeperConfig,
+    current: Mutex<Arc<KeeperClient>>,
+    /// Every keeper's events, in one stream ([`pump_keeper_events`]).
+    events: mpsc::UnboundedSender<KeeperEvent>,
+}
+
+impl KeeperSlot {
+    pub(super) fn new(
+        config: KeeperConfig,
+        mut keeper: KeeperClient,
+        events: mpsc::UnboundedSender<KeeperEvent>,
+    ) -> KeeperSlot {
+        forward_events(keeper.take_events(), events.clone());
+        KeeperSlot {
+            config,
+            current: Mutex::new(Arc::new(keeper)),
+            events,
+        }
+    }
+
+    /// The keeper (perhaps a dead one: its calls then fail with `Lost`).
+    pub(super) fn get(&self) -> Arc<KeeperClient> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The keeper for a new tenure: a new one if the old one died.
+    async fn for_tenure(&self) -> Result<Arc<KeeperClient>, KeeperError> {
+        let keeper = self.get();
+        if !keeper.is_lost() {
+            return Ok(keeper);
+        }
+        tracing::warn!("the keeper died earlier; starting a new one for this tenure");
+        let (mut fresh, _) = KeeperClient::spawn_or_adopt(&self.config).await?;
+        forward_events(fresh.take_events(), self.events.clone());
+        let fresh = Arc::new(fresh);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+/// Copies one keeper's events into the agent's single stream.
+fn forward_events(
+    mut from: mpsc::UnboundedReceiver<KeeperEvent>,
+    to: mpsc::UnboundedSender<KeeperEvent>,
+) {
+    tokio::spawn(
+        async move {
+            while let Some(ev) = from.recv().await {
+                if to.send(ev).is_err() {
+                    return;
+                }
+            }
+        }
+        .in_current_span(),
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The host.
+
+/// An ordered request to the keeper. Arms, extensions and child spawns go
+/// through one queue so that they reach the keeper in the core's order.
+pub(super) enum KeeperOp {
+    /// A command, and where to say whether the keeper carried it out.
+    Command(KeeperCommand, Option<Token>, oneshot::Sender<bool>),
+    Spawn {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        /// The stop counter when the activation was asked for: a stop asked
+        /// for since then cancels the spawn.
+        stops_seen: u64,
+        reply: oneshot::Sender<bool>,
+    },
+    /// Answers once every earlier op is done.
+    Barrier(oneshot::Sender<()>),
+}
+
+#[derive(Default)]
+pub(super) struct Status {
+    pub(super) role: Option<Role>,
+    pub(super) token: Option<Token>,
+    pub(super) previous: Option<String>,
+    pub(super) healthy: Option<bool>,
+    pub(super) last_health: Option<String>,
+    pub(super) highest: Option<Token>,
+    /// The activate hook (or the child's spawn) succeeded and no stop was
+    /// asked for since: `/primary` answers 200 only then.
+    pub(super) service_up: bool,
+    /// Stops in a row that proved nothing, and whether the lease is still
+    /// held meanwhile (`None`: the last stop was proven).
+    pub(super) unproven: Option<(u32, bool)>,
+    /// The service's tree as the keeper last described it (child mode).
+    pub(super) tree: Option<TreeSnapshot>,
+}
+
+pub(super) struct Inner {
+    pub(super) lock: String,
+    pub(super) node: String,
+    pub(super) instance: String,
+    pub(super) settings: AgentSettings,
+    pub(super) runner: HookRunner,
+    pub(super) keeper: KeeperSlot,
+    /// A previous instance's tree, from the state file: the start-up stop
+    /// proves it gone too (S5), whoever owned it.
+    pub(super) orphans: Mutex<Option<TreeSnapshot>>,
+    pub(super) ops: mpsc::UnboundedSender<KeeperOp>,
+    pub(super) status: Mutex<Status>,
+    /// Counts stops asked for; in-flight activations watch it.
+    pub(super) stops: watch::Sender<u64>,
+    /// Wakes the member-record writer.
+    pub(super) member_dirty: Notify,
+    /// Wakes the state-file writer.
+    pub(super) state_dirty: Notify,
+    /// Writes the transition records (`putex history`); never waited for.
+    pub(super) history: crate::observe::history::HistoryWriter,
+    /// A second signal asked for an emergency stop: exit 1 however the
+    /// running stop ends.
+    pub(super) emergency_requested: std::sync::atomic::AtomicBool,
+    /// `PUTEX_TEST_WEDGE_AFTER`: when the state machine wedges itself.
+    pub(super) wedge_at: Option<std::time::Instant>,
+}
+
+impl crate::http::agent::AgentView for AgentHost {
+    fn snapshot(&self) -> crate::http::agent::AgentSnapshot {
+        let live = crate::http::agent::live(
+            crate::observe::metrics::global().since_progress(),
+            self.inner.settings.timing.renew(),
+        );
+        self.set(|st| crate::http::agent::AgentSnapshot {
+            lock: self.inner.lock.clone(),
+            node: self.inner.node.clone(),
+            role: st.role_name(),
+            primary: st.role == Some(Role::Active) && st.service_up,
+            healthy: st.healthy,
+            token: st.token.map(|t| t.to_string()),
+            ready: !matches!(st.role, None | Some(Role::Starting | Role::Exited)),
+            live,
+        })
+    }
+}
+
+impl Inner {
+    fn set_service_up(&self, up: bool) {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .service_up = up;
+    }
+}
+
+/// The agent's [`Host`]: hooks, the keeper, the state file, member records.
+#[derive(Clone)]
+pub(super) struct AgentHost {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl Status {
+    /// The role as hooks and member records name it.
+    pub(super) fn role_name(&self) -> String {
+        self.role
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| "starting".into())
+    }
+}
+
+impl AgentHost {
+    fn env(&self, token: Option<Token>) -> HookEnv {
+        let st = self.inner.status.lock().unwrap_or_else(|e| e.into_inner());
+        HookEnv {
+            lock: self.inner.lock.clone(),
+            node: self.inner.node.clone(),
+            role: st.role_name(),
+            token: token.or(st.token),
+            previous: st.previous.clone(),
+            stop: None,
+        }
+    }
+
+    pub(super) fn set<R>(&self, f: impl FnOnce(&mut Status) -> R) -> R {
+        f(&mut self.inner.status.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(super) fn member_record(&self) -> MemberRecord {
+        self.set(|st| MemberRecord {
+            alarm: st.unproven.map(|(attempts, holding)| {
+                format!(
+                    "stop unproven ({attempts} attempts; {})",
+                    if holding {
+                        "holding the lock until a stop is proven"
+                    } else {
+                        "the lock was lost"
+                    }
+                )
+            }),
+            v: 1,
+            node: self.inner.node.clone(),
+            instance: self.inner.instance.clone(),
+            role: st.role_name(),
+            healthy: st.healthy,
+            last_health: st.last_health.clone(),
+            token: st.token.map(|t| t.to_string()),
+            renew_ms: u64::try_from(self.inner.settings.timing.renew().as_millis()).unwrap_or(0),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Runs `kind`'s hook with its environment, at most `timeout`.
+    async fn run_hook(
+        inner: &Inner,
+        kind: HookKind,
+        command: &str,
+        env: &HookEnv,
+        arg: Option<&str>,
+        timeout: Duration,
+    ) -> bool {
+        let hook = Hook::new(kind, command);
+        match inner.runner.run(&hook, env, arg, timeout).await {
+            Ok(o) => {
+                crate::observe::metrics::global().hook(o.name, o.duration);
+                if o.ok() {
+                    tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
+                } else {
+                    tracing::warn!(hook = o.name, status = ?o.status, duration = ?o.duration, "hook failed");
+                }
+                o.ok()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "hook could not run");
+                false
+            }
+        }
+    }
+
+    /// The stop itself: through the keeper, or without it if it is gone.
+    /// A start-up stop also proves a previous instance's tree gone (S5): a
+    /// new keeper knows nothing of an orphan its dead predecessor left.
+    async fn do_stop(inner: Arc<Inner>, kind: StopKind, env: HookEnv, limit: Duration) -> bool {
+        let started = std::time::Instant::now();
+        let keeper = inner.keeper.get();
+        let ok = match keeper.stop(kind).await {
+            Ok(ok) => ok,
+            Err(KeeperError::Lost) => {
+                tracing::error!(?kind, "keeper lost: stopping the service without it");
+                match &inner.settings.service {
+                    Some(ServiceMode::Hooks { deactivate, .. }) => {
+                        let env = HookEnv {
+                            stop: Some(kind),
+                            ..env
+                        };
+                        Self::run_hook(&inner, HookKind::Deactivate, deactivate, &env, None, limit)
+                            .await
+                    }
+                    _ => {
+                        // What the keeper last reported, kept by the host
+                        // across keepers; else what this client knows.
+                        let snapshot = inner
+                            .status
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .tree
+                            .clone();
+                        match snapshot {
+                            Some(s) => s.kill(limit).await,
+                            None => keeper.stop_tree_without_keeper(limit).await,
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(?kind, error = %e, "keeper could not stop the service");
+                false
+            }
+        };
+        if !ok || kind != StopKind::Startup {
+            return ok;
+        }
+        let orphans = inner
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(orphans) = orphans else {
+            return true;
+        };
+        let survivors = orphans.survivors(&crate::supervision::process::proc_table());
+        if !survivors.is_empty() {
+            tracing::warn!(
+                ?survivors,
+                "a previous instance's service processes still run; killing them (S5)"
+            );
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        if !orphans.kill(left).await {
+            return false;
+        }
+        *inner.orphans.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut st = inner.status.lock().unwrap_or_else(|e| e.into_inner());
+        if st.tree.as_ref() == Some(&orphans) {
+            st.tree = None;
+            inner.state_dirty.notify_one();
+        }
+        true
+    }
+}
+
+impl Host for AgentHost {
+    fn health_check(&self, mode: HealthMode, deadline: Instant) -> BoxFuture<'static, bool> {
+        let Some(cmd) = self.inner.settings.healthcheck.clone() else {
+            return futures::future::ready(true).boxed();
+        };
+        let env = self.env(None);
+        let timeout = clock::until(deadline).min(self.inner.settings.timing.healthcheck_timeout());
+        let this = self.clone();
+        async move {
+            let ok = Self::run_hook(
+                &this.inner,
+                HookKind::Health,
+                &cmd,
+                &env,
+                Some(health_arg(mode)),
+                timeout,
+            )
+            .await;
+            crate::observe::metrics::global().health_check(health_arg(mode), ok);
+            let changed = this.set(|st| {
+                let changed = st.healthy != Some(ok);
+                st.healthy = Some(ok);
+                st.last_health = Some(format!(
+                    "{} {}",
+                    health_arg(mode),
+                    if ok { "ok" } else { "failed" }
+                ));
+                changed
+            });
+            if changed {
+                tracing::info!(mode = health_arg(mode), ok, "health changed");
+                this.inner.member_dirty.notify_one();
+            }
+            ok
+        }
+        .boxed()
+    }
+
+    fn fence(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool> {
+        self.set(|st| st.previous.clone_from(&previous));
+        let fence = match &self.inner.settings.service {
+            Some(ServiceMode::Hooks { fence, .. } | ServiceMode::Child { fence, .. }) => {
+                fence.clone()
+            }
+            None => None,
+        };
+        let Some(cmd) = fence else {
+            return futures::future::ready(true).boxed();
+        };
+        let env = self.env(Some(token));
+        let inner = self.inner.clone();
+        let mut stops = self.inner.stops.subscribe();
+        async move {
+            tokio::select! {
+                ok = Self::run_hook(&inner, HookKind::Fence, &cmd, &env, None, clock::until(deadline)) => ok,
+                _ = stops.changed() => false,
+            }
+        }
+        .boxed()
+    }
+
+    fn activate(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool> {
+        self.set(|st| st.previous.clone_from(&previous));
+        let env = self.env(Some(token));
+        let inner = self.inner.clone();
+        let mut stops = self.inner.stops.subscribe();
+        let stops_seen = *stops.borrow_and_update();
+        let up = self.inner.clone();
+        let activation = match self.inner.settings.service.clone() {
+            Some(ServiceMode::Hooks { activate, .. }) => async move {
+                tokio::select! {
+                    ok = Self::run_hook(&inner, HookKind::Activate, &activate, &env, None, clock::until(deadline)) => ok,
+                    // A stop cancels the activation (the hook is killed); the
+                    // deactivate hook then runs through the keeper.
+                    _ = stops.changed() => false,
+                }
+            }
+            .boxed(),
+            Some(ServiceMode::Child { argv, .. }) => {
+                let vars: Vec<(String, String)> = env
+                    .vars(HookKind::Activate)
+                    .into_iter()
+                    .filter(|(k, _)| *k != "PUTEX_HOOK")
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                let (reply, rx) = oneshot::channel();
+                let _ = inner.ops.send(KeeperOp::Spawn {
+                    argv,
+                    env: vars,
+                    stops_seen,
+                    reply,
+                });
+                async move {
+                    tokio::time::timeout(clock::until(deadline), rx)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(false)
+                }
+                .boxed()
+            }
+            None => futures::future::ready(false).boxed(),
+        };
+        async move {
+            let ok = activation.await;
+            // Up only if no stop was asked for meanwhile.
+            if ok && *up.stops.borrow() == stops_seen {
+                up.set_service_up(true);
+            }
+            ok
+        }
+        .boxed()
+    }
+
+    fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool> {
+        self.inner.stops.send_modify(|n| *n += 1);
+        let env = self.env(None);
+        let inner = self.inner.clone();
+        async move {
+            let limit = clock::until(deadline) + STOP_SLACK;
+            let started = std::time::Instant::now();
+            inner.set_service_up(false);
+            let work = async {
+                // Let every earlier keeper op (an arm, a spawn) finish first,
+                // so that the stop is the last word.
+                let (tx, rx) = oneshot::channel();
+                if inner.ops.send(KeeperOp::Barrier(tx)).is_ok() {
+                    let _ = rx.await;
+                }
+                Self::do_stop(inner.clone(), kind, env, clock::until(deadline)).await
+            };
+            let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
+            let name = crate::supervision::hooks::stop_name(kind);
+            crate::observe::metrics::global().hook(&format!("stop-{name}"), started.elapsed());
+            if ok {
+                tracing::info!(kind = name, "service stopped");
+            } else {
+                if kind == StopKind::Graceful {
+                    crate::observe::metrics::global().graceful_stop_failed();
+                }
+                tracing::error!(kind = name, "stop not proven");
+            }
+            ok
+        }
+        .boxed()
+    }
+
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
+        if let Some(at) = self.inner.wedge_at {
+            if std::time::Instant::now() >= at {
+                // PUTEX_TEST_WEDGE_AFTER: block the state machine's thread
+                // for good, as a deadlock would (the watchdog test).
+                tracing::error!("PUTEX_TEST_WEDGE_AFTER: wedging the state machine");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+        }
+        crate::observe::metrics::global().licence(match command {
+            KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
+            KeeperCommand::Disarm => None,
+        });
+        let token = self.set(|st| st.token);
+        let (reply, rx) = oneshot::channel();
+        let _ = self
+            .inner
+            .ops
+            .send(KeeperOp::Command(command, token, reply));
+        async move { rx.await.unwrap_or(false) }.boxed()
+    }
+
+    fn persist_highest(&self, token: Token) {
+        self.set(|st| {
+            if st.highest.is_none_or(|h| token > h) {
+                st.highest = Some(token);
+            }
+        });
+        self.inner.state_dirty.notify_one();
+    }
+
+    fn event(&self, event: &Event) {
+        match event {
+            Event::Transition {
+                from,
+                to,
+                reason,
+                token,
+            } => {
+                crate::observe::metrics::global().transition(*to, token.map(|t| t.revision));
+                if *from == Role::Starting {
+                    // Connected, and the first decision is made.
+                    crate::supervision::systemd::notify("READY=1");
+                }
+                crate::supervision::systemd::notify(&format!("STATUS={to} ({reason})"));
+                self.set(|st| {
+                    st.role = Some(*to);
+                    match to {
+                        Role::Standby | Role::Starting | Role::Exited => {
+                            st.token = None;
+                            st.previous = None;
+                        }
+                        _ => {
+                            if token.is_some() {
+                                st.token = *token;
+                            }
+                        }
+                    }
+                });
+                // lock and node come from the agent's span.
+                // e.g. `standby -> confirming (lock stale: rev 1:41 unchanged
+                // for 10.21s, store age 10.24s)`.
+                tracing::info!(
+                    role = %to,
+                    from = %from,
+                    reason = ?reason,
+                    token = token.map(tracing::field::display),
+                    revision = token.map(|t| t.revision),
+                    "transition {from} -> {to} ({reason})"
+                );
+                self.inner.member_dirty.notify_one();
+                self.inner.history.transition(*from, *to, reason, *token);
+            }
+            Event::StoreRegressed { highest, now } => tracing::error!(
+                %highest,
+                %now,
+                "STORE REGRESSED: the lock record's revision went backwards (lost writes?); \
+                 treating the lock as absent (S6)"
+            ),
+            Event::AdvertisedTimingAboveMax(msg) => {
+                tracing::warn!("{msg}")
+            }
+            Event::StopUnproven {
+                kind,
+                attempts,
+                holding,
+            } => {
+                crate::observe::metrics::global().stop_unproven(true);
+                self.set(|st| st.unproven = Some((*attempts, *holding)));
+                self.inner.member_dirty.notify_one();
+                if *holding {
+                    tracing::error!(
+                        kind = crate::supervision::hooks::stop_name(*kind),
+                        attempts,
+                        "STOP UNPROVEN: the service may still run; keeping the lock (renewing, no \
+                         release) and retrying the stop every round"
+                    );
+                } else {
+                    tracing::error!(
+                        kind = crate::supervision::hooks::stop_name(*kind),
+                        attempts,
+                        "STOP UNPROVEN after the lock was lost: the service may still run beside \
+                         the next holder; only the fencing token protects the resource; retrying \
+                         the stop every round"
+                    );
+                }
+            }
+            Event::StopProven { after } => {
+                crate::observe::metrics::global().stop_unproven(false);
+                self.set(|st| st.unproven = None);
+                self.inner.member_dirty.notify_one();
+                tracing::warn!(after, "the service is proven stopped after all");
+            }
+        }
+    }
+}
+
+/// Carries out keeper ops in order.
+pub(super) async fn keeper_ops(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
+    while let Some(op) = rx.recv().await {
+        match op {
+            KeeperOp::Command(cmd, token, reply) => {
+                let r = match cmd {
+                    KeeperCommand::Arm(d) => {
+                        let previous = inner
+                            .status
+                            .lock()
+                            .map(|s| s.previous.clone())
+                            .unwrap_or(None);
+                        match inner.keeper.for_tenure().await {
+                            Ok(keeper) => keeper.arm(d, token, previous).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    other => inner.keeper.get().apply(other).await,
+                };
+                match &r {
+                    Ok(()) => tracing::trace!(?cmd, "keeper"),
+                    // A refused extension means the deadline passed: the
+                    // keeper fires and reports it, which ends the licence.
+                    // A refused arm keeps the service from starting.
+                    Err(e) => tracing::warn!(?cmd, error = %e, "keeper refused or failed"),
+                }
+                let _ = reply.send(r.is_ok());
+            }
+            KeeperOp::Spawn {
+                argv,
+                env,
+                stops_seen,
+                reply,
+            } => {
+                if *inner.stops.borrow() != stops_seen {
+                    let _ = reply.send(false);
+                    continue;
+                }
+                let ok = match inner.keeper.get().spawn_child(argv, env).await {
+                    Ok((pid, tree)) => {
+                        tracing::info!(pid, ?tree, "child started");
+                        true
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the child");
+                        false
+                    }
+                };
+                let _ = reply.send(ok);
+            }
+            KeeperOp::Barrier(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// Persists the highest token, the service's tree (and the instance)
+/// whenever they change.
+pub(super) async fn state_writer(
+    host: AgentHost,
+    path: PathBuf,
+    boot: String,
+    tree: Option<TreeSnapshot>,
+) {
+    let mut written = (host.set(|st| st.highest), tree);
+    loop {
+        host.inner.state_dirty.notified().await;
+        let now = host.set(|st| (st.highest, st.tree.clone()));
+        if now == written {
+            continue;
+        }
+        let state = LocalState {
+            instance: host.inner.instance.clone(),
+            boot_id: boot.clone(),
+            highest: now.0,
+            tree: now.1.clone(),
+        };
+        let p = path.clone();
+        match tokio::task::spawn_blocking(move || state.save(&p)).await {
+            Ok(Ok(())) => written = now,
+            Ok(Err(e)) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot write the state file")
+            }
+            Err(_) => {}
+        }
+    }
+}

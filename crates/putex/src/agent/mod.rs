@@ -1,0 +1,507 @@
+//! The failover agent (`putex run`) as a library: [`run`] takes validated
+//! [`AgentSettings`], an optional bound listener for its HTTP endpoints and
+//! a [`Shutdown`], and returns why it stopped.
+//!
+//! Start-up, in the order S5 asks for:
+//!
+//! 1. take the host-local lock file for (store, lock) — `flock` on
+//!    `<keeper dir>/<store hash>-<lock>.lock`; a second agent for the same
+//!    lock and store on this host refuses to start
+//!    ([`AgentError::AlreadyRunning`]);
+//! 2. read the state file beside it (`….state`: the previous instance id, the
+//!    boot id, the highest fencing token seen, S6) and write the new
+//!    instance id into it;
+//! 3. open the store ([`AgentError::StoreUnreachable`]) and check the timing
+//!    against it (replication, p99 latency);
+//! 4. adopt the keeper on the well-known socket, or start one; an adopted
+//!    keeper that still guards a running service gives the core its
+//!    deadline ([`PreviousInstance::keeper_deadline`]), so the service keeps
+//!    running;
+//! 5. run the core [`Agent`] through [`driver::run_with_inputs`] with the
+//!    agent's host until it exits.
+//!
+//! The host (`agent/host.rs`) carries out what the core asks: health checks and the
+//! fence/activate hooks through [`HookRunner`], stops and the licence
+//! deadline through the keeper (which owns the child in child mode and runs
+//! the deactivate hook in hook mode), the highest token into the state file,
+//! and transitions into the log, the member record and a transition record
+//! ([`crate::observe::history`], written in the background for `putex history`).
+//!
+//! Shutdown: a graceful request ([`Shutdown::request`], the first SIGTERM or
+//! SIGINT) asks the core for a graceful stop and release; an abort (the
+//! second signal) makes an emergency stop through the keeper and returns
+//! [`AgentError::Aborted`] at once, without a release.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`settings`] | [`AgentSettings`]: validated settings, whatever they came from |
+//! | [`files`] | the host-local lock file and state file |
+//! | [`member`] | member records, what `putex status` shows of each node |
+//! | `host` | the [`crate::driver::Host`] that carries out what the core asks |
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use putex_core::{
+    Agent, AgentConfig, ExitReason, Identity, Input, Instant, PreviousInstance, StopKind,
+    TimingError,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::Instrument;
+
+pub mod files;
+mod host;
+pub mod member;
+pub mod settings;
+
+pub use settings::{timing_warnings, AgentSettings, ServiceMode};
+
+use self::files::{LocalLock, LocalPaths, LocalState};
+use self::host::{keeper_ops, state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
+use self::member::member_writer;
+use crate::clock;
+use crate::driver::{self, Keys};
+use crate::identity;
+use crate::shutdown::Shutdown;
+use crate::store::keys::{self, NameError};
+use crate::store::measure::{measure_store, MeasureError};
+use crate::store::{AnyStore, Store, StoreError};
+use crate::supervision::hooks::HookRunner;
+use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+
+/// Why the agent could not start or did not finish on its own terms.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A host-local file or directory could not be used.
+    #[error("{what} {}: {source}", path.display())]
+    Local {
+        /// Which file: `keeper directory`, `lock file`, `state file`.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// Another agent already runs this lock for this store on this host.
+    #[error(
+        "another putex agent (pid {pid}) already runs lock {lock:?} for store {store} on this \
+         host (lock file {}); one agent per lock and host",
+        lock_file.display()
+    )]
+    AlreadyRunning {
+        /// The pid written in the lock file.
+        pid: String,
+        /// The lock.
+        lock: String,
+        /// The store, without secrets.
+        store: String,
+        /// The lock file.
+        lock_file: PathBuf,
+    },
+    /// The store cannot be opened.
+    #[error("store {url}: {source}")]
+    StoreUnreachable {
+        /// The store URL, without secrets.
+        url: String,
+        /// Why.
+        source: StoreError,
+    },
+    /// Measuring the store failed.
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
+    /// The timing does not suit the store (measured p99, replication).
+    #[error(transparent)]
+    Timing(#[from] TimingError),
+    /// The lock name or node id cannot name a record.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The keeper could not be started or adopted.
+    #[error("keeper: {0}")]
+    Keeper(#[from] KeeperError),
+    /// No keeper executable was given and this program's own path is unknown.
+    #[error("cannot find the putex binary to run the keeper: {0}")]
+    NoKeeperExe(std::io::Error),
+    /// Asked to stop at once: an emergency stop was made, nothing released.
+    #[error("stopped at once by a second signal")]
+    Aborted,
+}
+
+impl AgentError {
+    fn local(what: &'static str, path: &std::path::Path, source: std::io::Error) -> AgentError {
+        AgentError::Local {
+            what,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Runs the failover agent until it stops: asked to ([`Shutdown`]), or
+/// because the core exits (another machine uses this node id, the start-up
+/// stop failed). `http`, when given, serves `/primary`, `/replica`,
+/// `/health`, `/metrics` and the status page.
+pub async fn run(
+    settings: AgentSettings,
+    http: Option<TcpListener>,
+    shutdown: Shutdown,
+) -> Result<ExitReason, AgentError> {
+    let lock = settings.lock_name().to_owned();
+    let node = settings.node.clone();
+    let store_id = settings.store_id();
+
+    // 1. The lock file (S5).
+    std::fs::create_dir_all(&settings.keeper_dir)
+        .map_err(|e| AgentError::local("keeper directory", &settings.keeper_dir, e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ =
+            std::fs::set_permissions(&settings.keeper_dir, std::fs::Permissions::from_mode(0o700));
+    }
+    let paths = LocalPaths::new(&settings.keeper_dir, &store_id, &lock);
+    let _local_lock = LocalLock::acquire(&paths.lock_file, &lock, &store_id)?;
+
+    // 2. The state file (S5, S6).
+    let boot = identity::boot_id();
+    let previous_state = LocalState::load(&paths.state_file);
+    let instance = identity::instance_id();
+    let highest = previous_state.as_ref().and_then(|s| s.highest);
+    // A previous instance's tree stays on record until a stop proves it gone.
+    let orphans = previous_state.as_ref().and_then(|s| s.tree.clone());
+    LocalState {
+        instance: instance.clone(),
+        boot_id: boot.clone(),
+        highest,
+        tree: orphans.clone(),
+    }
+    .save(&paths.state_file)
+    .map_err(|e| AgentError::local("state file", &paths.state_file, e))?;
+
+    // 3. The store.
+    let store =
+        AnyStore::open(&settings.store)
+            .await
+            .map_err(|source| AgentError::StoreUnreachable {
+                url: settings.store.to_string(),
+                source,
+            })?;
+    let m = measure_store(
+        &store,
+        &node,
+        settings.timing.store_timeout().max(Duration::from_secs(1)),
+        Some(settings.timing.renew()),
+    )
+    .await?;
+    settings.timing.check_store(&m.facts)?;
+    tracing::info!(
+        store = %settings.store,
+        replicas = m.replicas,
+        p99_cas = ?m.facts.p99_cas.unwrap_or_default(),
+        "store ok"
+    );
+    for w in timing_warnings(&settings.timing) {
+        tracing::warn!("{w}");
+    }
+    let timeline = settings.timing.timeline(m.median_cas);
+    tracing::info!(
+        lease = ?timeline.lease,
+        staleness_wait = ?timeline.staleness_wait,
+        gap = ?timeline.gap,
+        bound = ?timeline.crash_failover,
+        "timing"
+    );
+
+    // 4. The keeper.
+    let deactivate = match &settings.service {
+        Some(ServiceMode::Hooks { deactivate, .. }) => Some(deactivate.clone()),
+        _ => None,
+    };
+    let exe = match &settings.keeper_exe {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().map_err(AgentError::NoKeeperExe)?,
+    };
+    let keeper_config = KeeperConfig {
+        exe,
+        socket: paths.socket.clone(),
+        lock: lock.clone(),
+        node: node.clone(),
+        deactivate,
+        stop_timeout: settings.timing.stop_timeout(),
+        emergency_timeout: settings.timing.emergency_timeout(),
+        cgroup: !settings.no_cgroup,
+        quiet: false,
+    };
+    let (keeper, adopted) = KeeperClient::spawn_or_adopt(&keeper_config).await?;
+    let mut keeper_deadline = None;
+    if adopted {
+        match keeper.status().await {
+            Ok(st) => {
+                let runs = match &settings.service {
+                    Some(ServiceMode::Child { .. }) => {
+                        st.child.as_ref().is_some_and(|c| c.tree_alive)
+                    }
+                    _ => true,
+                };
+                // A keeper still stopping the service (its deadline passed,
+                // or a stop was asked for) guards no tenure to resume: the
+                // service is on its way down (S5).
+                if !st.fired && !st.stopping && runs {
+                    keeper_deadline = st.deadline_ns.map(Instant::from_nanos);
+                }
+                tracing::info!(
+                    pid = st.pid,
+                    deadline = ?keeper_deadline,
+                    stopping = st.stopping,
+                    "adopted the running keeper"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "adopted keeper did not report its status"),
+        }
+    }
+    let previous = previous_state.map(|s| {
+        let same_boot = !boot.is_empty() && s.boot_id == boot;
+        PreviousInstance {
+            instance: s.instance,
+            same_boot,
+            keeper_deadline: keeper_deadline.filter(|_| same_boot),
+        }
+    });
+    let adopted_tree = keeper.snapshot();
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let keeper = KeeperSlot::new(keeper_config, keeper, events_tx);
+
+    // 5. The agent.
+    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
+    let (inject, inputs) = mpsc::unbounded_channel::<Input>();
+    let host = AgentHost {
+        inner: Arc::new(Inner {
+            lock: lock.clone(),
+            node: node.clone(),
+            instance: instance.clone(),
+            settings: settings.clone(),
+            runner: if settings.no_cgroup {
+                HookRunner::without_cgroup()
+            } else {
+                HookRunner::detect()
+            },
+            keeper,
+            orphans: Mutex::new(orphans.clone()),
+            ops: ops_tx,
+            status: Mutex::new(Status {
+                highest,
+                tree: adopted_tree.or(orphans.clone()),
+                ..Status::default()
+            }),
+            stops: watch::Sender::new(0),
+            member_dirty: Notify::new(),
+            state_dirty: Notify::new(),
+            history: crate::observe::history::HistoryWriter::spawn(
+                store.clone(),
+                crate::observe::history::WriterConfig::new(
+                    &lock,
+                    &node,
+                    &instance,
+                    "run",
+                    settings.timing.store_timeout().max(Duration::from_secs(1)),
+                ),
+            ),
+            emergency_requested: std::sync::atomic::AtomicBool::new(false),
+            wedge_at: wedge_at(),
+        }),
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(interval) = crate::supervision::systemd::watchdog_interval() {
+        let renew = settings.timing.renew();
+        tracing::info!(
+            ?interval,
+            "systemd watchdog: pinging while the state machine progresses"
+        );
+        tasks.spawn(
+            crate::supervision::systemd::watchdog(interval, move || {
+                crate::http::agent::live(crate::observe::metrics::global().since_progress(), renew)
+            })
+            .in_current_span(),
+        );
+    }
+    tasks.spawn(keeper_ops(host.inner.clone(), ops_rx).in_current_span());
+    tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
+    let member_key = keys::member(&lock, &node)?;
+    tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
+    tasks.spawn(
+        state_writer(host.clone(), paths.state_file.clone(), boot, orphans).in_current_span(),
+    );
+
+    // A second request (the operator's second signal) stops at once.
+    let aborted = {
+        let emergency = settings.timing.emergency_timeout();
+        let inner = host.inner.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.aborted().cancelled().await;
+            tracing::error!(
+                "asked again to stop: emergency stop; the lock is released only if the stop under \
+                 way proves the service stopped in time"
+            );
+            inner
+                .emergency_requested
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let keeper = inner.keeper.get();
+            let ok = tokio::time::timeout(emergency + STOP_SLACK, keeper.stop(StopKind::Emergency))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(false);
+            if ok {
+                let _ = keeper.disarm().await;
+            }
+        }
+    };
+    let graceful = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.graceful().cancelled().await;
+            crate::supervision::systemd::notify("STOPPING=1");
+            tracing::info!(
+                "stopping gracefully and releasing the lock (a second signal stops at once)"
+            );
+        }
+    };
+
+    let agent = Agent::new(
+        AgentConfig {
+            identity: Identity {
+                node: node.clone(),
+                machine: crate::identity::machine_id(),
+                instance,
+            },
+            timing: settings.timing.clone(),
+            previous,
+            highest_token: highest,
+            supervised_stops: true,
+            mutations: Default::default(),
+        },
+        clock::boot_time_now(),
+    );
+    let keys = Keys {
+        lock: keys::lock(&lock)?,
+        probe: keys::probe(&node)?,
+    };
+    tracing::info!(
+        mode = if matches!(settings.service, Some(ServiceMode::Child { .. })) {
+            "child"
+        } else {
+            "hooks"
+        },
+        adopted,
+        "agent starting"
+    );
+    let (http_stop, http_stopped) = oneshot::channel::<()>();
+    if let Some(listener) = http {
+        let view: Arc<dyn crate::http::agent::AgentView> = Arc::new(host.clone());
+        let page = crate::observe::web::router(store.clone(), Some(vec![lock.clone()]));
+        tracing::info!(addr = ?listener.local_addr().ok(), "serving /primary, /replica, /health, /metrics");
+        tokio::spawn(
+            async move {
+                let stopped = async move {
+                    let _ = http_stopped.await;
+                };
+                if let Err(e) = crate::http::agent::serve(listener, view, page, stopped).await {
+                    tracing::error!(error = %e, "the HTTP endpoints failed");
+                }
+            }
+            .in_current_span(),
+        );
+    }
+    let driven = driver::run_with_inputs(
+        agent,
+        store.clone(),
+        keys,
+        Arc::new(host.clone()),
+        graceful,
+        inputs,
+    );
+    let exit = tokio::select! {
+        exit = driven => exit,
+        () = aborted => {
+            // The emergency stop was made (or tried); nothing is released.
+            let _ = http_stop.send(());
+            tasks.abort_all();
+            return Err(AgentError::Aborted);
+        }
+    };
+    let _ = http_stop.send(());
+    // The last transition records (the release) are worth a moment.
+    host.inner.history.flush(Duration::from_secs(2)).await;
+
+    // A last member record, so status shows the agent gone — unless the
+    // record is another machine's: a refused duplicate must not mark the
+    // running holder's member record `exited` (S5: it is not disturbed).
+    tasks.abort_all();
+    if !matches!(exit, ExitReason::DuplicateNode { .. }) {
+        let mut rec = host.member_record();
+        rec.role = "exited".into();
+        rec.token = None;
+        if let Ok(key) = keys::member(&lock, &node) {
+            let bytes = serde_json::to_vec(&rec).expect("member record serialises");
+            let _ = store
+                .put(&key, &bytes, settings.timing.store_timeout())
+                .await;
+        }
+    }
+    if let ExitReason::Shutdown { released } = exit {
+        if host.inner.keeper.get().shutdown().await.is_err() {
+            tracing::debug!("the keeper stays (it still guards something, or is gone)");
+        }
+        tracing::info!(released, "agent stopped");
+        if host
+            .inner
+            .emergency_requested
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(AgentError::Aborted);
+        }
+    }
+    Ok(exit)
+}
+
+/// `PUTEX_TEST_WEDGE_AFTER=DUR`, a test knob: the state machine blocks its
+/// thread for good DUR after start (at its next keeper command), so that the
+/// tests can show the systemd watchdog stops. Never set it in production.
+fn wedge_at() -> Option<std::time::Instant> {
+    let d = std::env::var("PUTEX_TEST_WEDGE_AFTER").ok()?;
+    let d = humantime::parse_duration(d.trim()).ok()?;
+    Some(std::time::Instant::now() + d)
+}
+
+/// Turns keeper events (of every keeper the agent has had) into driver
+/// inputs, and keeps the tree snapshots on record.
+async fn pump_keeper_events(
+    mut events: mpsc::UnboundedReceiver<KeeperEvent>,
+    inject: mpsc::UnboundedSender<Input>,
+    host: AgentHost,
+) {
+    while let Some(ev) = events.recv().await {
+        match &ev {
+            KeeperEvent::Tree(snapshot) => {
+                tracing::debug!(?snapshot, "service tree");
+                host.set(|st| st.tree = Some(snapshot.clone()));
+                host.inner.state_dirty.notify_one();
+            }
+            KeeperEvent::Fired { ok } => {
+                crate::observe::metrics::global().keeper_fired();
+                tracing::error!(
+                    ok,
+                    "the keeper's deadline passed: it made the emergency stop"
+                )
+            }
+            KeeperEvent::ChildExited(exit) => tracing::warn!(?exit, "the child exited"),
+            KeeperEvent::Lost => tracing::error!("the keeper is gone"),
+        }
+        if let Some(input) = ev.to_input() {
+            if inject.send(input).is_err() {
+                return;
+            }
+        }
+    }
+}

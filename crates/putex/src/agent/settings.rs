@@ -1,0 +1,93 @@
+//! The failover agent's settings: validated, whatever they came from.
+//!
+//! The command line builds them from flags, `PUTEX_*` variables and the
+//! config file (`cli::config`); a program can build them itself.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use putex_core::{Timing, TimingConfig};
+
+use crate::store::StoreUrl;
+
+/// How the service is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceMode {
+    /// `--activate`/`--deactivate` (and optionally `--fence`) hooks.
+    Hooks {
+        /// `--activate`.
+        activate: String,
+        /// `--deactivate`.
+        deactivate: String,
+        /// `--fence`.
+        fence: Option<String>,
+    },
+    /// `-- CHILD ARGS...`, spawned and owned by the keeper.
+    Child {
+        /// The child's argv.
+        argv: Vec<String>,
+        /// `--fence`, run before the child is spawned.
+        fence: Option<String>,
+    },
+}
+
+/// Validated settings of `putex run` / `putex check`.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    /// The lock name (`None` only for a lenient `check`).
+    pub lock: Option<String>,
+    /// The store.
+    pub store: StoreUrl,
+    /// The node id.
+    pub node: String,
+    /// The health check (`None` only for a lenient `check`).
+    pub healthcheck: Option<String>,
+    /// Hooks or child (`None` only for a lenient `check`).
+    pub service: Option<ServiceMode>,
+    /// The timing as given.
+    pub timing_config: TimingConfig,
+    /// The timing, validated.
+    pub timing: Timing,
+    /// Keeper sockets, lock files and state files live here.
+    pub keeper_dir: PathBuf,
+    /// `--http`: where the health and metrics endpoints listen.
+    pub http: Option<SocketAddr>,
+    /// `--no-cgroup`: process trees by the keeper as subreaper only.
+    pub no_cgroup: bool,
+    /// The program that runs the keeper (`<exe> keeper …`); `None`: this
+    /// program itself, which must then be the putex binary.
+    pub keeper_exe: Option<PathBuf>,
+}
+
+impl AgentSettings {
+    /// The lock name; present for `run` settings.
+    pub fn lock_name(&self) -> &str {
+        self.lock.as_deref().unwrap_or("")
+    }
+
+    /// A stable id of the store for the keeper socket and the lock file
+    /// (the URL without secrets).
+    pub fn store_id(&self) -> String {
+        self.store.to_string()
+    }
+}
+
+/// Settings that validate but do not do what they seem to: each a sentence
+/// naming the options, for `putex check` to print and `putex run` to log.
+pub fn timing_warnings(t: &Timing) -> Vec<String> {
+    let mut w = Vec::new();
+    let (k, f) = (t.unhealthy(), t.config().failures);
+    if k >= f {
+        // A failed check skips its renewal (H2): after K − 1 of them the
+        // licence has K − 1 rounds fewer to run, and with K ≥ F it ends
+        // about when the K-th check is due.
+        w.push(format!(
+            "--unhealthy ({k}) is not below --failures ({f}): a holder whose health checks \
+             fail lapses when its licence ends (an emergency stop, no release, a full \
+             stale takeover) before it can step down gracefully after {k} failed checks; \
+             use --unhealthy {} or more --failures",
+            f - 1
+        ));
+    }
+    w
+}
