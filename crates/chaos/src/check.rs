@@ -18,7 +18,7 @@
 //!   required in scenarios built to provoke it.
 //! - **Regressed tokens** ([`regressed`]): a service started with a token
 //!   that is not above every token a service started with before it
-//!   (fencing order; DESIGN S6 after a re-created bucket).
+//!   (fencing order; `docs/safety.md` S6 after a re-created bucket).
 //! - **Failover time** ([`failovers`]): from a takeover fault to the next
 //!   service start, against the bound B.
 //! - **Transitions** ([`starts_between`]): service starts in a window, to

@@ -5,7 +5,7 @@
 //! resource, regressed tokens, failover p50/max against the bound plus the
 //! margin, and transitions that no fault explains. The verdict column says
 //! `pass`, `FAIL` (with the reasons printed below the table), `skip` (with
-//! why) or `pass*` for a row whose scenario breaks an assumption of DESIGN
+//! why) or `pass*` for a row whose scenario breaks an assumption of `docs/safety.md`
 //! on purpose: it passes when no stale write was accepted, overlaps or not.
 
 use std::fmt::Write as _;

@@ -239,7 +239,7 @@ pub enum Input {
     Release,
 }
 
-/// A command for the keeper, the process that owns the service (DESIGN "Keeper").
+/// A command for the keeper, the process that owns the service (`docs/supervision.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeeperCommand {
     /// Start a tenure: stop the service at this deadline unless extended.

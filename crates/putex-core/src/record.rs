@@ -3,7 +3,7 @@
 //! A record names its holder (node id, machine id, per-start instance id),
 //! the holder's state, the unique id of the write that produced it (H3/H4),
 //! and the timing it advertises so that takers can use the larger of theirs
-//! and its own (DESIGN "configuration mismatch").
+//! and its own (`docs/safety.md`).
 //!
 //! Anything that does not parse as a record of a known version is
 //! [`Observed::Garbage`]: it is never read as `released` (S1 treats it as a

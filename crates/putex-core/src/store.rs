@@ -2,7 +2,7 @@
 //!
 //! The core emits [`StoreRequest`]s (with a deadline) and receives
 //! [`StoreOutcome`]s. The four outcome classes of the store contract
-//! (DESIGN §3) are kept apart on purpose: a timed-out write is
+//! (`docs/stores.md`) are kept apart on purpose: a timed-out write is
 //! [`StoreOutcome::Unknown`] — it may still land — and never a conflict.
 
 use std::cmp::Ordering;

@@ -3,7 +3,7 @@
 //! The core never reads a clock. The driver reads `CLOCK_BOOTTIME` (a clock
 //! that keeps counting through suspend) and hands the reading to every
 //! `handle` call as an [`Instant`]. Readings from different hosts are never
-//! compared: only the *rate* of clocks matters (DESIGN §1), and that is what
+//! compared: only the *rate* of clocks matters (`docs/safety.md`), and that is what
 //! [`Drift`] bounds.
 
 use std::fmt;

@@ -6,7 +6,7 @@
 //! explains the worst cases in words and numbers, which is what
 //! `putex check` prints.
 //!
-//! The constraints (DESIGN §2 "Timing constraints"):
+//! The constraints (`docs/safety.md`, the timing constraints):
 //! - F ≥ 2 (the holder survives F−2 missed renewals);
 //! - health-check timeout + store deadline < R (a round fits in a round);
 //! - emergency-stop timeout + scheduling margin ≤ G·(1−ε)/(1+ε): the old

@@ -1,4 +1,4 @@
-//! The store contract (DESIGN §3), one suite run against every backend:
+//! The store contract (`docs/stores.md`), one suite run against every backend:
 //! memory, SQLite (a temporary file), a single nats-server, and a 3-node
 //! NATS cluster with an R3 bucket.
 //!
@@ -711,7 +711,7 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
         .unwrap();
 }
 
-/// Keys names on the wire: the layout DESIGN §3 and docs/stores.md describe.
+/// Keys names on the wire: the layout `docs/stores.md` describes.
 #[tokio::test]
 async fn store_key_layout() {
     use putex::store::keys;
