@@ -1,20 +1,12 @@
 //! `putex status`: who holds a lock, since when, with which token, and how
-//! its members are doing.
-//!
-//! Ages come from store timestamps only: the store's "now" is read by a
-//! probe write (`probe._status`) and compared with the records' store
-//! times, so no host's wall clock is compared with another's. A record
-//! from another clock domain (the embedded store after a reboot) has no
-//! age (`null`).
+//! its members are doing. The queries are [`crate::observe::status`]'s;
+//! this command renders them.
 
 use std::time::Duration;
 
-use putex_core::{Observed, StoreGap, StoreTime};
-use serde::Serialize;
-
 use super::CliError;
-use crate::agent::member::MemberRecord;
-use crate::store::{keys, AnyStore, ReadMode, Store, StoreUrl};
+use crate::observe::status::{lock_status, semaphore_status, semaphores_and_pools, LockStatus};
+use crate::store::{keys, AnyStore, StoreUrl};
 
 /// `putex status` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -40,357 +32,6 @@ pub enum Format {
     Table,
     /// JSON for programs.
     Json,
-}
-
-/// One lock as `status` reports it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct LockStatus {
-    /// The lock name.
-    pub lock: String,
-    /// The holder's node id (also for `released` and `revoked` records:
-    /// the last holder).
-    pub holder: Option<String>,
-    /// `active`, `confirming`, `released`, `revoked`, `absent` or `unreadable`.
-    pub state: String,
-    /// The fencing token `epoch:revision`.
-    pub token: Option<String>,
-    /// The record's revision.
-    pub revision: Option<u64>,
-    /// Store time since the record was last written (renewed), in ms.
-    pub renewed_ago_ms: Option<u64>,
-    /// The lease T the holder advertises, in ms.
-    pub lease_ms: Option<u64>,
-    /// The emergency-stop gap the holder advertises, in ms.
-    pub gap_ms: Option<u64>,
-    /// The holder's instance id.
-    pub instance: Option<String>,
-    /// Whether the record is older than its advertised lease (the holder
-    /// stopped renewing: a takeover is due).
-    pub stale: bool,
-    /// The members' records.
-    pub members: Vec<MemberStatus>,
-    /// What the holder holds it for (`putex lock --title`), from its
-    /// place in the line.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub title: Option<String>,
-    /// `putex lock` clients waiting in line, first first.
-    pub waiting: Vec<WaiterStatus>,
-}
-
-/// One `putex lock` client waiting in line (its queue ticket).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct WaiterStatus {
-    /// The waiter's node id.
-    pub node: String,
-    /// Its process id, on that node.
-    pub pid: u32,
-    /// What it wants the lock for (`--title`).
-    pub title: Option<String>,
-    /// Its place in line: the revision that created its ticket.
-    pub arrival: u64,
-    /// Store time since it last refreshed its ticket, in ms.
-    pub refreshed_ago_ms: Option<u64>,
-    /// Whether its ticket outlived its refreshes (the waiter died): others
-    /// skip it, and it will be removed.
-    pub expired: bool,
-}
-
-/// One member as `status` reports it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct MemberStatus {
-    /// The node id.
-    pub node: String,
-    /// The agent's role.
-    pub role: String,
-    /// Whether its last health check passed.
-    pub healthy: Option<bool>,
-    /// Its last health check.
-    pub last_health: Option<String>,
-    /// Its fencing token while holding.
-    pub token: Option<String>,
-    /// Store time since its member record was written, in ms.
-    pub last_seen_ms: Option<u64>,
-    /// Whether it has not written its record for more than 10 of its R.
-    pub silent: bool,
-    /// Something an operator must look at (`stop unproven …`: the service
-    /// may still run).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alarm: Option<String>,
-}
-
-fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
-    match now?.gap_since(then) {
-        StoreGap::Forward(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        StoreGap::Backwards => Some(0),
-        StoreGap::Unbounded => None,
-    }
-}
-
-/// The store's current time, by a probe write and read.
-async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
-    let key = keys::probe("_status").ok()?;
-    store
-        .put(
-            &key,
-            br#"{"v":1,"node":"_status","write":"status"}"#,
-            timeout,
-        )
-        .await
-        .ok()?;
-    Some(store.get(&key, ReadMode::Leader, timeout).await.ok()??.time)
-}
-
-/// Every record under `filter` as of now ([`crate::store::read_prefix`]:
-/// no waiting for a watch to go quiet, which busy members never do).
-async fn snapshot(
-    store: &AnyStore,
-    filter: &str,
-    timeout: Duration,
-) -> Result<Vec<(String, crate::store::Entry)>, CliError> {
-    crate::store::read_prefix(store, filter, timeout)
-        .await
-        .map_err(|e| CliError::Store(format!("store: {e}")))
-}
-
-/// Reads one lock's status.
-pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, CliError> {
-    let timeout = Duration::from_secs(2);
-    let key = keys::lock(lock).map_err(|e| CliError::Usage(format!("--lock: {e}")))?;
-    let now = store_now(store, timeout).await;
-    let mut st = record_status(store, lock, &key, now, timeout).await?;
-    let filter = keys::members_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
-    for (_, e) in snapshot(store, &filter, timeout).await? {
-        let Ok(m) = serde_json::from_slice::<MemberRecord>(&e.value) else {
-            continue;
-        };
-        let last_seen_ms = age(now, e.time);
-        st.members.push(MemberStatus {
-            silent: last_seen_ms.is_none_or(|a| a > m.renew_ms.max(1).saturating_mul(10)),
-            node: m.node,
-            role: m.role,
-            healthy: m.healthy,
-            last_health: m.last_health,
-            token: m.token,
-            last_seen_ms,
-            alarm: m.alarm,
-        });
-    }
-    let line = keys::queue_of(lock).map_err(|e| CliError::Usage(e.to_string()))?;
-    let mut waiting = Vec::new();
-    for (_, e) in snapshot(store, &line, timeout).await? {
-        let Ok(t) = serde_json::from_slice::<crate::locks::queue::TicketRecord>(&e.value) else {
-            continue;
-        };
-        let refreshed_ago_ms = age(now, e.time);
-        let expiry = crate::locks::queue::expiry(Duration::from_millis(t.renew_ms));
-        let expired = refreshed_ago_ms.is_none_or(|a| u128::from(a) > expiry.as_millis());
-        if st.instance.as_deref() == Some(t.instance.as_str())
-            && matches!(st.state.as_str(), "active" | "confirming")
-        {
-            // The holder keeps its place until it leaves: its title.
-            st.title = t.title;
-            continue;
-        }
-        waiting.push(WaiterStatus {
-            node: t.node,
-            pid: t.pid,
-            title: t.title,
-            arrival: t.arrival,
-            refreshed_ago_ms,
-            expired,
-        });
-    }
-    waiting.sort_by_key(|w| w.arrival);
-    st.waiting = waiting;
-    Ok(st)
-}
-
-/// One semaphore as `status` reports it (`putex lock --limit N`).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct SemaphoreStatus {
-    /// The semaphore's name.
-    pub name: String,
-    /// Its limit N.
-    pub limit: u32,
-    /// Its slots, each an ordinary lock record (`lock` is `NAME.SLOT`).
-    pub slots: Vec<LockStatus>,
-}
-
-/// One identity pool as `status` reports it (`putex id`).
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct PoolStatus {
-    /// The pool.
-    pub pool: String,
-    /// Its range, if recorded.
-    pub range: Option<String>,
-    /// Ids held by persistent claims.
-    pub claimed: usize,
-    /// Id records in all (claimed, leased, released, revoked, unreadable).
-    pub records: usize,
-}
-
-/// Reads a semaphore's slots.
-pub async fn semaphore_status(
-    store: &AnyStore,
-    name: &str,
-) -> Result<Option<SemaphoreStatus>, CliError> {
-    let timeout = Duration::from_secs(2);
-    let key = keys::semaphore(name).map_err(|e| CliError::Usage(e.to_string()))?;
-    let store_err = |e: crate::store::StoreError| CliError::Store(format!("store: {e}"));
-    let Some(e) = store
-        .get(&key, ReadMode::Any, timeout)
-        .await
-        .map_err(store_err)?
-    else {
-        return Ok(None);
-    };
-    let limit = serde_json::from_slice::<crate::locks::section::SemaphoreRecord>(&e.value)
-        .ok()
-        .filter(|r| r.v == 1)
-        .map_or(0, |r| r.limit);
-    if limit == 1 {
-        // A plain lock's recorded limit (`putex lock` without --limit).
-        return Ok(None);
-    }
-    let now = store_now(store, timeout).await;
-    let mut slots = Vec::new();
-    // A record from elsewhere may claim any limit; no semaphore has more
-    // slots than `--limit` allows.
-    for i in 0..limit.min(crate::locks::section::MAX_LIMIT) {
-        let slot = keys::slot(name, i).map_err(|e| CliError::Usage(e.to_string()))?;
-        slots.push(record_status(store, &format!("{name}.{i}"), &slot, now, timeout).await?);
-    }
-    Ok(Some(SemaphoreStatus {
-        name: name.to_owned(),
-        limit,
-        slots,
-    }))
-}
-
-/// Every semaphore and identity pool in the store.
-async fn semaphores_and_pools(
-    store: &AnyStore,
-) -> Result<(Vec<SemaphoreStatus>, Vec<PoolStatus>), CliError> {
-    let timeout = Duration::from_secs(2);
-    let store_err = |e: crate::store::StoreError| CliError::Store(format!("store: {e}"));
-    let mut sems = Vec::new();
-    for (k, _) in crate::store::read_prefix(store, keys::SEM_PREFIX, timeout)
-        .await
-        .map_err(store_err)?
-    {
-        let name = &k[keys::SEM_PREFIX.len()..];
-        if keys::validate_name(name).is_ok() {
-            if let Some(s) = semaphore_status(store, name).await? {
-                sems.push(s);
-            }
-        }
-    }
-    let mut pools = std::collections::BTreeSet::new();
-    for (k, _) in crate::store::read_prefix(store, keys::ID_PREFIX, timeout)
-        .await
-        .map_err(store_err)?
-    {
-        if let Some((pool, _)) = k[keys::ID_PREFIX.len()..].split_once('.') {
-            if keys::validate_name(pool).is_ok() {
-                pools.insert(pool.to_owned());
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for pool in pools {
-        let l = crate::locks::idpool::list(store, &pool, &crate::locks::idpool::Options::default())
-            .await
-            .map_err(|e| CliError::Store(format!("pool {pool}: {e}")))?;
-        out.push(PoolStatus {
-            pool,
-            range: l.range,
-            claimed: l.claimed,
-            records: l.ids.iter().filter(|e| e.id.is_some()).count(),
-        });
-    }
-    Ok((sems, out))
-}
-
-/// The lock record at `key`, reported as lock `name` (no members).
-async fn record_status(
-    store: &AnyStore,
-    name: &str,
-    key: &str,
-    now: Option<StoreTime>,
-    timeout: Duration,
-) -> Result<LockStatus, CliError> {
-    let lock = name;
-    let entry = store
-        .get(key, ReadMode::Any, timeout)
-        .await
-        .map_err(|e| CliError::Store(format!("store: {e}")))?;
-    let mut st = LockStatus {
-        lock: lock.to_owned(),
-        holder: None,
-        state: "absent".into(),
-        token: None,
-        revision: None,
-        renewed_ago_ms: None,
-        lease_ms: None,
-        gap_ms: None,
-        instance: None,
-        stale: false,
-        members: Vec::new(),
-        title: None,
-        waiting: Vec::new(),
-    };
-    if let Some(e) = entry {
-        st.token = Some(e.token.to_string());
-        st.revision = Some(e.token.revision);
-        st.renewed_ago_ms = age(now, e.time);
-        match Observed::decode(&e.value) {
-            Observed::Record(r) => {
-                st.holder = Some(r.node.clone());
-                st.state = serde_json::to_value(r.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                st.lease_ms = Some(r.lease_ms);
-                st.gap_ms = Some(r.gap_ms);
-                st.instance = Some(r.instance.clone());
-                st.stale = matches!(st.state.as_str(), "active" | "confirming")
-                    && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
-            }
-            Observed::Garbage => st.state = "unreadable".into(),
-        }
-    }
-    Ok(st)
-}
-
-pub(crate) fn ago(ms: Option<u64>) -> String {
-    match ms {
-        Some(ms) if ms < 10_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
-        Some(ms) => format!("{}s ago", ms / 1000),
-        None => "long ago".into(),
-    }
-}
-
-pub(crate) fn table(rows: &[Vec<String>]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// Renders one lock for people.
@@ -611,9 +252,42 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+pub(crate) fn ago(ms: Option<u64>) -> String {
+    match ms {
+        Some(ms) if ms < 10_000 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        Some(ms) => format!("{}s ago", ms / 1000),
+        None => "long ago".into(),
+    }
+}
+
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::member::MemberRecord;
+    use crate::store::Store;
     use putex_core::{LockRecord, LockState};
 
     #[tokio::test]

@@ -2,7 +2,7 @@
 //!
 //! Watches `lock.<name>`, `member.<name>.` and `history.<name>.` and, on
 //! every change, redraws what `putex status` shows ([`status::lock_status`],
-//! [`status::render`]) and the last few transitions
+//! [`render`]) and the last few transitions
 //! ([`super::history::render`]). The transition records come from the
 //! watch itself (its initial delivery, then each new record), so a redraw
 //! costs one status read.
@@ -25,9 +25,10 @@ use putex_core::Observed;
 use tokio::time::Instant;
 
 use super::history::open_store;
-use super::status::{self, LockStatus};
+use super::status::render;
 use super::CliError;
 use crate::observe::history;
+use crate::observe::status::{self, LockStatus, StatusError};
 use crate::store::{keys, AnyStore, Entry, Store, WatchStream};
 
 /// `putex watch` flags.
@@ -87,7 +88,7 @@ fn meaning(key: &str, value: &[u8]) -> Vec<u8> {
 
 /// What a plain (non-terminal) frame is compared by: everything but ages
 /// and the renewals' revisions.
-fn signature(st: &Result<LockStatus, CliError>, rows: &[history::HistoryRow]) -> String {
+fn signature(st: &Result<LockStatus, StatusError>, rows: &[history::HistoryRow]) -> String {
     let mut s = match st {
         Ok(st) => {
             let mut s = format!("{:?}|{:?}|{}|", st.holder, st.state, st.stale);
@@ -110,13 +111,13 @@ fn signature(st: &Result<LockStatus, CliError>, rows: &[history::HistoryRow]) ->
 fn frame(
     name: &str,
     url: &str,
-    st: &Result<LockStatus, CliError>,
+    st: &Result<LockStatus, StatusError>,
     rows: &[history::HistoryRow],
 ) -> String {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     let mut out = format!("putex watch {name} — {url} — {now}\n\n");
     match st {
-        Ok(st) => out.push_str(&status::render(st)),
+        Ok(st) => out.push_str(&render(st)),
         Err(e) => out.push_str(&format!("status unavailable: {e}\n")),
     }
     out.push_str("\nLAST TRANSITIONS\n");

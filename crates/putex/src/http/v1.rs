@@ -39,9 +39,8 @@ use super::{
     lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
     AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
-use crate::cli::status::{lock_status, LockStatus, MemberStatus};
-use crate::cli::CliError;
 use crate::locks::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
+use crate::observe::status::{lock_status, LockStatus, MemberStatus, StatusError};
 use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
 
 /// What went wrong, for programs.
@@ -181,10 +180,10 @@ impl From<AcquireFailure> for ApiError {
     }
 }
 
-impl From<CliError> for ApiError {
-    fn from(e: CliError) -> Self {
+impl From<StatusError> for ApiError {
+    fn from(e: StatusError) -> Self {
         match e {
-            CliError::Usage(m) => ApiError::new(ErrorCode::Invalid, m),
+            StatusError::Name(_) => ApiError::new(ErrorCode::Invalid, e.to_string()),
             other => ApiError::new(ErrorCode::Store, other.to_string()),
         }
     }

@@ -8,7 +8,7 @@
 //! | `GET /ui/status.json` | what the page shows: every lock's status and its latest transitions |
 //!
 //! The data is what `putex status` and `putex history` read
-//! ([`crate::cli::status::lock_status`], [`crate::observe::history`]); the page
+//! ([`crate::observe::status::lock_status`], [`crate::observe::history`]); the page
 //! only draws it.
 
 use std::time::Duration;
@@ -20,8 +20,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::cli::status::{lock_status, LockStatus};
 use crate::observe::history::{self, HistoryRow};
+use crate::observe::status::{lock_status, LockStatus};
 use crate::store::{keys, AnyStore};
 
 /// How many transitions per lock the page shows.

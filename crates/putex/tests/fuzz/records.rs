@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use putex::agent::member::MemberRecord;
-use putex::cli::status;
+use putex::cli::status::render;
 use putex::core::{Drift, LockRecord, LockState, Observed, Token};
 use putex::locks::gateway::{Gateway, GatewayOptions, GrantRecord};
 use putex::locks::idpool::{self, Claimant, IdRange, NameRecord, NameState};
 use putex::locks::queue::TicketRecord;
 use putex::locks::section::{self, OnceRecord, OnceState, SemaphoreRecord};
 use putex::observe::history::{self, StaleEvidence, TransitionRecord};
+use putex::observe::status;
 use putex::store::{AnyStore, Store, StoreUrl};
 use serde_json::json;
 
@@ -365,7 +366,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
         prop_assert_eq!(st.state.as_str(), "unreadable");
         prop_assert_eq!(&st.holder, &None);
     }
-    let _ = status::render(&st);
+    let _ = render(&st);
     let _ = serde_json::to_string(&st).unwrap();
     // A semaphore's slots; the web page's data (every lock, its history).
     if let Some(sem) = bounded("semaphore_status", status::semaphore_status(&store, NAME))
