@@ -303,32 +303,34 @@ impl<'a> World<'a> {
             .args(self.profile.flags())
             .args(&self.extra_flags)
             .output();
+        // The bound is computed here from the round trip `putex check`
+        // measured (its printed bound is rounded for people).
+        let timing = putex::core::TimingConfig {
+            renew: self.profile.r(),
+            failures: self.profile.failures,
+            confirm: self.profile.confirm,
+            allow_short_lease: true,
+            ..putex::core::TimingConfig::default()
+        }
+        .validate();
         let parsed = out.ok().and_then(|o| {
             let text = String::from_utf8_lossy(&o.stdout).into_owned();
             let line = text
                 .lines()
                 .find(|l| l.contains("worst-case crash failover"))?
                 .to_owned();
-            let v = line
-                .rsplit("= ")
+            let rtt = line
+                .rsplit("round trip assumed ")
                 .next()?
-                .split_whitespace()
-                .next()?
-                .to_owned();
-            humantime::parse_duration(&v).ok()
+                .trim_end_matches(')');
+            let rtt = parse_human(rtt)?;
+            timing.as_ref().ok().map(|t| t.timeline(rtt).crash_failover)
         });
         let b = parsed.unwrap_or_else(|| {
             // putex check failed: compute it with a 2 ms round trip.
-            putex::core::TimingConfig {
-                renew: self.profile.r(),
-                failures: self.profile.failures,
-                confirm: self.profile.confirm,
-                allow_short_lease: true,
-                ..putex::core::TimingConfig::default()
-            }
-            .validate()
-            .map(|t| t.timeline(Duration::from_millis(2)).crash_failover)
-            .unwrap_or(Duration::from_secs(1))
+            timing
+                .map(|t| t.timeline(Duration::from_millis(2)).crash_failover)
+                .unwrap_or(Duration::from_secs(1))
         });
         self.ctx
             .bounds
@@ -1819,4 +1821,19 @@ pub fn render_events(events: &[Event]) -> String {
         let _ = writeln!(s, "{} conn{} {:?}", ms(e.at), e.conn, e.what);
     }
     s
+}
+
+/// Parses a duration as `putex check` prints it (`48.4 µs`, `306 ms`,
+/// `1.5 s`): [`putex::core::time::Human`]'s format.
+fn parse_human(text: &str) -> Option<Duration> {
+    let (value, unit) = text.trim().split_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let scale = match unit {
+        "ns" => 1e-9,
+        "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(value * scale).ok()
 }

@@ -36,17 +36,14 @@
 //! use putex_core::{Agent, AgentConfig, Identity, Instant, Output, TimingConfig};
 //!
 //! let timing = TimingConfig::default().validate().expect("defaults are valid");
+//! let identity = Identity {
+//!     node: "db1".into(),
+//!     machine: "4c4c4544".into(),
+//!     instance: "a1b2".into(),
+//! };
 //! let config = AgentConfig {
-//!     identity: Identity {
-//!         node: "db1".into(),
-//!         machine: "4c4c4544".into(),
-//!         instance: "a1b2".into(),
-//!     },
-//!     timing,
-//!     previous: None,
-//!     highest_token: None,
 //!     supervised_stops: true,
-//!     mutations: Default::default(),
+//!     ..AgentConfig::new(identity, timing)
 //! };
 //! let mut agent = Agent::new(config, Instant::from_nanos(1_000_000_000));
 //! // First it makes sure the service is not running (S5).
@@ -73,7 +70,7 @@ pub mod timing;
 
 pub use agent::{
     Agent, AgentConfig, CheckId, Event, ExitReason, HealthMode, Hook, Identity, Input,
-    KeeperCommand, Output, PreviousInstance, Reason, Role, StopId, StopKind,
+    KeeperCommand, LossCause, Output, PreviousInstance, Reason, Role, StopId, StopKind,
 };
 pub use record::{LockRecord, LockState, Observed};
 pub use store::{

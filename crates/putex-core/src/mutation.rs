@@ -2,8 +2,12 @@
 //!
 //! A checker that cannot fail is worthless. The simulation's tests switch
 //! off each rule below and show that the checkers then find a violation.
-//! Production code never sets these: [`Mutations::NONE`] is the default and
-//! nothing outside tests constructs another value.
+//!
+//! Only a build with the `mutation` feature can switch a rule off: without
+//! it `Mutations::only` does not exist and [`Mutations::is`] is always
+//! false, so a release build cannot express "safety rule off". The feature
+//! is enabled by this crate's own tests (a dev-dependency on itself), never
+//! by the `putex` binary.
 
 /// A safety rule that can be switched off for a mutation test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,13 +82,14 @@ impl Mutations {
     /// No rule switched off.
     pub const NONE: Mutations = Mutations(0);
 
-    /// Only `rule` switched off.
+    /// Only `rule` switched off (tests only: the `mutation` feature).
+    #[cfg(feature = "mutation")]
     pub const fn only(rule: Rule) -> Mutations {
         Mutations(rule as u32)
     }
 
     /// Whether `rule` is switched off.
     pub fn is(self, rule: Rule) -> bool {
-        self.0 & rule as u32 != 0
+        cfg!(feature = "mutation") && self.0 & rule as u32 != 0
     }
 }

@@ -123,9 +123,69 @@ fn scale_up(d: Duration, num: u128, den: u128) -> Duration {
     Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
 }
 
+/// A duration for people: three significant digits in the unit that fits
+/// (`306 ms`, `13.3 ms`, `1.5 s`, `48 µs`), trailing zeros dropped.
+/// `Debug` of a [`Duration`] prints every digit (`306.060607ms`); use this
+/// wherever an operator reads a duration: the CLI, logs, the web page.
+///
+/// ```
+/// use std::time::Duration;
+/// use putex_core::time::Human;
+/// assert_eq!(Human(Duration::from_nanos(306_060_607)).to_string(), "306 ms");
+/// assert_eq!(Human(Duration::from_micros(13_340)).to_string(), "13.3 ms");
+/// assert_eq!(Human(Duration::from_millis(1500)).to_string(), "1.5 s");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Human(pub Duration);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ns = self.0.as_nanos();
+        if ns == 0 {
+            return f.write_str("0 s");
+        }
+        let (value, unit) = match ns {
+            0..1_000 => return write!(f, "{ns} ns"),
+            1_000..1_000_000 => (ns as f64 / 1e3, "µs"),
+            1_000_000..1_000_000_000 => (ns as f64 / 1e6, "ms"),
+            _ => (ns as f64 / 1e9, "s"),
+        };
+        let digits = if value >= 100.0 {
+            0
+        } else if value >= 10.0 {
+            1
+        } else {
+            2
+        };
+        let text = format!("{value:.digits$}");
+        let text = if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.')
+        } else {
+            &text
+        };
+        write!(f, "{text} {unit}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_durations_keep_three_significant_digits() {
+        let h = |d: Duration| Human(d).to_string();
+        assert_eq!(h(Duration::ZERO), "0 s");
+        assert_eq!(h(Duration::from_nanos(850)), "850 ns");
+        assert_eq!(h(Duration::from_nanos(48_400)), "48.4 µs");
+        assert_eq!(h(Duration::from_nanos(306_060_607)), "306 ms");
+        assert_eq!(h(Duration::from_micros(13_340)), "13.3 ms");
+        assert_eq!(h(Duration::from_micros(1_250)), "1.25 ms");
+        assert_eq!(h(Duration::from_millis(2000)), "2 s");
+        assert_eq!(h(Duration::from_millis(1530)), "1.53 s");
+        assert_eq!(h(Duration::from_secs(3600)), "3600 s");
+        // Rounding may reach the next unit's threshold.
+        assert_eq!(h(Duration::from_nanos(999_999_999)), "1000 ms");
+    }
 
     #[test]
     fn stretch_and_shrink_bracket_the_duration() {

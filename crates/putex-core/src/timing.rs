@@ -605,7 +605,7 @@ pub struct Timeline {
 
 impl fmt::Display for Timeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = |d: Duration| format!("{:.3}s", d.as_secs_f64());
+        let ms = |d: Duration| crate::time::Human(d).to_string();
         writeln!(
             f,
             "renewal every R = {}; lease T = {} (survives {} missed renewals in a row)",
@@ -763,7 +763,7 @@ mod tests {
             t.staleness_wait(t.lease()) + t.gap() + Duration::from_millis(6)
         );
         let text = line.to_string();
-        assert!(text.contains("W = 10.202s"), "{text}");
+        assert!(text.contains("W = 10.2 s"), "{text}");
         assert!(text.contains("crash failover"), "{text}");
     }
 }

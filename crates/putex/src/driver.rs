@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use putex_core::{
@@ -253,8 +253,7 @@ fn run_or_spawn(
     tx: &mpsc::UnboundedSender<Input>,
     input: impl FnOnce(bool) -> Input + Send + 'static,
 ) -> Option<Input> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    if let std::task::Poll::Ready(ok) = work.as_mut().poll(&mut cx) {
+    if let Some(ok) = (&mut work).now_or_never() {
         return Some(input(ok));
     }
     let tx = tx.clone();

@@ -8,7 +8,7 @@ use putex::cli::config::AgentArgs;
 use putex::cli::demo::DemoArgs;
 use putex::cli::lock::LockArgs;
 use putex::cli::status::StatusArgs;
-use putex::cli::CliError;
+use putex::cli::{CliError, LogFormat};
 use std::process::ExitCode;
 
 /// Run a piece of work in exactly one place at a time, and move it safely
@@ -38,12 +38,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -187,12 +181,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    putex::cli::set_json_logs(cli.log_format == LogFormat::Json);
+    let format = cli.log_format;
     if matches!(command, Command::Lock(_) | Command::Id(_)) {
         // A critical section's stderr belongs to the script: warnings only.
-        putex::cli::init_quiet_logging(cli.verbose);
+        putex::cli::init_quiet_logging(cli.verbose, format);
     } else {
-        putex::cli::init_logging(cli.verbose);
+        putex::cli::init_logging(cli.verbose, format);
     }
     if !ignored.is_empty() {
         tracing::debug!(vars = ?ignored, "empty environment variables ignored (taken as unset)");

@@ -160,7 +160,7 @@ fn env_an_empty_variable_does_not_hide_the_config_file() {
     );
     assert_ok(&out, "PUTEX_STORE= PUTEX_RENEW= putex check --config");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("R = 700ms"), "{text}");
+    assert!(text.contains("R = 700 ms"), "{text}");
 
     let out = putex_with(dir.path(), &[("PUTEX_CONFIG", "")], &["check"]);
     assert_ok(&out, "PUTEX_CONFIG= putex check");

@@ -8,12 +8,13 @@
 //! the member record and a transition record.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
+use parking_lot::Mutex;
 use putex_core::{Event, HealthMode, Instant, KeeperCommand, Role, StopKind, Token};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
 use super::files::LocalState;
@@ -23,6 +24,7 @@ use crate::clock;
 use crate::driver::Host;
 use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use crate::supervision::keeper_queue::{KeeperQueue, KeeperSource};
 use crate::supervision::process::TreeSnapshot;
 
 /// Extra time a stop may take past the core's deadline before it is
@@ -58,10 +60,7 @@ impl KeeperSlot {
 
     /// The keeper (perhaps a dead one: its calls then fail with `Lost`).
     pub(super) fn get(&self) -> Arc<KeeperClient> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.current.lock().clone()
     }
 
     /// The keeper for a new tenure: a new one if the old one died.
@@ -74,8 +73,18 @@ impl KeeperSlot {
         let (mut fresh, _) = KeeperClient::spawn_or_adopt(&self.config).await?;
         forward_events(fresh.take_events(), self.events.clone());
         let fresh = Arc::new(fresh);
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        *self.current.lock() = fresh.clone();
         Ok(fresh)
+    }
+}
+
+impl KeeperSource for Arc<KeeperSlot> {
+    fn current(&self) -> Arc<KeeperClient> {
+        self.get()
+    }
+
+    fn for_tenure(&self) -> BoxFuture<'_, Result<Arc<KeeperClient>, KeeperError>> {
+        Box::pin(KeeperSlot::for_tenure(self))
     }
 }
 
@@ -98,23 +107,6 @@ fn forward_events(
 
 // ---------------------------------------------------------------------------
 // The host.
-
-/// An ordered request to the keeper. Arms, extensions and child spawns go
-/// through one queue so that they reach the keeper in the core's order.
-pub(super) enum KeeperOp {
-    /// A command, and where to say whether the keeper carried it out.
-    Command(KeeperCommand, Option<Token>, oneshot::Sender<bool>),
-    Spawn {
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        /// The stop counter when the activation was asked for: a stop asked
-        /// for since then cancels the spawn.
-        stops_seen: u64,
-        reply: oneshot::Sender<bool>,
-    },
-    /// Answers once every earlier op is done.
-    Barrier(oneshot::Sender<()>),
-}
 
 #[derive(Default)]
 pub(super) struct Status {
@@ -140,11 +132,11 @@ pub(super) struct Inner {
     pub(super) instance: String,
     pub(super) settings: AgentSettings,
     pub(super) runner: HookRunner,
-    pub(super) keeper: KeeperSlot,
+    pub(super) keeper: Arc<KeeperSlot>,
     /// A previous instance's tree, from the state file: the start-up stop
     /// proves it gone too (S5), whoever owned it.
     pub(super) orphans: Mutex<Option<TreeSnapshot>>,
-    pub(super) ops: mpsc::UnboundedSender<KeeperOp>,
+    pub(super) ops: KeeperQueue,
     pub(super) status: Mutex<Status>,
     /// Counts stops asked for; in-flight activations watch it.
     pub(super) stops: watch::Sender<u64>,
@@ -182,10 +174,7 @@ impl crate::http::agent::AgentView for AgentHost {
 
 impl Inner {
     fn set_service_up(&self, up: bool) {
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .service_up = up;
+        self.status.lock().service_up = up;
     }
 }
 
@@ -206,7 +195,7 @@ impl Status {
 
 impl AgentHost {
     fn env(&self, token: Option<Token>) -> HookEnv {
-        let st = self.inner.status.lock().unwrap_or_else(|e| e.into_inner());
+        let st = self.inner.status.lock();
         HookEnv {
             lock: self.inner.lock.clone(),
             node: self.inner.node.clone(),
@@ -218,7 +207,7 @@ impl AgentHost {
     }
 
     pub(super) fn set<R>(&self, f: impl FnOnce(&mut Status) -> R) -> R {
-        f(&mut self.inner.status.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut self.inner.status.lock())
     }
 
     pub(super) fn member_record(&self) -> MemberRecord {
@@ -294,12 +283,7 @@ impl AgentHost {
                     _ => {
                         // What the keeper last reported, kept by the host
                         // across keepers; else what this client knows.
-                        let snapshot = inner
-                            .status
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .tree
-                            .clone();
+                        let snapshot = inner.status.lock().tree.clone();
                         match snapshot {
                             Some(s) => s.kill(limit).await,
                             None => keeper.stop_tree_without_keeper(limit).await,
@@ -315,11 +299,7 @@ impl AgentHost {
         if !ok || kind != StopKind::Startup {
             return ok;
         }
-        let orphans = inner
-            .orphans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let orphans = inner.orphans.lock().clone();
         let Some(orphans) = orphans else {
             return true;
         };
@@ -334,8 +314,8 @@ impl AgentHost {
         if !orphans.kill(left).await {
             return false;
         }
-        *inner.orphans.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let mut st = inner.status.lock().unwrap_or_else(|e| e.into_inner());
+        *inner.orphans.lock() = None;
+        let mut st = inner.status.lock();
         if st.tree.as_ref() == Some(&orphans) {
             st.tree = None;
             inner.state_dirty.notify_one();
@@ -439,19 +419,23 @@ impl Host for AgentHost {
                     .filter(|(k, _)| *k != "PUTEX_HOOK")
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
-                let (reply, rx) = oneshot::channel();
-                let _ = inner.ops.send(KeeperOp::Spawn {
-                    argv,
-                    env: vars,
-                    stops_seen,
-                    reply,
-                });
+                // A stop asked for since the activation began withdraws
+                // the spawn.
+                let stops = inner.stops.subscribe();
+                let still_wanted = Box::new(move || *stops.borrow() == stops_seen);
+                let spawned = inner.ops.spawn_child(argv, vars, still_wanted);
                 async move {
-                    tokio::time::timeout(clock::until(deadline), rx)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .unwrap_or(false)
+                    match tokio::time::timeout(clock::until(deadline), spawned).await {
+                        Ok(Ok((pid, tree))) => {
+                            tracing::info!(pid, ?tree, "child started");
+                            true
+                        }
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %e, "cannot start the child");
+                            false
+                        }
+                        Err(_) => false,
+                    }
                 }
                 .boxed()
             }
@@ -479,10 +463,7 @@ impl Host for AgentHost {
             let work = async {
                 // Let every earlier keeper op (an arm, a spawn) finish first,
                 // so that the stop is the last word.
-                let (tx, rx) = oneshot::channel();
-                if inner.ops.send(KeeperOp::Barrier(tx)).is_ok() {
-                    let _ = rx.await;
-                }
+                inner.ops.barrier().await;
                 Self::do_stop(inner.clone(), kind, env, clock::until(deadline)).await
             };
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
@@ -516,13 +497,8 @@ impl Host for AgentHost {
             KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
             KeeperCommand::Disarm => None,
         });
-        let token = self.set(|st| st.token);
-        let (reply, rx) = oneshot::channel();
-        let _ = self
-            .inner
-            .ops
-            .send(KeeperOp::Command(command, token, reply));
-        async move { rx.await.unwrap_or(false) }.boxed()
+        let (token, previous) = self.set(|st| (st.token, st.previous.clone()));
+        self.inner.ops.command(command, token, previous).boxed()
     }
 
     fn persist_highest(&self, token: Token) {
@@ -615,63 +591,6 @@ impl Host for AgentHost {
                 self.set(|st| st.unproven = None);
                 self.inner.member_dirty.notify_one();
                 tracing::warn!(after, "the service is proven stopped after all");
-            }
-        }
-    }
-}
-
-/// Carries out keeper ops in order.
-pub(super) async fn keeper_ops(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
-    while let Some(op) = rx.recv().await {
-        match op {
-            KeeperOp::Command(cmd, token, reply) => {
-                let r = match cmd {
-                    KeeperCommand::Arm(d) => {
-                        let previous = inner
-                            .status
-                            .lock()
-                            .map(|s| s.previous.clone())
-                            .unwrap_or(None);
-                        match inner.keeper.for_tenure().await {
-                            Ok(keeper) => keeper.arm(d, token, previous).await,
-                            Err(e) => Err(e),
-                        }
-                    }
-                    other => inner.keeper.get().apply(other).await,
-                };
-                match &r {
-                    Ok(()) => tracing::trace!(?cmd, "keeper"),
-                    // A refused extension means the deadline passed: the
-                    // keeper fires and reports it, which ends the licence.
-                    // A refused arm keeps the service from starting.
-                    Err(e) => tracing::warn!(?cmd, error = %e, "keeper refused or failed"),
-                }
-                let _ = reply.send(r.is_ok());
-            }
-            KeeperOp::Spawn {
-                argv,
-                env,
-                stops_seen,
-                reply,
-            } => {
-                if *inner.stops.borrow() != stops_seen {
-                    let _ = reply.send(false);
-                    continue;
-                }
-                let ok = match inner.keeper.get().spawn_child(argv, env).await {
-                    Ok((pid, tree)) => {
-                        tracing::info!(pid, ?tree, "child started");
-                        true
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start the child");
-                        false
-                    }
-                };
-                let _ = reply.send(ok);
-            }
-            KeeperOp::Barrier(tx) => {
-                let _ = tx.send(());
             }
         }
     }

@@ -40,9 +40,11 @@
 //! | `host` | the [`crate::driver::Host`] that carries out what the core asks |
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+use putex_core::time::Human;
 use putex_core::{
     Agent, AgentConfig, ExitReason, Identity, Input, Instant, PreviousInstance, StopKind,
     TimingError,
@@ -59,7 +61,7 @@ pub mod settings;
 pub use settings::{timing_warnings, AgentSettings, ServiceMode};
 
 use self::files::{LocalLock, LocalPaths, LocalState};
-use self::host::{keeper_ops, state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
+use self::host::{state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
 use self::member::member_writer;
 use crate::clock;
 use crate::driver::{self, Keys};
@@ -70,6 +72,7 @@ use crate::store::measure::{measure_store, MeasureError};
 use crate::store::{AnyStore, Store, StoreError};
 use crate::supervision::hooks::HookRunner;
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use crate::supervision::keeper_queue::KeeperQueue;
 
 /// Why the agent could not start or did not finish on its own terms.
 #[derive(Debug, thiserror::Error)]
@@ -197,7 +200,7 @@ pub async fn run(
     tracing::info!(
         store = %settings.store,
         replicas = m.replicas,
-        p99_cas = ?m.facts.p99_cas.unwrap_or_default(),
+        p99_cas = %Human(m.facts.p99_cas.unwrap_or_default()),
         "store ok"
     );
     for w in timing_warnings(&settings.timing) {
@@ -205,10 +208,10 @@ pub async fn run(
     }
     let timeline = settings.timing.timeline(m.median_cas);
     tracing::info!(
-        lease = ?timeline.lease,
-        staleness_wait = ?timeline.staleness_wait,
-        gap = ?timeline.gap,
-        bound = ?timeline.crash_failover,
+        lease = %Human(timeline.lease),
+        staleness_wait = %Human(timeline.staleness_wait),
+        gap = %Human(timeline.gap),
+        bound = %Human(timeline.crash_failover),
         "timing"
     );
 
@@ -269,10 +272,10 @@ pub async fn run(
     });
     let adopted_tree = keeper.snapshot();
     let (events_tx, events) = mpsc::unbounded_channel();
-    let keeper = KeeperSlot::new(keeper_config, keeper, events_tx);
+    let keeper = Arc::new(KeeperSlot::new(keeper_config, keeper, events_tx));
 
     // 5. The agent.
-    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
+    let ops = KeeperQueue::start(keeper.clone());
     let (inject, inputs) = mpsc::unbounded_channel::<Input>();
     let host = AgentHost {
         inner: Arc::new(Inner {
@@ -287,7 +290,7 @@ pub async fn run(
             },
             keeper,
             orphans: Mutex::new(orphans.clone()),
-            ops: ops_tx,
+            ops,
             status: Mutex::new(Status {
                 highest,
                 tree: adopted_tree.or(orphans.clone()),
@@ -324,7 +327,6 @@ pub async fn run(
             .in_current_span(),
         );
     }
-    tasks.spawn(keeper_ops(host.inner.clone(), ops_rx).in_current_span());
     tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
     let member_key = keys::member(&lock, &node)?;
     tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
@@ -370,16 +372,17 @@ pub async fn run(
 
     let agent = Agent::new(
         AgentConfig {
-            identity: Identity {
-                node: node.clone(),
-                machine: crate::identity::machine_id(),
-                instance,
-            },
-            timing: settings.timing.clone(),
             previous,
             highest_token: highest,
             supervised_stops: true,
-            mutations: Default::default(),
+            ..AgentConfig::new(
+                Identity {
+                    node: node.clone(),
+                    machine: identity::machine_id(),
+                    instance,
+                },
+                settings.timing.clone(),
+            )
         },
         clock::boot_time_now(),
     );

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use putex_core::time::Human;
 use putex_core::Timing;
 
 use super::config::{AgentArgs, AgentSettings, Strictness};
@@ -45,15 +46,15 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
         settings.store
     );
     println!(
-        "R = {:?}  F = {}  C = {}  K = {}  S = {}  ε = {}%  health-check timeout {:?}  store timeout {:?}",
-        t.renew(),
+        "R = {}  F = {}  C = {}  K = {}  S = {}  ε = {}%  health-check timeout {}  store timeout {}",
+        Human(t.renew()),
         t.config().failures,
         t.config().confirm,
         t.unhealthy(),
         t.successes(),
         f64::from(t.drift().ppm()) / 10_000.0,
-        t.healthcheck_timeout(),
-        t.store_timeout(),
+        Human(t.healthcheck_timeout()),
+        Human(t.store_timeout()),
     );
     let rtt = match open_store(&settings).await {
         Ok(store) => {
@@ -65,10 +66,10 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
             )
             .await?;
             println!(
-                "store: {} replica(s); compare-and-swap median {:?}, p99 {:?} over {} operations",
+                "store: {} replica(s); compare-and-swap median {}, p99 {} over {} operations",
                 m.replicas,
-                m.median_cas,
-                m.facts.p99_cas.unwrap_or_default(),
+                Human(m.median_cas),
+                Human(m.facts.p99_cas.unwrap_or_default()),
                 CAS_SAMPLES
             );
             check_store(t, &m)?;

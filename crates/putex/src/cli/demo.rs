@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use putex_core::time::Human;
 
 use super::config::{AgentArgs, FileConfig, Strictness, TimingArgs};
 use super::CliError;
@@ -115,8 +116,11 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
     let timeline = settings.timing.timeline(m.median_cas);
     println!("putex demo: 3 agents for lock {LOCK:?} on {store_url}");
     println!(
-        "timing: R = 100ms, F = 3, C = 1 → T = {:?}, W = {:?}, G = {:?}; bound B = W + G + 3 round trips = {:?}",
-        timeline.lease, timeline.staleness_wait, timeline.gap, timeline.crash_failover
+        "timing: R = 100 ms, F = 3, C = 1 → T = {}, W = {}, G = {}; bound B = W + G + 3 round trips = {}",
+        Human(timeline.lease),
+        Human(timeline.staleness_wait),
+        Human(timeline.gap),
+        Human(timeline.crash_failover)
     );
     println!("logs: {}/node-*.log", dir.display());
     println!();
@@ -177,9 +181,9 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
         let _ = tokio::time::timeout(Duration::from_secs(5), n.child.wait()).await;
     }
     println!(
-        "{} stopped the survivors (SIGTERM: graceful stop and release) in {:?}",
+        "{} stopped the survivors (SIGTERM: graceful stop and release) in {}",
         stamp(Instant::now()),
-        stop_start.elapsed()
+        Human(stop_start.elapsed())
     );
     // Leftovers (keepers that outlive their agents) of this demo only.
     for n in &nodes {
@@ -237,7 +241,10 @@ async fn crash_and_fail_over(
 
     let within = timeline.crash_failover * 3 + Duration::from_secs(2);
     let Some((second, _, at)) = wait_active(dir, Some(&first), within).await else {
-        return Err(other(format!("no standby took over within {within:?}")));
+        return Err(other(format!(
+            "no standby took over within {}",
+            Human(within)
+        )));
     };
     let took = at.saturating_duration_since(crashed);
     println!("{} {second} active", stamp(at));

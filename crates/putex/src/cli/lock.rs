@@ -28,7 +28,8 @@ Exit codes:
   64           usage error: a flag, name or argument is wrong, or --limit
                differs from the limit the name was first used with
   69           the store cannot be reached or opened
-  70           internal failure (the keeper failed, a stop could not be proven)
+  70           internal failure (the keeper or a lock machine failed); a stop not
+               yet proven is retried while the lock is kept, never an exit
   75           not acquired: the lock is held (--no-wait, or --wait ran out);
                --conflict-exit-code changes it
   76           the lock was lost while CMD ran; CMD and its whole tree were stopped
@@ -363,7 +364,8 @@ pub async fn run_section(
         Outcome::Interrupted { signal } => 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
         Outcome::StopUnproven => {
             eprintln!(
-                "putex: the command's tree could not be proven stopped; the lock was not released"
+                "putex: a lock machine failed, so the command's stop was not proven; the lock was \
+                 not released and goes stale"
             );
             sysexits::SOFTWARE
         }

@@ -209,48 +209,55 @@ impl From<crate::store::measure::MeasureError> for CliError {
     }
 }
 
+/// The log format on stderr (`--log-format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Lines for people (colours on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line (for journald and log shippers), with the
+    /// span fields (lock, node) and the event's fields (role, revision, …).
+    Json,
+}
+
 /// Installs the tracing subscriber: `RUST_LOG` if set, else `info`
 /// (`debug` with `-v`, `trace` with `-vv`), to stderr.
-pub fn init_logging(verbose: u8) {
-    init_logging_at(match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    })
+pub fn init_logging(verbose: u8, format: LogFormat) {
+    init_logging_at(
+        match verbose {
+            0 => "info",
+            1 => "debug",
+            _ => "trace",
+        },
+        format,
+    )
 }
 
 /// [`init_logging`] for commands whose stderr belongs to a script
 /// (`putex lock`): `warn` by default, `info` with `-v`, `debug` with `-vv`.
-pub fn init_quiet_logging(verbose: u8) {
-    init_logging_at(match verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
-    })
+pub fn init_quiet_logging(verbose: u8, format: LogFormat) {
+    init_logging_at(
+        match verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        },
+        format,
+    )
 }
 
-static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// `--log-format json`: one JSON object per line (for journald and log
-/// shippers), with the span fields (lock, node) and the event's fields
-/// (role, revision, …). Call before [`init_logging`].
-pub fn set_json_logs(json: bool) {
-    JSON_LOGS.store(json, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn init_logging_at(default: &str) {
+fn init_logging_at(default: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
-    let _ = if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
-        builder.json().try_init()
-    } else {
-        builder
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init()
+            .try_init(),
     };
 }

@@ -18,6 +18,7 @@ use super::config::{hostname, parse_drift, parse_duration};
 use super::CliError;
 use crate::http::{self, AdminCredentials, AuthSettings, HttpOptions, Secret, TlsSettings};
 use crate::locks::gateway::{Gateway, GatewayOptions};
+use crate::shutdown::Shutdown;
 use crate::store::{keys, AnyStore, StoreUrl};
 
 /// The default `--listen`: loopback, on RDLM's port.
@@ -210,36 +211,13 @@ impl ServeArgs {
     }
 }
 
-/// Counts SIGTERM and SIGINT: the first asks for a graceful stop, the
-/// second for an immediate one.
-fn signal_count() -> Result<tokio::sync::watch::Receiver<u32>, CliError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let err = |e: std::io::Error| CliError::Other(format!("cannot install signal handlers: {e}"));
-    let mut term = signal(SignalKind::terminate()).map_err(err)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
-    let (tx, rx) = tokio::sync::watch::channel(0u32);
-    tokio::spawn(async move {
-        loop {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            let n = *tx.borrow() + 1;
-            if n == 1 {
-                tracing::info!("{name}: shutting down (again to stop at once)");
-            }
-            if tx.send(n).is_err() {
-                return;
-            }
-        }
-    });
-    Ok(rx)
-}
-
 /// `putex serve`.
 pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
     let settings = args.settings()?;
-    let signals = signal_count()?;
+    let shutdown = Shutdown::new();
+    shutdown
+        .on_signals()
+        .map_err(|e| CliError::Other(format!("cannot install signal handlers: {e}")))?;
     let store = AnyStore::open(&settings.store)
         .await
         .map_err(|e| CliError::Store(format!("store {}: {e}", settings.store)))?;
@@ -248,15 +226,14 @@ pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
     })?;
     let gateway = Gateway::new(store, settings.gateway);
     let app = http::App::new(gateway, settings.http);
-    let at_least = |n: u32| {
-        let mut rx = signals.clone();
-        async move {
-            let _ = rx.wait_for(|c| *c >= n).await;
-        }
+    let graceful = shutdown.graceful().clone();
+    let stopping = async move {
+        graceful.cancelled().await;
+        tracing::info!("shutting down (a second signal stops at once)");
     };
     tokio::select! {
-        r = http::serve(listener, app, at_least(1)) => r.map_err(|e| CliError::Other(e.to_string())),
-        () = at_least(2) => {
+        r = http::serve(listener, app, stopping) => r.map_err(|e| CliError::Other(e.to_string())),
+        () = shutdown.aborted().cancelled() => {
             tracing::warn!("second signal: stopping at once");
             Ok(())
         }

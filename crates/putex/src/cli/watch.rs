@@ -29,6 +29,7 @@ use super::status::render;
 use super::CliError;
 use crate::observe::history;
 use crate::observe::status::{self, LockStatus, StatusError};
+use crate::shutdown::Shutdown;
 use crate::store::{keys, AnyStore, Entry, Store, WatchStream};
 
 /// `putex watch` flags.
@@ -127,12 +128,13 @@ fn frame(
 
 /// `putex watch`.
 pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
-    use tokio::signal::unix::{signal, SignalKind};
     keys::validate_name(&args.name).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
     let (store, url) = open_store(args.store.as_deref()).await?;
-    let err = |e: std::io::Error| CliError::Other(format!("cannot install signal handlers: {e}"));
-    let mut term = signal(SignalKind::terminate()).map_err(err)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    let shutdown = Shutdown::new();
+    shutdown
+        .on_signals()
+        .map_err(|e| CliError::Other(format!("cannot install signal handlers: {e}")))?;
+    let stop = shutdown.graceful();
     let tty = std::io::stdout().is_terminal();
     let history_prefix = keys::history_of(&args.name).expect("validated");
     let scan = keys::history_scan(&args.name).expect("validated");
@@ -147,13 +149,11 @@ pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
                     tracing::warn!(error = %e, "cannot watch the lock; retrying");
                     tokio::select! {
                         () = tokio::time::sleep(RETRY) => continue,
-                        _ = term.recv() => return Ok(()),
-                        _ = int.recv() => return Ok(()),
+                        () = stop.cancelled() => return Ok(()),
                     }
                 }
             },
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         };
         // The watch delivers every record again: start from nothing.
         let mut records: BTreeMap<String, Entry> = BTreeMap::new();
@@ -221,14 +221,12 @@ pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
                         }
                     }
                 }
-                _ = term.recv() => return Ok(()),
-                _ = int.recv() => return Ok(()),
+                () = stop.cancelled() => return Ok(()),
             }
         }
         tokio::select! {
             () = tokio::time::sleep(RETRY) => {}
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         }
     }
 }

@@ -231,7 +231,7 @@ pub struct Gateway {
     /// The highest fencing token this gateway has seen per resource (S6),
     /// shared by all its requests: a store that goes back below it is never
     /// trusted. Kept in memory, for the life of the process.
-    highest: Arc<std::sync::Mutex<HashMap<String, Token>>>,
+    highest: Arc<parking_lot::Mutex<HashMap<String, Token>>>,
 }
 
 /// The shortest lifetime a client may ask for: the lease must span a few
@@ -290,11 +290,7 @@ impl Gateway {
     /// each acquisition starts from it, so a store that lost writes is
     /// never trusted below what an earlier request saw.
     pub fn highest(&self, resource: &str) -> Option<Token> {
-        self.highest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(resource)
-            .copied()
+        self.highest.lock().get(resource).copied()
     }
 
     fn raise_highest(&self, resource: &str, token: Token) {
@@ -430,16 +426,15 @@ impl Gateway {
 
         let mut agent = Agent::new(
             AgentConfig {
-                identity: Identity {
-                    node: self.opts.node.clone(),
-                    machine: crate::identity::machine_id(),
-                    instance: uid.clone(),
-                },
-                timing: timing.clone(),
-                previous: None,
                 highest_token: self.highest(&req.resource),
-                supervised_stops: false,
-                mutations: Default::default(),
+                ..AgentConfig::new(
+                    Identity {
+                        node: self.opts.node.clone(),
+                        machine: crate::identity::machine_id(),
+                        instance: uid.clone(),
+                    },
+                    timing.clone(),
+                )
             },
             clock::boot_time_now(),
         );
@@ -1124,8 +1119,8 @@ impl Ended {
 }
 
 /// Raises the highest token seen for `resource` to `token` (never lowers it).
-fn raise(highest: &std::sync::Mutex<HashMap<String, Token>>, resource: &str, token: Token) {
-    let mut highest = highest.lock().unwrap_or_else(|e| e.into_inner());
+fn raise(highest: &parking_lot::Mutex<HashMap<String, Token>>, resource: &str, token: Token) {
+    let mut highest = highest.lock();
     let h = highest.entry(resource.to_owned()).or_insert(token);
     *h = (*h).max(token);
 }
@@ -1236,7 +1231,7 @@ fn waiting_info(resource: &str, r: &TicketRecord) -> LockInfo {
 struct GatewayHost {
     resource: String,
     /// The gateway's highest tokens per resource, raised here (S6).
-    highest: Arc<std::sync::Mutex<HashMap<String, Token>>>,
+    highest: Arc<parking_lot::Mutex<HashMap<String, Token>>>,
     granted: mpsc::UnboundedSender<Token>,
     role: tokio::sync::watch::Sender<Role>,
     /// Transition records for `putex history` (the acquisition; the

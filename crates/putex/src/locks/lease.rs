@@ -63,7 +63,7 @@ use std::sync::Arc;
 use futures::future::{self, BoxFuture, FutureExt};
 use putex_core::{
     Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
-    Reason, Role, StopKind, Timing, TimingConfig, TimingError, Token,
+    LossCause, Reason, Role, StopKind, Timing, TimingConfig, TimingError, Token,
 };
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -116,10 +116,14 @@ pub enum LeaseError {
 pub enum Lost {
     /// The licence ended without a newer successful renewal (H1).
     LicenceEnded,
-    /// Another holder, a revocation or a store regression (H3, S6, S7).
-    TakenOver(String),
+    /// The record is no longer ours: another holder, a revocation, or a
+    /// store that lost or replaced it (H3, S6, S7).
+    TakenOver(LossCause),
     /// Released on request.
     Released,
+    /// Ended for another of the core's reasons (the keeper fired or died, a
+    /// stop failed, …).
+    Ended(Reason),
 }
 
 /// What the driver has told us about the agent.
@@ -207,7 +211,8 @@ impl Host for LockHost {
                     Reason::Released | Reason::Shutdown | Reason::ReleaseRequested => {
                         Lost::Released
                     }
-                    other => Lost::TakenOver(other.to_string()),
+                    Reason::Lost(cause) => Lost::TakenOver(cause.clone()),
+                    other => Lost::Ended(other.clone()),
                 });
             }
             if *to == Role::Standby {
@@ -254,15 +259,8 @@ impl Lock {
         };
         let now = clock::boot_time_now();
         let mut agent = Agent::new(
-            AgentConfig {
-                identity,
-                timing,
-                previous: None,
-                highest_token: None,
-                // The program is the service: it only hears of a loss.
-                supervised_stops: false,
-                mutations: Default::default(),
-            },
+            // The program is the service: it only hears of a loss.
+            AgentConfig::new(identity, timing),
             now,
         );
         agent.handle(now, Input::Turn(false));

@@ -44,17 +44,18 @@
 //! period.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::future::{self, BoxFuture, FutureExt};
 use nix::fcntl::{Flock, FlockArg};
+use parking_lot::Mutex;
 use putex_core::{
     Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockState,
     Observed, Reason, Role, StopKind, Timing, Token,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
@@ -62,6 +63,7 @@ use crate::locks::queue::{Ticket, Waiter};
 use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
 use crate::store::{keys, AnyStore, ReadMode, Store, StoreError};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
+use crate::supervision::keeper_queue::KeeperQueue;
 use crate::supervision::process::Exit;
 
 /// How long to wait for the lock.
@@ -575,18 +577,6 @@ impl HighestFile {
 // ---------------------------------------------------------------------------
 // The host: one per slot agent, sharing one keeper and one CMD.
 
-/// A keeper request, in the order the agents asked for them.
-enum KeeperOp {
-    /// A command, and where to say whether the keeper carried it out.
-    Command(KeeperCommand, Option<Token>, oneshot::Sender<bool>),
-    Spawn {
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        reply: oneshot::Sender<Result<(), String>>,
-    },
-    Barrier(oneshot::Sender<()>),
-}
-
 /// What the slot agents share.
 #[derive(Default)]
 struct State {
@@ -623,7 +613,7 @@ struct Shared {
     opts: SectionOptions,
     store: AnyStore,
     keeper: Arc<KeeperClient>,
-    ops: mpsc::UnboundedSender<KeeperOp>,
+    ops: KeeperQueue,
     state: Mutex<State>,
     changed: Notify,
     /// The winner's transition records (`putex history`).
@@ -639,8 +629,8 @@ impl Shared {
     }
 
     /// The state, for the section's loop (no wake-up).
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     fn is_winner(&self, slot: usize) -> bool {
@@ -672,7 +662,7 @@ impl SlotHost {
             return;
         };
         let winner = self.shared.lock().winner;
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.pending.lock();
         match winner {
             Some(w) if w == self.slot => self.shared.history.send(rec),
             Some(_) => pending.clear(),
@@ -762,22 +752,20 @@ impl Host for SlotHost {
                 env.push(("PUTEX_TITLE".into(), t.clone()));
             }
             env.extend(o.env.iter().cloned());
-            let (reply, rx) = oneshot::channel();
-            let _ = shared.ops.send(KeeperOp::Spawn {
-                argv: o.argv.clone(),
-                env,
-                reply,
-            });
-            let result = tokio::time::timeout(clock::until(deadline), rx).await;
+            let spawned = shared
+                .ops
+                .spawn_child(o.argv.clone(), env, Box::new(|| true));
+            let result = tokio::time::timeout(clock::until(deadline), spawned).await;
             match result {
-                Ok(Ok(Ok(()))) => {
+                Ok(Ok((pid, tree))) => {
+                    tracing::debug!(pid, ?tree, "command started");
                     shared.with(|s| {
                         s.spawned = Some(token);
                         s.spawned_at = Some(tokio::time::Instant::now());
                     });
                     true
                 }
-                Ok(Ok(Err(e))) => {
+                Ok(Err(e)) => {
                     shared.with(|s| s.spawn_failed = Some(e));
                     false
                 }
@@ -799,10 +787,7 @@ impl Host for SlotHost {
         let shared = self.shared.clone();
         async move {
             let work = async {
-                let (tx, rx) = oneshot::channel();
-                if shared.ops.send(KeeperOp::Barrier(tx)).is_ok() {
-                    let _ = rx.await;
-                }
+                shared.ops.barrier().await;
                 match shared.keeper.stop(kind).await {
                     Ok(ok) => ok,
                     // The keeper died (OOM): stop CMD's tree without it,
@@ -841,12 +826,7 @@ impl Host for SlotHost {
             (_, None) => false,
         });
         let answer = if forward {
-            let (reply, rx) = oneshot::channel();
-            let _ = self
-                .shared
-                .ops
-                .send(KeeperOp::Command(command, None, reply));
-            async move { rx.await.unwrap_or(false) }.boxed()
+            self.shared.ops.command(command, None, None).boxed()
         } else {
             // Another slot of ours won: this one's activation fails and
             // releases the slot (see `activate`); its keeper is the
@@ -854,7 +834,7 @@ impl Host for SlotHost {
             future::ready(true).boxed()
         };
         if matches!(command, KeeperCommand::Arm(_)) && self.shared.is_winner(self.slot) {
-            let won = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+            let won = std::mem::take(&mut *self.pending.lock());
             for rec in won {
                 self.shared.history.send(rec);
             }
@@ -1086,35 +1066,6 @@ async fn record_once(shared: &Shared, deadline: Instant) {
     }
 }
 
-/// Carries out keeper requests in order.
-async fn keeper_ops(keeper: Arc<KeeperClient>, mut rx: mpsc::UnboundedReceiver<KeeperOp>) {
-    while let Some(op) = rx.recv().await {
-        match op {
-            KeeperOp::Command(cmd, token, reply) => {
-                let r = match cmd {
-                    KeeperCommand::Arm(d) => keeper.arm(d, token, None).await,
-                    other => keeper.apply(other).await,
-                };
-                if let Err(e) = &r {
-                    tracing::warn!(?cmd, error = %e, "keeper refused or failed");
-                }
-                let _ = reply.send(r.is_ok());
-            }
-            KeeperOp::Spawn { argv, env, reply } => {
-                let r = keeper
-                    .spawn_child(argv, env)
-                    .await
-                    .map(|(pid, tree)| tracing::debug!(pid, ?tree, "command started"))
-                    .map_err(|e| e.to_string());
-                let _ = reply.send(r);
-            }
-            KeeperOp::Barrier(tx) => {
-                let _ = tx.send(());
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The section.
 
@@ -1196,14 +1147,13 @@ pub async fn run(
     // Set once the keeper is gone: its event channel is read no more.
     let mut keeper_gone = false;
     let keeper = Arc::new(keeper);
-    let (ops_tx, ops_rx) = mpsc::unbounded_channel();
-    let ops_task = tokio::spawn(keeper_ops(keeper.clone(), ops_rx));
+    let ops = KeeperQueue::start(keeper.clone());
 
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         store: store.clone(),
         keeper: keeper.clone(),
-        ops: ops_tx,
+        ops,
         state: Mutex::new(State::default()),
         changed: Notify::new(),
         history: HistoryWriter::spawn(
@@ -1239,16 +1189,16 @@ pub async fn run(
         let highest = HighestFile::new(&opts.keeper_dir, &opts.store_id, key);
         let mut agent = Agent::new(
             AgentConfig {
-                identity: Identity {
-                    node: opts.node.clone(),
-                    machine: crate::identity::machine_id(),
-                    instance: instance.clone(),
-                },
-                timing: timing.clone(),
-                previous: None,
                 highest_token: highest.load(),
                 supervised_stops: true,
-                mutations: Default::default(),
+                ..AgentConfig::new(
+                    Identity {
+                        node: opts.node.clone(),
+                        machine: crate::identity::machine_id(),
+                        instance: instance.clone(),
+                    },
+                    timing.clone(),
+                )
             },
             clock::boot_time_now(),
         );
@@ -1422,7 +1372,6 @@ pub async fn run(
             },
         }
     }
-    ops_task.abort();
     if let Some(t) = ticket {
         t.leave().await;
     }

@@ -688,7 +688,7 @@ mod tests {
             Reason::Resumed,
             Reason::Activated,
             Reason::LicenceEnded,
-            Reason::Lost("x".into()),
+            Reason::Lost(putex_core::LossCause::Revoked),
             Reason::Unhealthy,
             Reason::Shutdown,
             Reason::ReleaseRequested,

@@ -25,9 +25,10 @@
 //! | `putex_build_info{version}` | info | the putex version |
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -253,12 +254,12 @@ impl Metrics {
             }
             _ => {}
         }
-        *self.current_role.lock().unwrap_or_else(|e| e.into_inner()) = Some(to);
+        *self.current_role.lock() = Some(to);
     }
 
     /// The current role, once one was reported.
     pub fn role(&self) -> Option<Role> {
-        *self.current_role.lock().unwrap_or_else(|e| e.into_inner())
+        *self.current_role.lock()
     }
 
     /// A store call finished.

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::keys::{filter_matches, validate_filter, validate_key};
@@ -17,6 +17,7 @@ use super::{
     boot_time_now, wall_nanos, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
     WatchEvent, WatchStream,
 };
+use parking_lot::{Mutex, MutexGuard};
 
 /// A fault for the next operation on a [`MemoryStore`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -134,7 +135,7 @@ impl MemoryStore {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the maps half-updated
         // in a way later operations would misread; keep going.
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.state.lock()
     }
 
     fn token(&self, revision: u64) -> Token {

@@ -42,9 +42,10 @@
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::keys::{filter_matches, validate_filter, validate_key};
@@ -517,7 +518,7 @@ async fn on_conn<T: Send + 'static>(
     f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     let task = tokio::task::spawn_blocking(move || {
-        let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conn = conn.lock();
         f(&mut conn)
     });
     let key_owned = key.to_owned();

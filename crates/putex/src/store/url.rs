@@ -465,27 +465,19 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
 }
 
 fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            // Two hex digits: `from_str_radix` alone would take `+1`.
-            let hex = s
-                .get(i + 1..i + 3)
-                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                .and_then(|h| u8::from_str_radix(h, 16).ok());
-            let Some(b) = hex else {
-                return Err(bad(url, "a bad percent escape", NATS_EXAMPLE));
-            };
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    // percent-encoding passes a malformed escape through as text; a URL with
+    // one is refused instead (a typo in a password must not become part of it).
+    let malformed = s.match_indices('%').any(|(i, _)| {
+        !s.get(i + 1..i + 3)
+            .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if malformed {
+        return Err(bad(url, "a bad percent escape", NATS_EXAMPLE));
     }
-    String::from_utf8(out).map_err(|_| bad(url, "percent escapes that are not UTF-8", NATS_EXAMPLE))
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| bad(url, "percent escapes that are not UTF-8", NATS_EXAMPLE))
 }
 
 impl fmt::Display for StoreUrl {

@@ -66,12 +66,13 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use parking_lot::Mutex;
 use putex_core::agent::{Input, KeeperCommand, StopKind};
 use putex_core::{Instant, Token};
 use serde::{Deserialize, Serialize};
@@ -1337,7 +1338,7 @@ impl KeeperClient {
             Ok(s) => {
                 let c = KeeperClient::from_stream(socket, s);
                 let st = c.status().await?;
-                let mut t = c.tree.lock().unwrap_or_else(|e| e.into_inner());
+                let mut t = c.tree.lock();
                 t.info = st.child.map(|ch| ch.tree);
                 t.snapshot = st.snapshot;
                 drop(t);
@@ -1424,10 +1425,7 @@ impl KeeperClient {
                     };
                     match (m.id(), &m) {
                         (Some(id), _) => {
-                            let tx = pending
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .remove(&id);
+                            let tx = pending.lock().remove(&id);
                             if let Some(tx) = tx {
                                 let _ = tx.send(m);
                             }
@@ -1442,15 +1440,14 @@ impl KeeperClient {
                             }));
                         }
                         (None, FromKeeper::Tree { snapshot }) => {
-                            tree.lock().unwrap_or_else(|e| e.into_inner()).snapshot =
-                                Some(snapshot.clone());
+                            tree.lock().snapshot = Some(snapshot.clone());
                             let _ = etx.send(KeeperEvent::Tree(snapshot.clone()));
                         }
                         (None, _) => {}
                     }
                 }
                 lost.store(true, Ordering::SeqCst);
-                pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                pending.lock().clear();
                 let _ = etx.send(KeeperEvent::Lost);
             })
         };
@@ -1497,10 +1494,7 @@ impl KeeperClient {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
+        self.pending.lock().insert(id, tx);
         let mut line =
             serde_json::to_string(&make(id)).map_err(|e| KeeperError::Failed(e.to_string()))?;
         line.push('\n');
@@ -1512,10 +1506,7 @@ impl KeeperClient {
             .await
             .is_err()
         {
-            self.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+            self.pending.lock().remove(&id);
             return Err(KeeperError::Lost);
         }
         let reply = rx.await.map_err(|_| KeeperError::Lost)?;
@@ -1583,7 +1574,7 @@ impl KeeperClient {
             .await?
         {
             FromKeeper::Spawned { pid, tree, .. } => {
-                self.tree.lock().unwrap_or_else(|e| e.into_inner()).info = Some(tree.clone());
+                self.tree.lock().info = Some(tree.clone());
                 Ok((pid, tree))
             }
             other => Err(KeeperError::Unexpected(Box::new(other))),
@@ -1624,11 +1615,7 @@ impl KeeperClient {
     /// The last [`TreeSnapshot`] the keeper sent (or reported when
     /// adopted): what identifies the service's tree.
     pub fn snapshot(&self) -> Option<TreeSnapshot> {
-        self.tree
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .snapshot
-            .clone()
+        self.tree.lock().snapshot.clone()
     }
 
     /// The agent's own emergency stop after [`KeeperEvent::Lost`] (child
@@ -1639,7 +1626,7 @@ impl KeeperClient {
     /// `true` when no child was ever started.
     pub async fn stop_tree_without_keeper(&self, within: Duration) -> bool {
         let (info, snapshot) = {
-            let t = self.tree.lock().unwrap_or_else(|e| e.into_inner());
+            let t = self.tree.lock();
             (t.info.clone(), t.snapshot.clone())
         };
         let snapshot = match (snapshot, info) {

@@ -3,6 +3,7 @@
 //! | module | what it is for |
 //! |---|---|
 //! | [`keeper`] | the dead-man's switch that owns the service and its deadline, in a process of its own |
+//! | [`keeper_queue`] | one ordered queue of requests to a keeper, shared by the agent and `putex lock` |
 //! | [`process`] | process-tree control: cgroup v2 scopes, or a child subreaper |
 //! | [`hooks`] | running hooks (`/bin/sh -c`) with their environment and timeouts |
 //! | [`systemd`] | `Type=notify`: READY, STATUS, a watchdog that pings only while the state machine progresses |
@@ -12,5 +13,6 @@
 
 pub mod hooks;
 pub mod keeper;
+pub mod keeper_queue;
 pub mod process;
 pub mod systemd;

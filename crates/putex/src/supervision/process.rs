@@ -31,13 +31,13 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 /// How often a stop looks whether the tree is empty yet.
@@ -739,25 +739,19 @@ static CLAIMED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 /// Marks `pid` as waited for by its spawner: [`reap_orphans`] leaves it alone.
 /// Call it right after spawning, before the next `.await`.
 pub fn claim(pid: i32) {
-    CLAIMED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(pid);
+    CLAIMED.lock().insert(pid);
 }
 
 /// Undoes [`claim`] once the spawner has collected the exit status.
 pub fn unclaim(pid: i32) {
-    CLAIMED
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&pid);
+    CLAIMED.lock().remove(&pid);
 }
 
 /// Reaps every exited child of this process that nobody [`claim`]ed, and
 /// returns their statuses. Never blocks.
 pub fn reap_orphans() -> Vec<(i32, WaitStatus)> {
     let me = std::process::id() as i32;
-    let claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let claimed = CLAIMED.lock().clone();
     let mut out = Vec::new();
     for e in proc_table() {
         if e.ppid == me && e.is_dead() && !claimed.contains(&e.pid) {

@@ -1,0 +1,691 @@
+//! The standby's rules: observing the record and acquiring it (S1–S6).
+
+use super::*;
+
+impl Agent {
+    // ----- standby: observing and acquiring (S1–S6) ---------------------------
+
+    /// After start-up without an adopted keeper: a record of our previous
+    /// instance that was `active` on this boot is resumed after G (S5).
+    pub(super) fn resume_without_keeper_check(&mut self) {
+        if self.lock_op.is_none() {
+            self.send_lock(LockOp::LeaderPoll, self.deadline());
+        }
+    }
+
+    pub(super) fn on_lock_seen(&mut self, entry: Option<Entry>, leader: bool) {
+        if self.role == Role::Exited {
+            return;
+        }
+        if self.holding() {
+            self.check_replaced(entry.as_ref());
+            self.holder_sees(entry);
+            return;
+        }
+        let observed = entry.as_ref().map(|e| Observed::decode(&e.value));
+        // S6: the revision our in-flight acquisition expects, with other
+        // contents: the store reused it, and the CAS may hit a record we
+        // never judged. Remember it for when the reply comes (our own write
+        // may be seen before that reply and replace what we saw).
+        if let (
+            Some(e),
+            Some(Pending {
+                what: LockOp::Acquire { acquire, .. },
+                ..
+            }),
+        ) = (&entry, self.lock_op.as_mut())
+        {
+            if let Some((t, expected)) = &acquire.over {
+                if *t == e.token && observed.as_ref() != expected.as_ref() {
+                    acquire.reused = true;
+                }
+            }
+        }
+        // S5: a live record with our node id from another machine.
+        if let (Some(e), Some(Observed::Record(r))) = (&entry, &observed) {
+            if r.node == self.id.node
+                && r.machine != self.id.machine
+                && matches!(r.state, LockState::Active | LockState::Confirming)
+            {
+                match self.duplicate_seen {
+                    Some(t) if t != e.token => {
+                        return self.exit(ExitReason::DuplicateNode {
+                            machine: r.machine.clone(),
+                        })
+                    }
+                    _ => self.duplicate_seen = Some(e.token),
+                }
+            }
+        }
+        // H4: an acquisition of ours whose outcome was unknown has landed.
+        if let Some(e) = &entry {
+            if self.role == Role::Standby && self.adopt_acquisition(e) {
+                return;
+            }
+        }
+        let mut absent_like = entry.is_none();
+        if let Some(e) = &entry {
+            match self.trusted {
+                Some(t) if e.token.epoch == t.epoch && e.token < t => {
+                    if !leader {
+                        // Maybe a lagging replica; ask the leader.
+                        if self.lock_op.is_none() && self.role == Role::Standby {
+                            self.send_lock(LockOp::LeaderPoll, self.deadline());
+                        }
+                        return;
+                    }
+                    // S6: the store went backwards; never trust what it lost.
+                    self.outputs.push_back(Output::Event(Event::StoreRegressed {
+                        highest: self.highest.unwrap_or(t),
+                        now: e.token,
+                    }));
+                    absent_like = true;
+                    self.trusted = Some(e.token);
+                }
+                Some(t) if e.token.epoch < t.epoch => return, // an old incarnation, seen late
+                Some(t) if e.token.epoch > t.epoch => {
+                    // S6: a re-created bucket counts as an absent record.
+                    absent_like = true;
+                    self.trusted = Some(e.token);
+                }
+                _ => self.trusted = Some(self.trusted.map_or(e.token, |t| t.max(e.token))),
+            }
+        }
+        let key = entry.as_ref().map(|e| (e.token, Some(e.time)));
+        // After a rollback a revision can be reused by another write: the
+        // same revision with other contents is a new record (S1 a restarts).
+        let same = self
+            .seen
+            .as_ref()
+            .is_some_and(|s| s.entry == key && s.observed == observed);
+        // Our own release, known from its reply, now with its store time.
+        let timed = match (&mut self.seen, &key) {
+            (Some(s), Some((t, time))) if s.observed == observed => match &mut s.entry {
+                Some((st, stime @ None)) if st == t => {
+                    *stime = *time;
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !same && !timed {
+            if let Some(Observed::Record(r)) = &observed {
+                if let Some(w) = self.timing.advertised_timing_warning(r.lease(), r.gap()) {
+                    self.outputs
+                        .push_back(Output::Event(Event::AdvertisedTimingAboveMax(w)));
+                }
+            }
+            self.seen = Some(Seen {
+                entry: key,
+                observed,
+                first_seen: self.now,
+                absent_like,
+                leader_at: leader.then_some(self.now),
+            });
+            self.probe = None;
+            self.probe_op = None;
+        } else if leader {
+            if let Some(s) = self.seen.as_mut() {
+                s.leader_at = Some(self.now);
+            }
+        }
+    }
+
+    /// Whether `entry` is the write our lease runs on (same write id).
+    pub(super) fn is_lease_write(&self, entry: &Entry) -> bool {
+        let Some(lease) = &self.lease else {
+            return false;
+        };
+        matches!(Observed::decode(&entry.value), Observed::Record(r) if r.write == lease.write)
+    }
+
+    /// While confirming: if the revision our acquisition replaced shows up
+    /// with other contents, the store reused it (S6): wait as for an absent
+    /// record, counted from now.
+    pub(super) fn check_replaced(&mut self, entry: Option<&Entry>) {
+        if self.role != Role::Confirming {
+            return;
+        }
+        let Some(e) = entry else { return };
+        // Another writer's record at our own revision, seen after our write
+        // was acknowledged: the store lost that acknowledged write (a
+        // rollback) and handed its revision to us. Its writer may believe it
+        // holds the lock until it reads ours: owe what an absent record
+        // owes, counted from now (S6).
+        let lease_token = self.lease.as_ref().map(|l| l.token);
+        if Some(e.token) == lease_token && !self.is_lease_write(e) {
+            let Some(tenure) = self.tenure.as_mut() else {
+                return;
+            };
+            let mut acquire = tenure.acquire.clone();
+            self.downgrade_to_absent(&mut acquire, e.token);
+            let wait = self.absent_wait(&acquire);
+            let tenure = self.tenure.as_mut().expect("present");
+            tenure.activate_at = tenure.activate_at.max(self.now + wait);
+            tenure.acquire = acquire;
+            return;
+        }
+        let Some(tenure) = self.tenure.as_mut() else {
+            return;
+        };
+        let Some((t, expected)) = &tenure.acquire.over else {
+            return;
+        };
+        if e.token != *t || Some(Observed::decode(&e.value)) == *expected {
+            return;
+        }
+        let t = *t;
+        let mut acquire = tenure.acquire.clone();
+        acquire.over = None;
+        self.downgrade_to_absent(&mut acquire, t);
+        let wait = self.absent_wait(&acquire);
+        let tenure = self.tenure.as_mut().expect("present");
+        tenure.activate_at = tenure.activate_at.max(self.now + wait);
+        tenure.acquire = acquire;
+    }
+
+    /// A holder sees the record change under it (from a watch or poll).
+    pub(super) fn holder_sees(&mut self, entry: Option<Entry>) {
+        let Some(lease) = &self.lease else { return };
+        if let Some(e) = &entry {
+            if e.token == lease.token && self.is_lease_write(e) {
+                return;
+            }
+            let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
+            if ours && e.token.epoch == lease.token.epoch && e.token < lease.token {
+                return; // one of our own earlier writes, seen late
+            }
+        }
+        // Anything else — a newer write (ours, H4, or someone else's, H3), a
+        // foreign record below our token or in another epoch (a regression,
+        // S6), or the record gone — is for the leader read to judge.
+        if self.lock_op.is_none() {
+            self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
+        }
+    }
+
+    /// S5 without an adopted keeper: our previous instance's active record on
+    /// this boot is taken over and activated after G instead of W.
+    pub(super) fn maybe_resume_without_keeper(&mut self) {
+        let Some(prev) = self.previous.clone() else {
+            return;
+        };
+        let Some(seen) = &self.seen else { return };
+        // A record that reached us through a regression is not evidence of
+        // anything (S6): it is judged as absent, never resumed.
+        let resumable = prev.same_boot
+            && !seen.absent_like
+            && matches!(&seen.observed, Some(Observed::Record(r))
+                if r.instance == prev.instance && r.node == self.id.node
+                    && r.machine == self.id.machine && r.state == LockState::Active);
+        // Only the first look counts: afterwards the record is judged normally.
+        self.previous = None;
+        if !resumable || self.lock_op.is_some() {
+            return;
+        }
+        self.acquire(Acquire {
+            kind: AcquireKind::Resume,
+            owed_lease: self.timing.lease(),
+            owed_gap: self.timing.gap(),
+            previous: None,
+            evidence: None,
+            floor: None,
+            reused: false,
+            over: None,
+        });
+    }
+
+    /// When the standby should look again at a stale-looking record.
+    pub(super) fn staleness_due(&self) -> Option<Instant> {
+        let seen = self.seen.as_ref()?;
+        if seen.absent_like || self.lock_op.is_some() || self.probe_op.is_some() {
+            return None;
+        }
+        if let Some(Observed::Record(r)) = &seen.observed {
+            if r.state == LockState::Released {
+                return None;
+            }
+        }
+        let w = self.wait_for(seen);
+        let a = seen.first_seen + w;
+        match self.probe {
+            Some(p) if Some(p.for_token) == seen.entry.map(|x| x.0) => {
+                Some(a.max(p.at + self.timing.renew()))
+            }
+            _ => Some(a),
+        }
+    }
+
+    /// W for what we see: T' is the larger of ours and the advertised T, or
+    /// `--max-lease` when the holder's T is unknown (S1, S4).
+    pub(super) fn wait_for(&self, seen: &Seen) -> Duration {
+        let lease = match &seen.observed {
+            Some(Observed::Record(r)) if !self.mutations.is(Rule::IgnoreAdvertisedLease) => {
+                self.timing.lease_against(r.lease())
+            }
+            Some(Observed::Record(_)) => self.timing.lease(),
+            Some(Observed::Garbage) | None => self.timing.lease_unknown().max(self.timing.lease()),
+        };
+        if self.mutations.is(Rule::NoDriftFactor) {
+            lease
+        } else {
+            self.timing.staleness_wait(lease)
+        }
+    }
+
+    pub(super) fn eligible(&self) -> bool {
+        self.role == Role::Standby
+            && !self.shutdown
+            && self.turn
+            && self.ok_streak >= self.timing.successes()
+            && self.lock_op.is_none()
+            && self.backoff_until.is_none_or(|b| self.now >= b)
+    }
+
+    /// After a health step-down: wait T, doubling with each repeat up to 16 T,
+    /// before acquiring again. A passing `active` check resets the count.
+    pub(super) fn back_off(&mut self) {
+        self.health_stepdowns = self.health_stepdowns.saturating_add(1);
+        let factor = 1u32 << (self.health_stepdowns.min(5) - 1);
+        self.backoff_until = Some(self.now + self.timing.lease() * factor);
+    }
+
+    /// When a node that stepped down for health may acquire again.
+    pub fn backoff_until(&self) -> Option<Instant> {
+        self.backoff_until.filter(|b| *b > self.now)
+    }
+
+    pub(super) fn standby_try_acquire(&mut self) {
+        if !self.eligible() {
+            return;
+        }
+        if self.previous.is_some() {
+            self.maybe_resume_without_keeper();
+            if self.lock_op.is_some() {
+                return;
+            }
+        }
+        let Some(seen) = self.seen.clone() else {
+            return;
+        };
+        let gap_of = |t: &Timing, o: &Option<Observed>| match o {
+            Some(Observed::Record(r)) => t.gap_against(r.gap()),
+            _ => t.gap_unknown(),
+        };
+        let previous = seen
+            .observed
+            .as_ref()
+            .and_then(|o| o.record())
+            .map(|r| r.node.clone());
+        if seen.absent_like {
+            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
+            // (--max-gap or own G): a holder whose record is gone may not
+            // know it yet. A record that survived a regression still
+            // advertises timing: use the larger values, as for any taker.
+            let (owed_lease, owed_gap) = match seen.observed.as_ref().and_then(|o| o.record()) {
+                Some(r) => (
+                    self.timing.lease_unknown().max(r.lease()),
+                    self.timing.gap_unknown().max(r.gap()),
+                ),
+                None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
+            };
+            return self.acquire(Acquire {
+                kind: AcquireKind::Absent,
+                owed_lease,
+                owed_gap,
+                previous,
+                evidence: None,
+                floor: None,
+                reused: false,
+                over: None,
+            });
+        }
+        let released =
+            matches!(&seen.observed, Some(Observed::Record(r)) if r.state == LockState::Released);
+        if released {
+            // S3: the previous holder proved it stopped.
+            return self.acquire(Acquire {
+                kind: AcquireKind::Released,
+                owed_lease: self.timing.lease(),
+                owed_gap: Duration::ZERO,
+                previous,
+                evidence: None,
+                floor: None,
+                reused: false,
+                over: None,
+            });
+        }
+        // S1: held, revoked or unreadable — two witnesses of staleness.
+        let w = self.wait_for(&seen);
+        if self.now < seen.first_seen + w {
+            return;
+        }
+        match self.probe_verdict(&seen, w) {
+            ProbeVerdict::Stale
+                if !self.mutations.is(Rule::StaleTakeoverUnconfirmed)
+                    && self
+                        .probe
+                        .is_some_and(|p| seen.leader_at.is_none_or(|t| t < p.at)) =>
+            {
+                // The record as the leader has it now, after the witness:
+                // the same revision with other contents restarts S1 (a).
+                if self.lock_op.is_none() {
+                    self.send_lock(LockOp::LeaderPoll, self.deadline());
+                }
+            }
+            ProbeVerdict::Stale => {
+                let owed_gap = gap_of(&self.timing, &seen.observed);
+                let unchanged_for = self.now.saturating_since(seen.first_seen);
+                let store_age = match (self.probe, seen.entry) {
+                    (Some(p), Some((_, Some(time)))) => match p.time.gap_since(time) {
+                        StoreGap::Forward(age) => Some(age),
+                        StoreGap::Backwards | StoreGap::Unbounded => None,
+                    },
+                    _ => None,
+                };
+                self.acquire(Acquire {
+                    kind: AcquireKind::Stale,
+                    owed_lease: self.timing.lease(),
+                    owed_gap,
+                    previous,
+                    evidence: Some((unchanged_for, store_age)),
+                    floor: None,
+                    reused: false,
+                    over: None,
+                });
+            }
+            ProbeVerdict::Probe => {
+                if self.probe_op.is_none() {
+                    let write = self.write_id();
+                    let value = ProbeRecord {
+                        v: RECORD_VERSION,
+                        node: self.id.node.clone(),
+                        write,
+                    }
+                    .encode();
+                    let id = self.op_id();
+                    let deadline = self.deadline();
+                    self.probe_op = Some(Pending {
+                        id,
+                        deadline,
+                        what: ProbeStep::Write,
+                    });
+                    self.outputs.push_back(Output::Store(StoreRequest {
+                        id,
+                        op: StoreOp::Put {
+                            key: Key::Probe,
+                            value,
+                        },
+                        deadline,
+                    }));
+                }
+            }
+            ProbeVerdict::Wait => {}
+            ProbeVerdict::ReadFirst => {
+                if self.lock_op.is_none() {
+                    self.send_lock(LockOp::LeaderPoll, self.deadline());
+                }
+            }
+        }
+    }
+
+    /// S1 (b): does the store's clock agree that W has passed?
+    pub(super) fn probe_verdict(&self, seen: &Seen, w: Duration) -> ProbeVerdict {
+        let token = seen.entry.expect("held records have a token").0;
+        let Some(p) = self.probe.filter(|p| p.for_token == token) else {
+            return ProbeVerdict::Probe;
+        };
+        let Some(record_time) = seen.entry.expect("present").1 else {
+            return ProbeVerdict::ReadFirst;
+        };
+        let needed = if self.mutations.is(Rule::ProbeWitnessLease) {
+            match &seen.observed {
+                Some(Observed::Record(r)) => self.timing.lease_against(r.lease()),
+                _ => self.timing.lease(),
+            }
+        } else {
+            w
+        };
+        match p.time.gap_since(record_time) {
+            StoreGap::Unbounded => ProbeVerdict::Stale,
+            StoreGap::Forward(g) if g >= needed => ProbeVerdict::Stale,
+            // The store's clock went backwards: (b) is met after a further W of (a).
+            StoreGap::Backwards if self.now >= seen.first_seen + w + w => ProbeVerdict::Stale,
+            _ if self.now >= p.at + self.timing.renew() => ProbeVerdict::Probe,
+            _ => ProbeVerdict::Wait,
+        }
+    }
+
+    pub(super) fn on_probe(&mut self, step: ProbeStep, outcome: StoreOutcome) {
+        match (step, outcome) {
+            (ProbeStep::Write, StoreOutcome::Written(token)) => {
+                let id = self.op_id();
+                let deadline = self.deadline();
+                self.probe_op = Some(Pending {
+                    id,
+                    deadline,
+                    what: ProbeStep::Read { token },
+                });
+                self.outputs.push_back(Output::Store(StoreRequest {
+                    id,
+                    op: StoreOp::Get {
+                        key: Key::Probe,
+                        leader: true,
+                    },
+                    deadline,
+                }));
+            }
+            (ProbeStep::Read { token }, StoreOutcome::Read(Some(e))) if e.token == token => {
+                if let Some(seen) = &self.seen {
+                    if let Some((t, _)) = seen.entry {
+                        self.probe = Some(ProbeResult {
+                            for_token: t,
+                            time: e.time,
+                            at: self.now,
+                        });
+                    }
+                }
+            }
+            _ => {} // try again on the next look
+        }
+    }
+
+    pub(super) fn acquire(&mut self, mut acquire: Acquire) {
+        acquire.floor = self.highest;
+        acquire.over = self
+            .seen
+            .as_ref()
+            .and_then(|s| s.entry.map(|(t, _)| (t, s.observed.clone())));
+        let write = self.write_id();
+        let sent = self.now;
+        let deadline = self.deadline();
+        self.send_lock(
+            LockOp::Acquire {
+                write,
+                sent,
+                acquire: Box::new(acquire),
+            },
+            deadline,
+        );
+    }
+
+    pub(super) fn on_acquire_outcome(
+        &mut self,
+        write: String,
+        sent: Instant,
+        acquire: Acquire,
+        outcome: StoreOutcome,
+    ) {
+        if self.role != Role::Standby {
+            return;
+        }
+        match outcome {
+            StoreOutcome::Written(token) => self.on_acquired(token, write, sent, acquire),
+            StoreOutcome::Conflict => {
+                // Someone else moved first; look again at the leader.
+                self.seen = None;
+                self.send_lock(LockOp::LeaderPoll, self.deadline());
+            }
+            StoreOutcome::Unknown | StoreOutcome::Failed(_) => {
+                self.unconfirmed.push(Unconfirmed {
+                    write,
+                    sent,
+                    acquire: Some(acquire),
+                });
+                self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
+            }
+            StoreOutcome::Read(_) => {}
+        }
+    }
+
+    /// S2/S3/S4: the acquisition landed; work out when we may activate.
+    pub(super) fn on_acquired(
+        &mut self,
+        token: Token,
+        write: String,
+        sent: Instant,
+        mut acquire: Acquire,
+    ) {
+        let floor = acquire.floor;
+        // Our new revision already seen holding someone else's write: the
+        // store lost that write and handed its revision to us (S6).
+        let ours_reused = self.seen.as_ref().is_some_and(|s| {
+            s.entry.is_some_and(|(t, _)| t == token)
+                && !matches!(&s.observed, Some(Observed::Record(r)) if r.write == write)
+        });
+        let reused = match (&acquire.over, &self.seen) {
+            _ if ours_reused => Some(token),
+            (Some((t, _)), _) if acquire.reused => Some(*t),
+            (Some((t, expected)), Some(seen))
+                if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>
+            {
+                Some(*t)
+            }
+            _ => None,
+        };
+        if let Some(t) = reused {
+            self.downgrade_to_absent(&mut acquire, t);
+        }
+        self.note_token(token);
+        let licence_start = if self.mutations.is(Rule::LicenceFromAck) {
+            self.now
+        } else {
+            sent
+        };
+        let licence_end = licence_start + self.timing.lease();
+        if self.now >= licence_end {
+            return;
+        }
+        let no_gap = self.mutations.is(Rule::NoGap);
+        let wait = match acquire.kind {
+            AcquireKind::Released => Duration::ZERO,
+            _ if no_gap => Duration::ZERO,
+            AcquireKind::Stale => acquire.owed_gap,
+            AcquireKind::Resume => self.timing.gap(),
+            AcquireKind::Absent => self.absent_wait(&acquire),
+        };
+        self.lease = Some(Lease {
+            token,
+            write,
+            sent: licence_start,
+            licence_end,
+        });
+        self.unconfirmed.clear();
+        self.probe = None;
+        self.probe_op = None;
+        let reason = match acquire.kind {
+            AcquireKind::Released => Reason::AcquiredReleased,
+            AcquireKind::Stale => {
+                let (unchanged_for, store_age) = acquire.evidence.unwrap_or_default();
+                Reason::AcquiredStale {
+                    revision: acquire.over.as_ref().map_or(token, |o| o.0),
+                    unchanged_for,
+                    store_age,
+                }
+            }
+            AcquireKind::Absent => Reason::AcquiredAbsent,
+            AcquireKind::Resume => Reason::Resumed,
+        };
+        self.tenure = Some(Tenure {
+            acquire,
+            activate_at: self.now + wait,
+            floor,
+            active_token: None,
+            service: Service::NotStarted,
+            keeper: KeeperArm::NotArmed,
+        });
+        self.fail_streak = 0;
+        self.set_role(Role::Confirming, reason, Some(token));
+        // A foreign write newer than ours was already seen while the reply
+        // was on its way: settle it with an own-writes read before
+        // activating (H3; `try_activate` waits for the read).
+        let newer = self.seen.as_ref().is_some_and(|s| {
+            s.entry
+                .is_some_and(|(t, _)| t.epoch == token.epoch && t > token)
+                && !matches!(&s.observed, Some(Observed::Record(r)) if r.instance == self.id.instance)
+        });
+        if newer && self.lock_op.is_none() {
+            self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
+        }
+        self.try_activate();
+    }
+
+    /// S4: W for T' = the owed lease, then the owed gap.
+    pub(super) fn absent_wait(&self, acquire: &Acquire) -> Duration {
+        let lease = if self.mutations.is(Rule::NoDriftFactor) {
+            acquire.owed_lease
+        } else {
+            self.timing.staleness_wait(acquire.owed_lease)
+        };
+        lease + acquire.owed_gap
+    }
+
+    /// The record our CAS replaced was not the one we judged: the store
+    /// reused a revision after losing writes (S6). Owe what an absent record
+    /// owes: W(--max-lease or own T) + G.
+    pub(super) fn downgrade_to_absent(&mut self, acquire: &mut Acquire, token: Token) {
+        self.outputs.push_back(Output::Event(Event::StoreRegressed {
+            highest: self.highest.unwrap_or(token),
+            now: token,
+        }));
+        acquire.kind = AcquireKind::Absent;
+        acquire.owed_lease = acquire.owed_lease.max(self.timing.lease_unknown());
+        acquire.owed_gap = acquire.owed_gap.max(self.timing.gap_unknown());
+    }
+
+    /// A standby's own-writes read after an acquisition with unknown outcome.
+    pub(super) fn adopt_acquisition(&mut self, entry: &Entry) -> bool {
+        let Observed::Record(r) = Observed::decode(&entry.value) else {
+            return false;
+        };
+        if r.instance != self.id.instance || r.state != LockState::Confirming {
+            return false;
+        }
+        let Some(u) = self
+            .unconfirmed
+            .iter()
+            .find(|u| u.write == r.write)
+            .cloned()
+        else {
+            return false;
+        };
+        let Some(acquire) = u.acquire else {
+            return false;
+        };
+        if self.now >= u.sent + self.timing.lease() {
+            return false;
+        }
+        self.lock_op = None;
+        self.on_acquired(entry.token, u.write, u.sent, acquire);
+        true
+    }
+}
+
+pub(super) enum ProbeVerdict {
+    Stale,
+    Probe,
+    Wait,
+    /// The record's store time is not known yet: read it first.
+    ReadFirst,
+}

@@ -1,0 +1,418 @@
+//! The agent's vocabulary: roles, inputs, outputs, events and reasons.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::store::{Entry, OpId, StoreOutcome, StoreRequest, Token};
+use crate::time::Instant;
+
+/// The agent's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Making sure the service is not running before anything else (S5).
+    Starting,
+    /// Not holding the lock; watching it.
+    Standby,
+    /// Holding the lock, waiting out the fencing gap before activating (S2).
+    Confirming,
+    /// Holding the lock and running (or starting) the service.
+    Active,
+    /// Stopping the service on purpose, still renewing (H2).
+    SteppingDown,
+    /// The licence ended or the lock was lost: emergency stop under way.
+    Lapsed,
+    /// The agent has finished; see the [`Output::Exit`] it emitted.
+    Exited,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Starting => "starting",
+            Role::Standby => "standby",
+            Role::Confirming => "confirming",
+            Role::Active => "active",
+            Role::SteppingDown => "stepping-down",
+            Role::Lapsed => "lapsed",
+            Role::Exited => "exited",
+        })
+    }
+}
+
+/// Which health check to run; it is passed to the check as its last argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthMode {
+    /// The thorough check of a running service.
+    Active,
+    /// "Could this node take over?"
+    Standby,
+}
+
+/// Why the service is being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopKind {
+    /// Before anything else at start-up: make sure it is not running (S5).
+    Startup,
+    /// On purpose, no time pressure; the holder keeps renewing.
+    Graceful,
+    /// The licence ended or the lock was lost: must finish within the budget.
+    Emergency,
+}
+
+/// A hook the agent runs around activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// Fence the previous holder out of the protected resource.
+    Fence,
+    /// Start the service (or spawn the child).
+    Activate,
+}
+
+/// Identifies a health check so a late result can be ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CheckId(pub u64);
+
+/// Identifies a stop request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StopId(pub u64);
+
+/// Something that happened outside the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// The outcome of a [`StoreRequest`].
+    Store {
+        /// The request.
+        id: OpId,
+        /// What became of it.
+        outcome: StoreOutcome,
+    },
+    /// The lock record changed (from a watch); `None` if it was deleted.
+    Watch(Option<Entry>),
+    /// A health check finished; a timed-out check is `ok: false`.
+    Health {
+        /// The check.
+        id: CheckId,
+        /// Whether it passed.
+        ok: bool,
+    },
+    /// A fence or activate hook finished.
+    Hook {
+        /// Which hook.
+        hook: Hook,
+        /// Whether it exited 0 in time.
+        ok: bool,
+    },
+    /// A stop finished. `ok` means proof: the hook exited 0, or the child and
+    /// all its descendants are gone.
+    Stopped {
+        /// The stop request.
+        id: StopId,
+        /// Whether the service is proven stopped.
+        ok: bool,
+    },
+    /// The supervised child exited on its own.
+    ServiceExited,
+    /// The keeper answered a [`KeeperCommand`]: `ok` when it carried it
+    /// out, `false` when it refused it or could not be reached. The service
+    /// is started only once the keeper acknowledged the tenure's
+    /// [`KeeperCommand::Arm`]: until then nobody would stop it at the
+    /// licence deadline if the agent froze.
+    KeeperAck {
+        /// The command answered.
+        command: KeeperCommand,
+        /// Whether the keeper carried it out.
+        ok: bool,
+    },
+    /// The keeper reached its deadline and made the emergency stop.
+    KeeperFired,
+    /// The keeper died.
+    KeeperLost,
+    /// Stop on purpose (SIGTERM, `systemctl stop`).
+    Shutdown,
+    /// Whether it is this node's turn to acquire: a host that queues its
+    /// waiters fairly (`putex lock`) holds back all but the first. It only
+    /// ever delays an acquisition, so it cannot weaken any rule; staleness
+    /// is still observed while it is not our turn. Initially `true`.
+    Turn(bool),
+    /// Give the lock back and stay a standby: a program that takes the same
+    /// lock again and again (the lease library's `Lock`). The holder stops
+    /// the service gracefully while renewing and writes `released` (H2, H6),
+    /// exactly as for [`Input::Shutdown`], but does not exit, and health need
+    /// not be re-proven before it acquires again. Pair it with
+    /// `Turn(false)` to stay out until asked. Ignored unless holding; while
+    /// confirming, the tenure is abandoned without a release (as for a
+    /// shutdown: the previous holder may still be inside its gap).
+    Release,
+}
+
+/// A command for the keeper, the process that owns the service (`docs/supervision.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeeperCommand {
+    /// Start a tenure: stop the service at this deadline unless extended.
+    Arm(Instant),
+    /// Move the deadline; refused by the keeper if its deadline has passed.
+    Extend(Instant),
+    /// The service was stopped gracefully: no deadline any more.
+    Disarm,
+}
+
+/// Why the agent exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// Shut down on request.
+    Shutdown {
+        /// Whether a `released` record was written (fast handover).
+        released: bool,
+    },
+    /// Another machine is running with our node id (S5).
+    DuplicateNode {
+        /// The other machine's id.
+        machine: String,
+    },
+    /// The start-up deactivation failed: the service may be running.
+    StartupStopFailed,
+}
+
+/// Why the role changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Start-up finished.
+    Started,
+    /// Took a free (`released`) record (S3).
+    AcquiredReleased,
+    /// Took a stale record after both witnesses (S1).
+    AcquiredStale {
+        /// The revision that went stale.
+        revision: Token,
+        /// How long this node saw it unchanged, on its own clock (S1 a).
+        unchanged_for: Duration,
+        /// Its age on the store's clock at the last probe (S1 b); `None`
+        /// when the store's clocks could not be compared.
+        store_age: Option<Duration>,
+    },
+    /// Created an absent record, or took one after a store regression (S4/S6).
+    AcquiredAbsent,
+    /// Took over the previous instance's record (S5).
+    Resumed,
+    /// The fencing gap passed.
+    Activated,
+    /// The licence ended without a newer successful write (H1).
+    LicenceEnded,
+    /// Another writer holds the record, or it is gone or revoked (H3).
+    Lost(LossCause),
+    /// K failed health checks in a row (H2).
+    Unhealthy,
+    /// Shutdown requested.
+    Shutdown,
+    /// The program gave the lock back ([`Input::Release`]).
+    ReleaseRequested,
+    /// The supervised child exited on its own.
+    ServiceExited,
+    /// The fence or activate hook failed.
+    ActivationFailed,
+    /// The keeper refused to arm the tenure's deadline (or could not be
+    /// reached): the service is not started unguarded.
+    KeeperRefused,
+    /// The graceful stop exceeded `--stop-timeout` (H2).
+    StopTimedOut,
+    /// The graceful stop did not prove the service stopped (H6).
+    StopFailed,
+    /// The keeper fired.
+    KeeperFired,
+    /// The keeper died.
+    KeeperLost,
+    /// The graceful stop finished and a `released` record was written (H6).
+    Released,
+    /// The graceful stop finished but the release could not be written.
+    ReleaseFailed,
+    /// The emergency stop finished.
+    Stopped,
+}
+
+/// Why a holder lost its lock (H3, S6, S7): what its own-writes read
+/// found instead of its record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossCause {
+    /// The record is gone.
+    RecordAbsent,
+    /// The bucket or file was re-created: the record is of another epoch.
+    StoreRecreated,
+    /// The store went back to an older revision than ours (S6).
+    StoreRegressed,
+    /// The store handed our revision out again, for someone else's write (S6).
+    RevisionReused,
+    /// An operator revoked the lock (S7).
+    Revoked,
+    /// Another node's write holds the record.
+    HeldBy {
+        /// Its node id.
+        node: String,
+        /// Its write id.
+        write: String,
+    },
+    /// The record cannot be read (garbage, or a format from the future).
+    Unreadable,
+}
+
+impl fmt::Display for LossCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossCause::RecordAbsent => f.write_str("record absent"),
+            LossCause::StoreRecreated => f.write_str("bucket re-created"),
+            LossCause::StoreRegressed => f.write_str("store regressed"),
+            LossCause::RevisionReused => f.write_str("store reused our revision"),
+            LossCause::Revoked => f.write_str("revoked"),
+            LossCause::HeldBy { node, write } => write!(f, "held by {node} ({write})"),
+            LossCause::Unreadable => f.write_str("record unreadable"),
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = |d: &Duration| format!("{:.2}s", d.as_secs_f64());
+        match self {
+            Reason::Started => f.write_str("started; the service is not running here"),
+            Reason::AcquiredReleased => f.write_str("lock released by its holder (S3)"),
+            Reason::AcquiredStale {
+                revision,
+                unchanged_for,
+                store_age,
+            } => {
+                write!(
+                    f,
+                    "lock stale: rev {revision} unchanged for {}",
+                    secs(unchanged_for)
+                )?;
+                match store_age {
+                    Some(age) => write!(f, ", store age {}", secs(age)),
+                    None => f.write_str(", store clock not comparable"),
+                }
+            }
+            Reason::AcquiredAbsent => {
+                f.write_str("no usable lock record (first use, or the store lost it: S4/S6)")
+            }
+            Reason::Resumed => f.write_str("resumed this host's previous tenure (S5)"),
+            Reason::Activated => f.write_str("fencing gap passed (S2)"),
+            Reason::LicenceEnded => f.write_str("licence ended without a newer renewal (H1)"),
+            Reason::Lost(why) => write!(f, "lock lost: {why} (H3)"),
+            Reason::Unhealthy => f.write_str("health checks failed K times in a row (H2)"),
+            Reason::Shutdown => f.write_str("shutdown requested"),
+            Reason::ReleaseRequested => f.write_str("release requested"),
+            Reason::ServiceExited => f.write_str("the service exited on its own"),
+            Reason::ActivationFailed => f.write_str("the fence or activate hook failed"),
+            Reason::KeeperRefused => {
+                f.write_str("the keeper did not arm the licence deadline; not starting unguarded")
+            }
+            Reason::StopTimedOut => f.write_str("graceful stop exceeded --stop-timeout (H2)"),
+            Reason::StopFailed => {
+                f.write_str("graceful stop did not prove the service stopped (H6)")
+            }
+            Reason::KeeperFired => f.write_str("the keeper reached the licence deadline"),
+            Reason::KeeperLost => f.write_str("the keeper died"),
+            Reason::Released => f.write_str("service stopped; lock released (H6)"),
+            Reason::ReleaseFailed => f.write_str(
+                "service stopped; the release could not be written, the lock will go stale",
+            ),
+            Reason::Stopped => f.write_str("emergency stop finished"),
+        }
+    }
+}
+
+/// Something operators and tests want to know about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The role changed.
+    Transition {
+        /// Old role.
+        from: Role,
+        /// New role.
+        to: Role,
+        /// Why.
+        reason: Reason,
+        /// The fencing token involved, if any.
+        token: Option<Token>,
+    },
+    /// The store went backwards (S6): a lower revision in the same epoch.
+    StoreRegressed {
+        /// The highest token seen before.
+        highest: Token,
+        /// What the store shows now.
+        now: Token,
+    },
+    /// A record advertises a lease above `--max-lease` or a gap above
+    /// `--max-gap`.
+    AdvertisedTimingAboveMax(String),
+    /// A stop did not prove the service stopped: it may still run. The
+    /// agent retries the stop every R until one proves it. While
+    /// `holding`, it keeps renewing the lease (it is alive and connected,
+    /// so the lease is honest) and never writes `released`; otherwise the
+    /// lock was lost and only the fencing token protects the resource.
+    /// An alarm: operators must look.
+    StopUnproven {
+        /// The kind of the stop that failed.
+        kind: StopKind,
+        /// Failed attempts in a row.
+        attempts: u32,
+        /// Whether the lease is still held (and renewed).
+        holding: bool,
+    },
+    /// A stop proved the service stopped after `after` unproven attempts:
+    /// the [`Event::StopUnproven`] alarm is over.
+    StopProven {
+        /// Failed attempts before this one.
+        after: u32,
+    },
+}
+
+/// Something the driver must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Perform a store operation and report its outcome by the deadline.
+    Store(StoreRequest),
+    /// Run the health check with `mode` as its last argument; kill it at the
+    /// deadline and report failure.
+    HealthCheck {
+        /// Matches the result.
+        id: CheckId,
+        /// Which check.
+        mode: HealthMode,
+        /// Kill it then.
+        deadline: Instant,
+    },
+    /// Run the fence hook.
+    Fence {
+        /// The fencing token of this tenure.
+        token: Token,
+        /// The previous holder, if known.
+        previous: Option<String>,
+        /// Kill it then.
+        deadline: Instant,
+    },
+    /// Run the activate hook (or spawn the child under the keeper).
+    Activate {
+        /// The fencing token of this tenure.
+        token: Token,
+        /// The previous holder, if known.
+        previous: Option<String>,
+        /// Kill it then.
+        deadline: Instant,
+    },
+    /// Stop the service (deactivate hook or the child's whole tree).
+    Stop {
+        /// Matches [`Input::Stopped`].
+        id: StopId,
+        /// Graceful, emergency or start-up.
+        kind: StopKind,
+        /// The stop's time limit.
+        deadline: Instant,
+    },
+    /// Tell the keeper.
+    Keeper(KeeperCommand),
+    /// Persist this as the highest fencing token seen for the lock (S6).
+    PersistHighest(Token),
+    /// Worth logging.
+    Event(Event),
+    /// The agent is done; no more outputs follow.
+    Exit(ExitReason),
+}
