@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::store::{keys, AnyStore, SqliteStore, Store};
 
-use crate::common::agent::{putex, serial};
+use crate::common::agent::{putex, serial, KillOnDrop};
 use crate::common::nats_server::NatsServer;
 use crate::common::proxy::{Mode, Proxy};
 
@@ -626,17 +626,6 @@ fn disagreeing_limits_never_overlap_on_nats() {
 /// freezes its own putex (SIGSTOP) and exits 0, so no renewal or record
 /// follows, the keeper's deadline passes and a second host takes over.
 /// Returns who ran, and the second host's stderr.
-/// Resumes and kills a process that a test froze, when the test ends.
-struct Thaw(u32);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        let pid = Pid::from_raw(self.0 as i32);
-        let _ = kill(pid, Signal::SIGCONT);
-        let _ = kill(pid, Signal::SIGKILL);
-    }
-}
-
 fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     let name = format!("once-{mode}");
     let args = ["--once-per", "24h", "--once-mode", mode];
@@ -648,7 +637,7 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     first.env("PUTEX_NODE", "first");
     let mut first = first.spawn().unwrap();
     // Whatever happens below, the frozen host does not outlive the test.
-    let _thaw = Thaw(first.id());
+    let _kill = KillOnDrop(first.id() as i32);
     std::fs::write(env.path("first.pid"), first.id().to_string()).unwrap();
     env.wait_for_lines("runs", 1, Duration::from_secs(15));
     let mut second = env.lock(

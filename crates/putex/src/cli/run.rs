@@ -13,7 +13,6 @@ use super::config::{from_args, AgentArgs, Strictness};
 use super::CliError;
 use crate::agent::{self, AgentError};
 use crate::shutdown::Shutdown;
-use crate::store::measure::MeasureError;
 
 /// `putex run`.
 pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
@@ -55,10 +54,8 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
 fn agent_error(e: AgentError) -> CliError {
     match e {
         AgentError::AlreadyRunning { .. } => CliError::Duplicate(e.to_string()),
-        AgentError::StoreUnreachable { .. } | AgentError::Measure(MeasureError::Store(_)) => {
-            CliError::Store(e.to_string())
-        }
-        AgentError::Measure(MeasureError::Node(_)) => CliError::Usage(format!("--node: {e}")),
+        AgentError::StoreUnreachable { .. } => CliError::Store(e.to_string()),
+        AgentError::Measure(m) => m.into(),
         AgentError::Timing(_) | AgentError::Name(_) => CliError::Usage(e.to_string()),
         AgentError::Local {
             what: "keeper directory",

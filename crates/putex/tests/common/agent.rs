@@ -92,6 +92,16 @@ pub fn sigkill(pid: i32) {
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
 }
 
+/// Kills a process the test started, whatever happens to the test (a
+/// stopped one too: SIGKILL needs no SIGCONT).
+pub struct KillOnDrop(pub i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        sigkill(self.0);
+    }
+}
+
 /// One `putex run` process, its keeper directory and its log.
 pub struct Agent {
     pub node: String,

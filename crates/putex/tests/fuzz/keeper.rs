@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use proptest::prelude::*;
 use putex::clock::boot_time_now;
@@ -19,6 +19,8 @@ use putex::supervision::keeper::{
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+
+use crate::common::agent::KillOnDrop;
 
 use super::{bounded, fuzz_n, json_value, mutate, mutation, runtime, text, Bytes};
 
@@ -105,15 +107,6 @@ fn config(dir: &Path) -> KeeperConfig {
         emergency_timeout: Duration::from_millis(100),
         cgroup: false,
         quiet: true,
-    }
-}
-
-/// Kills the keeper this test started, whatever happens.
-struct KillOnDrop(i32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.0), Signal::SIGKILL);
     }
 }
 
