@@ -477,7 +477,8 @@ async fn rdlm_admin_deletes_give_waiters_409() {
     );
     // Freed at once: the record says `released` (the holder's, or that of
     // the cancelled waiter, which may have taken the freed lock before it
-    // saw the cancel: it gives that unstarted tenure back with one CAS, S3).
+    // saw the cancel: it gives that unstarted tenure back with one CAS, S3,
+    // before it answers 409).
     let st = released_within(&c, &s, "resource1", Duration::from_millis(500)).await;
     assert_eq!(st["holder"], "gw1");
 

@@ -170,6 +170,20 @@ impl Grant {
         info.lifetime_left = Some(info.lifetime + self.deadline - elapsed);
         Ok(info)
     }
+
+    /// Gives a grant that will not be handed over back now, and returns
+    /// once the release is written: whoever hears of the refusal after
+    /// this finds the lock free. (A failed release is logged; the lock
+    /// then expires after its licence.)
+    async fn give_back(mut self) {
+        let Some(gateway) = self.give_back.take() else {
+            return;
+        };
+        let (resource, uid) = (&self.info.resource, &self.info.uid);
+        if let Err(e) = gateway.release(resource, uid).await {
+            tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
+        }
+    }
 }
 
 impl Drop for Grant {
@@ -513,7 +527,7 @@ impl Gateway {
                 let cancelled = self.cancelled_up_to(&req.resource).await.unwrap_or(0) > arrival;
                 let grant = self.grant(&req, &uid).await?;
                 if cancelled {
-                    drop(grant);
+                    grant.give_back().await;
                     return Err(AcquireError::Cancelled);
                 }
                 Ok(grant)
