@@ -123,6 +123,26 @@ struct KeeperArgs {
     quiet: bool,
 }
 
+/// The exit code for a command line that clap refused (or answered, as
+/// `--help`): `putex lock` and `putex id` use sysexits codes, 64 for usage;
+/// the other commands clap's own, 2.
+fn refused(e: &clap::Error) -> ExitCode {
+    if e.exit_code() == 0 {
+        return ExitCode::SUCCESS;
+    }
+    // Which command was meant, as clap reads the line past its errors
+    // (global options may come first: `putex -v lock …`).
+    let meant = Cli::command()
+        .ignore_errors(true)
+        .try_get_matches()
+        .ok()
+        .and_then(|m| m.subcommand_name().map(str::to_owned));
+    match meant.as_deref() {
+        Some("lock" | "id") => ExitCode::from(putex::cli::sysexits::USAGE),
+        _ => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+    }
+}
+
 fn main() -> ExitCode {
     // Before clap reads the environment, and before any thread starts.
     let ignored = putex::cli::unset_empty_vars();
@@ -130,16 +150,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            // `putex lock` and `putex id` use sysexits codes: 64 for usage.
-            let sysexits = std::env::args()
-                .skip(1)
-                .find(|a| !a.starts_with('-'))
-                .is_some_and(|a| a == "lock" || a == "id");
-            return match e.exit_code() {
-                0 => ExitCode::SUCCESS,
-                _ if sysexits => ExitCode::from(putex::cli::sysexits::USAGE),
-                c => ExitCode::from(u8::try_from(c).unwrap_or(2)),
-            };
+            return refused(&e);
         }
     };
     let command = match cli.command {

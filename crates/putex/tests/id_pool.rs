@@ -47,7 +47,8 @@ async fn state_of(s: &AnyStore, pool: &str, n: u64) -> LockState {
 }
 
 async fn problems(s: &AnyStore, pool: &str) -> Vec<String> {
-    idpool::check(s, pool, &opts()).await.unwrap().problems
+    let report = idpool::check(s, pool, &opts()).await.unwrap();
+    report.problems.iter().map(ToString::to_string).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -85,7 +86,7 @@ async fn distinct_names_get_distinct_ids(handles: &[AnyStore]) {
     assert_eq!(ids.len(), 40);
     eprintln!("40 concurrent claims: {:?}", started.elapsed());
     let report = idpool::check(&handles[0], pool, &opts()).await.unwrap();
-    assert_eq!(report.problems, Vec::<String>::new());
+    assert_eq!(report.problems, Vec::new());
     assert_eq!(report.claimed, 40);
     let e = idpool::claim(&handles[1], pool, None, &who("host40", "m40"), &opts())
         .await
@@ -122,7 +123,7 @@ async fn one_name_gets_one_id(handles: &[AnyStore]) {
     assert_eq!(ids.len(), 1, "one name, several ids: {ids:?}");
     assert!(fresh >= 1, "someone made the claim");
     let report = idpool::check(&handles[0], pool, &opts()).await.unwrap();
-    assert_eq!(report.problems, Vec::<String>::new());
+    assert_eq!(report.problems, Vec::new());
     assert_eq!(report.claimed, 1, "no stray claims were left");
 }
 

@@ -767,6 +767,24 @@ fn bad_input_is_refused_and_garbage_is_survived() {
         c
     });
     assert_eq!(status.code(), Some(64), "{stderr}");
+    // A usage error is 64 also behind global options, and clap's 2 for
+    // commands that do not use sysexits codes.
+    for (args, code) in [
+        (&["--log-format", "json", "lock", "job"][..], 64),
+        (
+            &["-v", "lock", "--no-such-flag", "job", "--", "true"][..],
+            64,
+        ),
+        (&["-v", "id", "claim"][..], 64),
+        (&["--log-format", "json", "status", "--no-such-flag"][..], 2),
+    ] {
+        let (status, stderr) = run({
+            let mut c = putex();
+            c.args(args);
+            c
+        });
+        assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
+    }
     // Garbage written by someone else into the lock record: stale (S1), taken after W.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

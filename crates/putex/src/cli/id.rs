@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::sysexits;
 use super::CliError;
-use crate::locks::idpool::{self, Claimant, IdError, IdRange, Options};
+use crate::locks::idpool::{self, Claimant, IdError, IdRange, Options, PoolProblem};
 use crate::store::{AnyStore, StoreError, StoreUrl};
 
 /// The exit codes of `putex id`, for `--help`.
@@ -406,7 +406,10 @@ async fn check(a: &CheckArgs) -> Result<(), CliError> {
         return Ok(());
     }
     for p in &report.problems {
-        println!("{p}");
+        match repair(pool, p) {
+            Some(how) => println!("{p} ({how})"),
+            None => println!("{p}"),
+        }
     }
     Err(CliError::Exit(
         sysexits::DATAERR,
@@ -419,9 +422,58 @@ async fn check(a: &CheckArgs) -> Result<(), CliError> {
     ))
 }
 
+/// How `putex id` mends `problem`, when a claim or a release does.
+fn repair(pool: &str, problem: &PoolProblem) -> Option<String> {
+    Some(match problem {
+        PoolProblem::BrokenBinding { name, .. } => {
+            format!("claiming again with --name {name} repairs it")
+        }
+        PoolProblem::PendingClaim { name, machine, .. } => format!(
+            "claiming again with --name {name} on machine {} resumes it; releasing it clears it",
+            idpool::short(machine)
+        ),
+        PoolProblem::Unnamed { name, .. } => format!(
+            "`putex id claim {pool} --name {name}` on that machine completes it, \
+             `putex id release {pool} --name {name}` frees it"
+        ),
+        PoolProblem::SeveralIds { name, .. } => {
+            format!("`putex id release {pool} --name {name}` frees them all")
+        }
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interrupted_claims_say_how_to_mend_them() {
+        let unnamed = PoolProblem::Unnamed {
+            id: 3,
+            name: "web1".into(),
+            machine: "m".into(),
+        };
+        assert_eq!(
+            repair("web", &unnamed).unwrap(),
+            "`putex id claim web --name web1` on that machine completes it, \
+             `putex id release web --name web1` frees it"
+        );
+        let several = PoolProblem::SeveralIds {
+            name: "a".into(),
+            ids: vec![1, 2],
+        };
+        assert!(repair("web", &several).unwrap().contains("--name a"));
+        let garbage = PoolProblem::IdUnreadable {
+            pool: "web".into(),
+            id: 2,
+        };
+        assert_eq!(
+            repair("web", &garbage),
+            None,
+            "nothing of ours mends garbage"
+        );
+    }
 
     #[test]
     fn errors_map_to_sysexits() {

@@ -1,0 +1,127 @@
+//! Unit tests of identity pools on the memory store.
+
+use super::records::{claim_record, encode_id};
+use super::*;
+use crate::store::{AnyStore, MemoryStore};
+
+fn who(name: &str, machine: &str) -> Claimant {
+    Claimant {
+        name: name.into(),
+        machine: machine.into(),
+    }
+}
+
+#[test]
+fn ranges_parse_and_refuse_nonsense() {
+    let r: IdRange = "1-254".parse().unwrap();
+    assert_eq!((r.first(), r.last(), r.size()), (1, 254, 254));
+    assert_eq!(r.to_string(), "1-254");
+    assert_eq!(" 0 - 0 ".parse::<IdRange>().unwrap().size(), 1);
+    assert_eq!("0-65535".parse::<IdRange>().unwrap().size(), MAX_POOL_SIZE);
+    for (bad, says) in [
+        ("5-1", "backwards"),
+        ("a-b", "not a whole number"),
+        ("", "empty"),
+        ("7", "no '-'"),
+        ("-5", "not a whole number"),
+        ("1-2-3", "not a whole number"),
+        ("0-65536", "at most 65536"),
+        ("1-99999999999999999999", "too large"),
+        ("0-18446744073709551615", "at most"),
+    ] {
+        let e = bad.parse::<IdRange>().unwrap_err().to_string();
+        assert!(e.contains(says), "{bad:?}: {e}");
+        assert!(e.starts_with("--range"), "{e}");
+    }
+}
+
+#[test]
+fn id_records_are_lock_records_with_extra_fields() {
+    let rec = claim_record(&who("web1", "m1"), "i1");
+    let bytes = encode_id("web", 7, &rec);
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    for f in [
+        r#""kind":"claim""#,
+        r#""pool":"web""#,
+        r#""id":7"#,
+        r#""state":"active""#,
+    ] {
+        assert!(text.contains(f), "{text}");
+    }
+    assert_eq!(Observed::decode(&bytes), Observed::Record(rec.clone()));
+    assert_eq!(rec.lease(), CLAIM_LEASE);
+    assert_eq!(rec.gap_ms, 2_000);
+    let slot = IdSlot::from_entry(Entry {
+        value: bytes,
+        token: Token::new(1, 1),
+        time: StoreTime { era: 1, nanos: 0 },
+    });
+    assert!(slot.claim && slot.is_held());
+}
+
+#[tokio::test]
+async fn claim_release_and_reclaim_on_the_memory_store() {
+    let store = AnyStore::from(MemoryStore::new());
+    let o = Options::default();
+    let range = Some("1-2".parse().unwrap());
+    let a = claim(&store, "p", range, &who("a", "m"), &o).await.unwrap();
+    assert_eq!(
+        a,
+        Claimed {
+            id: 1,
+            existing: false
+        }
+    );
+    // Idempotent; the range may be left out once the pool exists.
+    let again = claim(&store, "p", None, &who("a", "m"), &o).await.unwrap();
+    assert_eq!(
+        again,
+        Claimed {
+            id: 1,
+            existing: true
+        }
+    );
+    assert_eq!(
+        claim(&store, "p", range, &who("b", "m"), &o)
+            .await
+            .unwrap()
+            .id,
+        2
+    );
+    let e = claim(&store, "p", range, &who("c", "m"), &o)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "pool p: all 2 ids are claimed");
+    let r = release(&store, "p", &who("a", "m"), false, &o)
+        .await
+        .unwrap();
+    assert_eq!(r.ids, vec![(1, LockState::Released)]);
+    assert!(release(&store, "p", &who("a", "m"), false, &o)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        claim(&store, "p", range, &who("c", "m"), &o)
+            .await
+            .unwrap()
+            .id,
+        1
+    );
+    let e = claim(
+        &store,
+        "p",
+        Some("1-3".parse().unwrap()),
+        &who("d", "m"),
+        &o,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, IdError::RangeMismatch { .. }), "{e}");
+    let e = claim(&store, "q", None, &who("d", "m"), &o)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, IdError::NoRange { .. }), "{e}");
+    let report = check(&store, "p", &o).await.unwrap();
+    assert_eq!(report.problems, Vec::new());
+    assert_eq!(report.claimed, 2);
+}

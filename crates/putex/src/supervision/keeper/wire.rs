@@ -1,0 +1,193 @@
+//! The wire protocol between the agent and its keeper: one JSON object
+//! per line (see the module docs of [`super`]).
+
+use super::*;
+
+/// A request to the keeper (see the module docs for the wire form).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum ToKeeper {
+    /// Start a tenure.
+    Arm {
+        /// Request id.
+        id: u64,
+        /// Boot-time nanoseconds.
+        deadline_ns: u64,
+        /// The tenure's fencing token, for the deactivate hook's environment.
+        token: Option<Token>,
+        /// The previous holder, for the deactivate hook's environment.
+        previous: Option<String>,
+    },
+    /// Move the deadline.
+    Extend {
+        /// Request id.
+        id: u64,
+        /// Boot-time nanoseconds.
+        deadline_ns: u64,
+    },
+    /// End the tenure without a stop.
+    Disarm {
+        /// Request id.
+        id: u64,
+    },
+    /// Start the child (child mode).
+    SpawnChild {
+        /// Request id.
+        id: u64,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Extra environment.
+        env: Vec<(String, String)>,
+    },
+    /// Stop the service.
+    Stop {
+        /// Request id.
+        id: u64,
+        /// `startup`, `graceful` or `emergency`.
+        kind: String,
+    },
+    /// Send a signal to the child's process group.
+    Signal {
+        /// Request id.
+        id: u64,
+        /// Signal number.
+        signal: i32,
+    },
+    /// Report the keeper's state.
+    Status {
+        /// Request id.
+        id: u64,
+    },
+    /// Exit; refused while armed or while the child's tree lives.
+    Shutdown {
+        /// Request id.
+        id: u64,
+    },
+}
+
+/// A message from the keeper: a reply (with `id`) or an event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum FromKeeper {
+    /// Done.
+    Ok {
+        /// Request id.
+        id: u64,
+    },
+    /// Not done, on purpose.
+    Refused {
+        /// Request id.
+        id: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The child runs.
+    Spawned {
+        /// Request id.
+        id: u64,
+        /// Its pid.
+        pid: i32,
+        /// Where its tree lives.
+        tree: TreeInfo,
+    },
+    /// A stop finished.
+    Stopped {
+        /// Request id.
+        id: u64,
+        /// Proof: the hook exited 0, or the whole tree is gone.
+        ok: bool,
+    },
+    /// The keeper's state.
+    Status {
+        /// Request id.
+        id: u64,
+        /// The state.
+        status: KeeperStatus,
+    },
+    /// The request failed.
+    Error {
+        /// Request id.
+        id: u64,
+        /// Why.
+        message: String,
+    },
+    /// Event: the deadline passed and the emergency stop was made.
+    Fired {
+        /// Whether the stop is proven.
+        ok: bool,
+    },
+    /// Event: the child exited on its own.
+    ChildExited {
+        /// Exit code.
+        code: Option<i32>,
+        /// Terminating signal.
+        signal: Option<i32>,
+    },
+    /// Event: what identifies the service's tree now.
+    Tree {
+        /// Members, groups, sessions, cgroup.
+        snapshot: TreeSnapshot,
+    },
+}
+
+impl FromKeeper {
+    pub(super) fn id(&self) -> Option<u64> {
+        match self {
+            FromKeeper::Ok { id }
+            | FromKeeper::Refused { id, .. }
+            | FromKeeper::Spawned { id, .. }
+            | FromKeeper::Stopped { id, .. }
+            | FromKeeper::Status { id, .. }
+            | FromKeeper::Error { id, .. } => Some(*id),
+            FromKeeper::Fired { .. } | FromKeeper::ChildExited { .. } | FromKeeper::Tree { .. } => {
+                None
+            }
+        }
+    }
+}
+
+/// What `status` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeeperStatus {
+    /// The keeper's pid.
+    pub pid: i32,
+    /// The lock it keeps.
+    pub lock: String,
+    /// The boot-time clock when the status was taken (ns).
+    pub now_ns: u64,
+    /// The armed deadline (ns), if any.
+    pub deadline_ns: Option<u64>,
+    /// Whether the keeper fired (and has not been re-armed since).
+    pub fired: bool,
+    /// `cgroup` or `subreaper`.
+    pub mode: String,
+    /// The child, if one was spawned.
+    pub child: Option<ChildStatus>,
+    /// Whether a stop is running.
+    pub stopping: bool,
+    /// What identifies the service's tree (see [`FromKeeper::Tree`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<TreeSnapshot>,
+}
+
+/// The child as `status` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildStatus {
+    /// Its pid.
+    pub pid: i32,
+    /// Where its tree lives.
+    pub tree: TreeInfo,
+    /// How it exited, if it did.
+    pub exit: Option<Exit>,
+    /// Whether any process of its tree still lives.
+    pub tree_alive: bool,
+}
+
+pub(super) fn parse_stop_kind(s: &str) -> Option<StopKind> {
+    match s {
+        "startup" => Some(StopKind::Startup),
+        "graceful" => Some(StopKind::Graceful),
+        "emergency" => Some(StopKind::Emergency),
+        _ => None,
+    }
+}
