@@ -1,0 +1,406 @@
+//! The host of a section's slot agents: one per slot, sharing one keeper
+//! and one CMD; the first slot to arm the keeper wins and CMD runs under it.
+
+use super::once::*;
+use super::*;
+
+/// A file beside the keeper sockets holding the highest fencing token this
+/// host has seen for one key (S6), shared by every `putex lock` process on
+/// the host: raised under `flock`, never lowered.
+#[derive(Clone, Debug)]
+pub struct HighestFile {
+    path: PathBuf,
+}
+
+impl HighestFile {
+    /// The file for `key` of store `store_id` in `dir`.
+    pub fn new(dir: &Path, store_id: &str, key: &str) -> HighestFile {
+        let sock = crate::supervision::keeper::socket_path(dir, store_id, key);
+        HighestFile {
+            path: sock.with_extension("highest"),
+        }
+    }
+
+    /// The highest token recorded, if any.
+    pub fn load(&self) -> Option<Token> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Records `token` if it is higher than what the file holds.
+    pub fn raise(&self, token: Token) -> std::io::Result<()> {
+        use std::io::{Read, Seek, Write};
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.path)?;
+        let mut f = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        let current: Option<Token> = serde_json::from_str(&text).ok();
+        if current.is_some_and(|c| c >= token) {
+            return Ok(());
+        }
+        f.set_len(0)?;
+        f.rewind()?;
+        f.write_all(&serde_json::to_vec(&token).expect("a token serialises"))?;
+        f.sync_data()
+    }
+}
+
+/// What the slot agents share.
+#[derive(Default)]
+pub(super) struct State {
+    /// The slot whose agent armed the keeper first: CMD runs under it.
+    pub(super) winner: Option<usize>,
+    /// The winner's activation began: CMD may be running from then on, so
+    /// the winner is never handed to another slot.
+    pub(super) activating: bool,
+    /// The winner's token once CMD was spawned.
+    pub(super) spawned: Option<Token>,
+    /// When CMD was spawned (for `max_duration`).
+    pub(super) spawned_at: Option<tokio::time::Instant>,
+    /// CMD's exit.
+    pub(super) exit: Option<Exit>,
+    /// The winner's tenure ended without our asking.
+    pub(super) lost: Option<String>,
+    /// The winner's release was written.
+    pub(super) released: bool,
+    /// CMD was not run: it already ran in this period.
+    pub(super) already_done: Option<(String, String)>,
+    /// The once-per period CMD runs in (read at activation: a run that
+    /// crosses into the next period is recorded for the one it started in).
+    pub(super) period: Option<String>,
+    /// The once-per record could not be read or claimed in time: CMD was
+    /// not run.
+    pub(super) once_failed: Option<StoreError>,
+    /// A spawn failed.
+    pub(super) spawn_failed: Option<String>,
+    /// Slots whose agent must stop (lost the race for CMD).
+    pub(super) losers: Vec<usize>,
+}
+
+pub(super) struct Shared {
+    pub(super) opts: SectionOptions,
+    pub(super) store: AnyStore,
+    pub(super) keeper: Arc<KeeperClient>,
+    pub(super) ops: KeeperQueue,
+    pub(super) state: Mutex<State>,
+    pub(super) changed: Notify,
+    /// The winner's transition records (`putex history`).
+    pub(super) history: HistoryWriter,
+}
+
+impl Shared {
+    /// Changes the state and wakes the section's loop.
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let r = f(&mut self.lock());
+        self.changed.notify_one();
+        r
+    }
+
+    /// The state, for the section's loop (no wake-up).
+    pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    pub(super) fn is_winner(&self, slot: usize) -> bool {
+        self.lock().winner == Some(slot)
+    }
+}
+
+pub(super) struct SlotHost {
+    pub(super) slot: usize,
+    pub(super) shared: Arc<Shared>,
+    pub(super) highest: HighestFile,
+    /// The slot's lock key for its transition records, when it is not
+    /// `lock.<name>` (a semaphore slot).
+    pub(super) record_key: Option<String>,
+    /// Transition records made before any slot won: written if this slot
+    /// wins (arms the keeper first), dropped otherwise.
+    pub(super) pending: Mutex<Vec<TransitionRecord>>,
+}
+
+impl SlotHost {
+    /// Writes the winner's transition records; keeps them while no slot
+    /// has won yet.
+    fn record(&self, from: Role, to: Role, reason: &Reason, token: Option<Token>) {
+        let Some(rec) =
+            self.shared
+                .history
+                .record(from, to, reason, token, self.record_key.as_deref())
+        else {
+            return;
+        };
+        let winner = self.shared.lock().winner;
+        let mut pending = self.pending.lock();
+        match winner {
+            Some(w) if w == self.slot => self.shared.history.send(rec),
+            Some(_) => pending.clear(),
+            // Back to standby before winning: nothing ran under this slot.
+            None if to == Role::Standby => pending.clear(),
+            None => pending.push(rec),
+        }
+    }
+}
+
+impl Host for SlotHost {
+    fn health_check(&self, _: HealthMode, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn fence(&self, _: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
+        future::ready(true).boxed()
+    }
+
+    fn activate(
+        &self,
+        token: Token,
+        previous: Option<String>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, bool> {
+        if !self.shared.is_winner(self.slot) {
+            // Another slot of ours runs CMD: fail the activation, which
+            // releases this slot (step-down, H6), and stop this agent.
+            self.shared.with(|s| s.losers.push(self.slot));
+            return future::ready(false).boxed();
+        }
+        self.shared.with(|s| s.activating = true);
+        let shared = self.shared.clone();
+        let slot = self.slot;
+        async move {
+            let o = &shared.opts;
+            let timeout = o.timing.store_timeout();
+            if let Some(once) = &o.once {
+                // Store calls whose outcome is unknown are retried until
+                // then, leaving time to start CMD.
+                let left = clock::until(deadline);
+                let until = tokio::time::Instant::now() + left - (left / 4).min(Duration::from_secs(5));
+                let period = match period_key(&shared.store, once, &o.node, timeout, until).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read the store's clock for --once-per; not running");
+                        shared.with(|s| s.spawn_failed = Some(format!("once-per period: {e}")));
+                        return false;
+                    }
+                };
+                let checked = match o.once_mode {
+                    OnceMode::AtLeast => {
+                        patiently(until, timeout, |t| done_in(&shared.store, &o.name, &period, t))
+                            .await
+                    }
+                    OnceMode::AtMost => claim_period(&shared, &period, token, until).await,
+                };
+                match checked {
+                    Ok(Some(by)) => {
+                        shared.with(|s| s.already_done = Some((period, by)));
+                        return false;
+                    }
+                    Ok(None) => shared.with(|s| s.period = Some(period)),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read or claim the once-per record; not running");
+                        shared.with(|s| s.once_failed = Some(e));
+                        return false;
+                    }
+                }
+            }
+            let mut env = vec![
+                ("PUTEX_LOCK".to_string(), o.name.clone()),
+                ("PUTEX_NODE".to_string(), o.node.clone()),
+                ("PUTEX_TOKEN".to_string(), token.to_string()),
+                ("PUTEX_REVISION".to_string(), token.revision.to_string()),
+                ("PUTEX_EPOCH".to_string(), token.epoch.to_string()),
+            ];
+            if let Some(slots) = &o.slots {
+                env.push((slots.var.clone(), slots.values[slot].clone()));
+            } else if o.limit > 1 {
+                env.push(("PUTEX_SLOT".into(), slot.to_string()));
+            }
+            if let Some(p) = previous {
+                env.push(("PUTEX_PREVIOUS".into(), p));
+            }
+            if let Some(t) = &o.title {
+                env.push(("PUTEX_TITLE".into(), t.clone()));
+            }
+            env.extend(o.env.iter().cloned());
+            let spawned = shared
+                .ops
+                .spawn_child(o.argv.clone(), env, Box::new(|| true));
+            let result = tokio::time::timeout(clock::until(deadline), spawned).await;
+            match result {
+                Ok(Ok((pid, tree))) => {
+                    tracing::debug!(pid, ?tree, "command started");
+                    shared.with(|s| {
+                        s.spawned = Some(token);
+                        s.spawned_at = Some(tokio::time::Instant::now());
+                    });
+                    true
+                }
+                Ok(Err(e)) => {
+                    shared.with(|s| s.spawn_failed = Some(e));
+                    false
+                }
+                _ => {
+                    shared.with(|s| s.spawn_failed = Some("the keeper did not answer".into()));
+                    false
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn stop(&self, kind: StopKind, deadline: Instant) -> BoxFuture<'static, bool> {
+        // Start-up stops: the keeper is new, nothing runs. A slot that did
+        // not win never ran anything.
+        if kind == StopKind::Startup || !self.shared.is_winner(self.slot) {
+            return future::ready(true).boxed();
+        }
+        let shared = self.shared.clone();
+        async move {
+            let work = async {
+                shared.ops.barrier().await;
+                match shared.keeper.stop(kind).await {
+                    Ok(ok) => ok,
+                    // The keeper died (OOM): stop CMD's tree without it,
+                    // from the keeper's last snapshot, and prove it gone.
+                    // The lock is kept (renewed) until then.
+                    Err(crate::supervision::keeper::KeeperError::Lost) => {
+                        tracing::error!("the keeper is gone: stopping the command without it");
+                        shared
+                            .keeper
+                            .stop_tree_without_keeper(clock::until(deadline))
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the keeper could not stop the command");
+                        false
+                    }
+                }
+            };
+            let limit = clock::until(deadline) + Duration::from_millis(100);
+            let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
+            if ok && kind == StopKind::Graceful {
+                record_once(&shared, deadline).await;
+            }
+            ok
+        }
+        .boxed()
+    }
+
+    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
+        let forward = self.shared.with(|s| match (command, s.winner) {
+            (KeeperCommand::Arm(_), None) => {
+                s.winner = Some(self.slot);
+                true
+            }
+            (_, Some(w)) => w == self.slot,
+            (_, None) => false,
+        });
+        let answer = if forward {
+            self.shared.ops.command(command, None, None).boxed()
+        } else {
+            // Another slot of ours won: this one's activation fails and
+            // releases the slot (see `activate`); its keeper is the
+            // winner's.
+            future::ready(true).boxed()
+        };
+        if matches!(command, KeeperCommand::Arm(_)) && self.shared.is_winner(self.slot) {
+            let won = std::mem::take(&mut *self.pending.lock());
+            for rec in won {
+                self.shared.history.send(rec);
+            }
+        }
+        answer
+    }
+
+    fn persist_highest(&self, token: Token) {
+        let file = self.highest.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = file.raise(token) {
+                tracing::warn!(path = %file.path.display(), error = %e, "cannot record the highest token");
+            }
+        });
+    }
+
+    fn event(&self, event: &Event) {
+        match event {
+            Event::Transition {
+                from,
+                to,
+                reason,
+                token,
+            } => {
+                tracing::debug!(slot = self.slot, %from, %to, %reason, "transition");
+                self.record(*from, *to, reason, *token);
+                let winner = self.shared.is_winner(self.slot);
+                if !winner {
+                    return;
+                }
+                match (from, to) {
+                    (Role::Active | Role::Confirming, Role::Lapsed | Role::Standby) => {
+                        let ours = matches!(
+                            reason,
+                            Reason::Released | Reason::ReleaseFailed | Reason::ActivationFailed
+                        ) || matches!(reason, Reason::Shutdown);
+                        self.shared.with(|s| {
+                            if !s.activating && !ours {
+                                // Lost before activating (the fencing gap):
+                                // nothing ran; let any slot try again.
+                                tracing::info!(%reason, "lost the lock before running; waiting again");
+                                s.winner = None;
+                            } else if !ours && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| reason.to_string());
+                            }
+                        });
+                    }
+                    (Role::SteppingDown, Role::Standby | Role::Lapsed) => {
+                        self.shared.with(|s| {
+                            if matches!(reason, Reason::Released) {
+                                s.released = true;
+                            } else if !matches!(reason, Reason::ReleaseFailed) && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| reason.to_string());
+                            }
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            Event::StoreRegressed { highest, now } => tracing::error!(
+                %highest,
+                %now,
+                "STORE REGRESSED: the lock record's revision went backwards; treating the lock \
+                 as absent (S6)"
+            ),
+            Event::AdvertisedTimingAboveMax(msg) => tracing::warn!("{msg}"),
+            Event::StopUnproven {
+                kind,
+                attempts,
+                holding,
+            } => {
+                crate::observe::metrics::global().stop_unproven(true);
+                tracing::error!(
+                    slot = self.slot,
+                    kind = crate::supervision::hooks::stop_name(*kind),
+                    attempts,
+                    holding,
+                    "STOP UNPROVEN: the command's processes may still run; retrying the kill{}",
+                    if *holding {
+                        " and keeping the lock"
+                    } else {
+                        ""
+                    }
+                )
+            }
+            Event::StopProven { after } => {
+                crate::observe::metrics::global().stop_unproven(false);
+                tracing::warn!(
+                    slot = self.slot,
+                    after,
+                    "the command is proven stopped after all"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Critical sections: a command that runs only while a lock is held, and is
+//! stopped — with everything it started — before the lock can pass on.
+//!
+//! This is `putex lock NAME -- CMD` as a library. [`run`] holds the lock by
+//! the agent's own rules (the core [`Agent`] through the [`driver`], H1–H6
+//! and S1–S7), so a critical section is exactly as safe as a failover
+//! service:
+//!
+//! - CMD is spawned by a **keeper** ([`crate::supervision::keeper`]) armed with the
+//!   licence deadline: if this process stalls (SIGSTOP) or dies (SIGKILL),
+//!   the keeper kills CMD's whole tree (cgroup scope or subreaper) at the
+//!   deadline, before a taker's staleness wait W can end;
+//! - when the lock is lost (another holder, revocation, licence ended) CMD's
+//!   tree is stopped at once (emergency stop) and [`Outcome::Lost`] is
+//!   returned;
+//! - when CMD exits, what is left of its tree is stopped too (a graceful
+//!   stop), and only then is `released` written (H6): the next waiter starts
+//!   within a few store round trips (S3);
+//! - `max_duration` stops a CMD that runs too long, so a hung job cannot
+//!   hold the lock forever by being renewed.
+//!
+//! **Semaphores** (`limit` N > 1) are N ordinary locks, the slots
+//! `sem.<name>.0` … `sem.<name>.<N−1>`. Every name's limit (1 for a plain
+//! lock) is recorded in `sem.<name>` by its first client's create, so that
+//! of clients disagreeing on N the first definition wins and the others
+//! are refused ([`targets`]). One agent
+//! runs per slot; the first to arm the keeper wins, and CMD runs under that
+//! slot alone. A slot that another agent of ours took at the same moment is
+//! released at once.
+//!
+//! **Waiting** is watch-driven: a release reaches the waiters as a watch
+//! event, and the first waiter in the fair queue ([`crate::locks::queue`]) takes
+//! it within milliseconds. A semaphore of N slots admits the first N
+//! waiters of its queue at once, so N run at the same time.
+//!
+//! **Once per period** (`once`): before waiting, and again once the lock is
+//! held, the `once.<name>` record is read; if it records a run in the
+//! current period (UTC on the store's clock, or an explicit key) CMD is not
+//! run ([`Outcome::AlreadyDone`]). With [`OnceMode::AtLeast`] a successful
+//! run is recorded while the lock is still held, just before the release,
+//! so the next holder sees it — unless the lock is lost in between, when it
+//! runs CMD again. With [`OnceMode::AtMost`] the period is claimed by a
+//! compare-and-swap before CMD starts, so CMD never starts twice in a
+//! period.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::future::{self, BoxFuture, FutureExt};
+use nix::fcntl::{Flock, FlockArg};
+use parking_lot::Mutex;
+use putex_core::{
+    Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockState,
+    Observed, Reason, Role, StopKind, Timing, Token,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, Notify};
+
+use crate::clock;
+use crate::driver::{self, Host, Keys};
+use crate::locks::queue::{Ticket, Waiter};
+use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
+use crate::store::{keys, AnyStore, ReadMode, Store, StoreError};
+use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
+use crate::supervision::keeper_queue::KeeperQueue;
+use crate::supervision::process::Exit;
+
+mod host;
+mod limits;
+mod once;
+mod run;
+
+pub use host::HighestFile;
+pub use limits::{targets, SemaphoreRecord};
+pub use once::{done_in, period_key, OnceRecord, OnceState};
+pub use run::{run, Signals};
+
+/// How long to wait for the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Until it is acquired.
+    Forever,
+    /// At most this long; an acquisition already under way (the fencing gap
+    /// of a takeover) is finished.
+    For(Duration),
+    /// Only if it is free now: held by another, or others queue for it, is
+    /// [`Outcome::NotAcquired`] at once.
+    No,
+}
+
+/// Run once per period across all hosts ([`OnceMode`] says what "once" means).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Once {
+    /// Periods of this length aligned to the Unix epoch in UTC on the
+    /// store's clock: `24h` is once per UTC day.
+    Every(Duration),
+    /// An explicit period key (e.g. a date the caller computed).
+    Key(String),
+}
+
+/// When a run is recorded, and so what `once` guarantees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnceMode {
+    /// Record after CMD exits 0, while the lock is still held (the
+    /// default): a period is never left without a successful run while
+    /// hosts keep trying, but the lock lost between the run and its record
+    /// (or CMD stopped half-way because the lock was lost) lets another host
+    /// run CMD again in the same period.
+    #[default]
+    AtLeast,
+    /// Claim the period before CMD starts, with a compare-and-swap on the
+    /// record, and start CMD only once the claim is known to have landed:
+    /// CMD is never started twice in a period, but a run that fails, is
+    /// killed or loses the lock uses up the period.
+    AtMost,
+}
+
+impl OnceMode {
+    /// The flag's value (`at-least`, `at-most`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnceMode::AtLeast => "at-least",
+            OnceMode::AtMost => "at-most",
+        }
+    }
+}
+
+/// What to run and how.
+#[derive(Clone, Debug)]
+pub struct SectionOptions {
+    /// The lock (or semaphore) name.
+    pub name: String,
+    /// This node's id.
+    pub node: String,
+    /// A stable id of the store (URL without secrets), for host-local files.
+    pub store_id: String,
+    /// Validated timing (R, F, C, ε, timeouts).
+    pub timing: Timing,
+    /// 1 for a plain lock, N > 1 for a semaphore of N slots.
+    pub limit: u32,
+    /// How long to wait.
+    pub wait: Wait,
+    /// Once per period.
+    pub once: Option<Once>,
+    /// When a run counts for `once`.
+    pub once_mode: OnceMode,
+    /// Stop CMD when it runs longer than this.
+    pub max_duration: Option<Duration>,
+    /// What the lock is held for, shown to operators and given to CMD as
+    /// `PUTEX_TITLE`.
+    pub title: Option<String>,
+    /// CMD and its arguments (executed directly, not through a shell).
+    pub argv: Vec<String>,
+    /// More environment for CMD.
+    pub env: Vec<(String, String)>,
+    /// Where keeper sockets and the highest-token files live.
+    pub keeper_dir: PathBuf,
+    /// Use a cgroup scope for CMD when possible.
+    pub cgroup: bool,
+    /// Wait in the fair queue of `name` ([`crate::locks::queue`]).
+    pub queue: bool,
+    /// Explicit lock keys to compete for, instead of `lock.<name>` or the
+    /// semaphore's slots (leased ids: `id.<pool>.<n>`).
+    pub slots: Option<Slots>,
+}
+
+/// Explicit lock keys for [`SectionOptions::slots`]: CMD runs under one of
+/// them and gets `var` = that slot's value.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    /// The lock keys.
+    pub keys: Vec<String>,
+    /// The environment variable naming the slot (e.g. `PUTEX_ID`).
+    pub var: String,
+    /// Its value for each key.
+    pub values: Vec<String>,
+}
+
+/// How a critical section ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// CMD ran and exited; the lock was released if `released`.
+    Finished {
+        /// CMD's exit status.
+        exit: Exit,
+        /// The fencing token CMD ran under.
+        token: Token,
+        /// Whether a `released` record was written.
+        released: bool,
+    },
+    /// The lock was not acquired (`Wait::No`, or the wait ran out).
+    NotAcquired {
+        /// Who held it, if known.
+        holder: Option<String>,
+    },
+    /// CMD already ran successfully in this period.
+    AlreadyDone {
+        /// The period key.
+        period: String,
+        /// Who ran it, and when.
+        by: String,
+    },
+    /// The lock was lost while CMD ran; CMD and its tree were stopped.
+    Lost {
+        /// Why.
+        reason: String,
+    },
+    /// CMD ran longer than `max_duration` and was stopped.
+    TimedOut {
+        /// The limit.
+        after: Duration,
+        /// Whether a `released` record was written.
+        released: bool,
+    },
+    /// A signal ended the wait before the lock was acquired.
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+    },
+    /// A stop could not be proven: CMD's tree may still run.
+    StopUnproven,
+}
+
+/// Why a critical section could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SectionError {
+    /// A name or limit is wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// The store failed in a way retrying will not fix, or did not answer.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The keeper could not be started.
+    #[error("keeper: {0}")]
+    Keeper(String),
+}
+
+/// How long `Wait::No` may take to acquire a lock it saw free.
+const NO_WAIT_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a section that waits for the lock forever keeps retrying the
+/// store calls before its wait (the limit record, the once-per record) while
+/// their outcome is unknown: longer than a NATS stream-leader election
+/// (4–9 s). `--wait DUR` retries for DUR, `--no-wait` for `NO_WAIT_GRACE`.
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The largest `--limit`: each slot is watched and polled by its own agent.
+pub const MAX_LIMIT: u32 = 64;
+
+/// Retries `call` while its outcome is unknown (a timeout or a lost
+/// connection: the store may be busy or electing a leader), with back-off,
+/// until `deadline`; each attempt's deadline is at most `timeout` and never
+/// past `deadline`. A conflict, a configuration error or the last unknown
+/// outcome is returned. Only for calls that may simply be repeated (reads);
+/// a write must first find out by reading whether it landed.
+async fn patiently<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    mut call: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match call(timeout.min(left).max(Duration::from_millis(100))).await {
+            Err(e @ StoreError::Unknown { .. })
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %e, "outcome unknown; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}

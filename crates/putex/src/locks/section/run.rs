@@ -1,0 +1,375 @@
+//! The section's loop: the queue, one agent per slot, the keeper's events
+//! and signals, until CMD has exited and the lock is given back.
+
+use super::host::*;
+use super::*;
+
+/// What a running section needs from its caller besides the options: the
+/// signals to forward or to end the wait with.
+pub type Signals = mpsc::UnboundedReceiver<i32>;
+
+/// Runs `opts.argv` while holding the lock; see the [module docs](crate::locks::section).
+pub async fn run(
+    store: AnyStore,
+    opts: SectionOptions,
+    mut signals: Signals,
+) -> Result<Outcome, SectionError> {
+    let timing = opts.timing.clone();
+    let timeout = timing.store_timeout().max(Duration::from_secs(1));
+    // Store calls before waiting whose outcome is unknown are retried until
+    // then: a busy store or a leader election does not fail the command.
+    let setup_deadline = tokio::time::Instant::now()
+        + match opts.wait {
+            Wait::For(d) => d,
+            Wait::No => NO_WAIT_GRACE,
+            Wait::Forever => SETUP_PATIENCE,
+        }
+        .max(timeout);
+    keys::validate_name(&opts.name).map_err(|e| SectionError::Usage(e.to_string()))?;
+    let keys = match &opts.slots {
+        Some(slots) if slots.keys.is_empty() => {
+            return Err(SectionError::Usage("nothing to compete for".into()))
+        }
+        Some(slots) => slots.keys.clone(),
+        None => targets(&store, &opts.name, opts.limit, timeout, setup_deadline).await?,
+    };
+
+    // Already done in this period: no need to wait at all.
+    if let Some(once) = &opts.once {
+        let period = period_key(&store, once, &opts.node, timeout, setup_deadline).await?;
+        let done = patiently(setup_deadline, timeout, |t| {
+            done_in(&store, &opts.name, &period, t)
+        });
+        if let Some(by) = done.await? {
+            return Ok(Outcome::AlreadyDone { period, by });
+        }
+    }
+    if opts.wait == Wait::No {
+        let busy = patiently(setup_deadline, timeout, |t| busy(&store, &keys, t));
+        if let Some(holder) = busy.await? {
+            return Ok(Outcome::NotAcquired {
+                holder: Some(holder),
+            });
+        }
+    }
+
+    // The keeper: one per section, on a socket of its own.
+    std::fs::create_dir_all(&opts.keeper_dir).map_err(|e| {
+        SectionError::Usage(format!("--keeper-dir {}: {e}", opts.keeper_dir.display()))
+    })?;
+    let instance = crate::identity::instance_id();
+    let short = &instance[..instance.len().min(12)];
+    let exe = std::env::current_exe()
+        .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
+    let (mut keeper, _) = KeeperClient::spawn_or_adopt(&KeeperConfig {
+        exe,
+        socket: crate::supervision::keeper::socket_path(
+            &opts.keeper_dir,
+            &opts.store_id,
+            &format!("{}-{short}", opts.name),
+        ),
+        lock: opts.name.clone(),
+        node: opts.node.clone(),
+        deactivate: None,
+        stop_timeout: timing.stop_timeout(),
+        emergency_timeout: timing.emergency_timeout(),
+        cgroup: opts.cgroup,
+        quiet: true,
+    })
+    .await
+    .map_err(|e| SectionError::Keeper(e.to_string()))?;
+    let mut keeper_events = keeper.take_events();
+    // Set once the keeper is gone: its event channel is read no more.
+    let mut keeper_gone = false;
+    let keeper = Arc::new(keeper);
+    let ops = KeeperQueue::start(keeper.clone());
+
+    let shared = Arc::new(Shared {
+        opts: opts.clone(),
+        store: store.clone(),
+        keeper: keeper.clone(),
+        ops,
+        state: Mutex::new(State::default()),
+        changed: Notify::new(),
+        history: HistoryWriter::spawn(
+            store.clone(),
+            WriterConfig::new(&opts.name, &opts.node, &instance, "lock", timeout),
+        ),
+    });
+
+    // The fair queue (not for --no-wait, which never waits behind anyone).
+    let ticket = if opts.wait == Wait::No || !opts.queue {
+        None
+    } else {
+        let waiter = Waiter {
+            name: opts.name.clone(),
+            node: opts.node.clone(),
+            instance: instance.clone(),
+            renew: timing.renew(),
+            store_timeout: timing.store_timeout(),
+            title: opts.title.clone(),
+            asked: None,
+            patience: setup_deadline.saturating_duration_since(tokio::time::Instant::now()),
+        };
+        // One waiter per slot may try at once: with N slots free and N
+        // waiters, N run.
+        Some(Ticket::join_admitting(store.clone(), waiter, keys.len()).await?)
+    };
+    let mut queue_turn = ticket.as_ref().map(Ticket::turn);
+
+    // One agent per slot.
+    let mut inputs = Vec::new();
+    let mut drivers = tokio::task::JoinSet::new();
+    for (slot, key) in keys.iter().enumerate() {
+        let highest = HighestFile::new(&opts.keeper_dir, &opts.store_id, key);
+        let mut agent = Agent::new(
+            AgentConfig {
+                highest_token: highest.load(),
+                supervised_stops: true,
+                ..AgentConfig::new(
+                    Identity {
+                        node: opts.node.clone(),
+                        machine: crate::identity::machine_id(),
+                        instance: instance.clone(),
+                    },
+                    timing.clone(),
+                )
+            },
+            clock::boot_time_now(),
+        );
+        if ticket.is_some() {
+            agent.handle(clock::boot_time_now(), Input::Turn(false));
+        }
+        let host = Arc::new(SlotHost {
+            slot,
+            shared: shared.clone(),
+            highest,
+            record_key: keys::lock(&opts.name)
+                .map_or(true, |k| k != *key)
+                .then(|| key.clone()),
+            pending: Mutex::default(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        inputs.push(tx);
+        let store = store.clone();
+        let probe = keys::probe(&opts.node).map_err(|e| SectionError::Usage(e.to_string()))?;
+        let keys = Keys {
+            lock: key.clone(),
+            probe,
+        };
+        drivers.spawn(async move {
+            let exit =
+                driver::run_with_inputs(agent, store, keys, host, future::pending(), rx).await;
+            (slot, exit)
+        });
+    }
+
+    let wait_until = match opts.wait {
+        Wait::Forever => None,
+        Wait::For(d) => Some(tokio::time::Instant::now() + d),
+        // Free a moment ago: a few round trips take it. The limit only
+        // matters when another waiter took it in between; it is generous
+        // so that a loaded machine still gets the lock it saw free.
+        Wait::No => {
+            Some(tokio::time::Instant::now() + timing.renew() * 2 + timeout.max(NO_WAIT_GRACE))
+        }
+    };
+    let mut turns_sent: Vec<Option<bool>> = vec![None; keys.len()];
+    let mut shutting_down = false;
+    let mut interrupted = None;
+    let mut not_acquired = false;
+    let mut timed_out = false;
+    let mut unproven = false;
+    let mut stopped: Vec<bool> = vec![false; keys.len()];
+    loop {
+        // Turns: the queue's, and only the winner's slot once one armed.
+        let (winner, losers) = {
+            let mut s = shared.lock();
+            (s.winner, std::mem::take(&mut s.losers))
+        };
+        let queue_ok = queue_turn.as_ref().is_none_or(|t| *t.borrow());
+        for (slot, tx) in inputs.iter().enumerate() {
+            let turn = queue_ok && winner.is_none_or(|w| w == slot) && !shutting_down;
+            if turns_sent[slot] != Some(turn) {
+                turns_sent[slot] = Some(turn);
+                let _ = tx.send(Input::Turn(turn));
+            }
+        }
+        for slot in losers {
+            if !stopped[slot] {
+                stopped[slot] = true;
+                let _ = inputs[slot].send(Input::Shutdown);
+            }
+        }
+        // Finished?
+        let (done, spawned_at) = {
+            let s = shared.lock();
+            (
+                s.exit.is_some()
+                    || s.lost.is_some()
+                    || s.already_done.is_some()
+                    || s.once_failed.is_some()
+                    || s.spawn_failed.is_some(),
+                s.spawned_at,
+            )
+        };
+        let acquiring = winner.is_some();
+        if (done || not_acquired || interrupted.is_some() || timed_out) && !shutting_down {
+            shutting_down = true;
+            for (slot, tx) in inputs.iter().enumerate() {
+                stopped[slot] = true;
+                let _ = tx.send(Input::Shutdown);
+            }
+        }
+        let max_at = opts.max_duration.zip(spawned_at).map(|(d, at)| at + d);
+        tokio::select! {
+            () = shared.changed.notified() => {}
+            changed = async { queue_turn.as_mut().expect("checked").changed().await }, if queue_turn.is_some() => {
+                if changed.is_err() {
+                    queue_turn = None;
+                }
+            }
+            ev = keeper_events.recv(), if !keeper_gone => match ev.unwrap_or(KeeperEvent::Lost) {
+                KeeperEvent::ChildExited(exit) => {
+                    tracing::debug!(?exit, "command exited");
+                    shared.with(|s| s.exit = Some(exit));
+                }
+                KeeperEvent::Tree(_) => {}
+                other => {
+                    if other == KeeperEvent::Lost {
+                        tracing::error!("the keeper is gone: CMD is stopped without it");
+                        // CMD ran under a keeper that died: it is stopped
+                        // (from the keeper's last tree snapshot) before the
+                        // lock is given back, and the section ends as lost.
+                        shared.with(|s| {
+                            if s.spawned.is_some() && s.exit.is_none() {
+                                s.lost.get_or_insert_with(|| Reason::KeeperLost.to_string());
+                            }
+                        });
+                    } else {
+                        tracing::error!("the keeper's deadline passed: it stopped the command");
+                        // The licence ended with CMD running: whatever exit
+                        // the keeper's stop gave CMD (which may have been
+                        // read first), the lock was lost (exit 76).
+                        shared.with(|s| {
+                            s.lost.get_or_insert_with(|| Reason::KeeperFired.to_string());
+                        });
+                    }
+                    if let (Some(w), Some(input)) = (winner, other.to_input()) {
+                        let _ = inputs[w].send(input);
+                    }
+                    if other == KeeperEvent::Lost {
+                        // No more events; keep waiting for the drivers.
+                        keeper_gone = true;
+                    }
+                }
+            },
+            sig = signals.recv() => match sig {
+                Some(sig) if spawned_at.is_some() && !shutting_down => {
+                    tracing::info!(signal = sig, "forwarding the signal to the command");
+                    if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                        let _ = keeper.signal(s).await;
+                    }
+                }
+                Some(sig) => {
+                    if interrupted.is_none() && !acquiring {
+                        interrupted = Some(sig);
+                    } else if !shutting_down {
+                        // Taking the lock (the fencing gap): stop trying.
+                        interrupted = Some(sig);
+                    }
+                }
+                None => {
+                    signals = mpsc::unbounded_channel().1;
+                }
+            },
+            () = sleep_until(wait_until), if !acquiring && !shutting_down => {
+                not_acquired = true;
+            }
+            () = sleep_until(max_at), if max_at.is_some() && !timed_out && !shutting_down => {
+                tracing::warn!(after = ?opts.max_duration, "the command ran past --max-duration; stopping it");
+                timed_out = true;
+            }
+            joined = drivers.join_next() => match joined {
+                Some(Ok((slot, exit))) => {
+                    tracing::debug!(slot, ?exit, "slot agent exited");
+                    if !stopped[slot] {
+                        // An agent ended on its own (a failed start-up):
+                        // end the section.
+                        not_acquired = true;
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "slot agent failed");
+                    unproven = true;
+                }
+                None => break,
+            },
+        }
+    }
+    if let Some(t) = ticket {
+        t.leave().await;
+    }
+    let st = std::mem::take(&mut *shared.lock());
+    if keeper.shutdown().await.is_err() {
+        tracing::debug!("the keeper stays until its tree is gone");
+    }
+    shared.history.flush(Duration::from_secs(2)).await;
+    Ok(if unproven {
+        Outcome::StopUnproven
+    } else if let Some((period, by)) = st.already_done {
+        Outcome::AlreadyDone { period, by }
+    } else if let Some(reason) = st.lost {
+        Outcome::Lost { reason }
+    } else if timed_out && st.spawned.is_some() {
+        Outcome::TimedOut {
+            after: opts.max_duration.unwrap_or_default(),
+            released: st.released,
+        }
+    } else if let (Some(exit), Some(token)) = (st.exit, st.spawned) {
+        Outcome::Finished {
+            exit,
+            token,
+            released: st.released,
+        }
+    } else if let Some(e) = st.once_failed {
+        return Err(SectionError::Store(e));
+    } else if let Some(e) = st.spawn_failed {
+        return Err(SectionError::Keeper(format!(
+            "cannot start the command: {e}"
+        )));
+    } else if let Some(signal) = interrupted {
+        Outcome::Interrupted { signal }
+    } else {
+        let holder = busy(&store, &keys, timeout).await.ok().flatten();
+        Outcome::NotAcquired { holder }
+    })
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => future::pending().await,
+    }
+}
+
+/// For `Wait::No`: who holds the lock (every slot) or queues for it, if
+/// anyone; `None` when a slot looks free now.
+async fn busy(
+    store: &AnyStore,
+    keys: &[String],
+    timeout: Duration,
+) -> Result<Option<String>, StoreError> {
+    let mut holder = None;
+    for key in keys {
+        match store.get(key, ReadMode::Leader, timeout).await? {
+            None => return Ok(None),
+            Some(e) => match Observed::decode(&e.value) {
+                Observed::Record(r) if r.state == LockState::Released => return Ok(None),
+                Observed::Record(r) => holder = Some(format!("{} ({:?})", r.node, r.state)),
+                Observed::Garbage => holder = Some("an unreadable record".into()),
+            },
+        }
+    }
+    Ok(holder)
+}

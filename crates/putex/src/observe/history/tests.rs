@@ -1,0 +1,289 @@
+//! Unit tests of writing, pruning, reading and deriving history.
+
+use super::*;
+use crate::store::MemoryStore;
+
+fn rec(node: &str, instance: &str, from: Role, to: Role, reason: Reason) -> TransitionRecord {
+    TransitionRecord {
+        v: 1,
+        lock: "pg".into(),
+        key: None,
+        node: node.into(),
+        instance: instance.into(),
+        seq: 0,
+        source: "run".into(),
+        from: from.to_string(),
+        to: to.to_string(),
+        reason: reason.to_string(),
+        reason_code: reason_code(&reason).into(),
+        token: Some(Token::new(1, 1)),
+        stale: match reason {
+            Reason::AcquiredStale {
+                revision,
+                unchanged_for,
+                store_age,
+            } => Some(StaleEvidence {
+                revision,
+                unchanged_for_ms: millis(unchanged_for),
+                store_age_ms: store_age.map(millis),
+            }),
+            _ => None,
+        },
+        at: "2026-01-01T00:00:00.000Z".into(),
+    }
+}
+
+fn at(revision: u64, ms: u64, record: TransitionRecord) -> Stored {
+    Stored {
+        key: format!("history.pg.{}-{revision}", record.node),
+        revision,
+        time: StoreTime {
+            era: 1,
+            nanos: ms * 1_000_000,
+        },
+        record,
+    }
+}
+
+#[test]
+fn only_holding_transitions_are_recorded() {
+    assert!(!is_recorded(Role::Starting, Role::Standby));
+    assert!(!is_recorded(Role::Standby, Role::Exited));
+    assert!(is_recorded(Role::Standby, Role::Confirming));
+    assert!(is_recorded(Role::Confirming, Role::Active));
+    assert!(is_recorded(Role::Active, Role::SteppingDown));
+    assert!(is_recorded(Role::Lapsed, Role::Standby));
+    assert!(is_recorded(Role::Starting, Role::Active)); // resumed (S5)
+}
+
+#[test]
+fn codes_are_distinct() {
+    let all = [
+        Reason::Started,
+        Reason::AcquiredReleased,
+        Reason::AcquiredStale {
+            revision: Token::new(1, 2),
+            unchanged_for: Duration::ZERO,
+            store_age: None,
+        },
+        Reason::AcquiredAbsent,
+        Reason::Resumed,
+        Reason::Activated,
+        Reason::LicenceEnded,
+        Reason::Lost(putex_core::LossCause::Revoked),
+        Reason::Unhealthy,
+        Reason::Shutdown,
+        Reason::ReleaseRequested,
+        Reason::ServiceExited,
+        Reason::ActivationFailed,
+        Reason::KeeperRefused,
+        Reason::StopTimedOut,
+        Reason::StopFailed,
+        Reason::KeeperFired,
+        Reason::KeeperLost,
+        Reason::Released,
+        Reason::ReleaseFailed,
+        Reason::Stopped,
+    ];
+    let codes: std::collections::HashSet<_> = all.iter().map(reason_code).collect();
+    assert_eq!(codes.len(), all.len());
+}
+
+#[test]
+fn crash_failover_and_graceful_handover_are_derived() {
+    use Role::*;
+    let stale = Reason::AcquiredStale {
+        revision: Token::new(1, 5),
+        unchanged_for: Duration::from_millis(330),
+        store_age: Some(Duration::from_millis(320)),
+    };
+    let records = vec![
+        at(
+            1,
+            0,
+            rec("a", "ia", Standby, Confirming, Reason::AcquiredAbsent),
+        ),
+        at(
+            2,
+            500,
+            rec("a", "ia", Confirming, Active, Reason::Activated),
+        ),
+        // a crashes: no record. b takes over after W, activates after G.
+        at(9, 2_000, rec("b", "ib", Standby, Confirming, stale)),
+        at(
+            10,
+            2_100,
+            rec("b", "ib", Confirming, Active, Reason::Activated),
+        ),
+        // b hands over gracefully.
+        at(
+            11,
+            3_000,
+            rec("b", "ib", Active, SteppingDown, Reason::Shutdown),
+        ),
+        at(
+            12,
+            3_050,
+            rec("b", "ib", SteppingDown, Standby, Reason::Released),
+        ),
+        at(
+            13,
+            3_060,
+            rec("c", "ic", Standby, Confirming, Reason::AcquiredReleased),
+        ),
+        at(
+            14,
+            3_070,
+            rec("c", "ic", Confirming, Active, Reason::Activated),
+        ),
+    ];
+    let rows = derive(&records);
+    let acts: Vec<&HistoryRow> = rows.iter().filter(|r| r.activation).collect();
+    assert_eq!(acts.len(), 3);
+    assert_eq!(acts[0].record.node, "a");
+    assert_eq!(acts[0].previous_holder, None);
+    assert_eq!(acts[0].no_holder_ms, None);
+    assert_eq!(acts[0].acquired.as_deref(), Some("acquired-absent"));
+    // b: 100 ms after its takeover, which found a's record 320 ms old.
+    assert_eq!(acts[1].previous_holder.as_deref(), Some("a"));
+    assert_eq!(acts[1].no_holder_ms, Some(420));
+    assert_eq!(acts[1].no_holder_basis, Some(NoHolderBasis::LastRenewal));
+    assert_eq!(acts[1].acquired.as_deref(), Some("acquired-stale"));
+    // c: from b's leaving active to c's activation.
+    assert_eq!(acts[2].previous_holder.as_deref(), Some("b"));
+    assert_eq!(acts[2].no_holder_ms, Some(70));
+    assert_eq!(acts[2].no_holder_basis, Some(NoHolderBasis::Left));
+    // Holders along the way.
+    let holders: Vec<Option<&str>> = rows.iter().map(|r| r.holder.as_deref()).collect();
+    assert_eq!(
+        holders,
+        [
+            None,
+            Some("a"),
+            Some("a"),
+            Some("b"),
+            None,
+            None,
+            None,
+            Some("c")
+        ]
+    );
+    let json = serde_json::to_value(&rows[3]).unwrap();
+    for k in [
+        "revision",
+        "store_time",
+        "lock",
+        "node",
+        "from",
+        "to",
+        "reason",
+        "reason_code",
+        "token",
+        "at",
+        "holder",
+        "no_holder_ms",
+    ] {
+        assert!(json.get(k).is_some(), "{k} missing in {json}");
+    }
+}
+
+#[test]
+fn a_late_record_of_an_old_holder_does_not_take_the_lock_back() {
+    use Role::*;
+    let records = vec![
+        at(2, 0, rec("a", "ia", Confirming, Active, Reason::Activated)),
+        at(
+            10,
+            2_100,
+            rec("b", "ib", Confirming, Active, Reason::Activated),
+        ),
+        // a's agent was frozen; it records its lapse afterwards.
+        at(
+            11,
+            2_500,
+            rec("a", "ia", Active, Lapsed, Reason::KeeperFired),
+        ),
+    ];
+    let rows = derive(&records);
+    assert_eq!(rows[2].holder.as_deref(), Some("b"));
+    assert_eq!(rows[1].previous_holder.as_deref(), Some("a"));
+}
+
+#[tokio::test]
+async fn pruning_leaves_nothing_behind_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = AnyStore::from(crate::store::SqliteStore::open(path.clone()).await.unwrap());
+    let t = Duration::from_secs(2);
+    let w = HistoryWriter::spawn(store.clone(), WriterConfig::new("pg", "a", "ia", "run", t));
+    for _ in 0..3 {
+        w.transition(Role::Confirming, Role::Active, &Reason::Activated, None);
+        w.transition(Role::Active, Role::SteppingDown, &Reason::Shutdown, None);
+    }
+    w.flush(t).await;
+    assert_eq!(prune(&store, "pg", 2, t).await.unwrap(), 4);
+    let left = read(&store, "pg", t).await.unwrap();
+    assert_eq!(
+        left.iter().map(|s| s.record.seq).collect::<Vec<_>>(),
+        [4, 5]
+    );
+    // No tombstones: the records and the scan marker are all that is left.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let rows: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM kv WHERE key LIKE 'history.%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 3);
+}
+
+#[tokio::test]
+async fn writer_writes_in_order_and_prunes() {
+    let store = AnyStore::from(MemoryStore::new());
+    let mut cfg = WriterConfig::new(
+        "pg",
+        "db1.example.com",
+        "abcdef0123",
+        "run",
+        Duration::from_secs(1),
+    );
+    cfg.keep = 4;
+    cfg.prune_every = 1;
+    let w = HistoryWriter::spawn(store.clone(), cfg);
+    for _ in 0..5 {
+        w.transition(
+            Role::Standby,
+            Role::Confirming,
+            &Reason::AcquiredReleased,
+            Some(Token::new(1, 3)),
+        );
+        w.transition(
+            Role::Confirming,
+            Role::Active,
+            &Reason::Activated,
+            Some(Token::new(1, 3)),
+        );
+        // Not recorded.
+        w.transition(Role::Starting, Role::Standby, &Reason::Started, None);
+    }
+    w.flush(Duration::from_secs(5)).await;
+    // Pruning runs beside the writes: give the last one a moment.
+    let mut all = Vec::new();
+    for _ in 0..100 {
+        all = read(&store, "pg", Duration::from_secs(2)).await.unwrap();
+        if all.len() <= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(all.len(), 4, "{all:?}");
+    let seqs: Vec<u64> = all.iter().map(|s| s.record.seq).collect();
+    assert_eq!(seqs, [6, 7, 8, 9]);
+    assert!(all[0]
+        .key
+        .starts_with("history.pg.db1.example.com-abcdef01-"));
+    assert_eq!(all[3].record.reason_code, "activated");
+    assert_eq!(all[3].record.token, Some(Token::new(1, 3)));
+}

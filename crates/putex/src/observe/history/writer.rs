@@ -1,0 +1,260 @@
+//! Writing transition records: a bounded queue per process, a writer
+//! task that never blocks the agent, and pruning to the newest [`KEEP`].
+
+use super::*;
+
+/// Who writes, and how.
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// The lock name.
+    pub lock: String,
+    /// This node's id.
+    pub node: String,
+    /// This writer's instance id.
+    pub instance: String,
+    /// [`TransitionRecord::source`].
+    pub source: &'static str,
+    /// The deadline of each write.
+    pub timeout: Duration,
+    /// Records per lock to keep when pruning ([`KEEP`]).
+    pub keep: usize,
+    /// Prune after writes whose revision is a multiple of this
+    /// ([`PRUNE_EVERY`]; 0: never).
+    pub prune_every: u64,
+}
+
+impl WriterConfig {
+    /// A writer for `lock` with the default retention.
+    pub fn new(
+        lock: &str,
+        node: &str,
+        instance: &str,
+        source: &'static str,
+        timeout: Duration,
+    ) -> WriterConfig {
+        WriterConfig {
+            lock: lock.to_owned(),
+            node: node.to_owned(),
+            instance: instance.to_owned(),
+            source,
+            timeout,
+            keep: KEEP,
+            prune_every: PRUNE_EVERY,
+        }
+    }
+}
+
+enum Msg {
+    Write(Box<TransitionRecord>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Writes one host's transition records in the background; clones share
+/// the queue. See the [module docs](crate::observe::history).
+#[derive(Clone)]
+pub struct HistoryWriter {
+    inner: Arc<WriterInner>,
+}
+
+struct WriterInner {
+    cfg: WriterConfig,
+    seq: AtomicU64,
+    tx: mpsc::Sender<Msg>,
+}
+
+impl std::fmt::Debug for HistoryWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistoryWriter")
+            .field("lock", &self.inner.cfg.lock)
+            .field("node", &self.inner.cfg.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HistoryWriter {
+    /// Starts the writer's task on the current tokio runtime.
+    pub fn spawn(store: AnyStore, cfg: WriterConfig) -> HistoryWriter {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(write_loop(store, cfg.clone(), rx));
+        HistoryWriter {
+            inner: Arc::new(WriterInner {
+                cfg,
+                seq: AtomicU64::new(0),
+                tx,
+            }),
+        }
+    }
+
+    /// The record of a transition, stamped now with the next sequence
+    /// number; `None` for a transition that is not recorded
+    /// ([`is_recorded`]). `key` is the lock record's key when it is not
+    /// `lock.<lock>`.
+    pub fn record(
+        &self,
+        from: Role,
+        to: Role,
+        reason: &Reason,
+        token: Option<Token>,
+        key: Option<&str>,
+    ) -> Option<TransitionRecord> {
+        if !is_recorded(from, to) {
+            return None;
+        }
+        let cfg = &self.inner.cfg;
+        let stale = match reason {
+            Reason::AcquiredStale {
+                revision,
+                unchanged_for,
+                store_age,
+            } => Some(StaleEvidence {
+                revision: *revision,
+                unchanged_for_ms: millis(*unchanged_for),
+                store_age_ms: store_age.map(millis),
+            }),
+            _ => None,
+        };
+        Some(TransitionRecord {
+            v: RECORD_VERSION,
+            lock: cfg.lock.clone(),
+            key: key.map(str::to_owned),
+            node: cfg.node.clone(),
+            instance: cfg.instance.clone(),
+            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+            source: cfg.source.to_owned(),
+            from: from.to_string(),
+            to: to.to_string(),
+            reason: reason.to_string(),
+            reason_code: reason_code(reason).to_owned(),
+            token,
+            stale,
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        })
+    }
+
+    /// Queues a record for writing. Never blocks: a full queue drops it
+    /// with a warning.
+    pub fn send(&self, record: TransitionRecord) {
+        if let Err(e) = self.inner.tx.try_send(Msg::Write(Box::new(record))) {
+            tracing::warn!(error = %e, "transition record dropped: the history queue is full or closed");
+        }
+    }
+
+    /// [`record`](Self::record) and [`send`](Self::send): what a host's
+    /// `event` calls on [`putex_core::Event::Transition`].
+    pub fn transition(&self, from: Role, to: Role, reason: &Reason, token: Option<Token>) {
+        if let Some(r) = self.record(from, to, reason, token, None) {
+            self.send(r);
+        }
+    }
+
+    /// Waits until every record queued so far was written or given up on,
+    /// or `within` passed, whichever comes first.
+    pub async fn flush(&self, within: Duration) {
+        let (tx, rx) = oneshot::channel();
+        let work = async {
+            if self.inner.tx.send(Msg::Flush(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        };
+        if tokio::time::timeout(within, work).await.is_err() {
+            tracing::debug!("transition records still queued at exit");
+        }
+    }
+}
+
+async fn write_loop(store: AnyStore, cfg: WriterConfig, mut rx: mpsc::Receiver<Msg>) {
+    // Pruning runs beside the writes, so that it never delays a record
+    // (whose store time measures a gap). A request while one is pending
+    // is merged into it; the pruner ends with this loop.
+    let (prune_tx, prune_rx) = mpsc::channel(1);
+    tokio::spawn(prune_loop(store.clone(), cfg.clone(), prune_rx));
+    while let Some(msg) = rx.recv().await {
+        let rec = match msg {
+            Msg::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+            Msg::Write(rec) => *rec,
+        };
+        let key = match keys::history(&rec.lock, &rec.node, &rec.instance, rec.seq) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "transition record not written");
+                continue;
+            }
+        };
+        let bytes = serde_json::to_vec(&rec).expect("a transition record serialises");
+        match store.put(&key, &bytes, cfg.timeout).await {
+            Ok(token) => {
+                tracing::debug!(key, revision = token.revision, "transition record written");
+                if cfg.prune_every > 0 && token.revision % cfg.prune_every == 0 {
+                    let _ = prune_tx.try_send(());
+                }
+            }
+            Err(e) => tracing::warn!(
+                key,
+                error = %e,
+                "transition record not written (best effort: `putex history` will miss it)"
+            ),
+        }
+    }
+}
+
+async fn prune_loop(store: AnyStore, cfg: WriterConfig, mut due: mpsc::Receiver<()>) {
+    while due.recv().await.is_some() {
+        match prune(&store, &cfg.lock, cfg.keep, cfg.timeout * 4).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(removed = n, "pruned transition records"),
+            Err(e) => tracing::warn!(error = %e, "cannot prune transition records"),
+        }
+    }
+}
+
+/// Removes all but the newest `keep` transition records of `lock` (by
+/// store revision); returns how many it removed. Records that cannot be
+/// removed now are left for the next prune.
+pub async fn prune(
+    store: &AnyStore,
+    lock: &str,
+    keep: usize,
+    timeout: Duration,
+) -> Result<usize, StoreError> {
+    let filter = keys::history_of(lock)?;
+    let marker = keys::history_scan(lock)?;
+    let (entries, _) = snapshot_synced(store, &filter, &marker, timeout).await?;
+    if entries.len() <= keep {
+        return Ok(0);
+    }
+    let mut entries: Vec<(String, Entry)> = entries.into_iter().collect();
+    entries.sort_by_key(|(_, e)| e.token.revision);
+    let excess = entries.len() - keep;
+    let mut removed = 0;
+    for (key, e) in entries.into_iter().take(excess) {
+        match remove(store, &key, e.token, timeout).await {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::debug!(key, error = %e, "transition record not removed"),
+        }
+    }
+    Ok(removed)
+}
+
+async fn remove(
+    store: &AnyStore,
+    key: &str,
+    token: Token,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    match store {
+        AnyStore::Nats(nats) => match nats.purge_key(key, timeout).await {
+            Ok(()) => return Ok(()),
+            Err(e) => tracing::debug!(key, error = %e, "cannot purge; deleting instead"),
+        },
+        AnyStore::Sqlite(sqlite) => return sqlite.purge_key(key, token, timeout).await.map(drop),
+        AnyStore::Memory(_) => {}
+    }
+    match store.delete(key, token, timeout).await {
+        // Someone else pruned it first.
+        Err(e) if e.is_conflict() => Ok(()),
+        other => other,
+    }
+}
