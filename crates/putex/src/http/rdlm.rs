@@ -35,6 +35,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use super::openapi::{RdlmStoreFailure, Unauthorized};
 use super::{
     lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
     seconds_json, AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
@@ -303,7 +304,7 @@ pub struct HalResources {
     tag = "rdlm",
     responses(
         (status = 200, description = "A hello", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
     ),
     security((), ("bearer" = [])),
 )]
@@ -328,7 +329,7 @@ pub(crate) async fn hello() -> Response {
             ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the lock's licence as the answer left: lifetime + grant deadline - time since the grant (at least lifetime + half the deadline)"),
         )),
         (status = 400, description = "Empty, malformed or incomplete body", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
         (status = 404, description = "Not an RDLM resource name", body = String, content_type = "text/plain"),
         (status = 408, description = "Not granted within the wait; empty body"),
         (status = 409, description = "An administrator deleted the waiting request; empty body"),
@@ -413,9 +414,9 @@ pub(crate) async fn acquire(
     responses(
         (status = 200, description = "The lock", body = HalLock, content_type = "application/hal+json"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
         (status = 404, description = "Released, expired, revoked or unknown", body = String, content_type = "text/plain"),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        RdlmStoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -448,9 +449,9 @@ pub(crate) async fn get_lock(
     responses(
         (status = 204, description = "Released"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
         (status = 404, description = "Not held: released, expired, revoked or unknown", body = String, content_type = "text/plain"),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        RdlmStoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -478,8 +479,8 @@ pub(crate) async fn release(
     tag = "rdlm",
     responses(
         (status = 200, description = "The resources", body = HalResources, content_type = "application/hal+json"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        Unauthorized,
+        RdlmStoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -514,9 +515,9 @@ pub(crate) async fn list_resources(State(s): State<Arc<Shared>>) -> Response {
     responses(
         (status = 200, description = "The resource", body = HalResource, content_type = "application/hal+json"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
         (status = 404, description = "Not an RDLM resource name", body = String, content_type = "text/plain"),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        RdlmStoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -554,9 +555,9 @@ pub(crate) async fn get_resource(
     responses(
         (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Resource name too long", body = String, content_type = "text/plain"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
+        Unauthorized,
         (status = 404, description = "The resource has no lock", body = String, content_type = "text/plain"),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        RdlmStoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -582,8 +583,8 @@ pub(crate) async fn delete_resource(
     tag = "rdlm",
     responses(
         (status = 204, description = "Deleted: waiters cancelled, HTTP locks freed at once, putex lock and agent holders revoked"),
-        (status = 401, description = "Missing or wrong credentials", body = super::v1::ErrorBody),
-        (status = 503, description = "Store failure", body = String, content_type = "text/plain"),
+        Unauthorized,
+        RdlmStoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]

@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::openapi::{StoreFailure, Unauthorized};
 use super::{
     lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
     AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
@@ -66,7 +67,7 @@ pub use views::*;
             ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the lock's licence as the answer left: lifetime + grant deadline - time since the grant (at least lifetime + half the deadline)"),
         )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 408, description = "Not granted within the wait", body = ErrorBody),
         (status = 409, description = "An administrator deleted the waiting request", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
@@ -131,9 +132,9 @@ fn granted(s: &Shared, status: StatusCode, info: &LockInfo) -> Response {
     responses(
         (status = 200, description = "The lock", body = LockView),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "Released, expired, revoked or unknown", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -163,9 +164,9 @@ pub(crate) async fn get_lock(
     responses(
         (status = 204, description = "Released: the next waiter gets it at once"),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "Not held: released, expired, revoked or unknown", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -197,7 +198,7 @@ pub(crate) async fn release(
             ("X-Putex-Lifetime-Left" = String, description = "Seconds left of the renewed licence as the answer left"),
         )),
         (status = 400, description = "Malformed or out of range", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "Not held", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 503, description = "Store failure, or renewed too late to answer within half the grant deadline (`late`: count from the previous answer)", body = ErrorBody),
@@ -245,8 +246,8 @@ fn late_renewal(e: AcquireError) -> ApiError {
     tag = "v1",
     responses(
         (status = 200, description = "The resources", body = LockList),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        Unauthorized,
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -274,8 +275,8 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Result<Json<LockList>,
     responses(
         (status = 200, description = "Its locks", body = ResourceLocks),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        Unauthorized,
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -304,9 +305,9 @@ pub(crate) async fn list_resource(
     responses(
         (status = 204, description = "Deleted: waiters cancelled, an HTTP lock freed at once, a putex lock or agent holder revoked"),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "The resource has no lock", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        StoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -383,9 +384,9 @@ fn no_holder(resource: &str) -> ApiError {
     responses(
         (status = 200, description = "Revoked", body = AdminView),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "Nothing holds the resource", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        StoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -415,10 +416,10 @@ pub(crate) async fn revoke(
     responses(
         (status = 200, description = "Freed", body = AdminView),
         (status = 400, description = "Malformed resource name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
+        Unauthorized,
         (status = 404, description = "Nothing holds the resource", body = ErrorBody),
         (status = 409, description = "Held by a putex lock or agent, not over HTTP (`not_forceable`): nothing was done", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        StoreFailure,
     ),
     security((), ("basic" = []), ("bearer" = [])),
 )]
@@ -497,8 +498,8 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
     tag = "v1",
     responses(
         (status = 200, description = "Every lock", body = StatusList),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        Unauthorized,
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -528,8 +529,8 @@ pub(crate) async fn status_all(State(s): State<Arc<Shared>>) -> Result<Json<Stat
     responses(
         (status = 200, description = "The lock (state `absent` if it has no record)", body = StatusView),
         (status = 400, description = "Malformed lock name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        Unauthorized,
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
@@ -550,8 +551,8 @@ pub(crate) async fn status(
     responses(
         (status = 200, description = "Its members", body = MembersView),
         (status = 400, description = "Malformed lock name", body = ErrorBody),
-        (status = 401, description = "Missing or wrong credentials", body = ErrorBody),
-        (status = 503, description = "Store failure", body = ErrorBody),
+        Unauthorized,
+        StoreFailure,
     ),
     security((), ("bearer" = [])),
 )]
