@@ -50,11 +50,16 @@ pub enum Rule {
     /// S1/S6 broken: a stale takeover trusts the view it judged (possibly a
     /// replica's) without a leader read after the store-clock witness.
     StaleTakeoverUnconfirmed = 1 << 15,
+    /// S6 broken: a compare-and-swap over revision t that lands although a
+    /// foreign record newer than t was seen while it was on its way (the
+    /// store lost that record) is trusted as the clean acquisition it was
+    /// judged to be.
+    AcquireOverLostRecord = 1 << 16,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 16] = [
+    pub const ALL: [Rule; 17] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -71,6 +76,7 @@ impl Rule {
         Rule::TimingIgnoresAdvertisedLease,
         Rule::HolderViewUntrusted,
         Rule::StaleTakeoverUnconfirmed,
+        Rule::AcquireOverLostRecord,
     ];
 }
 

@@ -373,6 +373,10 @@ pub struct Agent {
     /// regressed token when the store goes backwards (S6), so that records
     /// written after the regression are judged normally again.
     trusted: Option<Token>,
+    /// The newest token seen on a record that is not ours (another
+    /// instance's, or unreadable): an acquisition over an older revision
+    /// that lands after it was seen landed on a store that lost it (S6).
+    foreign_seen: Option<Token>,
     /// A record with our node id and another machine id was seen at this token.
     duplicate_seen: Option<Token>,
     /// An administrator revoked our tenure's record at this token while the
@@ -438,6 +442,7 @@ impl Agent {
             seen: None,
             highest: config.highest_token,
             trusted: config.highest_token,
+            foreign_seen: None,
             duplicate_seen: None,
             revoked_over: None,
             supervised_stops: config.supervised_stops,
@@ -788,6 +793,10 @@ impl Agent {
     fn note_entry(&mut self, entry: Option<&Entry>) {
         if let Some(e) = entry {
             self.note_token(e.token);
+            let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
+            if !ours && self.foreign_seen.is_none_or(|f| e.token > f) {
+                self.foreign_seen = Some(e.token);
+            }
             if self
                 .trusted
                 .is_none_or(|t| t.epoch == e.token.epoch && t < e.token)

@@ -554,8 +554,17 @@ impl Agent {
             s.entry.is_some_and(|(t, _)| t == token)
                 && !matches!(&s.observed, Some(Observed::Record(r)) if r.write == write)
         });
+        // A foreign record newer than the revision we replaced, seen while
+        // our compare-and-swap was on its way, yet the swap landed: the
+        // store lost that record (a rollback) and its writer may believe it
+        // holds the lock (S6, refinement (w)).
+        let lost_newer = acquire.over.as_ref().is_some_and(|(t, _)| {
+            self.foreign_seen
+                .is_some_and(|f| f.epoch == t.epoch && f > *t && f < token)
+        }) && !self.mutations.is(Rule::AcquireOverLostRecord);
         let reused = match (&acquire.over, &self.seen) {
             _ if ours_reused => Some(token),
+            (Some((t, _)), _) if lost_newer => Some(*t),
             (Some((t, _)), _) if acquire.reused => Some(*t),
             (Some((t, expected)), Some(seen))
                 if seen.entry.map(|x| x.0) == Some(*t) && &seen.observed != expected =>

@@ -360,6 +360,21 @@ fn mutation_stale_takeover_unconfirmed_is_caught() {
     assert!(v.starts_with("(d/early)"), "caught by another check: {v}");
 }
 
+/// Found by the deep sweep (seed 104009): a swap over a release that
+/// another node had taken meanwhile (seen by watch, then lost to a
+/// rollback), replayed with refinement (w) switched off.
+#[test]
+fn mutation_acquire_over_lost_record_is_caught() {
+    let (r, _) = run_one(
+        Profile::Chaos,
+        104009,
+        Mutations::only(Rule::AcquireOverLostRecord),
+        false,
+    );
+    let v = r.result.expect_err("the checker does not bite");
+    assert!(v.starts_with("(a/overlap)"), "caught by another check: {v}");
+}
+
 /// Prints the trace of one run: `PUTEX_SIM_REPLAY=profile:seed[:Rule]`.
 #[test]
 #[ignore = "a tool: set PUTEX_SIM_REPLAY=profile:seed[:Rule] and run with --ignored"]

@@ -177,3 +177,18 @@ regression!(
     Profile::Chaos,
     162778
 );
+// Found by the deep sweep on the session-6 core (seeds 90,000–124,999). A
+// standby sent its compare-and-swap over a `released` record (4:29); before
+// the reply it saw, by watch, another node's acquisition over the same
+// release (4:30, 4:31). A rollback then lost those two writes, the swap
+// landed (4:38), and the standby activated at once (S3) beside the node
+// whose writes were lost. Fixed, refinement (w): a foreign record newer
+// than the revision replaced, seen while the swap was on its way, makes the
+// acquisition a regression (S6): it owes the absent wait.
+// `mutation_acquire_over_lost_record_is_caught` replays this seed with the
+// check switched off.
+regression!(
+    r20_a_swap_over_a_release_that_others_took_meanwhile,
+    Profile::Chaos,
+    104009
+);
