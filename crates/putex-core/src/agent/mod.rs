@@ -373,9 +373,10 @@ pub struct Agent {
     /// regressed token when the store goes backwards (S6), so that records
     /// written after the regression are judged normally again.
     trusted: Option<Token>,
-    /// The newest token seen on a record that is not ours (another
-    /// instance's, or unreadable): an acquisition over an older revision
-    /// that lands after it was seen landed on a store that lost it (S6).
+    /// The newest token seen, while an acquisition of ours was on its way,
+    /// on a record that is not ours (another instance's, or unreadable):
+    /// the acquisition over an older revision that lands after it landed on
+    /// a store that lost that record (S6, refinement (w)).
     foreign_seen: Option<Token>,
     /// A record with our node id and another machine id was seen at this token.
     duplicate_seen: Option<Token>,
@@ -793,9 +794,14 @@ impl Agent {
     fn note_entry(&mut self, entry: Option<&Entry>) {
         if let Some(e) = entry {
             self.note_token(e.token);
-            let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
-            if !ours && self.foreign_seen.is_none_or(|f| e.token > f) {
-                self.foreign_seen = Some(e.token);
+            // Only what arrives while an acquisition is on its way can be a
+            // record the swap then displaces unseen (a judged record is never
+            // below what was seen before it): no decoding on the hot path.
+            if self.acquisition_pending() && self.foreign_seen.is_none_or(|f| e.token > f) {
+                let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
+                if !ours {
+                    self.foreign_seen = Some(e.token);
+                }
             }
             if self
                 .trusted
@@ -805,6 +811,16 @@ impl Agent {
                 self.trusted = Some(e.token);
             }
         }
+    }
+
+    /// An acquisition's swap is on its way, or its outcome is unknown.
+    fn acquisition_pending(&self) -> bool {
+        self.role == Role::Standby
+            && (!self.unconfirmed.is_empty()
+                || self
+                    .lock_op
+                    .as_ref()
+                    .is_some_and(|p| matches!(p.what, LockOp::Acquire { .. })))
     }
 
     fn holding(&self) -> bool {
