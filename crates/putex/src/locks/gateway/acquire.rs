@@ -215,11 +215,20 @@ impl Gateway {
                     // in the background instead — activate, grant nothing,
                     // release — so that the lock is free for the next
                     // request.
-                    tokio::spawn(async move {
+                    let finish = tokio::spawn(async move {
                         let _ = granted.recv().await;
                         let _ = stop_tx.send(());
                         let _ = driver.await;
                     });
+                    if matches!(e, AcquireError::Cancelled) {
+                        // An admin delete freed the lock and cancelled this
+                        // request, which took it meanwhile: answer once it
+                        // is free again, so that whoever hears the `409`
+                        // finds it free. Over a release there is no gap to
+                        // wait out (S3): a few round trips; a takeover's
+                        // gap goes on in the background past the bound.
+                        let _ = tokio::time::timeout(self.timeout(), finish).await;
+                    }
                 } else {
                     let _ = stop_tx.send(());
                     if tokio::time::timeout(timing.lease(), &mut driver)

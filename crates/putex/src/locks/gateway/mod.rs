@@ -182,34 +182,35 @@ impl Grant {
 
     /// Gives a grant that will not be handed over back now, and returns
     /// once the release is written: whoever hears of the refusal after
-    /// this finds the lock free. (A failed release is logged; the lock
-    /// then expires after its licence.)
+    /// this finds the lock free.
     async fn give_back(mut self) {
-        let Some(gateway) = self.give_back.take() else {
-            return;
-        };
-        let (resource, uid) = (&self.info.resource, &self.info.uid);
-        if let Err(e) = gateway.release(resource, uid).await {
-            tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
+        if let Some(gateway) = self.give_back.take() {
+            release_grant(gateway, self.info.resource.clone(), self.info.uid.clone()).await;
         }
     }
 }
 
 impl Drop for Grant {
+    /// A grant dropped before it was handed over (its client left, or the
+    /// answer was too late) is given back in the background.
     fn drop(&mut self) {
         let Some(gateway) = self.give_back.take() else {
             return;
         };
-        let (resource, uid) = (self.info.resource.clone(), self.info.uid.clone());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime left: the lock expires after its licence
         };
+        let (resource, uid) = (self.info.resource.clone(), self.info.uid.clone());
         tracing::info!(%resource, %uid, "a grant that was not handed over: giving the lock back");
-        runtime.spawn(async move {
-            if let Err(e) = gateway.release(&resource, &uid).await {
-                tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
-            }
-        });
+        runtime.spawn(release_grant(gateway, resource, uid));
+    }
+}
+
+/// Releases a grant that was not handed over. A failure is logged: the lock
+/// then expires after its licence.
+async fn release_grant(gateway: Gateway, resource: String, uid: String) {
+    if let Err(e) = gateway.release(&resource, &uid).await {
+        tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
     }
 }
 
