@@ -1050,7 +1050,7 @@ async fn tls_with_a_self_signed_certificate() {
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
     let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
     let tls = TlsSettings::from_pem_files(&cert, &key).unwrap();
     assert!(TlsSettings::from_pem_files(&key, &key)
         .unwrap_err()

@@ -136,8 +136,8 @@ struct Pki {
 impl Pki {
     fn new(dir: &Path) -> Pki {
         use rcgen::{
-            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-            KeyUsagePurpose,
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
         };
         let write = |name: &str, pem: String| {
             let p = dir.join(name);
@@ -151,13 +151,14 @@ impl Pki {
         p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca = p.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(p, ca_key);
 
         let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
             let key = KeyPair::generate().unwrap();
             let mut p = CertificateParams::new(names).unwrap();
             p.distinguished_name.push(DnType::CommonName, "putex test");
             p.extended_key_usages = vec![usage];
-            let cert = p.signed_by(&key, &ca, &ca_key).unwrap();
+            let cert = p.signed_by(&key, &issuer).unwrap();
             (cert.pem(), key.serialize_pem())
         };
         let (sc, sk) = leaf(
