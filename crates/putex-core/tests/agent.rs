@@ -46,6 +46,20 @@ impl Harness {
 
     /// An agent with one or more safety rules switched off (mutation proofs).
     fn with_config(node: &str, supervised_stops: bool, mutations: Mutations) -> Harness {
+        Harness::from_config(node, supervised_stops, mutations, None)
+    }
+
+    /// An agent that remembers `highest` from an earlier run (its host state).
+    fn with_highest(node: &str, highest: Token) -> Harness {
+        Harness::from_config(node, true, Mutations::NONE, Some(highest))
+    }
+
+    fn from_config(
+        node: &str,
+        supervised_stops: bool,
+        mutations: Mutations,
+        highest_token: Option<Token>,
+    ) -> Harness {
         let config = AgentConfig {
             identity: Identity {
                 node: node.into(),
@@ -54,7 +68,7 @@ impl Harness {
             },
             timing: timing(),
             previous: None,
-            highest_token: None,
+            highest_token,
             supervised_stops,
             mutations,
         };
@@ -1200,4 +1214,150 @@ fn the_service_never_starts_past_the_keepers_acknowledged_deadline() {
         ok: true,
     });
     assert!(h.find(|o| matches!(o, Output::Activate { .. })));
+}
+
+#[test]
+fn s6_a_bucket_we_wrote_to_ourselves_is_no_re_created_bucket_afterwards() {
+    // Trusting the first incarnation (1:73, from its host state), the node
+    // finds the record gone, creates it in a re-created bucket (2:1) and
+    // holds it.
+    let mut h = Harness::with_highest("a", Token::new(1, 73));
+    look(&mut h, None);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Create { .. }), "{op:?}");
+    h.reply(id, StoreOutcome::Written(Token::new(2, 1)));
+    let mut revision = 1;
+    for second in 1..=13 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(true);
+        while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            revision += 1;
+            h.reply(r.id, StoreOutcome::Written(Token::new(2, revision)));
+        }
+    }
+    assert!(h.activated());
+    for hook in [putex_core::Hook::Fence, putex_core::Hook::Activate] {
+        h.input(Input::Hook { hook, ok: true });
+    }
+    assert_eq!(h.agent.role(), Role::Active);
+    // It gives the lock back (as `Lock` does), out of turn for now.
+    h.input(Input::Turn(false));
+    h.input(Input::Release);
+    h.answer_stop(StopKind::Graceful, true);
+    let (id, _) = h.release_write();
+    revision += 1;
+    h.reply(id, StoreOutcome::Written(Token::new(2, revision)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    h.out.clear();
+
+    // Another node takes it: a live record of the incarnation our own
+    // writes landed in. It is judged as any live record (W), never as a
+    // re-created bucket taken at once.
+    let at_store = |token: Token, secs: f64| Entry {
+        value: holder(LockState::Active, 10_000).encode(),
+        token,
+        time: StoreTime {
+            era: 1,
+            nanos: (secs * 1e9) as u64,
+        },
+    };
+    let taken = at_store(Token::new(2, revision + 1), 90.0);
+    h.input(Input::Watch(Some(taken.clone())));
+    h.input(Input::Turn(true));
+    let start = h.now;
+    let answer = |h: &mut Harness, found: &Entry| {
+        h.health(true);
+        while let Some(i) = h
+            .out
+            .iter()
+            .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Get { .. })))
+        {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            h.reply(r.id, StoreOutcome::Read(Some(found.clone())));
+        }
+    };
+    for second in 0..=9 {
+        h.advance_to(start + f64::from(second));
+        answer(&mut h, &taken);
+        assert!(
+            !h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))),
+            "a live holder's record taken {second} s after it was first seen: {:?}",
+            h.out
+        );
+        h.out.retain(|o| !matches!(o, Output::Store(_)));
+    }
+    // The other side: a record of a newer incarnation still is a re-created
+    // bucket (S6), absent-like and taken at once.
+    h.advance_to(start + 10.0);
+    answer(&mut h, &at_store(Token::new(3, 1), 99.0));
+    let (_, op) = h.store();
+    assert!(
+        matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(3, 1)),
+        "{op:?}"
+    );
+}
+
+/// S6 refinement (w), deterministic: a standby swaps over a `released`
+/// record (1:29); before the reply it sees another node's acquisition over
+/// the same release (1:30) by watch; a rollback loses that write and the
+/// swap lands (1:38). The swap went over a record the store lost, whose
+/// writer may believe it holds the lock: no activation at once (S3), the
+/// absent wait W + G' instead. With the rule switched off
+/// (`AcquireOverLostRecord`) the node activates at once.
+#[test]
+fn s6_a_swap_that_lands_over_a_record_others_took_owes_the_absent_wait() {
+    for switched_off in [false, true] {
+        let mutations = if switched_off {
+            Mutations::only(Rule::AcquireOverLostRecord)
+        } else {
+            Mutations::NONE
+        };
+        let mut h = Harness::with_config("a", true, mutations);
+        look(
+            &mut h,
+            Some(entry(&holder(LockState::Released, 10_000), 29, 50.0)),
+        );
+        let (id, op) = h.store();
+        assert!(
+            matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(1, 29)),
+            "{op:?}"
+        );
+        let mut theirs = holder(LockState::Confirming, 10_000);
+        theirs.write = "other-i1-2".into();
+        h.input(Input::Watch(Some(entry(&theirs, 30, 50.1))));
+        h.reply(id, StoreOutcome::Written(Token::new(1, 38)));
+        if switched_off {
+            assert!(h.activated(), "switched off, it activates at once");
+        } else {
+            assert_eq!(h.agent.role(), Role::Confirming);
+            assert!(!h.activated(), "activated over a lost record");
+            // W(10 s) + G'(2 s) ≈ 12.2 s later, not before.
+            let mut revision = 38;
+            for second in 1..=12 {
+                h.advance_to(h.now + 1.0);
+                h.health(true);
+                while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+                    let Output::Store(r) = h.out.remove(i) else {
+                        unreachable!()
+                    };
+                    let outcome = match r.op {
+                        StoreOp::Get { .. } => StoreOutcome::Read(None),
+                        _ => {
+                            revision += 1;
+                            StoreOutcome::Written(Token::new(1, revision))
+                        }
+                    };
+                    h.reply(r.id, outcome);
+                }
+                assert!(!h.activated(), "activated {second} s after the swap");
+            }
+            h.advance_to(h.now + 0.5);
+            assert!(h.activated(), "not active after W + G'");
+        }
+    }
 }

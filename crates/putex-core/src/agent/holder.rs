@@ -125,13 +125,7 @@ impl Agent {
     /// A write of ours landed: the licence runs from its send time (H1).
     pub(super) fn extend(&mut self, token: Token, write: String, sent: Instant) {
         self.note_token(token);
-        // Our own landed writes are the store's present too (S6 detection).
-        if self
-            .trusted
-            .is_none_or(|t| t.epoch == token.epoch && t < token)
-        {
-            self.trusted = Some(token);
-        }
+        self.trust_own_write(token);
         let licence_end = sent + self.timing.lease();
         let lease = self.lease.as_mut().expect("extend needs a lease");
         if token <= lease.token {

@@ -778,6 +778,19 @@ impl Agent {
         .encode()
     }
 
+    /// A write of ours landed at `token`: the store's present (S6), in a
+    /// newer bucket incarnation too. A record merely *seen* in a newer
+    /// incarnation is first judged as a re-created bucket (absent-like, see
+    /// `on_lock_seen`); one we wrote there ourselves needs no such judging,
+    /// and left untrusted it would make the next holder's record, seen after
+    /// our tenure, look like a re-created bucket: taken at once (disturbing
+    /// a live holder) and owing W + G' instead of W.
+    fn trust_own_write(&mut self, token: Token) {
+        if self.trusted.is_none_or(|t| t < token) {
+            self.trusted = Some(token);
+        }
+    }
+
     /// Remembers the highest token ever seen (S6).
     fn note_token(&mut self, token: Token) {
         if self.highest.is_none_or(|h| token > h) {

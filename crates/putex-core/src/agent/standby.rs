@@ -577,6 +577,7 @@ impl Agent {
             self.downgrade_to_absent(&mut acquire, t);
         }
         self.note_token(token);
+        self.trust_own_write(token);
         let licence_start = if self.mutations.is(Rule::LicenceFromAck) {
             self.now
         } else {

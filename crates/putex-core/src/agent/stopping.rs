@@ -202,9 +202,7 @@ impl Agent {
         self.probe = None;
         self.seen = match outcome {
             StoreOutcome::Written(t) => {
-                if self.trusted.is_none_or(|x| x.epoch == t.epoch && x < t) {
-                    self.trusted = Some(t);
-                }
+                self.trust_own_write(t);
                 Some(Seen {
                     entry: Some((t, None)),
                     observed: Some(Observed::decode(&self.record(

@@ -9,6 +9,9 @@
 //! - A failing seed prints a one-line replay command.
 //! - `PUTEX_SIM_REPLAY=profile:seed[:Rule] cargo test -p putex-core --test sim
 //!   -- --ignored --nocapture replay` prints the trace of one run.
+//! - `PUTEX_SIM_HUNT=profile:Rule … -- --ignored --nocapture hunt` looks for
+//!   a seed that catches a mutation too rare for the few thousand seeds a
+//!   mutation proof sweeps.
 //! - Seeds that once failed are frozen in `regressions.rs`.
 
 // A test harness, not a library: its items are documented where it helps.
@@ -360,19 +363,24 @@ fn mutation_stale_takeover_unconfirmed_is_caught() {
     assert!(v.starts_with("(d/early)"), "caught by another check: {v}");
 }
 
-/// Found by the deep sweep (seed 104009): a swap over a release that
-/// another node had taken meanwhile (seen by watch, then lost to a
-/// rollback), replayed with refinement (w) switched off.
+/// Looks for a seed that catches a mutation too rare for `must_catch`'s
+/// few thousand seeds: `PUTEX_SIM_HUNT=profile:Rule` with
+/// `PUTEX_SIM_SEEDS`/`PUTEX_SIM_FIRST_SEED`; prints the first violation.
 #[test]
-fn mutation_acquire_over_lost_record_is_caught() {
-    let (r, _) = run_one(
-        Profile::Chaos,
-        104009,
-        Mutations::only(Rule::AcquireOverLostRecord),
-        false,
-    );
-    let v = r.result.expect_err("the checker does not bite");
-    assert!(v.starts_with("(a/overlap)"), "caught by another check: {v}");
+#[ignore = "a tool: set PUTEX_SIM_HUNT=profile:Rule and run with --ignored"]
+fn hunt() {
+    let spec = std::env::var("PUTEX_SIM_HUNT").expect("set PUTEX_SIM_HUNT=profile:Rule");
+    let (profile, rule) = spec.split_once(':').expect("profile:Rule");
+    let profile = Profile::parse(profile).expect("unknown profile");
+    let rule = *Rule::ALL
+        .iter()
+        .find(|r| format!("{r:?}") == rule)
+        .expect("unknown rule");
+    let s = sweep(profile, seeds(100_000), Mutations::only(rule), 1);
+    match s.failures.first() {
+        Some((seed, v)) => println!("hunt: {rule:?} caught by seed {seed}: {v}"),
+        None => println!("hunt: {rule:?} not caught in {} seeds", s.runs),
+    }
 }
 
 /// Prints the trace of one run: `PUTEX_SIM_REPLAY=profile:seed[:Rule]`.

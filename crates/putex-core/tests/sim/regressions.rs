@@ -185,10 +185,25 @@ regression!(
 // whose writes were lost. Fixed, refinement (w): a foreign record newer
 // than the revision replaced, seen while the swap was on its way, makes the
 // acquisition a regression (S6): it owes the absent wait.
-// `mutation_acquire_over_lost_record_is_caught` replays this seed with the
-// check switched off.
+// The core test `s6_a_swap_that_lands_over_a_record_others_took_owes_the_absent_wait`
+// is its mutation proof (after (x), this seed no longer reaches the case).
 regression!(
     r20_a_swap_over_a_release_that_others_took_meanwhile,
     Profile::Chaos,
     104009
+);
+// Found by the deep sweep on the final session-7 core (seeds 600,000–
+// 649,999), a liveness failure. A node that trusted the store's first
+// incarnation took the lock when the bucket was re-created (epoch 2), held
+// it, stepped down for health and released. Its own landed writes in epoch
+// 2 never raised the token it trusted (only same-epoch tokens did), so the
+// next holder's record, first seen after the release, looked like a
+// re-created bucket: absent-like. Once its back-off ended the node took
+// that record at once (7 s after it was written, T = 9 s) and owed W + G';
+// the holder had crashed meanwhile and the takeover came 1 s past the
+// bound. Fixed: a write of ours that landed is trusted in any epoch.
+regression!(
+    r21_own_writes_in_a_recreated_bucket_are_trusted,
+    Profile::Chaos,
+    629376
 );
