@@ -185,3 +185,23 @@ pub async fn recreate_bucket(url: &str, replicas: usize) -> Result<(), String> {
     .map_err(|e| format!("create bucket: {e}"))?;
     Ok(())
 }
+
+/// Waits until the cluster at `url` (a `nats://` store URL with
+/// `?replicas=3`) serves its bucket: a freshly started cluster answers no
+/// JetStream request until it has elected its meta leader, which takes up to
+/// about ten seconds. The scenarios are about a running cluster, not one
+/// being born, so the first agent must not race the election. The bucket is
+/// opened (created when missing) as `putex` opens it.
+pub async fn wait_ready(url: &str, within: Duration) -> Result<(), String> {
+    let parsed = putex::store::StoreUrl::parse(url).map_err(|e| e.to_string())?;
+    let until = Instant::now() + within;
+    loop {
+        match putex::store::AnyStore::open(&parsed).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= until => {
+                return Err(format!("the cluster was not ready within {within:?}: {e}"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}

@@ -228,7 +228,13 @@ impl<'a> World<'a> {
         let res = Resource::start(h.clone()).map_err(|e| format!("resource: {e}"))?;
         let store = match kind {
             Kind::Single => Store::Single(Server::start(&dir.join("nats"))?),
-            Kind::Cluster => Store::Cluster(NatsCluster::start()),
+            Kind::Cluster => {
+                let c = NatsCluster::start();
+                let url = format!("{}?replicas=3", c.url());
+                ctx.rt
+                    .block_on(cluster::wait_ready(&url, Duration::from_secs(40)))?;
+                Store::Cluster(c)
+            }
         };
         let mut extra_flags = vec![
             "--healthcheck".to_owned(),

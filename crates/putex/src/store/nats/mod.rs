@@ -51,6 +51,14 @@ pub const MIN_SERVER: (u64, u64, u64) = (2, 11, 0);
 /// How long opening (connecting, finding or creating the bucket) may take.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long the first attempt to find or create the bucket may take. A
+/// cluster that is still electing its JetStream meta leader leaves some API
+/// requests unanswered; each attempt is tried again with twice the time (up
+/// to [`OPEN_ATTEMPT_MAX`]), within [`OPEN_TIMEOUT`].
+const OPEN_ATTEMPT: Duration = Duration::from_secs(1);
+/// The longest single attempt to find or create the bucket.
+const OPEN_ATTEMPT_MAX: Duration = Duration::from_secs(4);
+
 const KV_OPERATION: &str = "KV-Operation";
 const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// "wrong last sequence": the compare-and-swap did not match.
@@ -302,7 +310,7 @@ impl NatsStore {
         let mut js = jetstream::new(client.clone());
         // Our own deadline governs each call; keep the library's out of the way.
         js.set_timeout(Duration::from_secs(60));
-        let kv = Self::bucket(&js, cfg).await?;
+        let kv = Self::bucket_patiently(&js, cfg).await?;
         let stream_info = kv.stream.cached_info().clone();
         check_bucket(&cfg.bucket, cfg.replicas, &stream_info.config)?;
         let epoch = nanos!(stream_info.created);
@@ -332,6 +340,30 @@ impl NatsStore {
                 epoch_stale,
             }),
         })
+    }
+
+    /// [`Self::bucket`], tried again while the answer is unknown (a request
+    /// left unanswered, no meta leader yet, peers still joining); a refused
+    /// configuration ends it at once. [`Self::open`]'s deadline bounds it.
+    async fn bucket_patiently(
+        js: &jetstream::Context,
+        cfg: &NatsConfig,
+    ) -> Result<kv::Store, StoreError> {
+        let mut attempt = OPEN_ATTEMPT;
+        loop {
+            match tokio::time::timeout(attempt, Self::bucket(js, cfg)).await {
+                Ok(Ok(kv)) => return Ok(kv),
+                Ok(Err(e)) if !e.is_unknown() => return Err(e),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the bucket is not ready yet; trying again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(_) => {
+                    tracing::debug!(after = ?attempt, "no answer about the bucket yet; asking again");
+                    attempt = (attempt * 2).min(OPEN_ATTEMPT_MAX);
+                }
+            }
+        }
     }
 
     async fn bucket(js: &jetstream::Context, cfg: &NatsConfig) -> Result<kv::Store, StoreError> {
