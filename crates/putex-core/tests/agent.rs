@@ -1010,6 +1010,75 @@ fn h6_the_release_waits_for_the_renewal_in_flight() {
     assert_eq!(h.agent.role(), Role::Standby);
 }
 
+/// H4 for the release: a renewal whose outcome was unknown lands late,
+/// after the release was sent over the older token, which then conflicts.
+/// The holder reads its own writes, adopts the late renewal and releases
+/// over it, so the next holder takes the lock at once (S3) instead of
+/// waiting W + G' for it to go stale. A conflict with someone else's record
+/// is a loss, not released over.
+#[test]
+fn h6_a_release_that_conflicts_with_our_own_late_renewal_is_sent_again_over_it() {
+    for theirs in [false, true] {
+        let mut h = holding();
+        h.advance_to(h.now + 1.0);
+        h.health(true);
+        let (renewal, op) = h.store();
+        let StoreOp::Update { value: late, .. } = op else {
+            panic!("{op:?}")
+        };
+        h.reply(renewal, StoreOutcome::Unknown);
+        h.input(Input::Release);
+        h.answer_stop(StopKind::Graceful, true);
+        let (id, expected) = h.release_write();
+        assert_eq!(expected, Token::new(1, 8));
+        // The renewal lands now, at 1:9: the release conflicts.
+        h.reply(id, StoreOutcome::Conflict);
+        let (read, op) = h.store();
+        assert!(
+            matches!(op, StoreOp::Get { leader: true, .. }),
+            "no own-writes read after the conflict: {op:?}"
+        );
+        let found = if theirs {
+            holder(LockState::Confirming, 10_000).encode()
+        } else {
+            late.clone()
+        };
+        h.reply(
+            read,
+            StoreOutcome::Read(Some(Entry {
+                value: found,
+                token: Token::new(1, 9),
+                time: StoreTime {
+                    era: 1,
+                    nanos: 61 * SEC,
+                },
+            })),
+        );
+        if theirs {
+            assert!(
+                !h.find(
+                    |o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. }))
+                ),
+                "released over someone else's record: {:?}",
+                h.out
+            );
+            assert_ne!(h.agent.role(), Role::SteppingDown);
+        } else {
+            let (id, expected) = h.release_write();
+            assert_eq!(expected, Token::new(1, 9), "released over the late renewal");
+            h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+            assert_eq!(h.agent.role(), Role::Standby);
+            assert!(h.find(|o| matches!(
+                o,
+                Output::Event(putex_core::Event::Transition {
+                    reason: Reason::Released,
+                    ..
+                })
+            )));
+        }
+    }
+}
+
 #[test]
 fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
     let mut h = holding();

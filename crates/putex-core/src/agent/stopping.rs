@@ -163,8 +163,9 @@ impl Agent {
             return;
         }
         // Anything else outstanding is abandoned: if a write of ours lands
-        // anyway, the release conflicts and the lock goes stale the slow,
-        // safe way (H6).
+        // anyway, the release conflicts, and `on_release_outcome` reads our
+        // own writes and releases over it (refinement (y)); failing that,
+        // the lock goes stale the slow, safe way (H6).
         let until = lease.licence_end;
         self.lock_op = None;
         let write = self.write_id();
@@ -180,6 +181,22 @@ impl Agent {
             return;
         }
         let token = self.lease.as_ref().map(|l| l.token);
+        // H4 for the release: a renewal of ours whose outcome was unknown
+        // may have landed late, moving the record past the token the
+        // release expected. Read our own writes; if one of them is there,
+        // it is adopted (`on_verify`) and the release is sent again over it
+        // (`advance`), instead of leaving the lock to go stale (W + G').
+        if outcome == StoreOutcome::Conflict
+            && !self.unconfirmed.is_empty()
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|l| self.now < l.licence_end)
+        {
+            self.release_wanted = true;
+            self.send_lock(LockOp::Verify { then_renew: false }, self.deadline());
+            return;
+        }
         let released = matches!(outcome, StoreOutcome::Written(_));
         if let StoreOutcome::Written(t) = outcome {
             self.note_token(t);
