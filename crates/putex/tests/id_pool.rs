@@ -172,8 +172,8 @@ async fn exhaustion_release_and_reclaim(s: &AnyStore) {
     assert_eq!(problems(s, pool).await, Vec::<String>::new());
 }
 
-/// A cloned machine (same name, another machine id) is refused; `--force`
-/// revokes the old claim, and the revoked id is not handed out again.
+/// A cloned machine (same name, another machine id) is refused; a forced
+/// release revokes the old claim, and the revoked id is not handed out again.
 async fn cloned_machine_and_forced_release(s: &AnyStore) {
     let pool = "clone";
     let n = idpool::claim(s, pool, range("1-5"), &who("web1", "machine-a"), &opts())
@@ -190,7 +190,7 @@ async fn cloned_machine_and_forced_release(s: &AnyStore) {
             "name web1 holds id {n} in pool clone, claimed by machine machine-a"
         )) && msg.contains("this machine is machine-b")
             && msg.contains("a cloned machine?")
-            && msg.contains("--force"),
+            && msg.contains("force the old claim's release"),
         "{msg}"
     );
     let e = idpool::release(s, pool, &who("web1", "machine-b"), false, &opts())

@@ -168,7 +168,32 @@ pub fn exit_error(e: IdError) -> CliError {
         // A conflict never escapes the pool logic; should one, it is internal.
         IdError::Store(StoreError::Conflict { .. }) => sysexits::SOFTWARE,
     };
-    CliError::Exit(code, e.to_string())
+    CliError::Exit(code, message(&e))
+}
+
+/// The pool error in the words of `putex id`: the library describes what
+/// is wrong, this adds the flags and commands that mend it.
+fn message(e: &IdError) -> String {
+    match e {
+        IdError::Name(e) => format!("--name: {e}"),
+        IdError::Range(e) => format!("--range {e}"),
+        IdError::RangeMismatch { stored, .. } => format!("{e}: use --range {stored}"),
+        IdError::NoRange { .. } => format!("{e} (--range, for example --range 1-254)"),
+        IdError::OtherMachine { pool, name, .. } => {
+            format!("{e} (putex id release {pool} --name {name} --force)")
+        }
+        IdError::NotOwner { .. } => format!("{e}; --force revokes it"),
+        IdError::Unreadable { pool, name, .. } => {
+            let mut m = format!("{e}; see `putex id check {pool}`");
+            if let Some(name) = name {
+                m.push_str(&format!(
+                    "; `putex id release {pool} --name {name} --force` removes it"
+                ));
+            }
+            m
+        }
+        _ => e.to_string(),
+    }
 }
 
 async fn open(common: &Common) -> Result<(AnyStore, Options), CliError> {
@@ -502,12 +527,48 @@ mod tests {
             holder: "abcdef0123456789".into(),
             this: "def".into(),
         };
+        // The library says what is wrong; the CLI adds the command that
+        // mends it.
         assert_eq!(
             e.to_string(),
             "name web1 holds id 7 in pool web, claimed by machine abcdef012345…; this machine is def: \
-             a cloned machine? give it its own --name, or release the old claim with --force \
-             (putex id release web --name web1 --force)"
+             a cloned machine? give it a name of its own, or force the old claim's release"
+        );
+        assert_eq!(
+            message(&e),
+            format!("{e} (putex id release web --name web1 --force)")
         );
         assert_eq!(code(e), 64);
+    }
+
+    #[test]
+    fn pool_errors_name_the_flags_only_in_the_cli() {
+        let errors = [
+            IdError::Range("\"5-1\": the first id is larger than the last".into()),
+            IdError::RangeMismatch {
+                pool: "web".into(),
+                stored: IdRange::new(1, 3).unwrap(),
+                asked: IdRange::new(1, 5).unwrap(),
+            },
+            IdError::NoRange { pool: "web".into() },
+            IdError::NotOwner {
+                pool: "web".into(),
+                name: "web1".into(),
+                id: None,
+                holder: "m1".into(),
+                this: "m2".into(),
+            },
+            IdError::Unreadable {
+                pool: "web".into(),
+                key: "id.web.name.web1".into(),
+                name: Some("web1".into()),
+            },
+        ];
+        for e in errors {
+            let (library, cli) = (e.to_string(), message(&e));
+            assert!(!library.contains("--"), "{library}");
+            assert!(cli.starts_with(&library) || cli.contains(&library), "{cli}");
+            assert!(cli.contains("--"), "{cli}");
+        }
     }
 }

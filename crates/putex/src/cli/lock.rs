@@ -149,6 +149,23 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
+/// A refused section in the words of `putex lock`: its flags.
+fn refusal(e: &SectionError) -> String {
+    match e {
+        SectionError::LimitOutOfRange(limit) => {
+            format!(
+                "--limit must be between 1 and {} (got {limit})",
+                section::MAX_LIMIT
+            )
+        }
+        SectionError::LimitMismatch(m) => m.describe("--limit"),
+        SectionError::KeeperDir { dir, source } => {
+            format!("--keeper-dir {}: {source}", dir.display())
+        }
+        other => other.to_string(),
+    }
+}
+
 fn usage(msg: impl Into<String>) -> CliError {
     CliError::Exit(sysexits::USAGE, msg.into())
 }
@@ -331,9 +348,9 @@ pub async fn run_section(
     let outcome = section::run(store, opts, signals)
         .await
         .map_err(|e| match e {
-            SectionError::Usage(m) => usage(m),
             SectionError::Store(e) => CliError::Exit(sysexits::UNAVAILABLE, format!("store: {e}")),
             SectionError::Keeper(m) => CliError::Exit(sysexits::SOFTWARE, m),
+            refused => usage(refusal(&refused)),
         })?;
     Ok(match outcome {
         Outcome::Finished { exit, .. } => exit_code(exit),

@@ -91,7 +91,7 @@ pub async fn pool_range<S: Store>(
             Some(e) => MetaRecord::decode(&e.value, pool).ok_or_else(|| IdError::Unreadable {
                 pool: pool.to_owned(),
                 key: key.clone(),
-                hint: String::new(),
+                name: None,
             })?,
             None => {
                 let Some(range) = asked else {
@@ -177,10 +177,7 @@ pub async fn claim<S: Store>(
                     return Err(IdError::Unreadable {
                         pool: pool.to_owned(),
                         key: name_key.clone(),
-                        hint: format!(
-                            "; `putex id release {pool} --name {} --force` removes it",
-                            who.name
-                        ),
+                        name: Some(who.name.clone()),
                     });
                 };
                 if rec.machine != who.machine {
@@ -470,7 +467,7 @@ pub async fn release<S: Store>(
                     return Err(IdError::Unreadable {
                         pool: pool.to_owned(),
                         key: name_key.clone(),
-                        hint: "; --force removes it".into(),
+                        name: Some(who.name.clone()),
                     })
                 }
                 _ => {}

@@ -197,15 +197,15 @@ pub enum IdError {
     #[error("pool name: {0}")]
     Pool(keys::NameError),
     /// The claim name is not a valid node id.
-    #[error("--name: {0}")]
+    #[error("claim name: {0}")]
     Name(keys::NameError),
     /// A malformed or oversized range.
-    #[error("--range {0}")]
+    #[error("range {0}")]
     Range(String),
     /// The claim asked for another range than the pool has.
     #[error(
-        "pool {pool} has the range {stored}, this claim asks for {asked}: use --range {stored} \
-         (a pool's range is fixed by its first claim; for another range use another pool)"
+        "pool {pool} has the range {stored}, this claim asks for {asked} (a pool's range is \
+         fixed by its first claim; for another range use another pool)"
     )]
     RangeMismatch {
         /// The pool.
@@ -216,9 +216,7 @@ pub enum IdError {
         asked: IdRange,
     },
     /// The pool does not exist yet and no range was given.
-    #[error(
-        "pool {pool} does not exist yet: its first claim needs --range (for example --range 1-254)"
-    )]
+    #[error("pool {pool} does not exist yet: its first claim must give its range")]
     NoRange {
         /// The pool.
         pool: String,
@@ -236,8 +234,7 @@ pub enum IdError {
     /// The name is held (or being claimed) by another machine.
     #[error(
         "name {name} {what} in pool {pool}, claimed by machine {holder}; this machine is {this}: \
-         a cloned machine? give it its own --name, or release the old claim with --force \
-         (putex id release {pool} --name {name} --force)",
+         a cloned machine? give it a name of its own, or force the old claim's release",
         what = held_what(*id),
         holder = short(holder),
         this = short(this)
@@ -254,11 +251,11 @@ pub enum IdError {
         /// This machine's id.
         this: String,
     },
-    /// A release of another machine's claim without `--force`.
+    /// A release of another machine's claim, not forced.
     #[error(
         "name {name} {what} in pool {pool}, claimed by machine {holder}; this machine is {this}: \
-         release it on that machine, or add --force to revoke it (the holder is not told: make \
-         sure it no longer uses the id)",
+         release it on that machine, or force the release to revoke it (the holder is not told: \
+         make sure it no longer uses the id)",
         what = held_what(*id),
         holder = short(holder),
         this = short(this)
@@ -289,14 +286,15 @@ pub enum IdError {
         waited: Duration,
     },
     /// A record in the way cannot be read.
-    #[error("{key}: the record cannot be read (garbage, or written by another putex version); see `putex id check {pool}`{hint}")]
+    #[error("{key}: the record cannot be read (garbage, or written by another putex version)")]
     Unreadable {
         /// The pool.
         pool: String,
         /// The record's key.
         key: String,
-        /// How to get past it.
-        hint: String,
+        /// The claim name whose record it is, if it is one (a forced
+        /// release of that name removes it).
+        name: Option<String>,
     },
     /// The store failed (unreachable, timed out, refused).
     #[error("store: {0}")]

@@ -13,17 +13,50 @@ pub struct SemaphoreRecord {
     pub limit: u32,
 }
 
-/// The message refusing a client whose `--limit` is not the name's.
-fn limit_mismatch(name: &str, key: &str, defined: u32, ours: u32) -> SectionError {
-    let is = if defined == 1 {
-        format!("a plain lock (--limit 1, record {key})")
-    } else {
-        format!("a semaphore with --limit {defined} (record {key})")
-    };
-    SectionError::Usage(format!(
-        "{name:?} is {is}, but this client has --limit {ours}: every client of a name must \
-         use the same --limit (or another name)"
-    ))
+/// A client whose limit is not the one its name was defined with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitMismatch {
+    /// The lock or semaphore name.
+    pub name: String,
+    /// The record that defines it: `sem.<name>`, or `lock.<name>` for a
+    /// name used as a plain lock before limits were recorded.
+    pub key: String,
+    /// The name's limit (1: a plain lock).
+    pub defined: u32,
+    /// The limit this client asked for.
+    pub ours: u32,
+    /// The node in `lock.<name>`, when that record defines it.
+    pub last_holder: Option<String>,
+}
+
+impl LimitMismatch {
+    /// The refusal, naming the limit as `setting` ("limit" here; the CLI
+    /// says "--limit").
+    pub fn describe(&self, setting: &str) -> String {
+        let holder = self
+            .last_holder
+            .as_ref()
+            .map(|h| format!(", last holder {h}"))
+            .unwrap_or_default();
+        let is = match self.defined {
+            1 => format!("a plain lock ({setting} 1, record {}{holder})", self.key),
+            n => format!(
+                "a semaphore with {setting} {n} (record {}{holder})",
+                self.key
+            ),
+        };
+        format!(
+            "{:?} is {is}, but this client has {setting} {}: every client of a name must use \
+             the same {setting} (or another name)",
+            self.name, self.ours
+        )
+    }
+}
+
+impl std::fmt::Display for LimitMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe("limit"))
+    }
 }
 
 /// The lock keys a section competes for: `lock.<name>`, or the semaphore's
@@ -48,39 +81,44 @@ pub async fn targets(
     deadline: tokio::time::Instant,
 ) -> Result<Vec<String>, SectionError> {
     if limit == 0 || limit > MAX_LIMIT {
-        return Err(SectionError::Usage(format!(
-            "--limit must be between 1 and {MAX_LIMIT} (got {limit})"
-        )));
+        return Err(SectionError::LimitOutOfRange(limit));
     }
-    let bad = |e: keys::NameError| SectionError::Usage(e.to_string());
-    let sem_key = keys::semaphore(name).map_err(bad)?;
-    let lock_key = keys::lock(name).map_err(bad)?;
+    let sem_key = keys::semaphore(name)?;
+    let lock_key = keys::lock(name)?;
     if limit > 1 {
         let entry = patiently(deadline, timeout, |t| {
             store.get(&lock_key, ReadMode::Any, t)
         })
         .await?;
         if let Some(entry) = entry {
-            let holder = match Observed::decode(&entry.value) {
-                Observed::Record(r) => format!(", last holder {}", r.node),
-                Observed::Garbage => String::new(),
+            let last_holder = match Observed::decode(&entry.value) {
+                Observed::Record(r) => Some(r.node),
+                Observed::Garbage => None,
             };
-            return Err(SectionError::Usage(format!(
-                "{name:?} is a plain lock (--limit 1, record {lock_key}{holder}), but this \
-                 client has --limit {limit}: every client of a name must use the same --limit \
-                 (or another name)"
-            )));
+            return Err(SectionError::LimitMismatch(LimitMismatch {
+                name: name.to_owned(),
+                key: lock_key,
+                defined: 1,
+                ours: limit,
+                last_holder,
+            }));
         }
     }
     let defined = define_limit(store, &sem_key, limit, timeout, deadline).await?;
     if defined != limit {
-        return Err(limit_mismatch(name, &sem_key, defined, limit));
+        return Err(SectionError::LimitMismatch(LimitMismatch {
+            name: name.to_owned(),
+            key: sem_key,
+            defined,
+            ours: limit,
+            last_holder: None,
+        }));
     }
     if limit == 1 {
         return Ok(vec![lock_key]);
     }
     (0..limit)
-        .map(|i| keys::slot(name, i).map_err(bad))
+        .map(|i| keys::slot(name, i).map_err(SectionError::from))
         .collect()
 }
 
@@ -98,11 +136,10 @@ async fn define_limit(
 ) -> Result<u32, SectionError> {
     let parse = |e: crate::store::Entry| match serde_json::from_slice::<SemaphoreRecord>(&e.value) {
         Ok(r) if r.v == 1 && (1..=MAX_LIMIT).contains(&r.limit) => Ok(r.limit),
-        _ => Err(SectionError::Usage(format!(
-            "the limit record {sem_key} holds something putex does not understand \
-             ({} bytes); fix or remove it",
-            e.value.len()
-        ))),
+        _ => Err(SectionError::LimitUnreadable {
+            key: sem_key.to_owned(),
+            bytes: e.value.len(),
+        }),
     };
     let record = serde_json::to_vec(&SemaphoreRecord { v: 1, limit }).expect("serialises");
     let mut pause = Duration::from_millis(50);

@@ -70,9 +70,10 @@ mod host;
 mod limits;
 mod once;
 mod run;
+mod state;
 
 pub use host::HighestFile;
-pub use limits::{targets, SemaphoreRecord};
+pub use limits::{targets, LimitMismatch, SemaphoreRecord};
 pub use once::{done_in, period_key, OnceRecord, OnceState};
 pub use run::{run, Signals};
 
@@ -225,15 +226,60 @@ pub enum Outcome {
 /// Why a critical section could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum SectionError {
-    /// A name or limit is wrong.
+    /// Something asked of the section cannot be done as asked.
     #[error("{0}")]
     Usage(String),
+    /// The lock name (or the node id) is not a valid name.
+    #[error(transparent)]
+    Name(#[from] keys::NameError),
+    /// The limit is outside `1..=MAX_LIMIT`.
+    #[error("the limit must be between 1 and {MAX_LIMIT} (got {0})")]
+    LimitOutOfRange(u32),
+    /// The name's limit was defined otherwise by its first client.
+    #[error("{0}")]
+    LimitMismatch(LimitMismatch),
+    /// The name's limit record is not one putex wrote.
+    #[error(
+        "the limit record {key} holds something putex does not understand ({bytes} bytes); \
+         fix or remove it"
+    )]
+    LimitUnreadable {
+        /// The record's key (`sem.<name>`).
+        key: String,
+        /// Its size.
+        bytes: usize,
+    },
+    /// The directory for keeper sockets and host files cannot be created.
+    #[error("keeper directory {}: {source}", dir.display())]
+    KeeperDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The store failed in a way retrying will not fix, or did not answer.
     #[error("store: {0}")]
     Store(#[from] StoreError),
     /// The keeper could not be started.
     #[error("keeper: {0}")]
     Keeper(String),
+}
+
+impl SectionError {
+    /// Whether the section refused what it was asked (a name, a limit, a
+    /// record in the way) rather than failing to reach its store or keeper:
+    /// asking again the same way gets the same answer.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            SectionError::Usage(_)
+                | SectionError::Name(_)
+                | SectionError::LimitOutOfRange(_)
+                | SectionError::LimitMismatch(_)
+                | SectionError::LimitUnreadable { .. }
+                | SectionError::KeeperDir { .. }
+        )
+    }
 }
 
 /// How long `Wait::No` may take to acquire a lock it saw free.

@@ -48,7 +48,7 @@ impl OnceRecord {
         match self.state {
             OnceState::Done => format!("{} at {} (token {})", self.node, self.at, self.token),
             OnceState::Started => format!(
-                "{}, started at {} (token {}, --once-mode at-most: whether it succeeded is \
+                "{}, started at {} (token {}, claimed at most once: whether it succeeded is \
                  not recorded)",
                 self.node, self.at, self.token
             ),

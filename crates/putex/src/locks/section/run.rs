@@ -2,6 +2,7 @@
 //! and signals, until CMD has exited and the lock is given back.
 
 use super::host::*;
+use super::state::{Conclusion, Round, SectionState, SignalAction, SlotCommand};
 use super::*;
 
 /// What a running section needs from its caller besides the options: the
@@ -25,7 +26,7 @@ pub async fn run(
             Wait::Forever => SETUP_PATIENCE,
         }
         .max(timeout);
-    keys::validate_name(&opts.name).map_err(|e| SectionError::Usage(e.to_string()))?;
+    keys::validate_name(&opts.name)?;
     let keys = match &opts.slots {
         Some(slots) if slots.keys.is_empty() => {
             return Err(SectionError::Usage("nothing to compete for".into()))
@@ -54,8 +55,9 @@ pub async fn run(
     }
 
     // The keeper: one per section, on a socket of its own.
-    std::fs::create_dir_all(&opts.keeper_dir).map_err(|e| {
-        SectionError::Usage(format!("--keeper-dir {}: {e}", opts.keeper_dir.display()))
+    std::fs::create_dir_all(&opts.keeper_dir).map_err(|source| SectionError::KeeperDir {
+        dir: opts.keeper_dir.clone(),
+        source,
     })?;
     let instance = crate::identity::instance_id();
     let short = &instance[..instance.len().min(12)];
@@ -152,7 +154,7 @@ pub async fn run(
         let (tx, rx) = mpsc::unbounded_channel();
         inputs.push(tx);
         let store = store.clone();
-        let probe = keys::probe(&opts.node).map_err(|e| SectionError::Usage(e.to_string()))?;
+        let probe = keys::probe(&opts.node)?;
         let keys = Keys {
             lock: key.clone(),
             probe,
@@ -174,52 +176,20 @@ pub async fn run(
             Some(tokio::time::Instant::now() + timing.renew() * 2 + timeout.max(NO_WAIT_GRACE))
         }
     };
-    let mut turns_sent: Vec<Option<bool>> = vec![None; keys.len()];
-    let mut shutting_down = false;
-    let mut interrupted = None;
-    let mut not_acquired = false;
-    let mut timed_out = false;
-    let mut unproven = false;
-    let mut stopped: Vec<bool> = vec![false; keys.len()];
+    let mut section = SectionState::new(keys.len());
     loop {
-        // Turns: the queue's, and only the winner's slot once one armed.
-        let (winner, losers) = {
-            let mut s = shared.lock();
-            (s.winner, std::mem::take(&mut s.losers))
-        };
         let queue_ok = queue_turn.as_ref().is_none_or(|t| *t.borrow());
-        for (slot, tx) in inputs.iter().enumerate() {
-            let turn = queue_ok && winner.is_none_or(|w| w == slot) && !shutting_down;
-            if turns_sent[slot] != Some(turn) {
-                turns_sent[slot] = Some(turn);
-                let _ = tx.send(Input::Turn(turn));
-            }
-        }
-        for slot in losers {
-            if !stopped[slot] {
-                stopped[slot] = true;
-                let _ = inputs[slot].send(Input::Shutdown);
-            }
-        }
-        // Finished?
-        let (done, spawned_at) = {
-            let s = shared.lock();
-            (
-                s.exit.is_some()
-                    || s.lost.is_some()
-                    || s.already_done.is_some()
-                    || s.once_failed.is_some()
-                    || s.spawn_failed.is_some(),
-                s.spawned_at,
-            )
+        let (round, spawned_at) = {
+            let mut s = shared.lock();
+            (Round::read(&mut s, queue_ok), s.spawned_at)
         };
-        let acquiring = winner.is_some();
-        if (done || not_acquired || interrupted.is_some() || timed_out) && !shutting_down {
-            shutting_down = true;
-            for (slot, tx) in inputs.iter().enumerate() {
-                stopped[slot] = true;
-                let _ = tx.send(Input::Shutdown);
-            }
+        let winner = round.winner;
+        for command in section.round(round) {
+            let (slot, input) = match command {
+                SlotCommand::Turn { slot, turn } => (slot, Input::Turn(turn)),
+                SlotCommand::Shutdown { slot } => (slot, Input::Shutdown),
+            };
+            let _ = inputs[slot].send(input);
         }
         let max_at = opts.max_duration.zip(spawned_at).map(|(d, at)| at + d);
         tokio::select! {
@@ -265,43 +235,31 @@ pub async fn run(
                 }
             },
             sig = signals.recv() => match sig {
-                Some(sig) if spawned_at.is_some() && !shutting_down => {
-                    tracing::info!(signal = sig, "forwarding the signal to the command");
-                    if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
-                        let _ = keeper.signal(s).await;
-                    }
-                }
                 Some(sig) => {
-                    if interrupted.is_none() && !acquiring {
-                        interrupted = Some(sig);
-                    } else if !shutting_down {
-                        // Taking the lock (the fencing gap): stop trying.
-                        interrupted = Some(sig);
+                    if section.on_signal(sig, spawned_at.is_some()) == SignalAction::Forward {
+                        tracing::info!(signal = sig, "forwarding the signal to the command");
+                        if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                            let _ = keeper.signal(s).await;
+                        }
                     }
                 }
                 None => {
                     signals = mpsc::unbounded_channel().1;
                 }
             },
-            () = sleep_until(wait_until), if !acquiring && !shutting_down => {
-                not_acquired = true;
-            }
-            () = sleep_until(max_at), if max_at.is_some() && !timed_out && !shutting_down => {
+            () = sleep_until(wait_until), if section.waiting() => section.on_wait_over(),
+            () = sleep_until(max_at), if max_at.is_some() && section.watching_the_duration() => {
                 tracing::warn!(after = ?opts.max_duration, "the command ran past --max-duration; stopping it");
-                timed_out = true;
+                section.on_max_duration();
             }
             joined = drivers.join_next() => match joined {
                 Some(Ok((slot, exit))) => {
                     tracing::debug!(slot, ?exit, "slot agent exited");
-                    if !stopped[slot] {
-                        // An agent ended on its own (a failed start-up):
-                        // end the section.
-                        not_acquired = true;
-                    }
+                    section.on_agent_exit(slot);
                 }
                 Some(Err(e)) => {
                     tracing::error!(error = %e, "slot agent failed");
-                    unproven = true;
+                    section.on_agent_failed();
                 }
                 None => break,
             },
@@ -315,35 +273,14 @@ pub async fn run(
         tracing::debug!("the keeper stays until its tree is gone");
     }
     shared.history.flush(Duration::from_secs(2)).await;
-    Ok(if unproven {
-        Outcome::StopUnproven
-    } else if let Some((period, by)) = st.already_done {
-        Outcome::AlreadyDone { period, by }
-    } else if let Some(reason) = st.lost {
-        Outcome::Lost { reason }
-    } else if timed_out && st.spawned.is_some() {
-        Outcome::TimedOut {
-            after: opts.max_duration.unwrap_or_default(),
-            released: st.released,
+    match section.conclude(st, opts.max_duration) {
+        Conclusion::Outcome(outcome) => Ok(outcome),
+        Conclusion::Error(e) => Err(e),
+        Conclusion::NotAcquired => {
+            let holder = busy(&store, &keys, timeout).await.ok().flatten();
+            Ok(Outcome::NotAcquired { holder })
         }
-    } else if let (Some(exit), Some(token)) = (st.exit, st.spawned) {
-        Outcome::Finished {
-            exit,
-            token,
-            released: st.released,
-        }
-    } else if let Some(e) = st.once_failed {
-        return Err(SectionError::Store(e));
-    } else if let Some(e) = st.spawn_failed {
-        return Err(SectionError::Keeper(format!(
-            "cannot start the command: {e}"
-        )));
-    } else if let Some(signal) = interrupted {
-        Outcome::Interrupted { signal }
-    } else {
-        let holder = busy(&store, &keys, timeout).await.ok().flatten();
-        Outcome::NotAcquired { holder }
-    })
+    }
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {
