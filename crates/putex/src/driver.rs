@@ -29,6 +29,7 @@ use putex_core::{
 use tokio::sync::mpsc;
 
 use crate::clock;
+use crate::observe::metrics::Metrics;
 use crate::store::{AnyStore, ReadMode, Store};
 
 /// Everything the driver asks of the host besides the store: hooks, the
@@ -66,6 +67,10 @@ pub trait Host: Send + Sync + 'static {
     fn persist_highest(&self, token: Token);
     /// Something worth logging or observing happened.
     fn event(&self, event: &Event);
+    /// Where the driver records its progress and store calls, if anywhere.
+    fn metrics(&self) -> Option<&Metrics> {
+        None
+    }
 }
 
 /// Where the driver's machine keeps its records.
@@ -134,7 +139,9 @@ pub async fn run_with_inputs(
         if let Some(reason) = exited {
             break reason;
         }
-        crate::observe::metrics::global().progress();
+        if let Some(metrics) = host.metrics() {
+            metrics.progress();
+        }
         let sleep = agent
             .poll_timeout()
             .map_or(Duration::from_secs(3600), clock::until);
@@ -183,16 +190,15 @@ fn dispatch(
         Output::Store(request) => {
             let store = store.clone();
             let key = keys.of(store_key(&request.op)).to_owned();
+            let metrics = host.metrics().cloned();
             calls.push(Box::pin(async move {
                 let timeout = clock::until(request.deadline);
                 let op = op_name(&request.op);
                 let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
-                crate::observe::metrics::global().store_call(
-                    op,
-                    outcome_name(&outcome),
-                    started.elapsed(),
-                );
+                if let Some(metrics) = metrics {
+                    metrics.store_call(op, outcome_name(&outcome), started.elapsed());
+                }
                 Input::Store {
                     id: request.id,
                     outcome,

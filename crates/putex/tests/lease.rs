@@ -89,6 +89,42 @@ async fn lease_handover_on_the_sqlite_store() {
     handover(AnyStore::from(store)).await;
 }
 
+/// A program holding two locks passes each its own series, labelled by
+/// lock, in the registry it serves: the store calls of one are not counted
+/// for the other.
+#[tokio::test]
+async fn two_locks_record_their_store_calls_in_series_of_their_own() {
+    use putex::observe::metrics::{encode, Metrics, Registry};
+    let store = AnyStore::from(MemoryStore::new());
+    let mut registry = Registry::with_prefix("putex");
+    let mut options = |name: &str| {
+        let metrics = Metrics::register(
+            registry.sub_registry_with_label(("lock".into(), name.to_owned().into())),
+        );
+        LeaseOptions::new(name, "node-a", fast()).with_metrics(metrics)
+    };
+    let (a, b) = (options("a"), options("b"));
+    let a = Lease::acquire(store.clone(), a).await.unwrap();
+    let mut b = Lock::new(store.clone(), b).unwrap();
+    let text = encode(&registry);
+    let count = |lock: &str, op: &str| {
+        let series = format!(
+            "putex_store_call_duration_seconds_count{{lock=\"{lock}\",op=\"{op}\",outcome=\"ok\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    assert!(count("a", "create") == 1, "{text}");
+    assert_eq!(count("b", "create"), 0, "{text}");
+    assert!(text.contains("putex_held{lock=\"a\"} 1"), "{text}");
+    b.acquire().await.unwrap();
+    let text = encode(&registry);
+    assert!(text.contains("putex_held{lock=\"b\"} 1"), "{text}");
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_lease_survives_a_renewal_whose_outcome_was_unknown() {
     let memory = MemoryStore::new();

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
 use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
 use putex_core::{Event, HealthMode, Instant, KeeperCommand, Role, StopKind, Token};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
@@ -22,6 +23,7 @@ use super::member::MemberRecord;
 use super::settings::{AgentSettings, ServiceMode};
 use crate::clock;
 use crate::driver::Host;
+use crate::observe::metrics::Metrics;
 use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
 use crate::supervision::keeper_queue::{KeeperQueue, KeeperSource};
@@ -151,12 +153,16 @@ pub(super) struct Inner {
     pub(super) emergency_requested: std::sync::atomic::AtomicBool,
     /// `PUTEX_TEST_WEDGE_AFTER`: when the state machine wedges itself.
     pub(super) wedge_at: Option<std::time::Instant>,
+    /// The agent's series, in `registry`.
+    pub(super) metrics: Metrics,
+    /// What `/metrics` serves.
+    pub(super) registry: Registry,
 }
 
 impl crate::http::agent::AgentView for AgentHost {
     fn snapshot(&self) -> crate::http::agent::AgentSnapshot {
         let live = crate::http::agent::live(
-            crate::observe::metrics::global().since_progress(),
+            self.inner.metrics.since_progress(),
             self.inner.settings.timing.renew(),
         );
         self.set(|st| crate::http::agent::AgentSnapshot {
@@ -169,6 +175,10 @@ impl crate::http::agent::AgentView for AgentHost {
             ready: !matches!(st.role, None | Some(Role::Starting | Role::Exited)),
             live,
         })
+    }
+
+    fn metrics(&self) -> String {
+        crate::observe::metrics::encode(&self.inner.registry)
     }
 }
 
@@ -246,7 +256,7 @@ impl AgentHost {
         let hook = Hook::new(kind, command);
         match inner.runner.run(&hook, env, arg, timeout).await {
             Ok(o) => {
-                crate::observe::metrics::global().hook(o.name, o.duration);
+                inner.metrics.hook(o.name, o.duration);
                 if o.ok() {
                     tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
                 } else {
@@ -342,7 +352,7 @@ impl Host for AgentHost {
                 timeout,
             )
             .await;
-            crate::observe::metrics::global().health_check(health_arg(mode), ok);
+            this.inner.metrics.health_check(health_arg(mode), ok);
             let changed = this.set(|st| {
                 let changed = st.healthy != Some(ok);
                 st.healthy = Some(ok);
@@ -468,12 +478,14 @@ impl Host for AgentHost {
             };
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
             let name = crate::supervision::hooks::stop_name(kind);
-            crate::observe::metrics::global().hook(&format!("stop-{name}"), started.elapsed());
+            inner
+                .metrics
+                .hook(&format!("stop-{name}"), started.elapsed());
             if ok {
                 tracing::info!(kind = name, "service stopped");
             } else {
                 if kind == StopKind::Graceful {
-                    crate::observe::metrics::global().graceful_stop_failed();
+                    inner.metrics.graceful_stop_failed();
                 }
                 tracing::error!(kind = name, "stop not proven");
             }
@@ -493,7 +505,7 @@ impl Host for AgentHost {
                 }
             }
         }
-        crate::observe::metrics::global().licence(match command {
+        self.inner.metrics.licence(match command {
             KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
             KeeperCommand::Disarm => None,
         });
@@ -518,7 +530,9 @@ impl Host for AgentHost {
                 reason,
                 token,
             } => {
-                crate::observe::metrics::global().transition(*to, token.map(|t| t.revision));
+                self.inner
+                    .metrics
+                    .transition(*to, token.map(|t| t.revision));
                 if *from == Role::Starting {
                     // Connected, and the first decision is made.
                     crate::supervision::systemd::notify("READY=1");
@@ -566,7 +580,7 @@ impl Host for AgentHost {
                 attempts,
                 holding,
             } => {
-                crate::observe::metrics::global().stop_unproven(true);
+                self.inner.metrics.stop_unproven(true);
                 self.set(|st| st.unproven = Some((*attempts, *holding)));
                 self.inner.member_dirty.notify_one();
                 if *holding {
@@ -587,12 +601,16 @@ impl Host for AgentHost {
                 }
             }
             Event::StopProven { after } => {
-                crate::observe::metrics::global().stop_unproven(false);
+                self.inner.metrics.stop_unproven(false);
                 self.set(|st| st.unproven = None);
                 self.inner.member_dirty.notify_one();
                 tracing::warn!(after, "the service is proven stopped after all");
             }
         }
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        Some(&self.inner.metrics)
     }
 }
 

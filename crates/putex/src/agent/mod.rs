@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
 use putex_core::time::Human;
 use putex_core::{
     Agent, AgentConfig, ExitReason, Identity, Input, Instant, PreviousInstance, StopKind,
@@ -66,6 +67,7 @@ use self::member::member_writer;
 use crate::clock;
 use crate::driver::{self, Keys};
 use crate::identity;
+use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::store::keys::{self, NameError};
 use crate::store::measure::{measure_store, MeasureError};
@@ -276,6 +278,8 @@ pub async fn run(
 
     // 5. The agent.
     let ops = KeeperQueue::start(keeper.clone());
+    let mut registry = Registry::with_prefix("putex");
+    let metrics = Metrics::register(&mut registry);
     let (inject, inputs) = mpsc::unbounded_channel::<Input>();
     let host = AgentHost {
         inner: Arc::new(Inner {
@@ -311,6 +315,8 @@ pub async fn run(
             ),
             emergency_requested: std::sync::atomic::AtomicBool::new(false),
             wedge_at: wedge_at(),
+            metrics,
+            registry,
         }),
     };
     let mut tasks = tokio::task::JoinSet::new();
@@ -320,9 +326,10 @@ pub async fn run(
             ?interval,
             "systemd watchdog: pinging while the state machine progresses"
         );
+        let metrics = host.inner.metrics.clone();
         tasks.spawn(
             crate::supervision::systemd::watchdog(interval, move || {
-                crate::http::agent::live(crate::observe::metrics::global().since_progress(), renew)
+                crate::http::agent::live(metrics.since_progress(), renew)
             })
             .in_current_span(),
         );
@@ -492,7 +499,7 @@ async fn pump_keeper_events(
                 host.inner.state_dirty.notify_one();
             }
             KeeperEvent::Fired { ok } => {
-                crate::observe::metrics::global().keeper_fired();
+                host.inner.metrics.keeper_fired();
                 tracing::error!(
                     ok,
                     "the keeper's deadline passed: it made the emergency stop"

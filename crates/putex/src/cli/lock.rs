@@ -270,6 +270,8 @@ impl LockArgs {
                 cgroup: !self.no_cgroup,
                 queue: true,
                 slots: None,
+                // `putex lock` serves no `/metrics`.
+                metrics: None,
             },
         ))
     }

@@ -51,6 +51,8 @@ pub struct AgentSnapshot {
 pub trait AgentView: Send + Sync + 'static {
     /// The agent's current state.
     fn snapshot(&self) -> AgentSnapshot;
+    /// Its metrics in OpenMetrics text format.
+    fn metrics(&self) -> String;
 }
 
 type View = Arc<dyn AgentView>;
@@ -120,13 +122,13 @@ async fn readiness(State(view): State<View>) -> Response {
     answer(s.ready, s)
 }
 
-async fn metrics() -> Response {
+async fn metrics(State(view): State<View>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::observe::metrics::global().encode(),
+        view.metrics(),
     )
         .into_response()
 }

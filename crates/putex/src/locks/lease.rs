@@ -71,6 +71,7 @@ use tokio::task::JoinHandle;
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
+use crate::observe::metrics::Metrics;
 use crate::store::{keys, AnyStore};
 
 /// What a lease is for and how it is timed.
@@ -82,6 +83,10 @@ pub struct LeaseOptions {
     pub node: String,
     /// R, F, C, ε and the rest.
     pub timing: TimingConfig,
+    /// Where the lease records its store calls and progress; `None`:
+    /// nowhere. One [`Metrics`] per lock, each in a sub-registry with a
+    /// label of its own, keeps several locks' series apart.
+    pub metrics: Option<Metrics>,
 }
 
 impl LeaseOptions {
@@ -91,6 +96,15 @@ impl LeaseOptions {
             name: name.into(),
             node: node.into(),
             timing,
+            metrics: None,
+        }
+    }
+
+    /// The same options, recording into `metrics`.
+    pub fn with_metrics(self, metrics: Metrics) -> Self {
+        LeaseOptions {
+            metrics: Some(metrics),
+            ..self
         }
     }
 }
@@ -151,6 +165,7 @@ struct LockHost {
     /// Into the agent: `Turn(false)` on activation, so that a lost lock is
     /// never taken again behind the program's back.
     inputs: mpsc::UnboundedSender<Input>,
+    metrics: Option<Metrics>,
 }
 
 impl Host for LockHost {
@@ -192,12 +207,18 @@ impl Host for LockHost {
 
     fn event(&self, event: &Event) {
         let Event::Transition {
-            from, to, reason, ..
+            from,
+            to,
+            reason,
+            token,
         } = event
         else {
             return;
         };
         tracing::debug!(%from, %to, ?reason, "lease transition");
+        if let Some(metrics) = &self.metrics {
+            metrics.transition(*to, token.map(|t| t.revision));
+        }
         if *to == Role::Active {
             // The driver reads host inputs first: this reaches the agent
             // before anything that follows the activation.
@@ -220,6 +241,10 @@ impl Host for LockHost {
                 v.last_standby = Some(reason.clone());
             }
         });
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
     }
 }
 
@@ -276,6 +301,7 @@ impl Lock {
         let host = Arc::new(LockHost {
             view: view_tx,
             inputs,
+            metrics: options.metrics.clone(),
         });
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(driver::run_with_inputs(

@@ -1,10 +1,15 @@
-//! Metrics in OpenMetrics text format, `putex_`-prefixed, for `/metrics`.
+//! Metrics in OpenMetrics text format, for `/metrics`.
 //!
-//! One set per process ([`global`]): the driver records every store call's
-//! latency and its own progress; the agent's host records roles,
-//! transitions, health checks, hook durations, stops and the keeper's
-//! deadline. [`Metrics::encode`] renders them with the gauges that are computed at
-//! scrape time (licence left, last renewal age).
+//! A [`Metrics`] is one agent's (or one lock's) set of series, registered
+//! into a [`Registry`] its caller owns and passes in: `putex run` registers
+//! one set under the prefix `putex` and serves it on `/metrics`; a program
+//! holding several locks registers a set per lock in a sub-registry with a
+//! label of its own (`registry.sub_registry_with_label(("lock", name))`)
+//! and gets labelled series instead of one shared set. The driver records
+//! every store call's latency and its own progress; the agent's host
+//! records roles, transitions, health checks, hook durations, stops and the
+//! keeper's deadline. The licence left and the last renewal's age are
+//! computed when the registry is encoded ([`encode`]).
 //!
 //! | series | type | what |
 //! |---|---|---|
@@ -25,17 +30,19 @@
 //! | `putex_build_info{version}` | info | the putex version |
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::MetricType;
+/// The registry the series are registered in (prometheus-client's).
+pub use prometheus_client::registry::Registry;
 use putex_core::{Instant, Role};
 
 use crate::clock;
@@ -72,15 +79,71 @@ struct VersionLabel {
     version: String,
 }
 
-/// The process's metrics.
-pub struct Metrics {
-    registry: Registry,
+/// A boot-time moment kept for a gauge computed when scraped (0: none).
+#[derive(Clone, Debug, Default)]
+struct Moment(Arc<AtomicU64>);
+
+impl Moment {
+    fn set(&self, at: Option<Instant>) {
+        self.0
+            .store(at.map_or(0, |at| at.as_nanos()), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|n| *n != 0)
+    }
+}
+
+/// Seconds until a moment, 0 when there is none (the licence left).
+#[derive(Clone, Debug, Default)]
+struct SecondsUntil(Moment);
+
+impl EncodeMetric for SecondsUntil {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let now = clock::boot_time_now().as_nanos();
+        let left = Duration::from_nanos(self.0.get().unwrap_or(0).saturating_sub(now));
+        encoder.encode_gauge(&left.as_secs_f64())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// Seconds since a moment, NaN before there is one (the last renewal).
+#[derive(Clone, Debug, Default)]
+struct SecondsSince(Moment);
+
+impl EncodeMetric for SecondsSince {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let age = self.0.get().map_or(f64::NAN, |at| {
+            let now = clock::boot_time_now().as_nanos();
+            Duration::from_nanos(now.saturating_sub(at)).as_secs_f64()
+        });
+        encoder.encode_gauge(&age)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}
+
+/// One agent's (or lock's) metrics: a cheap handle, clones share the
+/// series.
+#[derive(Clone)]
+pub struct Metrics(Arc<Series>);
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+struct Series {
     role: Family<RoleLabel, Gauge>,
     held: Gauge,
     revision: Gauge,
     transitions: Family<ToLabel, Counter>,
-    licence_left: Gauge<f64, AtomicU64>,
-    renewal_age: Gauge<f64, AtomicU64>,
     store: Family<StoreLabels, Histogram>,
     health: Family<HealthLabels, Counter>,
     hooks: Family<HookLabel, Histogram>,
@@ -89,10 +152,10 @@ pub struct Metrics {
     stops_unproven: Counter,
     keeper_armed: Gauge,
     keeper_fired: Counter,
-    /// The licence deadline (boot-time ns), 0 when not holding.
-    deadline: AtomicU64,
-    /// When the last renewal was acknowledged (boot-time ns), 0 if never.
-    renewed_at: AtomicU64,
+    /// The licence deadline, none when not holding.
+    deadline: Moment,
+    /// When the last renewal was acknowledged, none before the first.
+    renewed_at: Moment,
     /// When the driver last went round its loop (boot-time ns).
     progress: AtomicU64,
     current_role: Mutex<Option<Role>>,
@@ -109,8 +172,9 @@ const ROLES: [Role; 7] = [
 ];
 
 impl Metrics {
-    fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("putex");
+    /// Registers the series into `registry` (named `putex_…` in a registry
+    /// made with `Registry::with_prefix("putex")`).
+    pub fn register(registry: &mut Registry) -> Metrics {
         let role = Family::<RoleLabel, Gauge>::default();
         registry.register("role", "1 for the agent's current role", role.clone());
         for r in ROLES {
@@ -137,17 +201,17 @@ impl Metrics {
             // Every series exists from the start, at 0.
             let _ = transitions.get_or_create(&ToLabel { to: r.to_string() });
         }
-        let licence_left = Gauge::<f64, AtomicU64>::default();
+        let deadline = Moment::default();
         registry.register(
             "licence_left_seconds",
             "Seconds until the licence ends (0 when not holding)",
-            licence_left.clone(),
+            SecondsUntil(deadline.clone()),
         );
-        let renewal_age = Gauge::<f64, AtomicU64>::default();
+        let renewed_at = Moment::default();
         registry.register(
             "last_renewal_age_seconds",
             "Seconds since the last successful renewal (NaN before the first)",
-            renewal_age.clone(),
+            SecondsSince(renewed_at.clone()),
         );
         let store = Family::<StoreLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
@@ -208,14 +272,11 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             }),
         );
-        Metrics {
-            registry,
+        Metrics(Arc::new(Series {
             role,
             held,
             revision,
             transitions,
-            licence_left,
-            renewal_age,
             store,
             health,
             hooks,
@@ -224,47 +285,56 @@ impl Metrics {
             stops_unproven,
             keeper_armed,
             keeper_fired,
-            deadline: AtomicU64::new(0),
-            renewed_at: AtomicU64::new(0),
+            deadline,
+            renewed_at,
             progress: AtomicU64::new(clock::boot_time_now().as_nanos()),
             current_role: Mutex::new(None),
-        }
+        }))
+    }
+
+    /// Series that nobody scrapes: for a host without an endpoint, or a
+    /// library caller that passed no registry.
+    pub fn unregistered() -> Metrics {
+        Metrics::register(&mut Registry::default())
     }
 
     /// A role transition.
     pub fn transition(&self, to: Role, revision: Option<u64>) {
         for r in ROLES {
-            self.role
+            self.0
+                .role
                 .get_or_create(&RoleLabel {
                     role: r.to_string(),
                 })
                 .set(i64::from(r == to));
         }
-        self.transitions
+        self.0
+            .transitions
             .get_or_create(&ToLabel { to: to.to_string() })
             .inc();
         let held = matches!(to, Role::Confirming | Role::Active | Role::SteppingDown);
-        self.held.set(i64::from(held));
+        self.0.held.set(i64::from(held));
         match revision {
             Some(r) if held => {
-                self.revision.set(i64::try_from(r).unwrap_or(i64::MAX));
+                self.0.revision.set(i64::try_from(r).unwrap_or(i64::MAX));
             }
             _ if !held => {
-                self.revision.set(0);
+                self.0.revision.set(0);
             }
             _ => {}
         }
-        *self.current_role.lock() = Some(to);
+        *self.0.current_role.lock() = Some(to);
     }
 
     /// The current role, once one was reported.
     pub fn role(&self) -> Option<Role> {
-        *self.current_role.lock()
+        *self.0.current_role.lock()
     }
 
     /// A store call finished.
     pub fn store_call(&self, op: &str, outcome: &str, took: Duration) {
-        self.store
+        self.0
+            .store
             .get_or_create(&StoreLabels {
                 op: op.to_string(),
                 outcome: outcome.to_string(),
@@ -274,7 +344,8 @@ impl Metrics {
 
     /// A health check finished.
     pub fn health_check(&self, mode: &str, ok: bool) {
-        self.health
+        self.0
+            .health
             .get_or_create(&HealthLabels {
                 mode: mode.to_string(),
                 result: if ok { "ok" } else { "failed" }.to_string(),
@@ -284,7 +355,8 @@ impl Metrics {
 
     /// A hook (or stop) finished.
     pub fn hook(&self, hook: &str, took: Duration) {
-        self.hooks
+        self.0
+            .hooks
             .get_or_create(&HookLabel {
                 hook: hook.to_string(),
             })
@@ -293,45 +365,39 @@ impl Metrics {
 
     /// A graceful stop could not prove the service stopped.
     pub fn graceful_stop_failed(&self) {
-        self.stop_failures.inc();
+        self.0.stop_failures.inc();
     }
 
     /// A stop proved nothing (`true`: alarm) or, after that, proved the
     /// service stopped (`false`).
     pub fn stop_unproven(&self, unproven: bool) {
         if unproven {
-            self.stops_unproven.inc();
+            self.0.stops_unproven.inc();
         }
-        self.stop_unproven.set(i64::from(unproven));
+        self.0.stop_unproven.set(i64::from(unproven));
     }
 
     /// The keeper was armed or extended to `deadline` (a renewal
     /// succeeded), or disarmed (`None`).
     pub fn licence(&self, deadline: Option<Instant>) {
-        match deadline {
-            Some(d) => {
-                self.deadline.store(d.as_nanos(), Ordering::Relaxed);
-                self.renewed_at
-                    .store(clock::boot_time_now().as_nanos(), Ordering::Relaxed);
-                self.keeper_armed.set(1);
-            }
-            None => {
-                self.deadline.store(0, Ordering::Relaxed);
-                self.keeper_armed.set(0);
-            }
+        self.0.deadline.set(deadline);
+        if deadline.is_some() {
+            self.0.renewed_at.set(Some(clock::boot_time_now()));
         }
+        self.0.keeper_armed.set(i64::from(deadline.is_some()));
     }
 
     /// The keeper fired.
     pub fn keeper_fired(&self) {
-        self.keeper_fired.inc();
-        self.deadline.store(0, Ordering::Relaxed);
-        self.keeper_armed.set(0);
+        self.0.keeper_fired.inc();
+        self.0.deadline.set(None);
+        self.0.keeper_armed.set(0);
     }
 
     /// The driver went round its loop.
     pub fn progress(&self) {
-        self.progress
+        self.0
+            .progress
             .store(clock::boot_time_now().as_nanos(), Ordering::Relaxed);
     }
 
@@ -340,33 +406,17 @@ impl Metrics {
         Duration::from_nanos(
             clock::boot_time_now()
                 .as_nanos()
-                .saturating_sub(self.progress.load(Ordering::Relaxed)),
+                .saturating_sub(self.0.progress.load(Ordering::Relaxed)),
         )
-    }
-
-    /// The metrics in OpenMetrics text format.
-    pub fn encode(&self) -> String {
-        let now = clock::boot_time_now().as_nanos();
-        let deadline = self.deadline.load(Ordering::Relaxed);
-        let left = Duration::from_nanos(deadline.saturating_sub(now));
-        self.licence_left.set(left.as_secs_f64());
-        let renewed = self.renewed_at.load(Ordering::Relaxed);
-        self.renewal_age.set(if renewed == 0 {
-            f64::NAN
-        } else {
-            Duration::from_nanos(now.saturating_sub(renewed)).as_secs_f64()
-        });
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
     }
 }
 
-/// This process's metrics.
-pub fn global() -> &'static Metrics {
-    static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(Metrics::new)
+/// `registry` in OpenMetrics text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
 }
 
 #[cfg(test)]
@@ -375,12 +425,13 @@ mod tests {
 
     #[test]
     fn series_are_prefixed_and_change() {
-        let m = Metrics::new();
+        let mut registry = Registry::with_prefix("putex");
+        let m = Metrics::register(&mut registry);
         m.transition(Role::Active, Some(42));
         m.store_call("update", "ok", Duration::from_millis(2));
         m.health_check("active", true);
         m.licence(Some(clock::boot_time_now() + Duration::from_secs(5)));
-        let text = m.encode();
+        let text = encode(&registry);
         for series in [
             "putex_role{role=\"active\"} 1",
             "putex_held 1",
@@ -394,6 +445,44 @@ mod tests {
             assert!(text.contains(series), "{series} missing in\n{text}");
         }
         assert!(text.contains("putex_licence_left_seconds 4."), "{text}");
+        assert!(text.contains("putex_last_renewal_age_seconds 0."), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn computed_gauges_before_anything_happened() {
+        let mut registry = Registry::with_prefix("putex");
+        let m = Metrics::register(&mut registry);
+        let text = encode(&registry);
+        assert!(text.contains("putex_licence_left_seconds 0.0"), "{text}");
+        assert!(
+            text.contains("putex_last_renewal_age_seconds NaN"),
+            "{text}"
+        );
+        m.licence(Some(clock::boot_time_now() + Duration::from_secs(5)));
+        m.keeper_fired();
+        let text = encode(&registry);
+        assert!(text.contains("putex_licence_left_seconds 0.0"), "{text}");
+        assert!(text.contains("putex_keeper_fired_total 1"), "{text}");
+    }
+
+    #[test]
+    fn several_locks_in_one_registry_get_labelled_series() {
+        let mut registry = Registry::with_prefix("putex");
+        let a = Metrics::register(registry.sub_registry_with_label(("lock".into(), "a".into())));
+        let b = Metrics::register(registry.sub_registry_with_label(("lock".into(), "b".into())));
+        a.transition(Role::Active, Some(7));
+        b.transition(Role::Standby, None);
+        b.store_call("update", "ok", Duration::from_millis(1));
+        let text = encode(&registry);
+        for series in [
+            "putex_held{lock=\"a\"} 1",
+            "putex_held{lock=\"b\"} 0",
+            "putex_revision{lock=\"a\"} 7",
+            "putex_store_call_duration_seconds_count{lock=\"b\",op=\"update\",outcome=\"ok\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} missing in\n{text}");
+        }
+        assert!(!text.contains("lock=\"a\",op=\"update\""), "{text}");
     }
 }

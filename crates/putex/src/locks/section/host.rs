@@ -379,7 +379,9 @@ impl Host for SlotHost {
                 attempts,
                 holding,
             } => {
-                crate::observe::metrics::global().stop_unproven(true);
+                if let Some(m) = &self.shared.opts.metrics {
+                    m.stop_unproven(true);
+                }
                 tracing::error!(
                     slot = self.slot,
                     kind = crate::supervision::hooks::stop_name(*kind),
@@ -394,7 +396,9 @@ impl Host for SlotHost {
                 )
             }
             Event::StopProven { after } => {
-                crate::observe::metrics::global().stop_unproven(false);
+                if let Some(m) = &self.shared.opts.metrics {
+                    m.stop_unproven(false);
+                }
                 tracing::warn!(
                     slot = self.slot,
                     after,
@@ -402,5 +406,9 @@ impl Host for SlotHost {
                 );
             }
         }
+    }
+
+    fn metrics(&self) -> Option<&crate::observe::metrics::Metrics> {
+        self.shared.opts.metrics.as_ref()
     }
 }

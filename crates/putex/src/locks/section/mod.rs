@@ -164,6 +164,9 @@ pub struct SectionOptions {
     /// Explicit lock keys to compete for, instead of `lock.<name>` or the
     /// semaphore's slots (leased ids: `id.<pool>.<n>`).
     pub slots: Option<Slots>,
+    /// Where the section records its series (store calls, unproven stops);
+    /// `None`: nowhere.
+    pub metrics: Option<crate::observe::metrics::Metrics>,
 }
 
 /// Explicit lock keys for [`SectionOptions::slots`]: CMD runs under one of
