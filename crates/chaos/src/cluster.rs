@@ -1,7 +1,7 @@
 //! The store under test: a single nats-server that can be paused, killed
 //! and restarted on the same port with the same storage, or the 3-node
-//! JetStream cluster of the integration tests (`tests/common/nats_server.rs`,
-//! included by path, not copied).
+//! JetStream cluster of the integration tests (`putex_testkit::nats_server`,
+//! shared, not copied).
 //!
 //! Also the two things the harness does to the store itself through a NATS
 //! client of its own: finding the stream leader of the bucket (to kill it)
@@ -15,7 +15,7 @@ use async_nats::jetstream::{self, kv, stream::StorageType};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-pub use crate::common::nats_server::{nats_server_binary, NatsCluster};
+pub use putex_testkit::nats_server::{nats_server_binary, NatsCluster};
 
 /// The bucket putex uses by default.
 pub const BUCKET: &str = "putex";

@@ -152,7 +152,7 @@ pub fn probe_netns() -> String {
         .is_ok_and(|o| o.status.success());
     format!(
         "network namespaces: root yes, `unshare --net` {}, nft {}; not used: the TCP proxy \
-         (tests/common/proxy.rs) cuts one agent off from the store without touching the host's \
+         (putex_testkit::proxy) cuts one agent off from the store without touching the host's \
          network, and also does one-way loss, holds and jitter, which nftables drops cannot",
         if unshare { "works" } else { "fails" },
         if nft { "installed" } else { "not installed" }

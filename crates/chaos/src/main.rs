@@ -11,7 +11,7 @@
 //! harness when it stopped, however it died.
 //!
 //! Each agent reaches the store through its own TCP proxy
-//! (`crates/putex/tests/common/proxy.rs`, included by path), so a fault can
+//! (`putex_testkit::proxy`, shared with putex's tests), so a fault can
 //! cut off, reset, hold or delay one agent. Other faults are signals
 //! (host crash, `kill -9` of the agent, SIGSTOP), store faults (nats-server
 //! paused, killed and restarted, the stream leader killed, the bucket
@@ -36,21 +36,6 @@ mod faults;
 mod report;
 mod resource;
 mod scenarios;
-
-/// Test fixtures of the putex crate, shared by path rather than copied:
-/// the nats-server fixtures and the fault proxy.
-#[allow(dead_code, missing_docs)]
-#[path = "../../putex/tests/common/nats_server.rs"]
-mod nats_server;
-#[allow(dead_code, missing_docs)]
-#[path = "../../putex/tests/common/proxy.rs"]
-mod proxy;
-
-/// Where the fixtures expect each other (`crate::common::…`).
-mod common {
-    pub(crate) use crate::nats_server;
-    pub(crate) use crate::proxy;
-}
 
 use std::path::PathBuf;
 use std::process::ExitCode;

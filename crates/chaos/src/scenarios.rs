@@ -19,10 +19,10 @@ use nix::sys::signal::Signal;
 use crate::agents::{service_argv, signal, Agent, AgentSpec, LockClient};
 use crate::check;
 use crate::cluster::{self, NatsCluster, Server};
-use crate::common::proxy::{Mode, Proxy};
 use crate::faults::{self, ClockSample, Rng};
 use crate::report::Row;
 use crate::resource::{show_token, Event, History, Resource};
+use putex_testkit::proxy::{Mode, Proxy};
 
 /// What every scenario shares.
 pub struct Ctx {

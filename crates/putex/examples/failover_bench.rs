@@ -36,9 +36,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-#[path = "support/mod.rs"]
-mod support;
-use support::{cpu_ticks, num_cpus, processes_naming, rss_kb, NatsServer};
+use putex_testkit::nats_server::NatsServer;
+use putex_testkit::procfs::{cpu_ticks, num_cpus, processes_naming, rss_kb};
 
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
@@ -90,7 +89,11 @@ fn main() {
     };
     println!("putex: {}", putex_bin.display());
     match &nats {
-        Some(n) => println!("nats-server: {} ({})", n.bin.display(), n.url),
+        Some(n) => println!(
+            "nats-server: {} ({})",
+            putex_testkit::nats_server::nats_server_binary().display(),
+            n.url
+        ),
         None => println!("store: {url}"),
     }
     println!(

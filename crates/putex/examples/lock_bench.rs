@@ -63,9 +63,9 @@ use putex::locks::lease::{Lease, LeaseOptions, Lock};
 use putex::locks::queue::{Ticket, Waiter};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
-#[path = "support/mod.rs"]
-mod support;
-use support::{load_average, NatsServer, WatchFailures};
+use putex_testkit::nats_server::{nats_server_binary, NatsServer};
+use putex_testkit::procfs::load_average;
+use putex_testkit::watch_failures::WatchFailures;
 
 /// The deadline of the raw store calls.
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -141,7 +141,7 @@ async fn main() {
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     let started = Instant::now();
 
-    let nats_bin = NatsServer::binary();
+    let nats_bin = nats_server_binary();
     let machine = Machine::read(&nats_bin);
     println!("{}", machine.describe());
     println!(
@@ -167,7 +167,7 @@ async fn main() {
     // 1. Uncontended acquire + release vs raw create + delete, and op counts.
     if run("uncontended") {
         let nats = NatsServer::start();
-        let nats_store = nats.open().await;
+        let nats_store = open_nats(&nats).await;
         first_use("nats", &nats_store).await;
         for (label, store) in [("nats", &nats_store), ("sqlite", &sqlite)] {
             println!("== {label}: uncontended ==");
@@ -220,7 +220,7 @@ async fn main() {
                 let server = (label == "nats").then(NatsServer::start);
                 let store = match &server {
                     Some(s) => {
-                        let store = s.open().await;
+                        let store = open_nats(s).await;
                         first_use(label, &store).await;
                         store
                     }
@@ -1680,13 +1680,12 @@ impl Machine {
 // ---------------------------------------------------------------------------
 // nats-server (as failover_bench starts it).
 
-impl NatsServer {
-    async fn open(&self) -> AnyStore {
-        AnyStore::open(&StoreUrl::parse(&self.url).expect("nats url"))
-            .await
-            .unwrap_or_else(|e| {
-                eprintln!("cannot open the NATS store at {}: {e}", self.url);
-                std::process::exit(1)
-            })
-    }
+/// The store on `server`.
+async fn open_nats(server: &NatsServer) -> AnyStore {
+    AnyStore::open(&StoreUrl::parse(&server.url).expect("nats url"))
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("cannot open the NATS store at {}: {e}", server.url);
+            std::process::exit(1)
+        })
 }

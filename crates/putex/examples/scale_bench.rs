@@ -58,11 +58,9 @@ use putex::core::TimingConfig;
 use putex::locks::lease::{Lease, LeaseOptions};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
-#[path = "support/mod.rs"]
-mod support;
-use support::{
-    cpu_ticks, load_average, num_cpus, processes_naming, rss_kb, NatsServer, WatchFailures,
-};
+use putex_testkit::nats_server::NatsServer;
+use putex_testkit::procfs::{cpu_ticks, load_average, num_cpus, processes_naming, rss_kb};
+use putex_testkit::watch_failures::WatchFailures;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];

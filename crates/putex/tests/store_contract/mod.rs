@@ -2,7 +2,7 @@
 //! memory, SQLite (a temporary file), a single nats-server, and a 3-node
 //! NATS cluster with an R3 bucket.
 //!
-//! The NATS tests start a real `nats-server` (see `common/nats_server.rs`);
+//! The NATS tests start a real `nats-server` (see `putex_testkit::nats_server`);
 //! without one they fail and say how to install it.
 
 use std::collections::{BTreeMap, HashSet};

@@ -89,6 +89,11 @@ impl NatsServer {
         Self::spawn(dir, args)
     }
 
+    /// The server's pid (the benchmarks measure its CPU time and memory).
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits i32")
+    }
+
     /// The client port.
     pub fn port(&self) -> u16 {
         self.url

@@ -416,7 +416,7 @@ mod tests {
 
     use putex::store::{AnyStore, ReadMode, Store, StoreError, StoreUrl};
 
-    use crate::common::nats_server::NatsServer;
+    use crate::nats_server::NatsServer;
 
     /// Long enough to be sure nothing comes on loopback.
     const QUIET: Duration = Duration::from_millis(200);

@@ -1,0 +1,21 @@
+//! What putex's tests, benchmarks (`crates/putex/examples`) and chaos suite
+//! (`crates/chaos`) share, so that each fixture exists once:
+//!
+//! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
+//!   temporary storage — one JetStream server, one configured by a file, or
+//!   a 3-node cluster — stopped and cleaned up on drop. A missing binary
+//!   fails with the command that installs it; nothing is ever skipped.
+//! - [`proxy`]: a TCP proxy between a client and its server that loses,
+//!   holds, delays or resets traffic on command (partitions without
+//!   touching the host's network).
+//! - [`procfs`]: `/proc` readings for the benchmarks' figures.
+//! - [`watch_failures`]: a tracing layer counting watches that failed to
+//!   start.
+//!
+//! Helpers that run the `putex` binary stay with the integration tests
+//! (`crates/putex/tests/common`): only they know where cargo built it.
+
+pub mod nats_server;
+pub mod procfs;
+pub mod proxy;
+pub mod watch_failures;

@@ -1,0 +1,63 @@
+//! Readings of `/proc` for the benchmarks: the machine (CPUs, load) and a
+//! process (memory, CPU time), and the processes that name a path.
+
+/// The CPUs this process may use.
+pub fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `/proc/loadavg`'s three load averages.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A process's resident set (`VmRSS`), in kB; 0 if it is gone.
+pub fn rss_kb(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A process's CPU time (utime + stime), in clock ticks; 0 if it is gone.
+pub fn cpu_ticks(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s[s.rfind(')')? + 1..].to_owned();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // After the command: state is field 3, utime 14, stime 15.
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+/// The live processes, other than `except`, whose command line names
+/// `path` (an agent's keeper names its keeper directory).
+pub fn processes_naming(path: &std::path::Path, except: i32) -> Vec<i32> {
+    let needle = path.display().to_string();
+    putex::supervision::process::proc_table()
+        .into_iter()
+        .filter(|e| !e.is_dead() && e.pid != except)
+        .filter(|e| {
+            std::fs::read(format!("/proc/{}/cmdline", e.pid))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
+                .unwrap_or(false)
+        })
+        .map(|e| e.pid)
+        .collect()
+}
