@@ -60,16 +60,7 @@ impl NatsServer {
     /// A single JetStream server.
     pub fn start() -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let sd = dir.path().join("store");
-        let args: Vec<String> = vec![
-            "-js".into(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            "-1".into(),
-            "-sd".into(),
-            sd.display().to_string(),
-        ];
+        let args = jetstream_args(dir.path());
         Self::spawn(dir, args)
     }
 
@@ -223,6 +214,14 @@ fn read_ports_file(dir: &Path) -> Option<String> {
     None
 }
 
+/// A JetStream server on an ephemeral loopback port, storing under `dir`.
+fn jetstream_args(dir: &Path) -> Vec<String> {
+    let store = dir.join("store").display().to_string();
+    ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", &store]
+        .map(String::from)
+        .into()
+}
+
 /// A free loopback TCP port (bound, then released: a small race that is
 /// acceptable for cluster route ports, which must be known up front).
 fn free_port() -> u16 {
@@ -250,15 +249,8 @@ impl NatsCluster {
             .enumerate()
             .map(|(i, port)| {
                 let dir = tempfile::tempdir().expect("temp dir");
-                let sd = dir.path().join("store");
-                let args: Vec<String> = vec![
-                    "-js".into(),
-                    "-a".into(),
-                    "127.0.0.1".into(),
-                    "-p".into(),
-                    "-1".into(),
-                    "-sd".into(),
-                    sd.display().to_string(),
+                let mut args = jetstream_args(dir.path());
+                args.extend([
                     "-n".into(),
                     format!("n{}", i + 1),
                     "--cluster_name".into(),
@@ -267,7 +259,7 @@ impl NatsCluster {
                     format!("nats://127.0.0.1:{port}"),
                     "--routes".into(),
                     routes.clone(),
-                ];
+                ]);
                 NatsServer::spawn(dir, args)
             })
             .collect();
