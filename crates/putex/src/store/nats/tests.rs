@@ -1,5 +1,6 @@
 //! Unit tests of the NATS backend that need no server.
 
+use super::open::{has_durability_fix, parse_version};
 use super::*;
 
 #[test]
