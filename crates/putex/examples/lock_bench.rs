@@ -312,7 +312,10 @@ async fn report_watches(store: &AnyStore, failures: &WatchFailures, since: usize
 async fn acquire(store: &AnyStore, name: &str, node: &str, timing: TimingConfig) -> Lease {
     match tokio::time::timeout(
         ACQUIRE_LIMIT,
-        Lease::acquire(store.clone(), LeaseOptions::new(name, node, timing)),
+        Lease::acquire(
+            store.clone(),
+            LeaseOptions::new(name, node, timing).unwrap(),
+        ),
     )
     .await
     {
@@ -352,8 +355,11 @@ struct Uncontended {
 /// A standing [`Lock`] on `name`, taken once (untimed) so that it knows
 /// the record.
 async fn standing_lock(store: &AnyStore, name: &str, timing: TimingConfig) -> Lock {
-    let mut lock =
-        Lock::new(store.clone(), LeaseOptions::new(name, "bench-node", timing)).expect("lock");
+    let mut lock = Lock::new(
+        store.clone(),
+        LeaseOptions::new(name, "bench-node", timing).unwrap(),
+    )
+    .expect("lock");
     lock_acquire(&mut lock).await;
     assert!(lock.release().await.expect("release"), "released");
     lock
@@ -1290,7 +1296,7 @@ async fn contend(
             let mut lock = (mode == Mode::Lock).then(|| {
                 Lock::new(
                     store.clone(),
-                    LeaseOptions::new(LOCK, &node, timing.clone()),
+                    LeaseOptions::new(LOCK, &node, timing.clone()).unwrap(),
                 )
                 .expect("lock")
             });
@@ -1300,9 +1306,9 @@ async fn contend(
                     let t = Ticket::join(
                         store.clone(),
                         Waiter {
-                            name: LOCK.into(),
-                            node: node.clone(),
-                            instance: putex::identity::instance_id(),
+                            name: LOCK.parse().expect("a name"),
+                            node: node.parse().expect("a node id"),
+                            instance: putex::identity::instance_name(),
                             renew: timing.renew,
                             store_timeout,
                             title: None,

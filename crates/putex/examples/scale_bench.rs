@@ -269,7 +269,8 @@ async fn many_leases(
             let store = store.clone();
             tokio::spawn(async move {
                 let options =
-                    LeaseOptions::new(format!("scale-{i}"), "scale-node", TimingConfig::default());
+                    LeaseOptions::new(&format!("scale-{i}"), "scale-node", TimingConfig::default())
+                        .unwrap();
                 match tokio::time::timeout(limit, Lease::acquire(store, options)).await {
                     Ok(Ok(lease)) => Ok(lease),
                     Ok(Err(e)) => Err(e.to_string()),

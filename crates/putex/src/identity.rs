@@ -56,3 +56,9 @@ pub fn instance_id() -> String {
             format!("{}-{}", std::process::id(), n)
         })
 }
+
+/// [`instance_id`] as a key token (a waiter's ticket, a history writer's
+/// keys): hex digits, or digits and a dash.
+pub fn instance_name() -> crate::store::Name {
+    crate::store::Name::new(instance_id()).expect("hex digits and dashes make a name")
+}

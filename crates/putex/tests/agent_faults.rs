@@ -645,7 +645,7 @@ fn poll_member(
         let store = AnyStore::open(&StoreUrl::parse(url).unwrap())
             .await
             .unwrap();
-        let key = keys::member("svc", node).unwrap();
+        let key = keys::member(&"svc".parse().unwrap(), &node.parse().unwrap());
         let mut last = None;
         while !done.load(Ordering::SeqCst) {
             if let Ok(Some(e)) = store

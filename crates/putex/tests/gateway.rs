@@ -12,12 +12,14 @@ use putex::locks::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOption
 const DEADLINE: Duration = putex::locks::gateway::DEFAULT_GRANT_DEADLINE;
 use putex::store::{AnyStore, SqliteStore};
 
+use crate::common::n;
+
 async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
     let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
     Gateway::new(
         store,
         GatewayOptions {
-            node: node.into(),
+            node: node.parse().unwrap(),
             max_drift: Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(3600),
@@ -29,7 +31,7 @@ async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
 
 fn req(resource: &str, wait_ms: u64, lifetime_ms: u64) -> AcquireRequest {
     AcquireRequest {
-        resource: resource.into(),
+        resource: resource.parse().unwrap(),
         title: "test".into(),
         wait: Duration::from_millis(wait_ms),
         lifetime: Duration::from_millis(lifetime_ms),
@@ -40,14 +42,14 @@ fn req(resource: &str, wait_ms: u64, lifetime_ms: u64) -> AcquireRequest {
 /// the gateway finishes the takeover in the background and releases.
 async fn warm(g: &Gateway, resource: &str) {
     if let Ok(l) = g.acquire(req(resource, 100, 500)).await {
-        assert!(g.release(resource, &l.uid).await.unwrap());
+        assert!(g.release(&n(resource), &n(&l.uid)).await.unwrap());
         return;
     }
     let started = Instant::now();
     loop {
         match g.acquire(req(resource, 100, 500)).await {
             Ok(l) => {
-                assert!(g.release(resource, &l.uid).await.unwrap());
+                assert!(g.release(&n(resource), &n(&l.uid)).await.unwrap());
                 return;
             }
             Err(AcquireError::Timeout) if started.elapsed() < Duration::from_secs(5) => {
@@ -66,7 +68,10 @@ async fn grant_expire_release_and_wait_in_turn() {
 
     let a = g.acquire(req("res", 1000, 3000)).await.unwrap();
     assert!(a.active && a.token.is_some());
-    assert_eq!(g.get("res", &a.uid).await.unwrap().unwrap().uid, a.uid);
+    assert_eq!(
+        g.get(&n("res"), &n(&a.uid)).await.unwrap().unwrap().uid,
+        a.uid
+    );
     assert_eq!(g.resources().await.unwrap(), ["res"]);
     // Held: a short wait times out at about the wait.
     let started = Instant::now();
@@ -80,20 +85,20 @@ async fn grant_expire_release_and_wait_in_turn() {
         started.elapsed()
     );
     // Released: gone for GET and DELETE; the next one gets it at once.
-    assert!(g.release("res", &a.uid).await.unwrap());
-    assert!(g.get("res", &a.uid).await.unwrap().is_none());
-    assert!(!g.release("res", &a.uid).await.unwrap());
+    assert!(g.release(&n("res"), &n(&a.uid)).await.unwrap());
+    assert!(g.get(&n("res"), &n(&a.uid)).await.unwrap().is_none());
+    assert!(!g.release(&n("res"), &n(&a.uid)).await.unwrap());
     let started = Instant::now();
     let b = g.acquire(req("res", 1000, 500)).await.unwrap();
     assert!(started.elapsed() < Duration::from_millis(500));
     assert!(b.token > a.token);
     // S6: the gateway remembers the highest token it saw, across requests;
     // every acquisition starts from it.
-    let highest = g.highest("res").expect("a token was seen");
+    let highest = g.highest(&n("res")).expect("a token was seen");
     assert!(Some(highest) >= b.token, "{highest:?} below {:?}", b.token);
     // Expired after its lifetime and the grant deadline.
     tokio::time::sleep(Duration::from_millis(600) + DEADLINE).await;
-    assert!(g.get("res", &b.uid).await.unwrap().is_none());
+    assert!(g.get(&n("res"), &n(&b.uid)).await.unwrap().is_none());
 
     // Three waiters get it in arrival order.
     let c = g.acquire(req("res", 5000, 2000)).await.unwrap();
@@ -104,15 +109,15 @@ async fn grant_expire_release_and_wait_in_turn() {
             let l = g.acquire(req("res", 10_000, 2000)).await.unwrap();
             let at = Instant::now();
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert!(g.release("res", &l.uid).await.unwrap());
+            assert!(g.release(&n("res"), &n(&l.uid)).await.unwrap());
             (i, at)
         }));
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    let listed = g.locks("res").await.unwrap();
+    let listed = g.locks(&n("res")).await.unwrap();
     assert_eq!(listed.len(), 4, "{listed:?}");
     assert!(listed[0].active && !listed[1].active);
-    assert!(g.release("res", &c.uid).await.unwrap());
+    assert!(g.release(&n("res"), &n(&c.uid)).await.unwrap());
     let mut order = Vec::new();
     for w in waiters {
         order.push(w.await.unwrap());
@@ -125,7 +130,13 @@ async fn grant_expire_release_and_wait_in_turn() {
 /// take longer than a fixed pause to get it there).
 async fn waiting(g: &Gateway, resource: &str) {
     let started = Instant::now();
-    while !g.locks(resource).await.unwrap().iter().any(|l| !l.active) {
+    while !g
+        .locks(&n(resource))
+        .await
+        .unwrap()
+        .iter()
+        .any(|l| !l.active)
+    {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "no waiter queued"
@@ -147,13 +158,16 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         tokio::spawn(async move { g2.acquire(req("adm", 10_000, 1000)).await })
     };
     waiting(&g1, "adm").await;
-    assert!(g1.delete("adm").await.unwrap());
+    assert!(g1.delete(&n("adm")).await.unwrap());
     assert!(matches!(
         waiter.await.unwrap(),
         Err(AcquireError::Cancelled)
     ));
-    assert!(g1.get("adm", &held.uid).await.unwrap().is_none(), "freed");
-    assert!(!g1.delete("nothing").await.unwrap());
+    assert!(
+        g1.get(&n("adm"), &n(&held.uid)).await.unwrap().is_none(),
+        "freed"
+    );
+    assert!(!g1.delete(&n("nothing")).await.unwrap());
 
     // A client that disconnects while waiting never ends up holding it.
     warm(&g1, "gone").await;
@@ -165,7 +179,7 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
     waiting(&g1, "gone").await;
     dropped.abort();
     let _ = dropped.await;
-    assert!(g1.release("gone", &holder.uid).await.unwrap());
+    assert!(g1.release(&n("gone"), &n(&holder.uid)).await.unwrap());
     let started = Instant::now();
     let next = g1.acquire(req("gone", 3000, 1000)).await.unwrap();
     assert!(
@@ -173,7 +187,7 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
         "{:?}",
         started.elapsed()
     );
-    assert!(g1.release("gone", &next.uid).await.unwrap());
+    assert!(g1.release(&n("gone"), &n(&next.uid)).await.unwrap());
 }
 
 /// A grant counts from its write: handed over in time, it says how much of
@@ -195,7 +209,7 @@ async fn a_grant_not_handed_over_in_time_is_given_back() {
         left > lifetime + DEADLINE / 2 && left <= lifetime + DEADLINE,
         "{left:?}"
     );
-    assert!(g.release("late", &info.uid).await.unwrap());
+    assert!(g.release(&n("late"), &n(&info.uid)).await.unwrap());
 
     // Too late: given back; the waiter gets it at once.
     let grant = g.acquire_grant(req("late", 1000, 30_000)).await.unwrap();
@@ -216,8 +230,8 @@ async fn a_grant_not_handed_over_in_time_is_given_back() {
         late.elapsed()
     );
     assert!(next.token > token);
-    assert!(g.get("late", &uid).await.unwrap().is_none());
-    assert!(g.release("late", &next.uid).await.unwrap());
+    assert!(g.get(&n("late"), &n(&uid)).await.unwrap().is_none());
+    assert!(g.release(&n("late"), &n(&next.uid)).await.unwrap());
 
     // Never handed over (dropped): given back too.
     let grant = g.acquire_grant(req("late", 1000, 30_000)).await.unwrap();
@@ -229,5 +243,5 @@ async fn a_grant_not_handed_over_in_time_is_given_back() {
         "{:?}",
         started.elapsed()
     );
-    assert!(g.release("late", &again.uid).await.unwrap());
+    assert!(g.release(&n("late"), &n(&again.uid)).await.unwrap());
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use putex::core::{LockState, Observed};
 use putex::locks::idpool::{self, Claimant, IdError, IdRange, NameRecord, NameState, Options};
-use putex::store::{keys, AnyStore, ReadMode, SqliteStore, Store, StoreUrl};
+use putex::store::{keys, AnyStore, Name, ReadMode, SqliteStore, Store, StoreUrl};
 
 use crate::common::nats_server::NatsServer;
 
@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(5);
 
 fn who(name: &str, machine: &str) -> Claimant {
     Claimant {
-        name: name.into(),
+        name: name.parse().unwrap(),
         machine: machine.into(),
     }
 }
@@ -37,16 +37,16 @@ fn range(s: &str) -> Option<IdRange> {
     Some(s.parse().unwrap())
 }
 
-async fn state_of(s: &AnyStore, pool: &str, n: u64) -> LockState {
+async fn state_of(s: &AnyStore, pool: &Name, n: u64) -> LockState {
     let e = s
-        .get(&keys::id_record(pool, n).unwrap(), ReadMode::Leader, T)
+        .get(&keys::id_record(pool, n), ReadMode::Leader, T)
         .await
         .unwrap()
         .expect("id record exists");
     Observed::decode(&e.value).record().expect("readable").state
 }
 
-async fn problems(s: &AnyStore, pool: &str) -> Vec<String> {
+async fn problems(s: &AnyStore, pool: &Name) -> Vec<String> {
     let report = idpool::check(s, pool, &opts()).await.unwrap();
     report.problems.iter().map(ToString::to_string).collect()
 }
@@ -58,15 +58,16 @@ async fn problems(s: &AnyStore, pool: &str) -> Vec<String> {
 /// the handles, for a pool of exactly 40 ids: 40 distinct ids, a
 /// consistent pool, and nothing left for a 41st.
 async fn distinct_names_get_distinct_ids(handles: &[AnyStore]) {
-    let pool = "many";
+    let pool: &Name = &"many".parse().unwrap();
     let started = Instant::now();
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let s = handles[i % handles.len()].clone();
+            let pool = pool.clone();
             tokio::spawn(async move {
                 idpool::claim(
                     &s,
-                    pool,
+                    &pool,
                     range("1-40"),
                     &who(&format!("host{i}.example.com"), &format!("m{i}")),
                     &opts(),
@@ -96,14 +97,15 @@ async fn distinct_names_get_distinct_ids(handles: &[AnyStore]) {
 
 /// 8 concurrent claims with one name: one id, which every caller gets.
 async fn one_name_gets_one_id(handles: &[AnyStore]) {
-    let pool = "same";
+    let pool: &Name = &"same".parse().unwrap();
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let s = handles[i % handles.len()].clone();
+            let pool = pool.clone();
             tokio::spawn(async move {
                 idpool::claim(
                     &s,
-                    pool,
+                    &pool,
                     range("1-254"),
                     &who("shared", "m-shared"),
                     &opts(),
@@ -130,7 +132,7 @@ async fn one_name_gets_one_id(handles: &[AnyStore]) {
 /// A pool of three: the fourth claim fails with a clear message; a release
 /// frees an id for it; re-claims are idempotent.
 async fn exhaustion_release_and_reclaim(s: &AnyStore) {
-    let pool = "small";
+    let pool: &Name = &"small".parse().unwrap();
     for (i, name) in ["a", "b", "c"].iter().enumerate() {
         let c = idpool::claim(s, pool, range("1-3"), &who(name, "m"), &opts())
             .await
@@ -175,7 +177,7 @@ async fn exhaustion_release_and_reclaim(s: &AnyStore) {
 /// A cloned machine (same name, another machine id) is refused; a forced
 /// release revokes the old claim, and the revoked id is not handed out again.
 async fn cloned_machine_and_forced_release(s: &AnyStore) {
-    let pool = "clone";
+    let pool: &Name = &"clone".parse().unwrap();
     let n = idpool::claim(s, pool, range("1-5"), &who("web1", "machine-a"), &opts())
         .await
         .unwrap()
@@ -207,7 +209,7 @@ async fn cloned_machine_and_forced_release(s: &AnyStore) {
         .await
         .unwrap();
     assert_eq!(r.ids, vec![(n, LockState::Revoked)]);
-    let key = keys::id_record(pool, n).unwrap();
+    let key = keys::id_record(pool, n);
     let e = s.get(&key, ReadMode::Leader, T).await.unwrap().unwrap();
     let rec = Observed::decode(&e.value).record().cloned().unwrap();
     assert_eq!(rec.state, LockState::Revoked);
@@ -232,7 +234,7 @@ async fn cloned_machine_and_forced_release(s: &AnyStore) {
 /// Garbage written by someone else: claims skip it, list shows it, check
 /// reports it; two names pointing at one id are reported too.
 async fn garbage_and_corruption(s: &AnyStore) {
-    let pool = "dirty";
+    let pool: &Name = &"dirty".parse().unwrap();
     assert_eq!(
         idpool::claim(s, pool, range("1-10"), &who("a", "m"), &opts())
             .await
@@ -241,7 +243,7 @@ async fn garbage_and_corruption(s: &AnyStore) {
         1
     );
     assert_eq!(problems(s, pool).await, Vec::<String>::new());
-    s.create(&keys::id_record(pool, 2).unwrap(), b"\x00\xffnot json", T)
+    s.create(&keys::id_record(pool, 2), b"\x00\xffnot json", T)
         .await
         .unwrap();
     assert_eq!(
@@ -283,7 +285,7 @@ async fn garbage_and_corruption(s: &AnyStore) {
     let forged = NameRecord {
         v: 1,
         kind: "name".into(),
-        pool: pool.into(),
+        pool: pool.to_string(),
         name: "x".into(),
         machine: "m".into(),
         state: NameState::Bound,
@@ -291,7 +293,7 @@ async fn garbage_and_corruption(s: &AnyStore) {
         write: "forged".into(),
     };
     s.create(
-        &keys::id_name(pool, "x").unwrap(),
+        &keys::id_name(pool, &"x".parse().unwrap()),
         &serde_json::to_vec(&forged).unwrap(),
         T,
     )
@@ -312,7 +314,7 @@ async fn garbage_and_corruption(s: &AnyStore) {
 /// A claim interrupted after it took its id but before it bound its name:
 /// check explains it, and the next claim with the name resumes that id.
 async fn interrupted_claim_resumes(s: &AnyStore) {
-    let pool = "crash";
+    let pool: &Name = &"crash".parse().unwrap();
     let me = who("z.example.com", "m");
     // Let a claim run, then rewind its name record to `pending`, as if it
     // had crashed between steps 3 and 4.
@@ -320,13 +322,13 @@ async fn interrupted_claim_resumes(s: &AnyStore) {
         .await
         .unwrap()
         .id;
-    let key = keys::id_name(pool, &me.name).unwrap();
+    let key = keys::id_name(pool, &me.name);
     let e = s.get(&key, ReadMode::Leader, T).await.unwrap().unwrap();
     let pending = NameRecord {
         v: 1,
         kind: "name".into(),
-        pool: pool.into(),
-        name: me.name.clone(),
+        pool: pool.to_string(),
+        name: me.name.to_string(),
         machine: me.machine.clone(),
         state: NameState::Pending,
         id: None,
@@ -349,15 +351,13 @@ async fn interrupted_claim_resumes(s: &AnyStore) {
     assert_eq!(problems(s, pool).await, Vec::<String>::new());
 }
 
-async fn bad_input(s: &AnyStore) {
-    let e = idpool::claim(s, "bad.pool", range("1-3"), &who("a", "m"), &opts())
-        .await
-        .unwrap_err();
-    assert!(matches!(e, IdError::Pool(_)), "{e:?}");
-    let e = idpool::claim(s, "ok", range("1-3"), &who("a..b", "m"), &opts())
-        .await
-        .unwrap_err();
-    assert!(matches!(e, IdError::Name(_)), "{e:?}");
+/// A bad pool or claim name never reaches a pool: it does not parse (the
+/// CLI's refusal and exit code are `id_pool_cli_exit_codes_and_output`'s).
+async fn bad_input(_: &AnyStore) {
+    let e = "bad.pool".parse::<Name>().unwrap_err();
+    assert!(e.to_string().contains("invalid name"), "{e}");
+    let e = "a..b".parse::<putex::store::NodeId>().unwrap_err();
+    assert!(e.to_string().contains("invalid node id"), "{e}");
 }
 
 async fn suite(handles: &[AnyStore]) {
@@ -577,10 +577,10 @@ async fn r20_a_claim_whose_write_lands_late_leaves_no_orphan() {
     use putex::store::memory::Fault;
     use putex::store::MemoryStore;
     let mem = MemoryStore::new();
-    let pool = "late";
+    let pool: &Name = &"late".parse().unwrap();
     for n in 1..=4 {
         mem.inject_on(
-            &keys::id_record(pool, n).unwrap(),
+            &keys::id_record(pool, n),
             Fault::LandLater(Duration::from_millis(300)),
         );
     }
@@ -597,7 +597,7 @@ async fn r20_a_claim_whose_write_lands_late_leaves_no_orphan() {
     let mut claimed = Vec::new();
     for n in 1..=4 {
         let e = s
-            .get(&keys::id_record(pool, n).unwrap(), ReadMode::Leader, T)
+            .get(&keys::id_record(pool, n), ReadMode::Leader, T)
             .await
             .unwrap();
         if let Some(e) = e {

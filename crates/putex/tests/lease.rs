@@ -22,7 +22,7 @@ async fn handover(store: AnyStore) {
     let started = Instant::now();
     let a = Lease::acquire(
         store.clone(),
-        LeaseOptions::new("handover", "node-a", fast()),
+        LeaseOptions::new("handover", "node-a", fast()).unwrap(),
     )
     .await
     .expect("first use acquires");
@@ -38,7 +38,7 @@ async fn handover(store: AnyStore) {
     // A second node waits while the first renews...
     let b = tokio::spawn(Lease::acquire(
         store.clone(),
-        LeaseOptions::new("handover", "node-b", fast()),
+        LeaseOptions::new("handover", "node-b", fast()).unwrap(),
     ));
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
@@ -101,7 +101,9 @@ async fn two_locks_record_their_store_calls_in_series_of_their_own() {
         let metrics = Metrics::register(
             registry.sub_registry_with_label(("lock".into(), name.to_owned().into())),
         );
-        LeaseOptions::new(name, "node-a", fast()).with_metrics(metrics)
+        LeaseOptions::new(name, "node-a", fast())
+            .unwrap()
+            .with_metrics(metrics)
     };
     let (a, b) = (options("a"), options("b"));
     let a = Lease::acquire(store.clone(), a).await.unwrap();
@@ -129,7 +131,7 @@ async fn two_locks_record_their_store_calls_in_series_of_their_own() {
 async fn a_lease_survives_a_renewal_whose_outcome_was_unknown() {
     let memory = MemoryStore::new();
     let store = AnyStore::from(memory.clone());
-    let mut lease = Lease::acquire(store, LeaseOptions::new("flaky", "node-a", fast()))
+    let mut lease = Lease::acquire(store, LeaseOptions::new("flaky", "node-a", fast()).unwrap())
         .await
         .unwrap();
     // A renewal lands but its reply is lost (H4): adopted, not a loss.
@@ -143,7 +145,7 @@ async fn a_lease_survives_a_renewal_whose_outcome_was_unknown() {
 async fn record(store: &AnyStore, name: &str) -> LockRecord {
     let entry = store
         .get(
-            &keys::lock(name).unwrap(),
+            &keys::lock(&name.parse().unwrap()),
             ReadMode::Leader,
             Duration::from_secs(1),
         )
@@ -159,7 +161,7 @@ async fn record(store: &AnyStore, name: &str) -> LockRecord {
 /// An administrator's revocation of lock `name` (S7): `revoked`, keeping
 /// the holder's identity and timing. Returns the revoked record's token.
 async fn revoke(store: &AnyStore, name: &str) -> putex::core::Token {
-    let key = keys::lock(name).unwrap();
+    let key = keys::lock(&name.parse().unwrap());
     let entry = store
         .get(&key, ReadMode::Leader, Duration::from_secs(1))
         .await
@@ -180,8 +182,16 @@ async fn revoke(store: &AnyStore, name: &str) -> putex::core::Token {
 }
 
 async fn lock_taken_again_and_again(store: AnyStore) {
-    let mut a = Lock::new(store.clone(), LeaseOptions::new("again", "node-a", fast())).unwrap();
-    let mut b = Lock::new(store.clone(), LeaseOptions::new("again", "node-b", fast())).unwrap();
+    let mut a = Lock::new(
+        store.clone(),
+        LeaseOptions::new("again", "node-a", fast()).unwrap(),
+    )
+    .unwrap();
+    let mut b = Lock::new(
+        store.clone(),
+        LeaseOptions::new("again", "node-b", fast()).unwrap(),
+    )
+    .unwrap();
     assert!(!a.is_held());
     assert!(!a.release().await.unwrap(), "nothing to release yet");
     let mut last = a.acquire().await.expect("first use");
@@ -249,7 +259,7 @@ async fn a_lost_lock_is_not_taken_again_behind_the_programs_back() {
     let store = AnyStore::from(MemoryStore::new());
     let mut a = Lock::new(
         store.clone(),
-        LeaseOptions::new("revoked", "node-a", fast()),
+        LeaseOptions::new("revoked", "node-a", fast()).unwrap(),
     )
     .unwrap();
     a.acquire().await.unwrap();
@@ -274,8 +284,16 @@ async fn a_lost_lock_is_not_taken_again_behind_the_programs_back() {
 #[tokio::test]
 async fn a_cancelled_acquisition_leaves_nothing_held() {
     let store = AnyStore::from(MemoryStore::new());
-    let mut a = Lock::new(store.clone(), LeaseOptions::new("cancel", "node-a", fast())).unwrap();
-    let mut b = Lock::new(store.clone(), LeaseOptions::new("cancel", "node-b", fast())).unwrap();
+    let mut a = Lock::new(
+        store.clone(),
+        LeaseOptions::new("cancel", "node-a", fast()).unwrap(),
+    )
+    .unwrap();
+    let mut b = Lock::new(
+        store.clone(),
+        LeaseOptions::new("cancel", "node-b", fast()).unwrap(),
+    )
+    .unwrap();
     a.acquire().await.unwrap();
     let gave_up = tokio::time::timeout(Duration::from_millis(300), b.acquire()).await;
     assert!(gave_up.is_err(), "node-b acquired a held lock");
@@ -306,7 +324,7 @@ async fn a_dropped_lease_is_given_back_in_the_background() {
     let store = AnyStore::from(MemoryStore::new());
     let lease = Lease::acquire(
         store.clone(),
-        LeaseOptions::new("dropped", "node-a", fast()),
+        LeaseOptions::new("dropped", "node-a", fast()).unwrap(),
     )
     .await
     .unwrap();
@@ -327,9 +345,12 @@ async fn a_dropped_lease_is_given_back_in_the_background() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let next = Lease::acquire(store, LeaseOptions::new("dropped", "node-b", fast()))
-        .await
-        .unwrap();
+    let next = Lease::acquire(
+        store,
+        LeaseOptions::new("dropped", "node-b", fast()).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(next.token() > token);
 }
 
@@ -338,7 +359,7 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
     // S5: a record with our node id from another machine, renewed, means
     // two hosts share the node id: the agent exits, and acquire says why.
     let store = AnyStore::from(MemoryStore::new());
-    let key = keys::lock("dup").unwrap();
+    let key = keys::lock(&"dup".parse().unwrap());
     let other = |write: &str| LockRecord {
         v: 1,
         node: "node-a".into(),
@@ -353,7 +374,11 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         .put(&key, &other("w1").encode(), Duration::from_secs(1))
         .await
         .unwrap();
-    let mut lock = Lock::new(store.clone(), LeaseOptions::new("dup", "node-a", fast())).unwrap();
+    let mut lock = Lock::new(
+        store.clone(),
+        LeaseOptions::new("dup", "node-a", fast()).unwrap(),
+    )
+    .unwrap();
     let acquiring = tokio::spawn(async move { lock.acquire().await });
     for w in ["w2", "w3", "w4"] {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -389,7 +414,8 @@ fn r14_a_busy_runtime_never_reports_a_lock_held_past_its_licence() {
         .unwrap();
     rt.block_on(async {
         let store = AnyStore::from(MemoryStore::new());
-        let mut lock = Lock::new(store, LeaseOptions::new("busy", "node-a", fast())).unwrap();
+        let mut lock =
+            Lock::new(store, LeaseOptions::new("busy", "node-a", fast()).unwrap()).unwrap();
         let token = lock.acquire().await.unwrap();
         assert_eq!(lock.token(), Some(token));
         assert!(lock.is_held());

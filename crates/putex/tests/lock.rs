@@ -791,7 +791,7 @@ fn bad_input_is_refused_and_garbage_is_survived() {
         let store = AnyStore::from(SqliteStore::open(env.path("store.db")).await.unwrap());
         store
             .create(
-                &keys::lock("garbage").unwrap(),
+                &keys::lock(&"garbage".parse().unwrap()),
                 b"\xff not json",
                 Duration::from_secs(1),
             )
@@ -799,7 +799,7 @@ fn bad_input_is_refused_and_garbage_is_survived() {
             .unwrap();
         store
             .create(
-                &keys::semaphore("gsem").unwrap(),
+                &keys::semaphore(&"gsem".parse().unwrap()),
                 b"{\"v\":9}",
                 Duration::from_secs(1),
             )
@@ -1102,14 +1102,14 @@ fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mem = MemoryStore::new();
-        let key = putex::store::keys::ticket("busy", "w1").unwrap();
+        let key = putex::store::keys::ticket(&"busy".parse().unwrap(), &"w1".parse().unwrap());
         for _ in 0..8 {
             mem.inject_on(&key, Fault::Stall);
         }
         let waiter = |patience| Waiter {
-            name: "busy".into(),
-            node: "n1".into(),
-            instance: "w1".into(),
+            name: "busy".parse().unwrap(),
+            node: "n1".parse().unwrap(),
+            instance: "w1".parse().unwrap(),
             renew: Duration::from_millis(100),
             store_timeout: Duration::from_millis(20),
             title: None,
@@ -1126,12 +1126,12 @@ fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
         eprintln!("joined after {:?} of unknown outcomes", started.elapsed());
         ticket.leave().await;
         // The other side: a waiter whose patience runs out is told so.
-        let key2 = putex::store::keys::ticket("busy", "w2").unwrap();
+        let key2 = putex::store::keys::ticket(&"busy".parse().unwrap(), &"w2".parse().unwrap());
         for _ in 0..100 {
             mem.inject_on(&key2, Fault::Stall);
         }
         let mut w2 = waiter(Duration::from_millis(500));
-        w2.instance = "w2".into();
+        w2.instance = "w2".parse().unwrap();
         let e = Ticket::join(store, w2).await.err().expect("gives up");
         assert!(e.is_unknown(), "{e}");
     });

@@ -44,7 +44,7 @@ struct Served {
 /// The gateway options of the tests' servers.
 fn gateway_options(node: &str) -> GatewayOptions {
     GatewayOptions {
-        node: node.into(),
+        node: node.parse().unwrap(),
         max_drift: Drift::from_percent(1.0),
         max_lifetime: MAX_LIFETIME,
         max_wait: MAX_WAIT,

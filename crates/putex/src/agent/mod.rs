@@ -69,7 +69,7 @@ use crate::driver::{self, Keys};
 use crate::identity;
 use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
-use crate::store::keys::{self, NameError};
+use crate::store::keys;
 use crate::store::measure::{measure_store, MeasureError};
 use crate::store::{AnyStore, Store, StoreError};
 use crate::supervision::hooks::HookRunner;
@@ -119,9 +119,9 @@ pub enum AgentError {
     /// The timing does not suit the store (measured p99, replication).
     #[error(transparent)]
     Timing(#[from] TimingError),
-    /// The lock name or node id cannot name a record.
-    #[error(transparent)]
-    Name(#[from] NameError),
+    /// The settings name no lock (`check` settings, not `run` ones).
+    #[error("no lock to run for (--lock)")]
+    NoLock,
     /// The keeper could not be started or adopted.
     #[error("keeper: {0}")]
     Keeper(#[from] KeeperError),
@@ -152,7 +152,7 @@ pub async fn run(
     http: Option<TcpListener>,
     shutdown: Shutdown,
 ) -> Result<ExitReason, AgentError> {
-    let lock = settings.lock_name().to_owned();
+    let lock = settings.lock.clone().ok_or(AgentError::NoLock)?;
     let node = settings.node.clone();
     let store_id = settings.store_id();
 
@@ -170,12 +170,12 @@ pub async fn run(
     // 2. The state file (S5, S6).
     let boot = identity::boot_id();
     let previous_state = LocalState::load(&paths.state_file);
-    let instance = identity::instance_id();
+    let instance = identity::instance_name();
     let highest = previous_state.as_ref().and_then(|s| s.highest);
     // A previous instance's tree stays on record until a stop proves it gone.
     let orphans = previous_state.as_ref().and_then(|s| s.tree.clone());
     LocalState {
-        instance: instance.clone(),
+        instance: instance.to_string(),
         boot_id: boot.clone(),
         highest,
         tree: orphans.clone(),
@@ -229,8 +229,8 @@ pub async fn run(
     let keeper_config = KeeperConfig {
         exe,
         socket: paths.socket.clone(),
-        lock: lock.clone(),
-        node: node.clone(),
+        lock: lock.to_string(),
+        node: node.to_string(),
         deactivate,
         stop_timeout: settings.timing.stop_timeout(),
         emergency_timeout: settings.timing.emergency_timeout(),
@@ -283,9 +283,9 @@ pub async fn run(
     let (inject, inputs) = mpsc::unbounded_channel::<Input>();
     let host = AgentHost {
         inner: Arc::new(Inner {
-            lock: lock.clone(),
-            node: node.clone(),
-            instance: instance.clone(),
+            lock: lock.to_string(),
+            node: node.to_string(),
+            instance: instance.to_string(),
             settings: settings.clone(),
             runner: if settings.no_cgroup {
                 HookRunner::without_cgroup()
@@ -335,7 +335,7 @@ pub async fn run(
         );
     }
     tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
-    let member_key = keys::member(&lock, &node)?;
+    let member_key = keys::member(&lock, &node);
     tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
     tasks.spawn(
         state_writer(host.clone(), paths.state_file.clone(), boot, orphans).in_current_span(),
@@ -384,9 +384,9 @@ pub async fn run(
             supervised_stops: true,
             ..AgentConfig::new(
                 Identity {
-                    node: node.clone(),
+                    node: node.to_string(),
                     machine: identity::machine_id(),
-                    instance,
+                    instance: instance.to_string(),
                 },
                 settings.timing.clone(),
             )
@@ -394,8 +394,8 @@ pub async fn run(
         clock::boot_time_now(),
     );
     let keys = Keys {
-        lock: keys::lock(&lock)?,
-        probe: keys::probe(&node)?,
+        lock: keys::lock(&lock),
+        probe: keys::probe(&node),
     };
     tracing::info!(
         mode = if matches!(settings.service, Some(ServiceMode::Child { .. })) {
@@ -452,12 +452,11 @@ pub async fn run(
         let mut rec = host.member_record();
         rec.role = "exited".into();
         rec.token = None;
-        if let Ok(key) = keys::member(&lock, &node) {
-            let bytes = serde_json::to_vec(&rec).expect("member record serialises");
-            let _ = store
-                .put(&key, &bytes, settings.timing.store_timeout())
-                .await;
-        }
+        let key = keys::member(&lock, &node);
+        let bytes = serde_json::to_vec(&rec).expect("member record serialises");
+        let _ = store
+            .put(&key, &bytes, settings.timing.store_timeout())
+            .await;
     }
     if let ExitReason::Shutdown { released } = exit {
         if host.inner.keeper.get().shutdown().await.is_err() {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use putex_core::{Timing, TimingConfig};
 
-use crate::store::StoreUrl;
+use crate::store::{Name, NodeId, StoreUrl};
 
 /// How the service is run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,11 +35,11 @@ pub enum ServiceMode {
 #[derive(Clone, Debug)]
 pub struct AgentSettings {
     /// The lock name (`None` only for a lenient `check`).
-    pub lock: Option<String>,
+    pub lock: Option<Name>,
     /// The store.
     pub store: StoreUrl,
     /// The node id.
-    pub node: String,
+    pub node: NodeId,
     /// The health check (`None` only for a lenient `check`).
     pub healthcheck: Option<String>,
     /// Hooks or child (`None` only for a lenient `check`).

@@ -170,7 +170,7 @@ mod tests {
     #[tokio::test]
     async fn measures_the_memory_store() {
         let store = AnyStore::from(crate::store::MemoryStore::new());
-        let m = measure_store(&store, "n1", Duration::from_secs(1), None)
+        let m = measure_store(&store, &"n1".parse().unwrap(), Duration::from_secs(1), None)
             .await
             .unwrap();
         assert!(!m.facts.replicated);

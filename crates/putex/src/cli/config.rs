@@ -30,7 +30,7 @@ use serde::Deserialize;
 
 pub use crate::agent::{AgentSettings, ServiceMode};
 pub use crate::identity::hostname;
-use crate::store::{keys, StoreUrl};
+use crate::store::{Name, NodeId, StoreUrl};
 use crate::supervision::hooks::{Hook, HookKind};
 
 use super::CliError;
@@ -284,21 +284,20 @@ pub fn resolve(
             .or_else(|| f.clone())
             .filter(|s| !s.trim().is_empty())
     };
-    let lock = pick(&args.lock, &file.lock);
-    match &lock {
-        Some(l) => keys::validate_name(l).map_err(|e| usage(format!("--lock: {e}")))?,
+    let lock = match pick(&args.lock, &file.lock) {
+        Some(l) => Some(Name::new(l).map_err(|e| usage(format!("--lock: {e}")))?),
         None if strict == Strictness::Run => {
             return Err(usage(format!("missing {}", names("lock"))))
         }
-        None => {}
-    }
+        None => None,
+    };
     let store = match pick(&args.store, &file.store) {
         Some(u) => StoreUrl::parse(&u).map_err(|e| usage(format!("--store: {e}")))?,
         // PUTEX_STORE was clap's; NATS_URL (and NATS_CREDS), else sqlite:.
         None => StoreUrl::from_env().map_err(|e| usage(format!("--store: {e}")))?,
     };
-    let node = pick(&args.node, &file.node).unwrap_or_else(hostname);
-    keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+    let node = NodeId::new(pick(&args.node, &file.node).unwrap_or_else(hostname))
+        .map_err(|e| usage(format!("--node: {e}")))?;
 
     let healthcheck = pick(&args.healthcheck, &file.healthcheck);
     let activate = pick(&args.activate, &file.activate);

@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::status::{table, Format};
 use super::CliError;
 use crate::observe::history::{self, HistoryRow, NoHolderBasis};
-use crate::store::{keys, AnyStore, StoreUrl};
+use crate::store::{AnyStore, Name, StoreUrl};
 
 /// `putex history` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -57,7 +57,7 @@ pub(crate) async fn open_store(store: Option<&str>) -> Result<(AnyStore, StoreUr
 }
 
 /// Reads and derives lock `name`'s history.
-pub async fn rows(store: &AnyStore, name: &str) -> Result<Vec<HistoryRow>, CliError> {
+pub async fn rows(store: &AnyStore, name: &Name) -> Result<Vec<HistoryRow>, CliError> {
     let records = history::read(store, name, Duration::from_secs(5))
         .await
         .map_err(|e| CliError::Store(format!("store: {e}")))?;
@@ -124,9 +124,9 @@ pub fn last(mut rows: Vec<HistoryRow>, limit: usize) -> Vec<HistoryRow> {
 
 /// `putex history`.
 pub async fn run(args: &HistoryArgs) -> Result<(), CliError> {
-    keys::validate_name(&args.name).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
+    let name = Name::new(&*args.name).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
     let (store, _) = open_store(args.store.as_deref()).await?;
-    let rows = last(rows(&store, &args.name).await?, args.limit);
+    let rows = last(rows(&store, &name).await?, args.limit);
     match args.output {
         Format::Json => {
             let out = HistoryOutput {
@@ -154,8 +154,26 @@ mod tests {
     async fn renders_a_handover() {
         let store = AnyStore::from(MemoryStore::new());
         let t = Duration::from_secs(1);
-        let a = HistoryWriter::spawn(store.clone(), WriterConfig::new("pg", "a", "ia", "run", t));
-        let b = HistoryWriter::spawn(store.clone(), WriterConfig::new("pg", "b", "ib", "run", t));
+        let a = HistoryWriter::spawn(
+            store.clone(),
+            WriterConfig::new(
+                &"pg".parse().unwrap(),
+                &"a".parse().unwrap(),
+                &"ia".parse().unwrap(),
+                "run",
+                t,
+            ),
+        );
+        let b = HistoryWriter::spawn(
+            store.clone(),
+            WriterConfig::new(
+                &"pg".parse().unwrap(),
+                &"b".parse().unwrap(),
+                &"ib".parse().unwrap(),
+                "run",
+                t,
+            ),
+        );
         let tok = Some(Token::new(1, 2));
         a.transition(
             Role::Standby,
@@ -176,7 +194,7 @@ mod tests {
         );
         b.transition(Role::Confirming, Role::Active, &Reason::Activated, tok);
         b.flush(t).await;
-        let rows = rows(&store, "pg").await.unwrap();
+        let rows = rows(&store, &"pg".parse().unwrap()).await.unwrap();
         assert_eq!(rows.len(), 6);
         let text = render(&rows);
         assert!(text.contains("- → a") && text.contains("a → b"), "{text}");

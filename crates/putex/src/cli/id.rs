@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::sysexits;
 use super::CliError;
 use crate::locks::idpool::{self, Claimant, IdError, IdRange, Options, PoolProblem};
-use crate::store::{AnyStore, StoreError, StoreUrl};
+use crate::store::{AnyStore, Name, NodeId, StoreError, StoreUrl};
 
 /// The exit codes of `putex id`, for `--help`.
 pub const ID_EXIT_CODES_HELP: &str = "\
@@ -153,9 +153,7 @@ pub struct CheckArgs {
 /// unreachable 69, exhausted or busy 75.
 pub fn exit_error(e: IdError) -> CliError {
     let code = match &e {
-        IdError::Pool(_)
-        | IdError::Name(_)
-        | IdError::Range(_)
+        IdError::Range(_)
         | IdError::RangeMismatch { .. }
         | IdError::NoRange { .. }
         | IdError::OtherMachine { .. }
@@ -175,7 +173,6 @@ pub fn exit_error(e: IdError) -> CliError {
 /// is wrong, this adds the flags and commands that mend it.
 fn message(e: &IdError) -> String {
     match e {
-        IdError::Name(e) => format!("--name: {e}"),
         IdError::Range(e) => format!("--range {e}"),
         IdError::RangeMismatch { stored, .. } => format!("{e}: use --range {stored}"),
         IdError::NoRange { .. } => format!("{e} (--range, for example --range 1-254)"),
@@ -196,8 +193,14 @@ fn message(e: &IdError) -> String {
     }
 }
 
-async fn open(common: &Common) -> Result<(AnyStore, Options), CliError> {
-    crate::store::keys::validate_name(&common.pool).map_err(|e| exit_error(IdError::Pool(e)))?;
+/// The pool name, checked: a bad one is a usage error.
+fn pool_name(pool: &str) -> Result<Name, CliError> {
+    Name::new(pool).map_err(|e| CliError::Exit(sysexits::USAGE, format!("pool name: {e}")))
+}
+
+/// The pool's name, checked, and its store.
+async fn open(common: &Common) -> Result<(Name, AnyStore, Options), CliError> {
+    let pool = pool_name(&common.pool)?;
     let url = match &common.store {
         Some(u) => StoreUrl::parse(u),
         None => StoreUrl::from_env(),
@@ -210,12 +213,12 @@ async fn open(common: &Common) -> Result<(AnyStore, Options), CliError> {
         timeout: common.timeout,
         ..Options::default()
     };
-    Ok((store, opts))
+    Ok((pool, store, opts))
 }
 
 fn claimant(name: &Option<String>) -> Result<Claimant, CliError> {
-    let name = name.clone().unwrap_or_else(super::config::hostname);
-    crate::store::keys::validate_node(&name).map_err(|e| exit_error(IdError::Name(e)))?;
+    let name = NodeId::new(name.clone().unwrap_or_else(super::config::hostname))
+        .map_err(|e| CliError::Exit(sysexits::USAGE, format!("--name: {e}")))?;
     Ok(Claimant {
         name,
         machine: crate::identity::machine_id(),
@@ -249,7 +252,7 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
     let lock_args = super::lock::LockArgs {
         name: a.common.pool.clone(),
         store: a.common.store.clone(),
-        node: Some(who.name.clone()),
+        node: Some(who.name.to_string()),
         ttl: a.ttl,
         wait: a.wait,
         keeper_dir: a.keeper_dir.clone(),
@@ -259,8 +262,8 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
         ..super::lock::LockArgs::default()
     };
     let (_, mut opts) = lock_args.options()?;
-    let (store, id_opts) = open(&a.common).await?;
-    let pool = &a.common.pool;
+    let (pool, store, id_opts) = open(&a.common).await?;
+    let pool = &pool;
     let range = idpool::pool_range(&store, pool, range, id_opts.timeout)
         .await
         .map_err(exit_error)?;
@@ -282,7 +285,7 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
     }
     if candidates.is_empty() {
         return Err(exit_error(IdError::Exhausted {
-            pool: pool.clone(),
+            pool: pool.to_string(),
             size: range.size(),
             detail: String::new(),
         }));
@@ -293,8 +296,7 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
         keys: chosen
             .iter()
             .map(|n| crate::store::keys::id_record(pool, *n))
-            .collect::<Result<_, _>>()
-            .map_err(|e| exit_error(IdError::Pool(e)))?,
+            .collect(),
         var: "PUTEX_ID".into(),
         values: chosen.iter().map(u64::to_string).collect(),
     });
@@ -323,8 +325,8 @@ async fn claim(a: &ClaimArgs) -> Result<(), CliError> {
         .transpose()
         .map_err(exit_error)?;
     let who = claimant(&a.name)?;
-    let (store, opts) = open(&a.common).await?;
-    let claimed = idpool::claim(&store, &a.common.pool, range, &who, &opts)
+    let (pool, store, opts) = open(&a.common).await?;
+    let claimed = idpool::claim(&store, &pool, range, &who, &opts)
         .await
         .map_err(exit_error)?;
     tracing::info!(
@@ -340,8 +342,8 @@ async fn claim(a: &ClaimArgs) -> Result<(), CliError> {
 
 async fn release(a: &ReleaseArgs) -> Result<(), CliError> {
     let who = claimant(&a.name)?;
-    let (store, opts) = open(&a.common).await?;
-    let pool = &a.common.pool;
+    let (pool, store, opts) = open(&a.common).await?;
+    let pool = &pool;
     let done = idpool::release(&store, pool, &who, a.force, &opts)
         .await
         .map_err(exit_error)?;
@@ -362,8 +364,8 @@ async fn release(a: &ReleaseArgs) -> Result<(), CliError> {
 }
 
 async fn list(a: &ListArgs) -> Result<(), CliError> {
-    let (store, opts) = open(&a.common).await?;
-    let listing = idpool::list(&store, &a.common.pool, &opts)
+    let (pool, store, opts) = open(&a.common).await?;
+    let listing = idpool::list(&store, &pool, &opts)
         .await
         .map_err(exit_error)?;
     match a.output {
@@ -417,8 +419,8 @@ pub fn render(l: &idpool::Listing) -> String {
 }
 
 async fn check(a: &CheckArgs) -> Result<(), CliError> {
-    let (store, opts) = open(&a.common).await?;
-    let pool = &a.common.pool;
+    let (pool, store, opts) = open(&a.common).await?;
+    let pool = &pool;
     let report = idpool::check(&store, pool, &opts)
         .await
         .map_err(exit_error)?;

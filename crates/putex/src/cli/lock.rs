@@ -12,7 +12,7 @@ use putex_core::{Drift, TimingConfig};
 use super::config::{hostname, parse_duration, TimingArgs};
 use super::{sysexits, CliError};
 use crate::locks::section::{self, Once, OnceMode, Outcome, SectionError, SectionOptions, Wait};
-use crate::store::{AnyStore, StoreUrl};
+use crate::store::{AnyStore, Name, NodeId, StoreUrl};
 
 /// The default `--stop-timeout` of `putex lock`: how long what is left of
 /// CMD's tree (or CMD itself, after `--max-duration`) gets between SIGTERM
@@ -173,9 +173,9 @@ fn usage(msg: impl Into<String>) -> CliError {
 impl LockArgs {
     /// The validated options (everything but the store).
     pub fn options(&self) -> Result<(StoreUrl, SectionOptions), CliError> {
-        crate::store::keys::validate_name(&self.name).map_err(|e| usage(format!("NAME: {e}")))?;
-        let node = self.node.clone().unwrap_or_else(hostname);
-        crate::store::keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+        let name = Name::new(&*self.name).map_err(|e| usage(format!("NAME: {e}")))?;
+        let node = NodeId::new(self.node.clone().unwrap_or_else(hostname))
+            .map_err(|e| usage(format!("--node: {e}")))?;
         let store = match &self.store {
             Some(u) => StoreUrl::parse(u),
             None => StoreUrl::from_env(),
@@ -251,7 +251,7 @@ impl LockArgs {
         Ok((
             store.clone(),
             SectionOptions {
-                name: self.name.clone(),
+                name,
                 node,
                 store_id: store.to_string(),
                 timing,

@@ -191,21 +191,13 @@ impl std::error::Error for CliError {}
 
 impl From<crate::observe::status::StatusError> for CliError {
     fn from(e: crate::observe::status::StatusError) -> CliError {
-        use crate::observe::status::StatusError;
-        match e {
-            StatusError::Name(_) => CliError::Usage(e.to_string()),
-            StatusError::Store(_) | StatusError::Pool { .. } => CliError::Store(e.to_string()),
-        }
+        CliError::Store(e.to_string())
     }
 }
 
 impl From<crate::store::measure::MeasureError> for CliError {
     fn from(e: crate::store::measure::MeasureError) -> CliError {
-        use crate::store::measure::MeasureError;
-        match e {
-            MeasureError::Node(_) => CliError::Usage(format!("--node: {e}")),
-            MeasureError::Store(_) => CliError::Store(e.to_string()),
-        }
+        CliError::Store(e.to_string())
     }
 }
 

@@ -19,7 +19,7 @@ use super::CliError;
 use crate::http::{self, AdminCredentials, AuthSettings, HttpOptions, Secret, TlsSettings};
 use crate::locks::gateway::{Gateway, GatewayOptions};
 use crate::shutdown::Shutdown;
-use crate::store::{keys, AnyStore, StoreUrl};
+use crate::store::{AnyStore, NodeId, StoreUrl};
 
 /// The default `--listen`: loopback, on RDLM's port.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8888";
@@ -143,8 +143,8 @@ impl ServeArgs {
             None => StoreUrl::from_env(),
         }
         .map_err(|e| usage(format!("--store: {e}")))?;
-        let node = self.node.clone().unwrap_or_else(hostname);
-        keys::validate_node(&node).map_err(|e| usage(format!("--node: {e}")))?;
+        let node = NodeId::new(self.node.clone().unwrap_or_else(hostname))
+            .map_err(|e| usage(format!("--node: {e}")))?;
         if self.max_lifetime.is_zero() {
             return Err(usage("--max-lifetime must be above 0"));
         }

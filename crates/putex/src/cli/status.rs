@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::CliError;
 use crate::observe::status::{lock_status, semaphore_status, semaphores_and_pools, LockStatus};
-use crate::store::{keys, AnyStore, StoreUrl};
+use crate::store::{keys, AnyStore, Name, StoreUrl};
 
 /// `putex status` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -141,16 +141,14 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
     let name = args.name.clone().or_else(|| args.lock.clone());
     let names = match name {
         Some(n) => {
-            keys::validate_name(&n).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
-            vec![n]
+            vec![Name::new(n).map_err(|e| CliError::Usage(format!("lock name: {e}")))?]
         }
         None => crate::store::read_prefix(&store, keys::LOCK_PREFIX, Duration::from_secs(2))
             .await
             .map_err(|e| CliError::Store(format!("store: {e}")))?
             .into_iter()
-            .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
             // Scan markers (`lock.=scan`) and foreign keys are no locks.
-            .filter(|n| keys::validate_name(n).is_ok())
+            .filter_map(|(k, _)| Name::new(k.strip_prefix(keys::LOCK_PREFIX)?).ok())
             .collect(),
     };
     let mut all = Vec::new();
@@ -318,7 +316,7 @@ mod tests {
             .put("member.pg.db1", &serde_json::to_vec(&m).unwrap(), t)
             .await
             .unwrap();
-        let st = lock_status(&store, "pg").await.unwrap();
+        let st = lock_status(&store, &"pg".parse().unwrap()).await.unwrap();
         assert_eq!(st.holder.as_deref(), Some("db1"));
         assert_eq!(st.state, "active");
         assert!(!st.stale);
@@ -342,7 +340,9 @@ mod tests {
         ] {
             assert!(json.get(k).is_some(), "{k} missing in {json}");
         }
-        let absent = lock_status(&store, "other").await.unwrap();
+        let absent = lock_status(&store, &"other".parse().unwrap())
+            .await
+            .unwrap();
         assert_eq!(absent.state, "absent");
     }
 }

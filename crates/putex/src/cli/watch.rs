@@ -30,7 +30,7 @@ use super::CliError;
 use crate::observe::history;
 use crate::observe::status::{self, LockStatus, StatusError};
 use crate::shutdown::Shutdown;
-use crate::store::{keys, AnyStore, Entry, Store, WatchStream};
+use crate::store::{keys, AnyStore, Entry, Name, Store, WatchStream};
 
 /// `putex watch` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -56,13 +56,12 @@ const RETRY: Duration = Duration::from_millis(500);
 /// The watches of one lock, merged.
 async fn open_watches(
     store: &AnyStore,
-    name: &str,
+    name: &Name,
 ) -> Result<futures::stream::SelectAll<WatchStream>, CliError> {
-    let usage = |e: keys::NameError| CliError::Usage(format!("lock name: {e}"));
     let filters = [
-        keys::lock(name).map_err(usage)?,
-        keys::members_of(name).map_err(usage)?,
-        keys::history_of(name).map_err(usage)?,
+        keys::lock(name),
+        keys::members_of(name),
+        keys::history_of(name),
     ];
     let mut all = futures::stream::SelectAll::new();
     for f in filters {
@@ -128,7 +127,7 @@ fn frame(
 
 /// `putex watch`.
 pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
-    keys::validate_name(&args.name).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
+    let name = Name::new(&*args.name).map_err(|e| CliError::Usage(format!("lock name: {e}")))?;
     let (store, url) = open_store(args.store.as_deref()).await?;
     let shutdown = Shutdown::new();
     shutdown
@@ -136,14 +135,14 @@ pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::Other(format!("cannot install signal handlers: {e}")))?;
     let stop = shutdown.graceful();
     let tty = std::io::stdout().is_terminal();
-    let history_prefix = keys::history_of(&args.name).expect("validated");
-    let scan = keys::history_scan(&args.name).expect("validated");
+    let history_prefix = keys::history_of(&name);
+    let scan = keys::history_scan(&name);
     let url = url.to_string();
 
     let mut last_signature = None;
     loop {
         let mut watches = tokio::select! {
-            w = open_watches(&store, &args.name) => match w {
+            w = open_watches(&store, &name) => match w {
                 Ok(w) => w,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot watch the lock; retrying");
@@ -199,7 +198,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), CliError> {
                     }
                     if draw_at.is_some_and(|at| at <= now) {
                         draw_at = None;
-                        let st = status::lock_status(&store, &args.name).await;
+                        let st = status::lock_status(&store, &name).await;
                         let rows = super::history::last(
                             history::derive(&history::parse(records.clone())),
                             args.transitions,

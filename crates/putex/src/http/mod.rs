@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::locks::gateway::{AcquireError, AcquireRequest, Gateway, Grant};
+use crate::store::Name;
 
 pub mod agent;
 pub mod auth;
@@ -202,8 +203,9 @@ pub(crate) fn parse_lifetime(secs: f64, max: Duration) -> Result<Duration, Strin
 
 /// Whether `uid` can be a lock uid (`[A-Za-z0-9]{1,64}`); anything else
 /// names no lock.
-pub(crate) fn plausible_uid(uid: &str) -> bool {
-    (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_alphanumeric())
+pub(crate) fn lock_uid(uid: &str) -> Option<Name> {
+    let plausible = (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_alphanumeric());
+    plausible.then(|| Name::new(uid).ok()).flatten()
 }
 
 /// A duration in seconds, rounded down to the millisecond: what is left of a
@@ -422,8 +424,8 @@ mod tests {
             seconds_json(Duration::from_millis(1500)),
             serde_json::json!(1.5)
         );
-        assert!(plausible_uid("aa4e181e17374148a21b30d9dcb941f9"));
-        assert!(!plausible_uid(""));
-        assert!(!plausible_uid("a-b"));
+        assert!(lock_uid("aa4e181e17374148a21b30d9dcb941f9").is_some());
+        assert!(lock_uid("").is_none());
+        assert!(lock_uid("a-b").is_none());
     }
 }

@@ -37,11 +37,11 @@ use utoipa::ToSchema;
 
 use super::openapi::{RdlmStoreFailure, Unauthorized};
 use super::{
-    lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
+    lifetime_left_header, lock_uid, parse_lifetime, parse_seconds, rfc3339, seconds_floor_ms,
     seconds_json, AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::locks::gateway::{AcquireError, AcquireRequest, GatewayOptions, LockInfo};
-use crate::store::{keys, StoreError};
+use crate::store::{Name, StoreError};
 
 const HAL_JSON: &str = "application/hal+json";
 
@@ -80,13 +80,11 @@ fn hal(value: &impl Serialize) -> Response {
 /// The refusal of a resource name that is not RDLM's: `[a-zA-Z0-9]+`; a
 /// name with other characters matches no route (`404`). putex also caps
 /// names at 64 characters (`400`).
-fn refuse_resource(name: &str) -> Option<Response> {
+fn resource_name(name: &str) -> Result<Name, Box<Response>> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Some(not_found());
+        return Err(Box::new(not_found()));
     }
-    keys::validate_name(name)
-        .err()
-        .map(|e| text(StatusCode::BAD_REQUEST, format!("resource: {e}")))
+    Name::new(name).map_err(|e| Box::new(text(StatusCode::BAD_REQUEST, format!("resource: {e}"))))
 }
 
 /// `Path` whose rejections (a segment that is not UTF-8) are RDLM's `404`.
@@ -343,9 +341,10 @@ pub(crate) async fn acquire(
     RdlmPath(resource): RdlmPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Some(r) = refuse_resource(&resource) {
-        return r;
-    }
+    let resource = match resource_name(&resource) {
+        Ok(name) => name,
+        Err(refusal) => return *refusal,
+    };
     let body = match body {
         Ok(b) => b,
         Err(e) => return text(e.status(), e.body_text()),
@@ -424,12 +423,13 @@ pub(crate) async fn get_lock(
     State(s): State<Arc<Shared>>,
     RdlmPath((resource, uid)): RdlmPath<(String, String)>,
 ) -> Response {
-    if let Some(r) = refuse_resource(&resource) {
-        return r;
-    }
-    if !plausible_uid(&uid) {
+    let resource = match resource_name(&resource) {
+        Ok(name) => name,
+        Err(refusal) => return *refusal,
+    };
+    let Some(uid) = lock_uid(&uid) else {
         return lock_not_found();
-    }
+    };
     match s.gateway.get(&resource, &uid).await {
         Ok(Some(info)) => hal(&HalLock::new(&info, true)),
         Ok(None) => lock_not_found(),
@@ -459,12 +459,13 @@ pub(crate) async fn release(
     State(s): State<Arc<Shared>>,
     RdlmPath((resource, uid)): RdlmPath<(String, String)>,
 ) -> Response {
-    if let Some(r) = refuse_resource(&resource) {
-        return r;
-    }
-    if !plausible_uid(&uid) {
+    let resource = match resource_name(&resource) {
+        Ok(name) => name,
+        Err(refusal) => return *refusal,
+    };
+    let Some(uid) = lock_uid(&uid) else {
         return lock_not_found();
-    }
+    };
     match s.gateway.release(&resource, &uid).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => lock_not_found(),
@@ -495,7 +496,7 @@ pub(crate) async fn list_resources(State(s): State<Arc<Shared>>) -> Response {
             links: HalSelf {
                 this: HalLink::new(format!("/resources/{name}")),
             },
-            name,
+            name: name.to_string(),
         })
         .collect();
     hal(&HalResources {
@@ -525,9 +526,10 @@ pub(crate) async fn get_resource(
     State(s): State<Arc<Shared>>,
     RdlmPath(resource): RdlmPath<String>,
 ) -> Response {
-    if let Some(r) = refuse_resource(&resource) {
-        return r;
-    }
+    let resource = match resource_name(&resource) {
+        Ok(name) => name,
+        Err(refusal) => return *refusal,
+    };
     let locks = match s.gateway.locks(&resource).await {
         Ok(l) => l,
         Err(e) => return store_error(e),
@@ -537,7 +539,7 @@ pub(crate) async fn get_resource(
         links: HalSelf {
             this: HalLink::new(format!("/resources/{resource}")),
         },
-        name: resource,
+        name: resource.to_string(),
         embedded: (!locks.is_empty()).then_some(HalEmbeddedLocks { locks }),
     })
 }
@@ -565,9 +567,10 @@ pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     RdlmPath(resource): RdlmPath<String>,
 ) -> Response {
-    if let Some(r) = refuse_resource(&resource) {
-        return r;
-    }
+    let resource = match resource_name(&resource) {
+        Ok(name) => name,
+        Err(refusal) => return *refusal,
+    };
     match s.gateway.delete(&resource).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
         Ok(false) => text(StatusCode::NOT_FOUND, "no resource (with locks) found"),
@@ -601,7 +604,7 @@ mod tests {
 
     fn opts() -> GatewayOptions {
         GatewayOptions {
-            node: "n".into(),
+            node: "n".parse().unwrap(),
             max_drift: putex_core::Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(3600),
             max_wait: Duration::from_secs(60),
@@ -650,13 +653,13 @@ mod tests {
 
     #[test]
     fn rdlm_names_and_times() {
-        assert!(refuse_resource("resource1").is_none());
+        assert!(resource_name("resource1").is_ok());
         assert_eq!(
-            refuse_resource("a_b").unwrap().status(),
+            resource_name("a_b").unwrap_err().status(),
             StatusCode::NOT_FOUND
         );
         assert_eq!(
-            refuse_resource(&"a".repeat(65)).unwrap().status(),
+            resource_name(&"a".repeat(65)).unwrap_err().status(),
             StatusCode::BAD_REQUEST
         );
         let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_358_895_676_771_799);

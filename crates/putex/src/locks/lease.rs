@@ -37,14 +37,14 @@
 //! };
 //!
 //! // One tenure.
-//! let lease = Lease::acquire(store.clone(), LeaseOptions::new("report", "host-a", timing.clone())).await?;
+//! let lease = Lease::acquire(store.clone(), LeaseOptions::new("report", "host-a", timing.clone())?).await?;
 //! println!("holding with fencing token {}", lease.token());
 //! // ... work, passing lease.token() to the protected resource ...
 //! assert!(lease.is_held());
 //! assert!(lease.release().await?);
 //!
 //! // Many tenures through one lock.
-//! let mut lock = Lock::new(store, LeaseOptions::new("report", "host-a", timing))?;
+//! let mut lock = Lock::new(store, LeaseOptions::new("report", "host-a", timing)?)?;
 //! let mut last = None;
 //! for _ in 0..3 {
 //!     let token = lock.acquire().await?;
@@ -72,15 +72,15 @@ use tokio::task::JoinHandle;
 use crate::clock;
 use crate::driver::{self, Host, Keys};
 use crate::observe::metrics::Metrics;
-use crate::store::{keys, AnyStore};
+use crate::store::{keys, AnyStore, Name, NameError, NodeId};
 
 /// What a lease is for and how it is timed.
 #[derive(Clone, Debug)]
 pub struct LeaseOptions {
-    /// The lock name: `[A-Za-z0-9_-]{1,64}`.
-    pub name: String,
+    /// The lock name.
+    pub name: Name,
     /// This node's id (e.g. the hostname).
-    pub node: String,
+    pub node: NodeId,
     /// R, F, C, ε and the rest.
     pub timing: TimingConfig,
     /// Where the lease records its store calls and progress; `None`:
@@ -90,14 +90,15 @@ pub struct LeaseOptions {
 }
 
 impl LeaseOptions {
-    /// Options for lock `name` held as `node`.
-    pub fn new(name: impl Into<String>, node: impl Into<String>, timing: TimingConfig) -> Self {
-        LeaseOptions {
-            name: name.into(),
-            node: node.into(),
+    /// Options for lock `name` held as `node`, both checked here: a name is
+    /// `[A-Za-z0-9_-]{1,64}`, a node id may also have dots (an FQDN).
+    pub fn new(name: &str, node: &str, timing: TimingConfig) -> Result<Self, NameError> {
+        Ok(LeaseOptions {
+            name: name.parse()?,
+            node: node.parse()?,
             timing,
             metrics: None,
-        }
+        })
     }
 
     /// The same options, recording into `metrics`.
@@ -116,9 +117,6 @@ pub enum LeaseError {
     /// The timing settings cannot work.
     #[error(transparent)]
     Timing(#[from] TimingError),
-    /// The lock or node name is not valid.
-    #[error(transparent)]
-    Name(#[from] keys::NameError),
     /// The agent stopped (another machine runs with this node id, S5), or
     /// the lock was closed.
     #[error("the lease machine exited: {0:?}")]
@@ -274,11 +272,11 @@ impl Lock {
     pub fn new(store: AnyStore, options: LeaseOptions) -> Result<Lock, LeaseError> {
         let timing: Timing = options.timing.validate()?;
         let keys = Keys {
-            lock: keys::lock(&options.name)?,
-            probe: keys::probe(&options.node)?,
+            lock: keys::lock(&options.name),
+            probe: keys::probe(&options.node),
         };
         let identity = Identity {
-            node: options.node.clone(),
+            node: options.node.to_string(),
             machine: crate::identity::machine_id(),
             instance: crate::identity::instance_id(),
         };

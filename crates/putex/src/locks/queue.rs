@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError, Token};
+use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError, Token};
 
 /// A waiter's ticket as stored (versioned JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,11 +84,11 @@ pub struct Ticket {
 #[derive(Clone, Debug)]
 pub struct Waiter {
     /// The lock (or semaphore) name.
-    pub name: String,
+    pub name: Name,
     /// The node id.
-    pub node: String,
-    /// The instance id: `[A-Za-z0-9_-]`, unique per waiter.
-    pub instance: String,
+    pub node: NodeId,
+    /// The instance id, unique per waiter.
+    pub instance: Name,
     /// The refresh interval (R).
     pub renew: Duration,
     /// The deadline of each store call.
@@ -119,12 +119,12 @@ impl Ticket {
         waiter: Waiter,
         admit: usize,
     ) -> Result<Ticket, StoreError> {
-        let key = keys::ticket(&waiter.name, &waiter.instance)?;
-        let filter = keys::queue_of(&waiter.name)?;
+        let key = keys::ticket(&waiter.name, &waiter.instance);
+        let filter = keys::queue_of(&waiter.name);
         let mut record = TicketRecord {
             v: 1,
-            node: waiter.node.clone(),
-            instance: waiter.instance.clone(),
+            node: waiter.node.to_string(),
+            instance: waiter.instance.to_string(),
             arrival: 0,
             renew_ms: u64::try_from(waiter.renew.as_millis()).unwrap_or(u64::MAX),
             pid: std::process::id(),

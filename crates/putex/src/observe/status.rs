@@ -14,15 +14,13 @@ use putex_core::{Observed, StoreGap, StoreTime};
 use serde::Serialize;
 
 use crate::agent::member::MemberRecord;
-use crate::store::keys::{self, NameError};
+use crate::store::keys;
 use crate::store::{AnyStore, ReadMode, Store, StoreError};
+use crate::store::{Name, NodeId};
 
 /// Why a status query failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    /// A name that cannot name a record.
-    #[error(transparent)]
-    Name(#[from] NameError),
     /// The store did not answer.
     #[error("store: {0}")]
     Store(StoreError),
@@ -122,7 +120,7 @@ fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
 
 /// The store's current time, by a probe write and read.
 async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
-    let key = keys::probe("_status").ok()?;
+    let key = keys::probe(&NodeId::new("_status").ok()?);
     store
         .put(
             &key,
@@ -147,12 +145,12 @@ async fn snapshot(
 }
 
 /// Reads one lock's status.
-pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, StatusError> {
+pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, StatusError> {
     let timeout = Duration::from_secs(2);
-    let key = keys::lock(lock)?;
+    let key = keys::lock(lock);
     let now = store_now(store, timeout).await;
     let mut st = record_status(store, lock, &key, now, timeout).await?;
-    let filter = keys::members_of(lock)?;
+    let filter = keys::members_of(lock);
     for (_, e) in snapshot(store, &filter, timeout).await? {
         let Ok(m) = serde_json::from_slice::<MemberRecord>(&e.value) else {
             continue;
@@ -169,7 +167,7 @@ pub async fn lock_status(store: &AnyStore, lock: &str) -> Result<LockStatus, Sta
             alarm: m.alarm,
         });
     }
-    let line = keys::queue_of(lock)?;
+    let line = keys::queue_of(lock);
     let mut waiting = Vec::new();
     for (_, e) in snapshot(store, &line, timeout).await? {
         let Ok(t) = serde_json::from_slice::<crate::locks::queue::TicketRecord>(&e.value) else {
@@ -226,10 +224,10 @@ pub struct PoolStatus {
 /// Reads a semaphore's slots.
 pub async fn semaphore_status(
     store: &AnyStore,
-    name: &str,
+    name: &Name,
 ) -> Result<Option<SemaphoreStatus>, StatusError> {
     let timeout = Duration::from_secs(2);
-    let key = keys::semaphore(name)?;
+    let key = keys::semaphore(name);
     let Some(e) = store
         .get(&key, ReadMode::Any, timeout)
         .await
@@ -250,11 +248,11 @@ pub async fn semaphore_status(
     // A record from elsewhere may claim any limit; no semaphore has more
     // slots than `--limit` allows.
     for i in 0..limit.min(crate::locks::section::MAX_LIMIT) {
-        let slot = keys::slot(name, i)?;
+        let slot = keys::slot(name, i);
         slots.push(record_status(store, &format!("{name}.{i}"), &slot, now, timeout).await?);
     }
     Ok(Some(SemaphoreStatus {
-        name: name.to_owned(),
+        name: name.to_string(),
         limit,
         slots,
     }))
@@ -270,9 +268,8 @@ pub async fn semaphores_and_pools(
         .await
         .map_err(StatusError::Store)?
     {
-        let name = &k[keys::SEM_PREFIX.len()..];
-        if keys::validate_name(name).is_ok() {
-            if let Some(s) = semaphore_status(store, name).await? {
+        if let Ok(name) = Name::new(&k[keys::SEM_PREFIX.len()..]) {
+            if let Some(s) = semaphore_status(store, &name).await? {
                 sems.push(s);
             }
         }
@@ -283,8 +280,8 @@ pub async fn semaphores_and_pools(
         .map_err(StatusError::Store)?
     {
         if let Some((pool, _)) = k[keys::ID_PREFIX.len()..].split_once('.') {
-            if keys::validate_name(pool).is_ok() {
-                pools.insert(pool.to_owned());
+            if let Ok(pool) = Name::new(pool) {
+                pools.insert(pool);
             }
         }
     }
@@ -293,11 +290,11 @@ pub async fn semaphores_and_pools(
         let l = crate::locks::idpool::list(store, &pool, &crate::locks::idpool::Options::default())
             .await
             .map_err(|e| StatusError::Pool {
-                pool: pool.clone(),
+                pool: pool.to_string(),
                 error: e.to_string(),
             })?;
         out.push(PoolStatus {
-            pool,
+            pool: pool.to_string(),
             range: l.range,
             claimed: l.claimed,
             records: l.ids.iter().filter(|e| e.id.is_some()).count(),

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::observe::history::{self, HistoryRow};
 use crate::observe::status::{lock_status, LockStatus};
-use crate::store::{keys, AnyStore};
+use crate::store::{keys, AnyStore, Name};
 
 /// How many transitions per lock the page shows.
 pub const TIMELINE_LEN: usize = 20;
@@ -46,11 +46,11 @@ pub struct LockPage {
 #[derive(Clone)]
 struct Page {
     store: AnyStore,
-    locks: Option<Vec<String>>,
+    locks: Option<Vec<Name>>,
 }
 
 /// The page's routes for `store`: every lock, or only `locks`.
-pub fn router(store: AnyStore, locks: Option<Vec<String>>) -> Router {
+pub fn router(store: AnyStore, locks: Option<Vec<Name>>) -> Router {
     Router::new()
         .route("/ui", get(page))
         .route("/ui/status.json", get(data))
@@ -77,16 +77,15 @@ async fn data(State(p): State<Page>) -> Response {
 }
 
 /// Reads what the page shows.
-pub async fn collect(store: &AnyStore, only: Option<&[String]>) -> Result<PageData, String> {
+pub async fn collect(store: &AnyStore, only: Option<&[Name]>) -> Result<PageData, String> {
     let timeout = Duration::from_secs(5);
-    let names: Vec<String> = match only {
+    let names: Vec<Name> = match only {
         Some(n) => n.to_vec(),
         None => crate::store::read_prefix(store, keys::LOCK_PREFIX, timeout)
             .await
             .map_err(|e| e.to_string())?
             .into_iter()
-            .filter_map(|(k, _)| k.strip_prefix(keys::LOCK_PREFIX).map(str::to_owned))
-            .filter(|n| keys::validate_name(n).is_ok())
+            .filter_map(|(k, _)| Name::new(k.strip_prefix(keys::LOCK_PREFIX)?).ok())
             .collect(),
     };
     let mut locks = Vec::with_capacity(names.len());

@@ -31,10 +31,8 @@
 
 use std::fmt;
 
-/// The longest lock, pool or semaphore name.
-pub const MAX_NAME_LEN: usize = 64;
-/// The longest node id (the longest DNS name).
-pub const MAX_NODE_LEN: usize = 253;
+pub use super::names::{Name, NameError, NodeId, MAX_NAME_LEN, MAX_NODE_LEN};
+
 /// The longest key putex accepts.
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -59,175 +57,82 @@ pub const ID_PREFIX: &str = "id.";
 /// Prefix of the transition records ([`crate::observe::history`]).
 pub const HISTORY_PREFIX: &str = "history.";
 
-/// A name or node id that cannot be used.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {what} {value:?}: {problem}; {rule} (for example {example:?})")]
-pub struct NameError {
-    what: &'static str,
-    value: String,
-    problem: String,
-    rule: &'static str,
-    example: &'static str,
-}
-
-impl NameError {
-    /// The rejected value.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-const NAME_RULE: &str = "names are 1 to 64 characters from A-Z a-z 0-9 _ -";
-const NODE_RULE: &str =
-    "node ids are 1 to 253 characters from A-Z a-z 0-9 _ - and dots between non-empty labels";
-
-/// Checks a lock, pool or semaphore name: `[A-Za-z0-9_-]{1,64}`.
-pub fn validate_name(name: &str) -> Result<(), NameError> {
-    let err = |problem: String| NameError {
-        what: "name",
-        value: name.to_owned(),
-        problem,
-        rule: NAME_RULE,
-        example: "nightly-report",
-    };
-    if name.is_empty() {
-        return Err(err("it is empty".into()));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(err(format!("it is {} bytes long", name.len())));
-    }
-    if let Some(c) = name.chars().find(|c| !is_name_char(*c)) {
-        return Err(err(format!("{c:?} is not allowed")));
-    }
-    Ok(())
-}
-
-/// Checks a node id: name characters plus dots between non-empty labels, so
-/// FQDNs work.
-pub fn validate_node(node: &str) -> Result<(), NameError> {
-    let err = |problem: String| NameError {
-        what: "node id",
-        value: node.to_owned(),
-        problem,
-        rule: NODE_RULE,
-        example: "db1.example.com",
-    };
-    if node.is_empty() {
-        return Err(err("it is empty".into()));
-    }
-    if node.len() > MAX_NODE_LEN {
-        return Err(err(format!("it is {} bytes long", node.len())));
-    }
-    if let Some(c) = node.chars().find(|c| !is_name_char(*c) && *c != '.') {
-        return Err(err(format!("{c:?} is not allowed")));
-    }
-    if node.split('.').any(str::is_empty) {
-        return Err(err(
-            "it has an empty label (a leading, trailing or double dot)".into(),
-        ));
-    }
-    Ok(())
-}
-
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == '-'
-}
-
 /// The key of lock `name`'s record.
-pub fn lock(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{LOCK_PREFIX}{name}"))
+pub fn lock(name: &Name) -> String {
+    format!("{LOCK_PREFIX}{name}")
 }
 
 /// The key of `node`'s member record for lock `name`.
-pub fn member(name: &str, node: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    validate_node(node)?;
-    Ok(format!("{MEMBER_PREFIX}{name}.{node}"))
+pub fn member(name: &Name, node: &NodeId) -> String {
+    format!("{MEMBER_PREFIX}{name}.{node}")
 }
 
 /// The watch filter selecting every member record of lock `name`.
-pub fn members_of(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{MEMBER_PREFIX}{name}."))
+pub fn members_of(name: &Name) -> String {
+    format!("{MEMBER_PREFIX}{name}.")
 }
 
 /// The key of semaphore `name`'s limit record.
-pub fn semaphore(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{SEM_PREFIX}{name}"))
+pub fn semaphore(name: &Name) -> String {
+    format!("{SEM_PREFIX}{name}")
 }
 
 /// The key of slot `slot` of semaphore `name`: an ordinary lock record.
-pub fn slot(name: &str, slot: u32) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{SEM_PREFIX}{name}.{slot}"))
+pub fn slot(name: &Name, slot: u32) -> String {
+    format!("{SEM_PREFIX}{name}.{slot}")
 }
 
 /// The key of waiter `instance`'s ticket in lock `name`'s queue.
-pub fn ticket(name: &str, instance: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    validate_name(instance)?;
-    Ok(format!("{QUEUE_PREFIX}{name}.{instance}"))
+pub fn ticket(name: &Name, instance: &Name) -> String {
+    format!("{QUEUE_PREFIX}{name}.{instance}")
 }
 
 /// The watch filter selecting every ticket in lock `name`'s queue.
-pub fn queue_of(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{QUEUE_PREFIX}{name}."))
+pub fn queue_of(name: &Name) -> String {
+    format!("{QUEUE_PREFIX}{name}.")
 }
 
 /// The key of HTTP lock `uid`'s grant record on `resource` (`putex serve`).
-pub fn grant(resource: &str, uid: &str) -> Result<String, NameError> {
-    validate_name(resource)?;
-    validate_name(uid)?;
-    Ok(format!("{GRANT_PREFIX}{resource}.{uid}"))
+pub fn grant(resource: &Name, uid: &Name) -> String {
+    format!("{GRANT_PREFIX}{resource}.{uid}")
 }
 
 /// The key of `resource`'s cancel record: waiting HTTP requests that
 /// arrived before its revision were deleted by an administrator.
-pub fn cancel(resource: &str) -> Result<String, NameError> {
-    validate_name(resource)?;
-    Ok(format!("{CANCEL_PREFIX}{resource}"))
+pub fn cancel(resource: &Name) -> String {
+    format!("{CANCEL_PREFIX}{resource}")
 }
 
 /// The key of lock `name`'s once-per-period record.
-pub fn once(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{ONCE_PREFIX}{name}"))
+pub fn once(name: &Name) -> String {
+    format!("{ONCE_PREFIX}{name}")
 }
 
 /// The key of id `n`'s record in identity pool `pool`.
-pub fn id_record(pool: &str, n: u64) -> Result<String, NameError> {
-    validate_name(pool)?;
-    Ok(format!("{ID_PREFIX}{pool}.{n}"))
+pub fn id_record(pool: &Name, n: u64) -> String {
+    format!("{ID_PREFIX}{pool}.{n}")
 }
 
 /// The key of claim name `name`'s index record in identity pool `pool`.
 /// `name` is validated like a node id (it may be an FQDN) and comes last.
-pub fn id_name(pool: &str, name: &str) -> Result<String, NameError> {
-    validate_name(pool)?;
-    validate_node(name)?;
-    Ok(format!("{ID_PREFIX}{pool}.name.{name}"))
+pub fn id_name(pool: &Name, name: &NodeId) -> String {
+    format!("{ID_PREFIX}{pool}.name.{name}")
 }
 
 /// The key of identity pool `pool`'s meta record (its range).
-pub fn id_meta(pool: &str) -> Result<String, NameError> {
-    validate_name(pool)?;
-    Ok(format!("{ID_PREFIX}{pool}.meta"))
+pub fn id_meta(pool: &Name) -> String {
+    format!("{ID_PREFIX}{pool}.meta")
 }
 
 /// The key of identity pool `pool`'s scan marker (see
 /// [`snapshot_synced`](super::snapshot_synced)).
-pub fn id_scan(pool: &str) -> Result<String, NameError> {
-    validate_name(pool)?;
-    Ok(format!("{ID_PREFIX}{pool}.scan"))
+pub fn id_scan(pool: &Name) -> String {
+    format!("{ID_PREFIX}{pool}.scan")
 }
 
 /// The watch filter selecting every record of identity pool `pool`.
-pub fn id_pool(pool: &str) -> Result<String, NameError> {
-    validate_name(pool)?;
-    Ok(format!("{ID_PREFIX}{pool}."))
+pub fn id_pool(pool: &Name) -> String {
+    format!("{ID_PREFIX}{pool}.")
 }
 
 /// The key of transition record `seq` of one writer (`node`, `instance`)
@@ -235,32 +140,26 @@ pub fn id_pool(pool: &str) -> Result<String, NameError> {
 /// first 8 characters of `instance` are used; `seq` is zero-padded to 8
 /// digits, so that one writer's records sort in order (readers order by
 /// store revision anyway).
-pub fn history(name: &str, node: &str, instance: &str, seq: u64) -> Result<String, NameError> {
-    validate_name(name)?;
-    validate_node(node)?;
+pub fn history(name: &Name, node: &NodeId, instance: &Name, seq: u64) -> String {
     let instance: String = instance.chars().take(8).collect();
-    validate_name(&instance)?;
-    Ok(format!("{HISTORY_PREFIX}{name}.{node}-{instance}-{seq:08}"))
+    format!("{HISTORY_PREFIX}{name}.{node}-{instance}-{seq:08}")
 }
 
 /// The watch filter selecting every transition record of lock `name`.
-pub fn history_of(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{HISTORY_PREFIX}{name}."))
+pub fn history_of(name: &Name) -> String {
+    format!("{HISTORY_PREFIX}{name}.")
 }
 
 /// The key of lock `name`'s history scan marker (see
 /// [`snapshot_synced`](super::snapshot_synced)): `=` is neither a name nor
 /// a node character, so it is never a transition record's key.
-pub fn history_scan(name: &str) -> Result<String, NameError> {
-    validate_name(name)?;
-    Ok(format!("{HISTORY_PREFIX}{name}.=scan"))
+pub fn history_scan(name: &Name) -> String {
+    format!("{HISTORY_PREFIX}{name}.=scan")
 }
 
 /// The key of `node`'s probe record.
-pub fn probe(node: &str) -> Result<String, NameError> {
-    validate_node(node)?;
-    Ok(format!("{PROBE_PREFIX}{node}"))
+pub fn probe(node: &NodeId) -> String {
+    format!("{PROBE_PREFIX}{node}")
 }
 
 /// A key the stores refuse, with the reason.
@@ -336,72 +235,58 @@ pub fn filter_matches(filter: &str, key: &str) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn names() {
-        for ok in ["a", "pg", "nightly-report", "A_b-9", &"x".repeat(64)] {
-            validate_name(ok).unwrap();
-        }
-        for bad in ["", "a.b", "a b", "ü", "a/b", &"x".repeat(65)] {
-            let e = validate_name(bad).unwrap_err();
-            let msg = e.to_string();
-            assert!(msg.contains("1 to 64 characters"), "{msg}");
-            assert!(msg.contains("nightly-report"), "{msg}");
-        }
+    fn name(s: &str) -> Name {
+        s.parse().unwrap()
     }
 
-    #[test]
-    fn nodes_may_be_fqdns() {
-        for ok in ["db1", "db1.example.com", "host_1-a"] {
-            validate_node(ok).unwrap();
-        }
-        for bad in ["", ".a", "a.", "a..b", "a b", "a*b", "a>b"] {
-            assert!(validate_node(bad).is_err(), "{bad}");
-        }
+    fn node(s: &str) -> NodeId {
+        s.parse().unwrap()
     }
 
     #[test]
     fn layout() {
-        assert_eq!(lock("pg").unwrap(), "lock.pg");
+        assert_eq!(lock(&name("pg")), "lock.pg");
         assert_eq!(
-            member("pg", "db1.example.com").unwrap(),
+            member(&name("pg"), &node("db1.example.com")),
             "member.pg.db1.example.com"
         );
-        assert_eq!(probe("db1.example.com").unwrap(), "probe.db1.example.com");
-        let f = members_of("pg").unwrap();
+        assert_eq!(probe(&node("db1.example.com")), "probe.db1.example.com");
+        let f = members_of(&name("pg"));
         assert!(filter_matches(&f, "member.pg.db1.example.com"));
         assert!(!filter_matches(&f, "member.pgx.db1"));
         assert!(!filter_matches(&f, "member.pg."));
         for k in ["lock.pg", "member.pg.db1.example.com", "probe.a"] {
             validate_key(k).unwrap();
         }
-        assert_eq!(id_record("web", 7).unwrap(), "id.web.7");
+        assert_eq!(id_record(&name("web"), 7), "id.web.7");
         assert_eq!(
-            id_name("web", "web1.example.com").unwrap(),
+            id_name(&name("web"), &node("web1.example.com")),
             "id.web.name.web1.example.com"
         );
         assert!(filter_matches(
-            &id_pool("web").unwrap(),
+            &id_pool(&name("web")),
             "id.web.name.web1.example.com"
         ));
-        assert!(!filter_matches(&id_pool("web").unwrap(), "id.webx.7"));
-        assert!(id_name("web", "a..b").is_err() && id_record("a.b", 1).is_err());
-        assert!(lock("a.b").is_err());
-        assert!(member("pg", "a..b").is_err());
+        assert!(!filter_matches(&id_pool(&name("web")), "id.webx.7"));
     }
 
     #[test]
     fn history_layout() {
-        let k = history("pg", "db1.example.com", "0123456789abcdef", 7).unwrap();
+        let k = history(
+            &name("pg"),
+            &node("db1.example.com"),
+            &name("0123456789abcdef"),
+            7,
+        );
         assert_eq!(k, "history.pg.db1.example.com-01234567-00000007");
         validate_key(&k).unwrap();
-        let f = history_of("pg").unwrap();
-        let scan = history_scan("pg").unwrap();
+        let f = history_of(&name("pg"));
+        let scan = history_scan(&name("pg"));
         validate_key(&scan).unwrap();
         assert!(filter_matches(&f, &k) && filter_matches(&f, &scan));
         assert!(!filter_matches(&f, "history.pgx.a-0-00000001"));
         // The marker can never be a record's key: `=` is no node character.
-        assert!(validate_node("=scan").is_err());
-        assert!(history("pg", "a", "x.y", 1).is_err() && history_of("a.b").is_err());
+        assert!(NodeId::new("=scan").is_err());
     }
 
     #[test]

@@ -9,15 +9,13 @@ use putex_core::StoreFacts;
 #[cfg(doc)]
 use putex_core::Timing;
 
-use super::keys::{self, NameError};
+use super::keys;
+use super::NodeId;
 use super::{AnyStore, ReadMode, Store, StoreError};
 
 /// Why a measurement failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
-    /// The node id cannot name a probe record.
-    #[error("node id: {0}")]
-    Node(#[from] NameError),
     /// The store did not answer.
     #[error("store: {0}")]
     Store(#[from] StoreError),
@@ -50,7 +48,7 @@ pub struct StoreMeasurement {
 /// store that is slow every time is still refused, a busy moment is not.
 pub async fn measure_store(
     store: &AnyStore,
-    node: &str,
+    node: &NodeId,
     timeout: Duration,
     renew: Option<Duration>,
 ) -> Result<StoreMeasurement, MeasureError> {
@@ -75,11 +73,11 @@ pub async fn measure_store(
 
 async fn measure_once(
     store: &AnyStore,
-    node: &str,
+    node: &NodeId,
     timeout: Duration,
 ) -> Result<StoreMeasurement, MeasureError> {
     let replicas = replicas(store).await;
-    let key = keys::probe(node)?;
+    let key = keys::probe(node);
     let value = br#"{"v":1,"node":"putex-check","write":"putex-check"}"#;
     let mut token = store.put(&key, value, timeout).await?;
     let mut samples = Vec::with_capacity(CAS_SAMPLES);

@@ -43,12 +43,14 @@ pub use putex_core::store::{Entry, StoreTime, Token};
 pub mod keys;
 pub mod measure;
 pub mod memory;
+mod names;
 pub mod nats;
 pub mod sqlite;
 pub mod url;
 
 pub use self::url::StoreUrl;
 pub use memory::MemoryStore;
+pub use names::{Name, NameError, NodeId};
 pub use nats::NatsStore;
 pub use sqlite::SqliteStore;
 

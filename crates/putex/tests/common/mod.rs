@@ -4,3 +4,8 @@
 
 pub mod agent;
 pub use putex_testkit::{nats_server, proxy};
+
+/// `s` as a checked name (a lock, a resource, a uid); panics if it is none.
+pub fn n(s: &str) -> putex::store::Name {
+    s.parse().expect("a name")
+}

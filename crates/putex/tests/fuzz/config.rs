@@ -202,10 +202,10 @@ fn fuzz_config_file() {
                 Ok(s) => {
                     // The flag beats the file.
                     if args.lock.is_some() {
-                        prop_assert_eq!(&s.lock, &args.lock);
+                        prop_assert_eq!(s.lock.as_deref(), args.lock.as_deref());
                     }
                     if let Some(n) = &args.node {
-                        prop_assert_eq!(&s.node, n);
+                        prop_assert_eq!(s.node.as_str(), n.as_str());
                     }
                     if let Some(r) = args.timing.renew {
                         prop_assert_eq!(s.timing.renew(), r);

@@ -236,7 +236,7 @@ async fn serve(store: &AnyStore) -> (std::net::SocketAddr, tokio::sync::oneshot:
     let gateway = Gateway::new(
         store.clone(),
         GatewayOptions {
-            node: "gw".into(),
+            node: "gw".parse().unwrap(),
             max_drift: Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(2),
             max_wait: Duration::from_secs(1),

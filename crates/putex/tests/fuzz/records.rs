@@ -31,6 +31,10 @@ use super::{bounded, fuzz_n, nearly, runtime, text, Bytes};
 
 /// The lock, semaphore, resource and pool name every record is about.
 const NAME: &str = "L";
+
+fn lock_name() -> putex::store::Name {
+    NAME.parse().unwrap()
+}
 /// The uid of the gateway lock some records describe.
 const UID: &str = "U1";
 
@@ -334,7 +338,7 @@ fn gateway(store: &AnyStore) -> Gateway {
     Gateway::new(
         store.clone(),
         GatewayOptions {
-            node: "gw".into(),
+            node: "gw".parse().unwrap(),
             max_drift: Drift::from_percent(1.0),
             max_lifetime: Duration::from_secs(60),
             max_wait: Duration::from_secs(1),
@@ -359,7 +363,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     let garbage_lock = lock.is_some_and(|b| Observed::decode(b) == Observed::Garbage);
 
     // putex status, one lock, as text and JSON.
-    let st = bounded("lock_status", status::lock_status(&store, NAME))
+    let st = bounded("lock_status", status::lock_status(&store, &lock_name()))
         .await
         .expect("status of a valid name");
     if garbage_lock {
@@ -369,9 +373,12 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     let _ = render(&st);
     let _ = serde_json::to_string(&st).unwrap();
     // A semaphore's slots; the web page's data (every lock, its history).
-    if let Some(sem) = bounded("semaphore_status", status::semaphore_status(&store, NAME))
-        .await
-        .expect("semaphore status")
+    if let Some(sem) = bounded(
+        "semaphore_status",
+        status::semaphore_status(&store, &lock_name()),
+    )
+    .await
+    .expect("semaphore status")
     {
         prop_assert!(sem.slots.len() <= section::MAX_LIMIT as usize);
     }
@@ -381,7 +388,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     let _ = serde_json::to_string(&page).unwrap();
 
     // putex history.
-    let stored = bounded("history::read", history::read(&store, NAME, t))
+    let stored = bounded("history::read", history::read(&store, &lock_name(), t))
         .await
         .expect("history");
     let rows = history::derive(&stored);
@@ -393,7 +400,13 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     for limit in [1, 2, 3] {
         match bounded(
             "targets",
-            section::targets(&store, NAME, limit, t, tokio::time::Instant::now() + t),
+            section::targets(
+                &store,
+                &lock_name(),
+                limit,
+                t,
+                tokio::time::Instant::now() + t,
+            ),
         )
         .await
         {
@@ -402,7 +415,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
             Err(e) => prop_assert!(false, "targets: {e}"),
         }
     }
-    let done = bounded("done_in", section::done_in(&store, NAME, "p1", t))
+    let done = bounded("done_in", section::done_in(&store, &lock_name(), "p1", t))
         .await
         .expect("once record");
     if done.is_some() {
@@ -416,9 +429,9 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
         pending_takeover: Duration::from_secs(10),
         deadline: Duration::from_secs(3),
     };
-    let listing = bounded("idpool::list", idpool::list(&store, NAME, &opts)).await;
+    let listing = bounded("idpool::list", idpool::list(&store, &lock_name(), &opts)).await;
     let _ = listing.map(|l| serde_json::to_string(&l.ids).unwrap());
-    let _ = bounded("idpool::check", idpool::check(&store, NAME, &opts)).await;
+    let _ = bounded("idpool::check", idpool::check(&store, &lock_name(), &opts)).await;
     let range = IdRange::new(0, 9).unwrap();
     let unusable = |n: u64| {
         get(&records, &format!("id.L.{n}")).is_some_and(|b| match Observed::decode(b) {
@@ -428,7 +441,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     };
     if let Ok(free) = bounded(
         "free_candidates",
-        idpool::free_candidates(&store, NAME, range),
+        idpool::free_candidates(&store, &lock_name(), range),
     )
     .await
     {
@@ -440,12 +453,12 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
         }
     }
     let me = Claimant {
-        name: "me".into(),
+        name: "me".parse().unwrap(),
         machine: "m".into(),
     };
     if let Ok(c) = bounded(
         "claim",
-        idpool::claim(&store, NAME, Some(range), &me, &opts),
+        idpool::claim(&store, &lock_name(), Some(range), &me, &opts),
     )
     .await
     {
@@ -455,17 +468,21 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
             c.id
         );
     }
-    let _ = bounded("release", idpool::release(&store, NAME, &me, false, &opts)).await;
+    let _ = bounded(
+        "release",
+        idpool::release(&store, &lock_name(), &me, false, &opts),
+    )
+    .await;
 
     // The gateway: never a granted lock over garbage.
     let gw = gateway(&store);
-    let info = bounded("gateway get", gw.get(NAME, UID))
+    let info = bounded("gateway get", gw.get(&lock_name(), &UID.parse().unwrap()))
         .await
         .expect("gateway get");
     if garbage_lock {
         prop_assert!(info.is_none_or(|i| !i.active), "granted over garbage");
     }
-    let locks = bounded("gateway locks", gw.locks(NAME))
+    let locks = bounded("gateway locks", gw.locks(&lock_name()))
         .await
         .expect("gateway locks");
     if garbage_lock {
@@ -474,11 +491,18 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     bounded("gateway resources", gw.resources())
         .await
         .expect("gateway resources");
-    let _ = bounded("gateway renew", gw.renew(NAME, UID, None)).await;
-    bounded("gateway release", gw.release(NAME, UID))
-        .await
-        .expect("gateway release");
-    bounded("gateway revoke", gw.revoke(NAME))
+    let _ = bounded(
+        "gateway renew",
+        gw.renew(&lock_name(), &UID.parse().unwrap(), None),
+    )
+    .await;
+    bounded(
+        "gateway release",
+        gw.release(&lock_name(), &UID.parse().unwrap()),
+    )
+    .await
+    .expect("gateway release");
+    bounded("gateway revoke", gw.revoke(&lock_name()))
         .await
         .expect("gateway revoke");
     Ok(())
@@ -516,7 +540,7 @@ fn r44_member_with_a_huge_renew_is_not_an_overflow() {
     )]);
     runtime().block_on(async {
         let store = seeded(&records).await;
-        let st = status::lock_status(&store, NAME).await.unwrap();
+        let st = status::lock_status(&store, &lock_name()).await.unwrap();
         assert_eq!(st.members.len(), 1);
         assert!(!st.members[0].silent, "just written");
     });
@@ -532,10 +556,13 @@ fn r45_a_huge_semaphore_limit_reads_no_more_than_the_largest_semaphore() {
     let records = store_with(&[("sem.L", json!({"v": 1, "limit": u32::MAX}))]);
     runtime().block_on(async {
         let store = seeded(&records).await;
-        let sem = bounded("semaphore_status", status::semaphore_status(&store, NAME))
-            .await
-            .unwrap()
-            .unwrap();
+        let sem = bounded(
+            "semaphore_status",
+            status::semaphore_status(&store, &lock_name()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
         assert!(sem.slots.len() <= section::MAX_LIMIT as usize);
     });
 }
@@ -571,7 +598,7 @@ fn r46_a_huge_store_age_in_a_transition_is_not_an_overflow() {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let (k, v) = &records[1];
         store.put(k, &v.0, Duration::from_secs(5)).await.unwrap();
-        let stored = history::read(&store, NAME, Duration::from_secs(5))
+        let stored = history::read(&store, &lock_name(), Duration::from_secs(5))
             .await
             .unwrap();
         let rows = history::derive(&stored);
@@ -594,10 +621,10 @@ fn r49_a_holder_whose_instance_is_no_name_is_listed() {
     runtime().block_on(async {
         let store = seeded(&records).await;
         let gw = gateway(&store);
-        let locks = gw.locks(NAME).await.unwrap();
+        let locks = gw.locks(&lock_name()).await.unwrap();
         assert_eq!(locks.len(), 1);
         assert!(locks[0].active);
-        assert_eq!(gw.resources().await.unwrap(), vec![NAME.to_owned()]);
+        assert_eq!(gw.resources().await.unwrap(), vec![lock_name()]);
     });
 }
 
@@ -615,7 +642,7 @@ fn r51_a_once_record_of_another_version_is_no_recorded_run() {
         )]);
         runtime().block_on(async {
             let store = seeded(&records).await;
-            let done = section::done_in(&store, NAME, "p1", Duration::from_secs(5))
+            let done = section::done_in(&store, &lock_name(), "p1", Duration::from_secs(5))
                 .await
                 .unwrap();
             assert_eq!(done, None, "v = {v}");

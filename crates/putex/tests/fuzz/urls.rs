@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use putex::store::keys::{self, MAX_NAME_LEN, MAX_NODE_LEN};
 use putex::store::url::{NatsAuth, StoreUrl};
-use putex::store::StoreError;
+use putex::store::{Name, NodeId, StoreError};
 
 use super::{fuzz, text};
 
@@ -272,9 +272,14 @@ fn fuzz_names_and_keys() {
         "names and keys",
         (name(), name(), name(), any::<u64>(), any::<u32>()),
         |(a, b, c, seq, slot)| {
-            prop_assert_eq!(keys::validate_name(&a).is_ok(), name_ok(&a), "{:?}", a);
-            prop_assert_eq!(keys::validate_node(&b).is_ok(), node_ok(&b), "{:?}", b);
+            let (na, nb, nc) = (Name::new(&*a), NodeId::new(&*b), Name::new(&*c));
+            prop_assert_eq!(na.is_ok(), name_ok(&a), "{:?}", a);
+            prop_assert_eq!(nb.is_ok(), node_ok(&b), "{:?}", b);
             prop_assert_eq!(keys::validate_key(&c).is_ok(), key_ok(&c), "{:?}", c);
+            prop_assert_eq!(nc.is_ok(), name_ok(&c), "{:?}", c);
+            let (Ok(a), Ok(b), Ok(c)) = (na, nb, nc) else {
+                return Ok(());
+            };
             // Every key built from valid parts is valid, starts with its
             // filter, and is never one of another kind's.
             let built = [
@@ -293,26 +298,20 @@ fn fuzz_names_and_keys() {
                 keys::history(&a, &b, &c, seq),
                 keys::history_scan(&a),
             ];
-            for k in built.into_iter().flatten() {
+            for k in built {
                 prop_assert!(key_ok(&k), "{k:?}");
             }
-            if let (Ok(m), Ok(f)) = (keys::member(&a, &b), keys::members_of(&a)) {
-                prop_assert!(m.starts_with(&f) && keys::filter_matches(&f, &m));
-                // A member of `a` is never selected as a member of another
-                // lock whose name `a` starts with.
-                let other = format!("{a}x");
-                if let Ok(g) = keys::members_of(&other) {
-                    prop_assert!(!keys::filter_matches(&g, &m));
-                }
+            let (m, f) = (keys::member(&a, &b), keys::members_of(&a));
+            prop_assert!(m.starts_with(&f) && keys::filter_matches(&f, &m));
+            // A member of `a` is never selected as a member of another lock
+            // whose name `a` starts with.
+            if let Ok(other) = Name::new(format!("{a}x")) {
+                prop_assert!(!keys::filter_matches(&keys::members_of(&other), &m));
             }
-            if let (Ok(h), Ok(f)) = (keys::history(&a, &b, &c, seq), keys::history_of(&a)) {
-                prop_assert!(keys::filter_matches(&f, &h));
-                prop_assert_ne!(h, keys::history_scan(&a).unwrap());
-            }
-            for f in [keys::members_of(&a), keys::queue_of(&a), keys::id_pool(&a)]
-                .into_iter()
-                .flatten()
-            {
+            let (h, f) = (keys::history(&a, &b, &c, seq), keys::history_of(&a));
+            prop_assert!(keys::filter_matches(&f, &h));
+            prop_assert_ne!(h, keys::history_scan(&a));
+            for f in [keys::members_of(&a), keys::queue_of(&a), keys::id_pool(&a)] {
                 prop_assert!(keys::validate_filter(&f).is_ok(), "{f:?}");
             }
             Ok(())

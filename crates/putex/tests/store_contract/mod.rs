@@ -747,21 +747,22 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
 async fn store_key_layout() {
     use putex::store::keys;
     let s = AnyStore::from(MemoryStore::new());
-    let lock = keys::lock("pg").unwrap();
-    let member = keys::member("pg", "db1.example.com").unwrap();
-    let probe = keys::probe("db1.example.com").unwrap();
+    let lock = keys::lock(&"pg".parse().unwrap());
+    let member = keys::member(&"pg".parse().unwrap(), &"db1.example.com".parse().unwrap());
+    let probe = keys::probe(&"db1.example.com".parse().unwrap());
     for k in [&lock, &member, &probe] {
         s.put(k, b"x", T).await.unwrap();
     }
     let mut w = s
-        .watch(&keys::members_of("pg").unwrap(), None, T)
+        .watch(&keys::members_of(&"pg".parse().unwrap()), None, T)
         .await
         .unwrap();
     let ev = next_event(&mut w).await.unwrap();
     assert_eq!(ev.key, "member.pg.db1.example.com");
     let names: HashSet<_> = [lock, member, probe].into_iter().collect();
     assert_eq!(names.len(), 3);
-    assert!(keys::lock("bad.name")
+    assert!("bad.name"
+        .parse::<putex::store::Name>()
         .unwrap_err()
         .to_string()
         .contains("nightly-report"));

@@ -142,10 +142,7 @@ impl From<AcquireFailure> for ApiError {
 
 impl From<StatusError> for ApiError {
     fn from(e: StatusError) -> Self {
-        match e {
-            StatusError::Name(_) => ApiError::new(ErrorCode::Invalid, e.to_string()),
-            other => ApiError::new(ErrorCode::Store, other.to_string()),
-        }
+        ApiError::new(ErrorCode::Store, e.to_string())
     }
 }
 
@@ -189,6 +186,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for V1Json<T> {
     }
 }
 
-pub(super) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
-    keys::validate_name(name).map_err(|e| ApiError::new(ErrorCode::Invalid, format!("{what}: {e}")))
+/// `name` checked: a malformed one is `400` naming `what`.
+pub(super) fn check_name(what: &str, name: &str) -> Result<Name, ApiError> {
+    Name::new(name).map_err(|e| ApiError::new(ErrorCode::Invalid, format!("{what}: {e}")))
 }

@@ -37,12 +37,12 @@ use utoipa::ToSchema;
 
 use super::openapi::{StoreFailure, Unauthorized};
 use super::{
-    lifetime_left_header, parse_lifetime, parse_seconds, plausible_uid, rfc3339, seconds_floor_ms,
+    lifetime_left_header, lock_uid, parse_lifetime, parse_seconds, rfc3339, seconds_floor_ms,
     AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::locks::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
 use crate::observe::status::{lock_status, LockStatus, MemberStatus, StatusError};
-use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
+use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError};
 
 mod errors;
 mod views;
@@ -80,7 +80,7 @@ pub(crate) async fn acquire(
     V1Path(resource): V1Path<String>,
     V1Json(body): V1Json<AcquireBody>,
 ) -> Result<Response, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     let opts = s.gateway.options();
     let invalid = |m| ApiError::new(ErrorCode::Invalid, m);
     let wait = parse_seconds("wait", body.wait, opts.max_wait, "--max-wait").map_err(invalid)?;
@@ -142,10 +142,10 @@ pub(crate) async fn get_lock(
     State(s): State<Arc<Shared>>,
     V1Path((resource, uid)): V1Path<(String, String)>,
 ) -> Result<Json<LockView>, ApiError> {
-    check_name("resource", &resource)?;
-    if !plausible_uid(&uid) {
+    let resource = check_name("resource", &resource)?;
+    let Some(uid) = lock_uid(&uid) else {
         return Err(ApiError::not_found(&resource, &uid));
-    }
+    };
     match s.gateway.get(&resource, &uid).await? {
         Some(info) => Ok(Json(LockView::new(&info))),
         None => Err(ApiError::not_found(&resource, &uid)),
@@ -174,8 +174,12 @@ pub(crate) async fn release(
     State(s): State<Arc<Shared>>,
     V1Path((resource, uid)): V1Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("resource", &resource)?;
-    if plausible_uid(&uid) && s.gateway.release(&resource, &uid).await? {
+    let resource = check_name("resource", &resource)?;
+    let released = match lock_uid(&uid) {
+        Some(uid) => s.gateway.release(&resource, &uid).await?,
+        None => false,
+    };
+    if released {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(&resource, &uid))
@@ -210,16 +214,16 @@ pub(crate) async fn renew(
     V1Path((resource, uid)): V1Path<(String, String)>,
     V1Json(body): V1Json<RenewBody>,
 ) -> Result<Response, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     let max = s.gateway.options().max_lifetime;
     let lifetime = body
         .lifetime
         .map(|l| parse_lifetime(l, max))
         .transpose()
         .map_err(|m| ApiError::new(ErrorCode::Invalid, m))?;
-    if !plausible_uid(&uid) {
+    let Some(uid) = lock_uid(&uid) else {
         return Err(ApiError::not_found(&resource, &uid));
-    }
+    };
     let Some(renewal) = s.gateway.renew(&resource, &uid, lifetime).await? else {
         return Err(ApiError::not_found(&resource, &uid));
     };
@@ -260,7 +264,7 @@ pub(crate) async fn list(State(s): State<Arc<Shared>>) -> Result<Json<LockList>,
         }
         resources.push(ResourceLocks {
             locks: locks.iter().map(LockView::new).collect(),
-            resource,
+            resource: resource.to_string(),
         });
     }
     Ok(Json(LockList { resources }))
@@ -284,11 +288,11 @@ pub(crate) async fn list_resource(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<Json<ResourceLocks>, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     let locks = s.gateway.locks(&resource).await?;
     Ok(Json(ResourceLocks {
         locks: locks.iter().map(LockView::new).collect(),
-        resource,
+        resource: resource.to_string(),
     }))
 }
 
@@ -315,7 +319,7 @@ pub(crate) async fn delete_resource(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     if s.gateway.delete(&resource).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -394,9 +398,9 @@ pub(crate) async fn revoke(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<Json<AdminView>, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     match s.gateway.revoke(&resource).await? {
-        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        Some(ended) => Ok(Json(AdminView::new(resource.to_string(), &ended))),
         None => Err(no_holder(&resource)),
     }
 }
@@ -427,7 +431,7 @@ pub(crate) async fn force(
     State(s): State<Arc<Shared>>,
     V1Path(resource): V1Path<String>,
 ) -> Result<Json<AdminView>, ApiError> {
-    check_name("resource", &resource)?;
+    let resource = check_name("resource", &resource)?;
     match s.gateway.force(&resource).await? {
         Some(ended) if ended.action == AdminAction::Refused => Err(ApiError::new(
             ErrorCode::NotForceable,
@@ -437,7 +441,7 @@ pub(crate) async fn force(
                 ended.node, ended.instance
             ),
         )),
-        Some(ended) => Ok(Json(AdminView::new(resource, &ended))),
+        Some(ended) => Ok(Json(AdminView::new(resource.to_string(), &ended))),
         None => Err(no_holder(&resource)),
     }
 }
@@ -445,7 +449,7 @@ pub(crate) async fn force(
 /// The store's current time, by a probe write and read (as `putex
 /// status` reads it): ages come from store timestamps only.
 async fn store_now(store: &AnyStore, t: Duration) -> Option<StoreTime> {
-    let key = keys::probe("_status").ok()?;
+    let key = keys::probe(&NodeId::new("_status").ok()?);
     store
         .put(&key, br#"{"v":1,"node":"_status","write":"serve"}"#, t)
         .await
@@ -512,9 +516,8 @@ pub(crate) async fn status_all(State(s): State<Arc<Shared>>) -> Result<Json<Stat
         .iter()
         .filter_map(|(key, entry)| {
             // Skip keys under the prefix that are no lock (scan markers).
-            let name = key.strip_prefix(keys::LOCK_PREFIX)?;
-            keys::validate_name(name).ok()?;
-            Some(summary(name, entry, now))
+            let name = Name::new(key.strip_prefix(keys::LOCK_PREFIX)?).ok()?;
+            Some(summary(&name, entry, now))
         })
         .collect();
     Ok(Json(StatusList { locks }))
@@ -538,7 +541,7 @@ pub(crate) async fn status(
     State(s): State<Arc<Shared>>,
     V1Path(lock): V1Path<String>,
 ) -> Result<Json<StatusView>, ApiError> {
-    check_name("lock", &lock)?;
+    let lock = check_name("lock", &lock)?;
     Ok(Json(lock_status(s.gateway.store(), &lock).await?.into()))
 }
 
@@ -560,7 +563,7 @@ pub(crate) async fn members(
     State(s): State<Arc<Shared>>,
     V1Path(lock): V1Path<String>,
 ) -> Result<Json<MembersView>, ApiError> {
-    check_name("lock", &lock)?;
+    let lock = check_name("lock", &lock)?;
     let st = lock_status(s.gateway.store(), &lock).await?;
     Ok(Json(MembersView {
         lock: st.lock,

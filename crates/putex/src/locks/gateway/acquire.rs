@@ -19,7 +19,6 @@ impl Gateway {
     /// request, and a lock granted at that moment is released at once — a
     /// disconnected client never holds a lock.
     pub async fn acquire_grant(&self, req: AcquireRequest) -> Result<Grant, AcquireError> {
-        keys::validate_name(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
         if req.lifetime < MIN_LIFETIME || req.lifetime > self.opts.max_lifetime {
             return Err(AcquireError::Invalid(format!(
                 "lifetime must be between {:?} and {:?}",
@@ -68,8 +67,7 @@ impl Gateway {
         // A short wait is "only if free now": a live holder answers at
         // once; a free lock still gets the round trips it takes.
         if req.wait < MIN_WAIT {
-            let key =
-                keys::lock(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+            let key = keys::lock(&req.resource);
             if let Some(entry) = self
                 .store
                 .get(&key, ReadMode::Leader, self.timeout())
@@ -83,7 +81,7 @@ impl Gateway {
             }
         }
         let deadline = tokio::time::Instant::now() + req.wait.max(MIN_WAIT);
-        let uid = crate::identity::instance_id();
+        let uid = crate::identity::instance_name();
         let ticket = Ticket::join(
             self.store.clone(),
             Waiter {
@@ -100,8 +98,7 @@ impl Gateway {
         .await?;
         let mut turn = ticket.turn();
         let arrival = ticket.arrival();
-        let cancel_key =
-            keys::cancel(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        let cancel_key = keys::cancel(&req.resource);
         let mut cancel_watch = self
             .store
             .watch(&cancel_key, None, self.timeout())
@@ -113,9 +110,9 @@ impl Gateway {
                 highest_token: self.highest(&req.resource),
                 ..AgentConfig::new(
                     Identity {
-                        node: self.opts.node.clone(),
+                        node: self.opts.node.to_string(),
                         machine: crate::identity::machine_id(),
-                        instance: uid.clone(),
+                        instance: uid.to_string(),
                     },
                     timing.clone(),
                 )
@@ -142,10 +139,8 @@ impl Gateway {
             ),
         });
         let (inputs, rx) = mpsc::unbounded_channel();
-        let lock_key =
-            keys::lock(&req.resource).map_err(|e| AcquireError::Invalid(e.to_string()))?;
-        let probe =
-            keys::probe(&self.opts.node).map_err(|e| AcquireError::Invalid(e.to_string()))?;
+        let lock_key = keys::lock(&req.resource);
+        let probe = keys::probe(&self.opts.node);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let mut driver = tokio::spawn(driver::run_with_inputs(
             agent,
@@ -250,11 +245,11 @@ impl Gateway {
     pub(super) async fn grant(
         &self,
         req: &AcquireRequest,
-        uid: &str,
+        uid: &Name,
     ) -> Result<Grant, AcquireError> {
         let t = self.timeout();
-        let key = keys::lock(&req.resource)?;
-        let grant_key = keys::grant(&req.resource, uid)?;
+        let key = keys::lock(&req.resource);
+        let grant_key = keys::grant(&req.resource, uid);
         let deadline = self.opts.grant_deadline;
         let mut grant = GrantRecord {
             v: 1,
@@ -272,7 +267,7 @@ impl Gateway {
             let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
                 break;
             };
-            let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+            let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid.as_str()) else {
                 break;
             };
             if !described {
@@ -319,6 +314,8 @@ impl Gateway {
         grant.since_ns = nanos_since_epoch(wall);
         Ok(Grant {
             info: info_of(&req.resource, uid, &grant),
+            resource: req.resource.clone(),
+            uid: uid.clone(),
             sent,
             deadline,
             give_back: Some(self.clone()),
@@ -327,12 +324,11 @@ impl Gateway {
 
     /// Deletes the grant record of `uid` on `resource`, if any (best effort:
     /// a stale one describes no lock, since the lock record decides).
-    pub(super) async fn forget_grant(&self, resource: &str, uid: &str) {
+    pub(super) async fn forget_grant(&self, resource: &Name, uid: &Name) {
         let t = self.timeout();
-        if let Ok(key) = keys::grant(resource, uid) {
-            if let Ok(Some(g)) = self.store.get(&key, ReadMode::Any, t).await {
-                let _ = self.store.delete(&key, g.token, t).await;
-            }
+        let key = keys::grant(resource, uid);
+        if let Ok(Some(g)) = self.store.get(&key, ReadMode::Any, t).await {
+            let _ = self.store.delete(&key, g.token, t).await;
         }
     }
 }
@@ -340,9 +336,9 @@ impl Gateway {
 /// The agent's host while a request waits: nothing runs, activation is
 /// the grant.
 struct GatewayHost {
-    resource: String,
+    resource: Name,
     /// The gateway's highest tokens per resource, raised here (S6).
-    highest: Arc<parking_lot::Mutex<HashMap<String, Token>>>,
+    highest: Arc<parking_lot::Mutex<HashMap<Name, Token>>>,
     granted: mpsc::UnboundedSender<Token>,
     role: tokio::sync::watch::Sender<Role>,
     /// Transition records for `putex history` (the acquisition; the

@@ -10,7 +10,7 @@ impl Gateway {
     /// W + G' of what the record advertises (for an HTTP grant, whose
     /// client cannot be told: `lifetime + D`). Waiting requests keep their
     /// place. `None` when nothing holds it.
-    pub async fn revoke(&self, resource: &str) -> Result<Option<Ended>, StoreError> {
+    pub async fn revoke(&self, resource: &Name) -> Result<Option<Ended>, StoreError> {
         self.end_holder(resource, Admin::Revoke).await
     }
 
@@ -21,7 +21,7 @@ impl Gateway {
     /// or agent holder, which may still be running, is left alone
     /// ([`AdminAction::Refused`]: revoke it). Waiting requests keep their
     /// place. `None` when nothing holds it.
-    pub async fn force(&self, resource: &str) -> Result<Option<Ended>, StoreError> {
+    pub async fn force(&self, resource: &Name) -> Result<Option<Ended>, StoreError> {
         self.end_holder(resource, Admin::Force).await
     }
 
@@ -29,16 +29,15 @@ impl Gateway {
     /// end with [`AcquireError::Cancelled`], then an HTTP grant is freed at
     /// once ([`Gateway::force`]) and any other holder is revoked
     /// ([`Gateway::revoke`]). `false` when it had neither.
-    pub async fn delete(&self, resource: &str) -> Result<bool, StoreError> {
-        keys::validate_name(resource)?;
+    pub async fn delete(&self, resource: &Name) -> Result<bool, StoreError> {
         let mut had = false;
         // Cancel first: a waiter must not take a freed lock that the same
         // delete is about to cancel its request for.
-        let waiting = self.read_prefix(&keys::queue_of(resource)?).await?;
+        let waiting = self.read_prefix(&keys::queue_of(resource)).await?;
         if !waiting.is_empty() {
             let marker = br#"{"v":1,"cancelled":"admin"}"#;
             self.store
-                .put(&keys::cancel(resource)?, marker, self.timeout())
+                .put(&keys::cancel(resource), marker, self.timeout())
                 .await?;
             had = true;
         }
@@ -56,10 +55,9 @@ impl Gateway {
     /// Ends `resource`'s live holder as `how` says: a compare-and-swap on
     /// the revision it judged, so a holder that changed meanwhile (a
     /// renewal, a takeover) is judged again.
-    async fn end_holder(&self, resource: &str, how: Admin) -> Result<Option<Ended>, StoreError> {
-        keys::validate_name(resource)?;
+    async fn end_holder(&self, resource: &Name, how: Admin) -> Result<Option<Ended>, StoreError> {
         let t = self.timeout();
-        let key = keys::lock(resource)?;
+        let key = keys::lock(resource);
         for _ in 0..5 {
             let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
                 return Ok(None);
@@ -99,8 +97,9 @@ impl Gateway {
                     self.raise_highest(resource, token);
                     tracing::warn!(%resource, holder = %ended.node, instance = %ended.instance,
                         token = %ended.token, action = ?ended.action, "admin: the lock's holder was ended");
-                    if action == AdminAction::Freed {
-                        self.forget_grant(resource, &ended.instance).await;
+                    // A freed HTTP grant's uid is a name; its grant record goes too.
+                    if let (AdminAction::Freed, Ok(uid)) = (action, Name::new(&*ended.instance)) {
+                        self.forget_grant(resource, &uid).await;
                     }
                     return Ok(Some(ended));
                 }

@@ -49,7 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clock;
 use crate::driver::{self, Host, Keys};
 use crate::locks::queue::{Ticket, TicketRecord, Waiter};
-use crate::store::{keys, AnyStore, Entry, ReadMode, Store, StoreError};
+use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError};
 
 mod acquire;
 mod admin;
@@ -64,7 +64,7 @@ pub use admin::{AdminAction, Ended};
 #[derive(Clone, Debug, PartialEq)]
 pub struct AcquireRequest {
     /// The resource: `[A-Za-z0-9_-]{1,64}` (RDLM's `[a-zA-Z0-9]+` is a subset).
-    pub resource: String,
+    pub resource: Name,
     /// What the lock is for.
     pub title: String,
     /// How long to wait for it.
@@ -147,6 +147,8 @@ impl From<keys::NameError> for AcquireError {
 #[must_use = "a grant that is not handed over is given back"]
 pub struct Grant {
     info: LockInfo,
+    resource: Name,
+    uid: Name,
     /// When the granting write was sent (this host's boot-time clock).
     sent: Instant,
     deadline: Duration,
@@ -185,7 +187,7 @@ impl Grant {
     /// this finds the lock free.
     async fn give_back(mut self) {
         if let Some(gateway) = self.give_back.take() {
-            release_grant(gateway, self.info.resource.clone(), self.info.uid.clone()).await;
+            release_grant(gateway, self.resource.clone(), self.uid.clone()).await;
         }
     }
 }
@@ -200,7 +202,7 @@ impl Drop for Grant {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime left: the lock expires after its licence
         };
-        let (resource, uid) = (self.info.resource.clone(), self.info.uid.clone());
+        let (resource, uid) = (self.resource.clone(), self.uid.clone());
         tracing::info!(%resource, %uid, "a grant that was not handed over: giving the lock back");
         runtime.spawn(release_grant(gateway, resource, uid));
     }
@@ -208,7 +210,7 @@ impl Drop for Grant {
 
 /// Releases a grant that was not handed over. A failure is logged: the lock
 /// then expires after its licence.
-async fn release_grant(gateway: Gateway, resource: String, uid: String) {
+async fn release_grant(gateway: Gateway, resource: Name, uid: Name) {
     if let Err(e) = gateway.release(&resource, &uid).await {
         tracing::warn!(%resource, %uid, "giving the lock back failed (it expires after its licence): {e}");
     }
@@ -218,7 +220,7 @@ async fn release_grant(gateway: Gateway, resource: String, uid: String) {
 #[derive(Clone, Debug)]
 pub struct GatewayOptions {
     /// The gateway's node id (written as the holder's node).
-    pub node: String,
+    pub node: NodeId,
     /// ε, the clock-rate bound.
     pub max_drift: putex_core::Drift,
     /// The longest lifetime a client may ask for.
@@ -255,7 +257,7 @@ pub struct Gateway {
     /// The highest fencing token this gateway has seen per resource (S6),
     /// shared by all its requests: a store that goes back below it is never
     /// trusted. Kept in memory, for the life of the process.
-    highest: Arc<parking_lot::Mutex<HashMap<String, Token>>>,
+    highest: Arc<parking_lot::Mutex<HashMap<Name, Token>>>,
 }
 
 /// The shortest lifetime a client may ask for: the lease must span a few
@@ -313,11 +315,11 @@ impl Gateway {
     /// The highest fencing token this gateway has seen for `resource` (S6):
     /// each acquisition starts from it, so a store that lost writes is
     /// never trusted below what an earlier request saw.
-    pub fn highest(&self, resource: &str) -> Option<Token> {
+    pub fn highest(&self, resource: &Name) -> Option<Token> {
         self.highest.lock().get(resource).copied()
     }
 
-    pub(super) fn raise_highest(&self, resource: &str, token: Token) {
+    pub(super) fn raise_highest(&self, resource: &Name, token: Token) {
         raise(&self.highest, resource, token);
     }
 
@@ -346,9 +348,9 @@ impl Gateway {
 }
 
 /// Raises the highest token seen for `resource` to `token` (never lowers it).
-fn raise(highest: &parking_lot::Mutex<HashMap<String, Token>>, resource: &str, token: Token) {
+fn raise(highest: &parking_lot::Mutex<HashMap<Name, Token>>, resource: &Name, token: Token) {
     let mut highest = highest.lock();
-    let h = highest.entry(resource.to_owned()).or_insert(token);
+    let h = highest.entry(resource.clone()).or_insert(token);
     *h = (*h).max(token);
 }
 

@@ -14,7 +14,7 @@ impl Gateway {
     /// The store's current time, by a probe write.
     pub(super) async fn store_now(&self) -> Result<StoreTime, StoreError> {
         let t = self.timeout();
-        let key = keys::probe(&self.opts.node)?;
+        let key = keys::probe(&self.opts.node);
         self.store
             .put(&key, br#"{"v":1,"node":"gateway","write":"now"}"#, t)
             .await?;
@@ -45,15 +45,15 @@ impl Gateway {
     /// left of the lease.
     pub(super) async fn held(
         &self,
-        resource: &str,
-        uid: &str,
+        resource: &Name,
+        uid: &Name,
     ) -> Result<Option<(Entry, LockRecord, Duration)>, StoreError> {
         let t = self.timeout();
-        let key = keys::lock(resource)?;
+        let key = keys::lock(resource);
         let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
             return Ok(None);
         };
-        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid) else {
+        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid.as_str()) else {
             return Ok(None);
         };
         let now = self.store_now().await?;
@@ -62,10 +62,7 @@ impl Gateway {
 
     /// The lock `uid` on `resource`, if it is granted or waiting and not
     /// expired, released or revoked.
-    pub async fn get(&self, resource: &str, uid: &str) -> Result<Option<LockInfo>, StoreError> {
-        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
-            return Ok(None);
-        }
+    pub async fn get(&self, resource: &Name, uid: &Name) -> Result<Option<LockInfo>, StoreError> {
         let t = self.timeout();
         if let Some((entry, rec, left)) = self.held(resource, uid).await? {
             return Ok(Some(
@@ -74,7 +71,7 @@ impl Gateway {
         }
         let ticket = self
             .store
-            .get(&keys::ticket(resource, uid)?, ReadMode::Any, t)
+            .get(&keys::ticket(resource, uid), ReadMode::Any, t)
             .await?
             .and_then(|e| serde_json::from_slice::<TicketRecord>(&e.value).ok());
         let Some(ticket) = ticket else {
@@ -89,10 +86,10 @@ impl Gateway {
     /// The revision of the newest admin cancel of `resource`'s waiters
     /// (0 if none): a ticket that arrived before it is cancelled, also
     /// while its waiter has not yet left the line.
-    pub(super) async fn cancelled_up_to(&self, resource: &str) -> Result<u64, StoreError> {
+    pub(super) async fn cancelled_up_to(&self, resource: &Name) -> Result<u64, StoreError> {
         Ok(self
             .store
-            .get(&keys::cancel(resource)?, ReadMode::Leader, self.timeout())
+            .get(&keys::cancel(resource), ReadMode::Leader, self.timeout())
             .await?
             .map_or(0, |e| e.token.revision))
     }
@@ -101,7 +98,7 @@ impl Gateway {
     /// the time of the lock record's last write (the grant or renewal).
     pub(super) async fn granted_info(
         &self,
-        resource: &str,
+        resource: &Name,
         uid: &str,
         entry: &Entry,
         rec: &LockRecord,
@@ -109,10 +106,10 @@ impl Gateway {
     ) -> Result<LockInfo, StoreError> {
         // A holder whose instance id is no name is no gateway lock: it has
         // no grant record (and must not fail the listing it is in).
-        let grant = match keys::grant(resource, uid) {
-            Ok(key) => self
+        let grant = match Name::new(uid) {
+            Ok(uid) => self
                 .store
-                .get(&key, ReadMode::Any, self.timeout())
+                .get(&keys::grant(resource, &uid), ReadMode::Any, self.timeout())
                 .await?
                 .and_then(|e| serde_json::from_slice::<GrantRecord>(&e.value).ok()),
             Err(_) => None,
@@ -126,7 +123,7 @@ impl Gateway {
             // Held by another kind of holder (`putex lock`, an agent), or a
             // gateway still acquiring it.
             _ => LockInfo {
-                resource: resource.to_owned(),
+                resource: resource.to_string(),
                 uid: uid.to_owned(),
                 title: format!("held by {} (putex)", rec.node),
                 wait: Duration::ZERO,
@@ -143,13 +140,12 @@ impl Gateway {
     }
 
     /// The granted and waiting locks of `resource`.
-    pub async fn locks(&self, resource: &str) -> Result<Vec<LockInfo>, StoreError> {
-        keys::validate_name(resource)?;
+    pub async fn locks(&self, resource: &Name) -> Result<Vec<LockInfo>, StoreError> {
         let t = self.timeout();
         let mut out = Vec::new();
         if let Some(entry) = self
             .store
-            .get(&keys::lock(resource)?, ReadMode::Leader, t)
+            .get(&keys::lock(resource), ReadMode::Leader, t)
             .await?
         {
             if let Some(rec) = holder_of(&entry) {
@@ -164,7 +160,7 @@ impl Gateway {
         }
         let cancelled = self.cancelled_up_to(resource).await?;
         let mut waiting: Vec<TicketRecord> = self
-            .read_prefix(&keys::queue_of(resource)?)
+            .read_prefix(&keys::queue_of(resource))
             .await?
             .into_iter()
             .filter_map(|(_, e)| serde_json::from_slice::<TicketRecord>(&e.value).ok())
@@ -176,13 +172,15 @@ impl Gateway {
     }
 
     /// The resources that have a granted or waiting lock.
-    pub async fn resources(&self) -> Result<Vec<String>, StoreError> {
+    pub async fn resources(&self) -> Result<Vec<Name>, StoreError> {
         let now = self.store_now().await?;
         let mut names = std::collections::BTreeSet::new();
         for (key, entry) in self.read_prefix(keys::LOCK_PREFIX).await? {
             if let Some(rec) = holder_of(&entry) {
                 if !expired(&entry, &rec, now) {
-                    names.insert(key[keys::LOCK_PREFIX.len()..].to_owned());
+                    if let Ok(name) = Name::new(&key[keys::LOCK_PREFIX.len()..]) {
+                        names.insert(name);
+                    }
                 }
             }
         }
@@ -191,22 +189,25 @@ impl Gateway {
             let Ok(ticket) = serde_json::from_slice::<TicketRecord>(&entry.value) else {
                 continue;
             };
-            let Some((name, _)) = key[keys::QUEUE_PREFIX.len()..].split_once('.') else {
+            let Some(name) = key[keys::QUEUE_PREFIX.len()..]
+                .split_once('.')
+                .and_then(|(name, _)| Name::new(name).ok())
+            else {
                 continue;
             };
-            if ticket.lifetime_ms.is_none() || names.contains(name) {
+            if ticket.lifetime_ms.is_none() || names.contains(&name) {
                 continue;
             }
-            let up_to = match cancelled.get(name) {
+            let up_to = match cancelled.get(&name) {
                 Some(r) => *r,
                 None => {
-                    let r = self.cancelled_up_to(name).await?;
-                    cancelled.insert(name.to_owned(), r);
+                    let r = self.cancelled_up_to(&name).await?;
+                    cancelled.insert(name.clone(), r);
                     r
                 }
             };
             if ticket.arrival > up_to {
-                names.insert(name.to_owned());
+                names.insert(name);
             }
         }
         Ok(names.into_iter().collect())

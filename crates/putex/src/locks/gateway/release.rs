@@ -8,16 +8,15 @@ impl Gateway {
     /// revoked or unknown) or not an HTTP grant: a `putex lock` or agent
     /// holder, listed with its instance as the uid, is never released by
     /// its uid ([`is_http_grant`]).
-    pub async fn release(&self, resource: &str, uid: &str) -> Result<bool, StoreError> {
-        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
-            return Ok(false);
-        }
+    pub async fn release(&self, resource: &Name, uid: &Name) -> Result<bool, StoreError> {
         let t = self.timeout();
-        let key = keys::lock(resource)?;
+        let key = keys::lock(resource);
         let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
             return Ok(false);
         };
-        let Some(rec) = holder_of(&entry).filter(|r| r.instance == uid && is_http_grant(r)) else {
+        let Some(rec) =
+            holder_of(&entry).filter(|r| r.instance == uid.as_str() && is_http_grant(r))
+        else {
             return Ok(false);
         };
         let live = !expired(&entry, &rec, self.store_now().await?);
@@ -44,13 +43,10 @@ impl Gateway {
     /// from its previous answer, which ends earlier).
     pub async fn renew(
         &self,
-        resource: &str,
-        uid: &str,
+        resource: &Name,
+        uid: &Name,
         lifetime: Option<Duration>,
     ) -> Result<Option<Grant>, StoreError> {
-        if keys::validate_name(resource).is_err() || keys::validate_name(uid).is_err() {
-            return Ok(None);
-        }
         if let Some(l) = lifetime {
             if l < MIN_LIFETIME || l > self.opts.max_lifetime {
                 return Err(StoreError::config(format!(
@@ -66,7 +62,7 @@ impl Gateway {
         if !is_http_grant(&rec) {
             return Ok(None); // a `putex lock` or agent holder renews itself
         }
-        let grant_key = keys::grant(resource, uid)?;
+        let grant_key = keys::grant(resource, uid);
         let mut grant = self
             .store
             .get(&grant_key, ReadMode::Any, t)
@@ -99,7 +95,7 @@ impl Gateway {
             lease_ms: ceil_millis(lifetime + deadline),
             ..rec
         };
-        let key = keys::lock(resource)?;
+        let key = keys::lock(resource);
         let (sent, wall) = (clock::boot_time_now(), SystemTime::now());
         let token = match self
             .store
@@ -115,6 +111,8 @@ impl Gateway {
         grant.token = token;
         Ok(Some(Grant {
             info: info_of(resource, uid, &grant),
+            resource: resource.clone(),
+            uid: uid.clone(),
             sent,
             deadline,
             give_back: None,

@@ -81,28 +81,28 @@ async fn write_checked<S: Store>(
 /// on first use; refuses a different `asked` range.
 pub async fn pool_range<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     asked: Option<IdRange>,
     timeout: Duration,
 ) -> Result<IdRange, IdError> {
-    let key = keys::id_meta(pool)?;
+    let key = keys::id_meta(pool);
     loop {
         let stored = match store.get(&key, ReadMode::Leader, timeout).await? {
             Some(e) => MetaRecord::decode(&e.value, pool).ok_or_else(|| IdError::Unreadable {
-                pool: pool.to_owned(),
+                pool: pool.to_string(),
                 key: key.clone(),
                 name: None,
             })?,
             None => {
                 let Some(range) = asked else {
                     return Err(IdError::NoRange {
-                        pool: pool.to_owned(),
+                        pool: pool.to_string(),
                     });
                 };
                 let meta = MetaRecord {
                     v: RECORD_VERSION,
                     kind: "meta".into(),
-                    pool: pool.to_owned(),
+                    pool: pool.to_string(),
                     first: range.first,
                     last: range.last,
                 };
@@ -117,7 +117,7 @@ pub async fn pool_range<S: Store>(
         };
         return match asked {
             Some(asked) if asked != stored => Err(IdError::RangeMismatch {
-                pool: pool.to_owned(),
+                pool: pool.to_string(),
                 stored,
                 asked,
             }),
@@ -144,22 +144,20 @@ pub struct Claimed {
 /// when the name is held from another machine.
 pub async fn claim<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     range: Option<IdRange>,
     who: &Claimant,
     opts: &Options,
 ) -> Result<Claimed, IdError> {
-    keys::validate_name(pool).map_err(IdError::Pool)?;
-    keys::validate_node(&who.name).map_err(IdError::Name)?;
     let t = opts.timeout;
     let range = pool_range(store, pool, range, t).await?;
-    let name_key = keys::id_name(pool, &who.name).map_err(IdError::Name)?;
+    let name_key = keys::id_name(pool, &who.name);
     let instance = instance_id();
     let started = Instant::now();
     let give_up = started + opts.deadline;
     let busy = || IdError::Busy {
-        pool: pool.to_owned(),
-        name: who.name.clone(),
+        pool: pool.to_string(),
+        name: who.name.to_string(),
         waited: started.elapsed(),
     };
     // The pending record of another claim of this name we are waiting out,
@@ -175,15 +173,15 @@ pub async fn claim<S: Store>(
             Some(entry) => {
                 let Some(rec) = NameRecord::decode(&entry.value, pool, &who.name) else {
                     return Err(IdError::Unreadable {
-                        pool: pool.to_owned(),
+                        pool: pool.to_string(),
                         key: name_key.clone(),
-                        name: Some(who.name.clone()),
+                        name: Some(who.name.to_string()),
                     });
                 };
                 if rec.machine != who.machine {
                     return Err(IdError::OtherMachine {
-                        pool: pool.to_owned(),
-                        name: who.name.clone(),
+                        pool: pool.to_string(),
+                        name: who.name.to_string(),
                         id: rec.id,
                         holder: rec.machine,
                         this: who.machine.clone(),
@@ -199,7 +197,7 @@ pub async fn claim<S: Store>(
                         }
                         // The id record does not name us back (an
                         // interrupted release, a hand edit): claim anew.
-                        tracing::debug!(pool, name = %who.name, id = n, "broken binding; claiming anew");
+                        tracing::debug!(pool = %pool, name = %who.name, id = n, "broken binding; claiming anew");
                         Some(entry.token)
                     }
                     _ => {
@@ -212,7 +210,7 @@ pub async fn claim<S: Store>(
                                     tokio::time::sleep(PENDING_POLL).await;
                                     continue;
                                 }
-                                tracing::debug!(pool, name = %who.name, "taking over a stalled pending claim");
+                                tracing::debug!(pool = %pool, name = %who.name, "taking over a stalled pending claim");
                                 Some(entry.token)
                             }
                             _ => {
@@ -275,21 +273,21 @@ pub async fn claim<S: Store>(
 /// this name from another machine is refused.
 async fn confirm<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     n: u64,
     who: &Claimant,
     timeout: Duration,
 ) -> Result<bool, IdError> {
-    let key = keys::id_record(pool, n)?;
+    let key = keys::id_record(pool, n);
     let Some(e) = store.get(&key, ReadMode::Leader, timeout).await? else {
         return Ok(false);
     };
     match Observed::decode(&e.value) {
-        Observed::Record(r) if r.node == who.name && r.state == LockState::Active => {
+        Observed::Record(r) if r.node == who.name.as_str() && r.state == LockState::Active => {
             if r.machine != who.machine {
                 return Err(IdError::OtherMachine {
-                    pool: pool.to_owned(),
-                    name: who.name.clone(),
+                    pool: pool.to_string(),
+                    name: who.name.to_string(),
                     id: Some(n),
                     holder: r.machine,
                     this: who.machine.clone(),
@@ -305,14 +303,14 @@ async fn confirm<S: Store>(
 /// means someone else has written it since, and it is left alone.
 async fn give_back<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     n: u64,
     who: &Claimant,
     instance: &str,
     token: Token,
     timeout: Duration,
 ) -> Result<(), IdError> {
-    let key = keys::id_record(pool, n)?;
+    let key = keys::id_record(pool, n);
     let mut rec = claim_record(who, instance);
     rec.state = LockState::Released;
     write_checked(
@@ -330,7 +328,7 @@ async fn give_back<S: Store>(
 /// Step 3 of a claim: takes an id record for `who`.
 async fn take_id<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     range: IdRange,
     who: &Claimant,
     instance: &str,
@@ -341,8 +339,8 @@ async fn take_id<S: Store>(
     loop {
         if Instant::now() >= give_up {
             return Err(IdError::Busy {
-                pool: pool.to_owned(),
-                name: who.name.clone(),
+                pool: pool.to_string(),
+                name: who.name.to_string(),
                 waited: started.elapsed(),
             });
         }
@@ -375,14 +373,14 @@ async fn take_id<S: Store>(
                 String::new()
             };
             return Err(IdError::Exhausted {
-                pool: pool.to_owned(),
+                pool: pool.to_string(),
                 size: range.size(),
                 detail,
             });
         }
         let mut conflicts = 0;
         for (n, expected) in order {
-            let key = keys::id_record(pool, n)?;
+            let key = keys::id_record(pool, n);
             let rec = claim_record(who, instance);
             let bytes = encode_id(pool, n, &rec);
             match write_checked(store, &key, &bytes, &rec.write, expected, opts.timeout).await? {
@@ -407,10 +405,9 @@ async fn take_id<S: Store>(
 /// tried, so the claim itself must still be a create or compare-and-swap.
 pub async fn free_candidates<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     range: IdRange,
 ) -> Result<Vec<u64>, IdError> {
-    keys::validate_name(pool).map_err(IdError::Pool)?;
     let view = PoolView::read(store, pool, Options::default().timeout).await?;
     Ok(view.candidates(range).into_iter().map(|(n, _)| n).collect())
 }
@@ -439,15 +436,13 @@ impl Released {
 /// an error (an empty [`Released`]).
 pub async fn release<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     who: &Claimant,
     force: bool,
     opts: &Options,
 ) -> Result<Released, IdError> {
-    keys::validate_name(pool).map_err(IdError::Pool)?;
-    keys::validate_node(&who.name).map_err(IdError::Name)?;
     let t = opts.timeout;
-    let name_key = keys::id_name(pool, &who.name).map_err(IdError::Name)?;
+    let name_key = keys::id_name(pool, &who.name);
     let started = Instant::now();
     let mut done = Released::default();
     for _ in 0..RELEASE_ATTEMPTS {
@@ -456,8 +451,8 @@ pub async fn release<S: Store>(
             match NameRecord::decode(&e.value, pool, &who.name) {
                 Some(rec) if rec.machine != who.machine && !force => {
                     return Err(IdError::NotOwner {
-                        pool: pool.to_owned(),
-                        name: who.name.clone(),
+                        pool: pool.to_string(),
+                        name: who.name.to_string(),
                         id: rec.id,
                         holder: rec.machine,
                         this: who.machine.clone(),
@@ -465,9 +460,9 @@ pub async fn release<S: Store>(
                 }
                 None if !force => {
                     return Err(IdError::Unreadable {
-                        pool: pool.to_owned(),
+                        pool: pool.to_string(),
                         key: name_key.clone(),
-                        name: Some(who.name.clone()),
+                        name: Some(who.name.to_string()),
                     })
                 }
                 _ => {}
@@ -482,8 +477,8 @@ pub async fn release<S: Store>(
         if !force {
             if let Some((n, _, r)) = held.iter().find(|(_, _, r)| r.machine != who.machine) {
                 return Err(IdError::NotOwner {
-                    pool: pool.to_owned(),
-                    name: who.name.clone(),
+                    pool: pool.to_string(),
+                    name: who.name.to_string(),
                     id: Some(*n),
                     holder: r.machine.clone(),
                     this: who.machine.clone(),
@@ -492,7 +487,7 @@ pub async fn release<S: Store>(
         }
         let mut conflict = false;
         for (n, token, mut rec) in held {
-            let key = keys::id_record(pool, n)?;
+            let key = keys::id_record(pool, n);
             if rec.machine == who.machine {
                 rec.state = LockState::Released;
                 rec.instance = instance_id();
@@ -531,8 +526,8 @@ pub async fn release<S: Store>(
         return Ok(done);
     }
     Err(IdError::Busy {
-        pool: pool.to_owned(),
-        name: who.name.clone(),
+        pool: pool.to_string(),
+        name: who.name.to_string(),
         waited: started.elapsed(),
     })
 }

@@ -36,8 +36,7 @@ pub struct Listing {
 }
 
 /// Lists a pool.
-pub async fn list<S: Store>(store: &S, pool: &str, opts: &Options) -> Result<Listing, IdError> {
-    keys::validate_name(pool).map_err(IdError::Pool)?;
+pub async fn list<S: Store>(store: &S, pool: &Name, opts: &Options) -> Result<Listing, IdError> {
     let view = PoolView::read(store, pool, opts.timeout).await?;
     let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let mut ids: Vec<ListEntry> = view
@@ -82,7 +81,7 @@ pub async fn list<S: Store>(store: &S, pool: &str, opts: &Options) -> Result<Lis
         }
     }
     Ok(Listing {
-        pool: pool.to_owned(),
+        pool: pool.to_string(),
         range: view.range.map(|r| r.to_string()),
         claimed: view.claimed(),
         ids,
@@ -109,13 +108,12 @@ pub struct CheckReport {
 /// [`Options::pending_takeover`].
 pub async fn check<S: Store>(
     store: &S,
-    pool: &str,
+    pool: &Name,
     opts: &Options,
 ) -> Result<CheckReport, IdError> {
-    keys::validate_name(pool).map_err(IdError::Pool)?;
     let view = PoolView::read(store, pool, opts.timeout).await?;
     Ok(CheckReport {
-        pool: pool.to_owned(),
+        pool: pool.to_string(),
         claimed: view.claimed(),
         exists: view.range.is_some()
             || view.meta_unreadable

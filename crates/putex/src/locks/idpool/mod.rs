@@ -74,7 +74,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::identity::instance_id;
-use crate::store::{keys, snapshot_synced, ReadMode, Store, StoreError};
+use crate::store::{keys, snapshot_synced, Name, NodeId, ReadMode, Store, StoreError};
 
 mod claim;
 mod listing;
@@ -193,12 +193,6 @@ impl FromStr for IdRange {
 /// Why an identity-pool operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IdError {
-    /// The pool name is not a valid name.
-    #[error("pool name: {0}")]
-    Pool(keys::NameError),
-    /// The claim name is not a valid node id.
-    #[error("claim name: {0}")]
-    Name(keys::NameError),
     /// A malformed or oversized range.
     #[error("range {0}")]
     Range(String),
@@ -318,17 +312,11 @@ pub fn short(machine: &str) -> String {
     }
 }
 
-impl From<keys::NameError> for IdError {
-    fn from(e: keys::NameError) -> Self {
-        IdError::Pool(e)
-    }
-}
-
 /// Who claims: the claim name and the machine it runs on.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Claimant {
-    /// The claim name (default: the hostname); validated like a node id.
-    pub name: String,
+    /// The claim name (default: the hostname), a node id.
+    pub name: NodeId,
     /// The machine id ([`crate::identity::machine_id`]).
     pub machine: String,
 }

@@ -37,23 +37,28 @@ pub struct NameRecord {
 
 impl NameRecord {
     /// Parses a name record of `pool`/`name`; `None` for anything else.
-    pub fn decode(bytes: &[u8], pool: &str, name: &str) -> Option<NameRecord> {
+    pub fn decode(bytes: &[u8], pool: &Name, name: &str) -> Option<NameRecord> {
         let r: NameRecord = serde_json::from_slice(bytes).ok()?;
         let ok = r.v == RECORD_VERSION
             && r.kind == "name"
-            && r.pool == pool
+            && r.pool == pool.as_str()
             && r.name == name
             && !r.write.is_empty()
             && (r.state == NameState::Pending || r.id.is_some());
         ok.then_some(r)
     }
 
-    pub(super) fn new(pool: &str, who: &Claimant, state: NameState, id: Option<u64>) -> NameRecord {
+    pub(super) fn new(
+        pool: &Name,
+        who: &Claimant,
+        state: NameState,
+        id: Option<u64>,
+    ) -> NameRecord {
         NameRecord {
             v: RECORD_VERSION,
             kind: "name".into(),
-            pool: pool.to_owned(),
-            name: who.name.clone(),
+            pool: pool.to_string(),
+            name: who.name.to_string(),
             machine: who.machine.clone(),
             state,
             id,
@@ -76,7 +81,7 @@ struct IdRecordOut<'a> {
     kind: &'static str,
 }
 
-pub(super) fn encode_id(pool: &str, n: u64, rec: &LockRecord) -> Vec<u8> {
+pub(super) fn encode_id(pool: &Name, n: u64, rec: &LockRecord) -> Vec<u8> {
     serde_json::to_vec(&IdRecordOut {
         lock: rec,
         pool,
@@ -95,7 +100,7 @@ fn default_gap_ms() -> u64 {
 pub(super) fn claim_record(who: &Claimant, instance: &str) -> LockRecord {
     LockRecord {
         v: RECORD_VERSION,
-        node: who.name.clone(),
+        node: who.name.to_string(),
         machine: who.machine.clone(),
         instance: instance.to_owned(),
         state: LockState::Active,
@@ -115,9 +120,9 @@ pub(super) struct MetaRecord {
 }
 
 impl MetaRecord {
-    pub(super) fn decode(bytes: &[u8], pool: &str) -> Option<IdRange> {
+    pub(super) fn decode(bytes: &[u8], pool: &Name) -> Option<IdRange> {
         let m: MetaRecord = serde_json::from_slice(bytes).ok()?;
-        if m.v != RECORD_VERSION || m.kind != "meta" || m.pool != pool {
+        if m.v != RECORD_VERSION || m.kind != "meta" || m.pool != pool.as_str() {
             return None;
         }
         IdRange::new(m.first, m.last).ok()

@@ -6,7 +6,7 @@ use crate::store::{AnyStore, MemoryStore};
 
 fn who(name: &str, machine: &str) -> Claimant {
     Claimant {
-        name: name.into(),
+        name: name.parse().unwrap(),
         machine: machine.into(),
     }
 }
@@ -39,7 +39,7 @@ fn ranges_parse_and_refuse_nonsense() {
 #[test]
 fn id_records_are_lock_records_with_extra_fields() {
     let rec = claim_record(&who("web1", "m1"), "i1");
-    let bytes = encode_id("web", 7, &rec);
+    let bytes = encode_id(&"web".parse().unwrap(), 7, &rec);
     let text = String::from_utf8(bytes.clone()).unwrap();
     for f in [
         r#""kind":"claim""#,
@@ -65,7 +65,9 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
     let store = AnyStore::from(MemoryStore::new());
     let o = Options::default();
     let range = Some("1-2".parse().unwrap());
-    let a = claim(&store, "p", range, &who("a", "m"), &o).await.unwrap();
+    let a = claim(&store, &"p".parse().unwrap(), range, &who("a", "m"), &o)
+        .await
+        .unwrap();
     assert_eq!(
         a,
         Claimed {
@@ -74,7 +76,9 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
         }
     );
     // Idempotent; the range may be left out once the pool exists.
-    let again = claim(&store, "p", None, &who("a", "m"), &o).await.unwrap();
+    let again = claim(&store, &"p".parse().unwrap(), None, &who("a", "m"), &o)
+        .await
+        .unwrap();
     assert_eq!(
         again,
         Claimed {
@@ -83,26 +87,28 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
         }
     );
     assert_eq!(
-        claim(&store, "p", range, &who("b", "m"), &o)
+        claim(&store, &"p".parse().unwrap(), range, &who("b", "m"), &o)
             .await
             .unwrap()
             .id,
         2
     );
-    let e = claim(&store, "p", range, &who("c", "m"), &o)
+    let e = claim(&store, &"p".parse().unwrap(), range, &who("c", "m"), &o)
         .await
         .unwrap_err();
     assert_eq!(e.to_string(), "pool p: all 2 ids are claimed");
-    let r = release(&store, "p", &who("a", "m"), false, &o)
+    let r = release(&store, &"p".parse().unwrap(), &who("a", "m"), false, &o)
         .await
         .unwrap();
     assert_eq!(r.ids, vec![(1, LockState::Released)]);
-    assert!(release(&store, "p", &who("a", "m"), false, &o)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        release(&store, &"p".parse().unwrap(), &who("a", "m"), false, &o)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
-        claim(&store, "p", range, &who("c", "m"), &o)
+        claim(&store, &"p".parse().unwrap(), range, &who("c", "m"), &o)
             .await
             .unwrap()
             .id,
@@ -110,7 +116,7 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
     );
     let e = claim(
         &store,
-        "p",
+        &"p".parse().unwrap(),
         Some("1-3".parse().unwrap()),
         &who("d", "m"),
         &o,
@@ -118,11 +124,11 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
     .await
     .unwrap_err();
     assert!(matches!(e, IdError::RangeMismatch { .. }), "{e}");
-    let e = claim(&store, "q", None, &who("d", "m"), &o)
+    let e = claim(&store, &"q".parse().unwrap(), None, &who("d", "m"), &o)
         .await
         .unwrap_err();
     assert!(matches!(e, IdError::NoRange { .. }), "{e}");
-    let report = check(&store, "p", &o).await.unwrap();
+    let report = check(&store, &"p".parse().unwrap(), &o).await.unwrap();
     assert_eq!(report.problems, Vec::new());
     assert_eq!(report.claimed, 2);
 }

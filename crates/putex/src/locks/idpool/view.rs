@@ -27,14 +27,14 @@ impl PoolView {
     /// Reads every record of `pool` (one marker write, one watch).
     pub async fn read<S: Store>(
         store: &S,
-        pool: &str,
+        pool: &Name,
         timeout: Duration,
     ) -> Result<PoolView, IdError> {
-        let prefix = keys::id_pool(pool)?;
-        let marker = keys::id_scan(pool)?;
+        let prefix = keys::id_pool(pool);
+        let marker = keys::id_scan(pool);
         let (entries, now) = snapshot_synced(store, &prefix, &marker, timeout).await?;
         let mut view = PoolView {
-            pool: pool.to_owned(),
+            pool: pool.to_string(),
             range: None,
             meta_unreadable: false,
             ids: BTreeMap::new(),

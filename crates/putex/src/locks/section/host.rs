@@ -207,8 +207,8 @@ impl Host for SlotHost {
                 }
             }
             let mut env = vec![
-                ("PUTEX_LOCK".to_string(), o.name.clone()),
-                ("PUTEX_NODE".to_string(), o.node.clone()),
+                ("PUTEX_LOCK".to_string(), o.name.to_string()),
+                ("PUTEX_NODE".to_string(), o.node.to_string()),
                 ("PUTEX_TOKEN".to_string(), token.to_string()),
                 ("PUTEX_REVISION".to_string(), token.revision.to_string()),
                 ("PUTEX_EPOCH".to_string(), token.epoch.to_string()),

@@ -75,7 +75,7 @@ impl std::fmt::Display for LimitMismatch {
 /// until `deadline`.
 pub async fn targets(
     store: &AnyStore,
-    name: &str,
+    name: &Name,
     limit: u32,
     timeout: Duration,
     deadline: tokio::time::Instant,
@@ -83,8 +83,8 @@ pub async fn targets(
     if limit == 0 || limit > MAX_LIMIT {
         return Err(SectionError::LimitOutOfRange(limit));
     }
-    let sem_key = keys::semaphore(name)?;
-    let lock_key = keys::lock(name)?;
+    let sem_key = keys::semaphore(name);
+    let lock_key = keys::lock(name);
     if limit > 1 {
         let entry = patiently(deadline, timeout, |t| {
             store.get(&lock_key, ReadMode::Any, t)
@@ -96,7 +96,7 @@ pub async fn targets(
                 Observed::Garbage => None,
             };
             return Err(SectionError::LimitMismatch(LimitMismatch {
-                name: name.to_owned(),
+                name: name.to_string(),
                 key: lock_key,
                 defined: 1,
                 ours: limit,
@@ -107,7 +107,7 @@ pub async fn targets(
     let defined = define_limit(store, &sem_key, limit, timeout, deadline).await?;
     if defined != limit {
         return Err(SectionError::LimitMismatch(LimitMismatch {
-            name: name.to_owned(),
+            name: name.to_string(),
             key: sem_key,
             defined,
             ours: limit,
@@ -117,9 +117,7 @@ pub async fn targets(
     if limit == 1 {
         return Ok(vec![lock_key]);
     }
-    (0..limit)
-        .map(|i| keys::slot(name, i).map_err(SectionError::from))
-        .collect()
+    Ok((0..limit).map(|i| keys::slot(name, i)).collect())
 }
 
 /// The limit recorded in `sem_key`, recording `limit` there first if the

@@ -61,7 +61,7 @@ use crate::clock;
 use crate::driver::{self, Host, Keys};
 use crate::locks::queue::{Ticket, Waiter};
 use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
-use crate::store::{keys, AnyStore, ReadMode, Store, StoreError};
+use crate::store::{keys, AnyStore, Name, NodeId, ReadMode, Store, StoreError};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
 use crate::supervision::process::Exit;
@@ -131,9 +131,9 @@ impl OnceMode {
 #[derive(Clone, Debug)]
 pub struct SectionOptions {
     /// The lock (or semaphore) name.
-    pub name: String,
+    pub name: Name,
     /// This node's id.
-    pub node: String,
+    pub node: NodeId,
     /// A stable id of the store (URL without secrets), for host-local files.
     pub store_id: String,
     /// Validated timing (R, F, C, ε, timeouts).
@@ -232,9 +232,6 @@ pub enum SectionError {
     /// Something asked of the section cannot be done as asked.
     #[error("{0}")]
     Usage(String),
-    /// The lock name (or the node id) is not a valid name.
-    #[error(transparent)]
-    Name(#[from] keys::NameError),
     /// The limit is outside `1..=MAX_LIMIT`.
     #[error("the limit must be between 1 and {MAX_LIMIT} (got {0})")]
     LimitOutOfRange(u32),
@@ -276,7 +273,6 @@ impl SectionError {
         matches!(
             self,
             SectionError::Usage(_)
-                | SectionError::Name(_)
                 | SectionError::LimitOutOfRange(_)
                 | SectionError::LimitMismatch(_)
                 | SectionError::LimitUnreadable { .. }

@@ -64,7 +64,7 @@ impl OnceRecord {
 pub async fn period_key(
     store: &AnyStore,
     once: &Once,
-    node: &str,
+    node: &NodeId,
     timeout: Duration,
     give_up: tokio::time::Instant,
 ) -> Result<String, StoreError> {
@@ -93,14 +93,14 @@ pub async fn period_key(
 /// whose clock is theirs.
 pub(super) async fn store_wall_clock(
     store: &AnyStore,
-    node: &str,
+    node: &NodeId,
     timeout: Duration,
     give_up: tokio::time::Instant,
 ) -> Result<SystemTime, StoreError> {
     let AnyStore::Nats(_) = store else {
         return Ok(SystemTime::now());
     };
-    let key = keys::probe(node)?;
+    let key = keys::probe(node);
     let probe = br#"{"v":1,"node":"once","write":"once"}"#;
     let written = patiently(give_up, timeout, |t| store.put(&key, probe, t)).await?;
     let read = patiently(give_up, timeout, |t| store.get(&key, ReadMode::Leader, t)).await?;
@@ -116,11 +116,11 @@ pub(super) async fn store_wall_clock(
 /// The recorded run of `name` in `period`, if any: "node at time".
 pub async fn done_in(
     store: &AnyStore,
-    name: &str,
+    name: &Name,
     period: &str,
     timeout: Duration,
 ) -> Result<Option<String>, StoreError> {
-    let key = keys::once(name)?;
+    let key = keys::once(name);
     Ok(store
         .get(&key, ReadMode::Leader, timeout)
         .await?
@@ -151,7 +151,7 @@ pub(super) async fn once_record(
     let record = OnceRecord {
         v: 1,
         period: period.to_owned(),
-        node: o.node.clone(),
+        node: o.node.to_string(),
         token,
         at,
         state,
@@ -180,7 +180,7 @@ pub(super) async fn claim_period(
     let o = &shared.opts;
     let store = &shared.store;
     let timeout = o.timing.store_timeout();
-    let key = keys::once(&o.name)?;
+    let key = keys::once(&o.name);
     let (value, write) = once_record(shared, period, token, OnceState::Started, timeout).await;
     let mut pause = Duration::from_millis(50);
     loop {
@@ -237,7 +237,7 @@ pub(super) async fn record_once(shared: &Shared, deadline: Instant) {
     }
     let timeout = o.timing.store_timeout();
     let (value, write) = once_record(shared, &period, token, OnceState::Done, timeout).await;
-    let Ok(key) = keys::once(&o.name) else { return };
+    let key = keys::once(&o.name);
     let mut pause = Duration::from_millis(50);
     loop {
         let e = match shared.store.put(&key, &value, timeout).await {

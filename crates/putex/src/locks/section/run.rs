@@ -26,7 +26,6 @@ pub async fn run(
             Wait::Forever => SETUP_PATIENCE,
         }
         .max(timeout);
-    keys::validate_name(&opts.name)?;
     let keys = match &opts.slots {
         Some(slots) if slots.keys.is_empty() => {
             return Err(SectionError::Usage("nothing to compete for".into()))
@@ -59,7 +58,7 @@ pub async fn run(
         dir: opts.keeper_dir.clone(),
         source,
     })?;
-    let instance = crate::identity::instance_id();
+    let instance = crate::identity::instance_name();
     let short = &instance[..instance.len().min(12)];
     let exe = std::env::current_exe()
         .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
@@ -70,8 +69,8 @@ pub async fn run(
             &opts.store_id,
             &format!("{}-{short}", opts.name),
         ),
-        lock: opts.name.clone(),
-        node: opts.node.clone(),
+        lock: opts.name.to_string(),
+        node: opts.node.to_string(),
         deactivate: None,
         stop_timeout: timing.stop_timeout(),
         emergency_timeout: timing.emergency_timeout(),
@@ -130,9 +129,9 @@ pub async fn run(
                 supervised_stops: true,
                 ..AgentConfig::new(
                     Identity {
-                        node: opts.node.clone(),
+                        node: opts.node.to_string(),
                         machine: crate::identity::machine_id(),
-                        instance: instance.clone(),
+                        instance: instance.to_string(),
                     },
                     timing.clone(),
                 )
@@ -146,15 +145,13 @@ pub async fn run(
             slot,
             shared: shared.clone(),
             highest,
-            record_key: keys::lock(&opts.name)
-                .map_or(true, |k| k != *key)
-                .then(|| key.clone()),
+            record_key: (keys::lock(&opts.name) != *key).then(|| key.clone()),
             pending: Mutex::default(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         inputs.push(tx);
         let store = store.clone();
-        let probe = keys::probe(&opts.node)?;
+        let probe = keys::probe(&opts.node);
         let keys = Keys {
             lock: key.clone(),
             probe,

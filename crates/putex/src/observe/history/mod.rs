@@ -63,7 +63,7 @@ use putex_core::{Reason, Role, StoreGap, StoreTime, Token};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{keys, snapshot_synced, AnyStore, Entry, Store, StoreError};
+use crate::store::{keys, snapshot_synced, AnyStore, Entry, Name, NodeId, Store, StoreError};
 
 mod reader;
 #[cfg(test)]

@@ -41,11 +41,11 @@ pub fn parse(entries: impl IntoIterator<Item = (String, Entry)>) -> Vec<Stored> 
 /// marker), so every record written before the call is in it.
 pub async fn read(
     store: &impl Store,
-    lock: &str,
+    lock: &Name,
     timeout: Duration,
 ) -> Result<Vec<Stored>, StoreError> {
-    let filter = keys::history_of(lock)?;
-    let marker = keys::history_scan(lock)?;
+    let filter = keys::history_of(lock);
+    let marker = keys::history_scan(lock);
     let (entries, _) = snapshot_synced(store, &filter, &marker, timeout).await?;
     Ok(parse(entries))
 }

@@ -215,14 +215,26 @@ async fn pruning_leaves_nothing_behind_on_sqlite() {
     let path = dir.path().join("s.db");
     let store = AnyStore::from(crate::store::SqliteStore::open(path.clone()).await.unwrap());
     let t = Duration::from_secs(2);
-    let w = HistoryWriter::spawn(store.clone(), WriterConfig::new("pg", "a", "ia", "run", t));
+    let w = HistoryWriter::spawn(
+        store.clone(),
+        WriterConfig::new(
+            &"pg".parse().unwrap(),
+            &"a".parse().unwrap(),
+            &"ia".parse().unwrap(),
+            "run",
+            t,
+        ),
+    );
     for _ in 0..3 {
         w.transition(Role::Confirming, Role::Active, &Reason::Activated, None);
         w.transition(Role::Active, Role::SteppingDown, &Reason::Shutdown, None);
     }
     w.flush(t).await;
-    assert_eq!(prune(&store, "pg", 2, t).await.unwrap(), 4);
-    let left = read(&store, "pg", t).await.unwrap();
+    assert_eq!(
+        prune(&store, &"pg".parse().unwrap(), 2, t).await.unwrap(),
+        4
+    );
+    let left = read(&store, &"pg".parse().unwrap(), t).await.unwrap();
     assert_eq!(
         left.iter().map(|s| s.record.seq).collect::<Vec<_>>(),
         [4, 5]
@@ -243,9 +255,9 @@ async fn pruning_leaves_nothing_behind_on_sqlite() {
 async fn writer_writes_in_order_and_prunes() {
     let store = AnyStore::from(MemoryStore::new());
     let mut cfg = WriterConfig::new(
-        "pg",
-        "db1.example.com",
-        "abcdef0123",
+        &"pg".parse().unwrap(),
+        &"db1.example.com".parse().unwrap(),
+        &"abcdef0123".parse().unwrap(),
         "run",
         Duration::from_secs(1),
     );
@@ -272,7 +284,9 @@ async fn writer_writes_in_order_and_prunes() {
     // Pruning runs beside the writes: give the last one a moment.
     let mut all = Vec::new();
     for _ in 0..100 {
-        all = read(&store, "pg", Duration::from_secs(2)).await.unwrap();
+        all = read(&store, &"pg".parse().unwrap(), Duration::from_secs(2))
+            .await
+            .unwrap();
         if all.len() <= 4 {
             break;
         }

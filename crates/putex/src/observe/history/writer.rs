@@ -7,11 +7,11 @@ use super::*;
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
     /// The lock name.
-    pub lock: String,
+    pub lock: Name,
     /// This node's id.
-    pub node: String,
+    pub node: NodeId,
     /// This writer's instance id.
-    pub instance: String,
+    pub instance: Name,
     /// [`TransitionRecord::source`].
     pub source: &'static str,
     /// The deadline of each write.
@@ -26,16 +26,16 @@ pub struct WriterConfig {
 impl WriterConfig {
     /// A writer for `lock` with the default retention.
     pub fn new(
-        lock: &str,
-        node: &str,
-        instance: &str,
+        lock: &Name,
+        node: &NodeId,
+        instance: &Name,
         source: &'static str,
         timeout: Duration,
     ) -> WriterConfig {
         WriterConfig {
-            lock: lock.to_owned(),
-            node: node.to_owned(),
-            instance: instance.to_owned(),
+            lock: lock.clone(),
+            node: node.clone(),
+            instance: instance.clone(),
             source,
             timeout,
             keep: KEEP,
@@ -115,10 +115,10 @@ impl HistoryWriter {
         };
         Some(TransitionRecord {
             v: RECORD_VERSION,
-            lock: cfg.lock.clone(),
+            lock: cfg.lock.to_string(),
             key: key.map(str::to_owned),
-            node: cfg.node.clone(),
-            instance: cfg.instance.clone(),
+            node: cfg.node.to_string(),
+            instance: cfg.instance.to_string(),
             seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
             source: cfg.source.to_owned(),
             from: from.to_string(),
@@ -176,13 +176,7 @@ async fn write_loop(store: AnyStore, cfg: WriterConfig, mut rx: mpsc::Receiver<M
             }
             Msg::Write(rec) => *rec,
         };
-        let key = match keys::history(&rec.lock, &rec.node, &rec.instance, rec.seq) {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(error = %e, "transition record not written");
-                continue;
-            }
-        };
+        let key = keys::history(&cfg.lock, &cfg.node, &cfg.instance, rec.seq);
         let bytes = serde_json::to_vec(&rec).expect("a transition record serialises");
         match store.put(&key, &bytes, cfg.timeout).await {
             Ok(token) => {
@@ -215,12 +209,12 @@ async fn prune_loop(store: AnyStore, cfg: WriterConfig, mut due: mpsc::Receiver<
 /// removed now are left for the next prune.
 pub async fn prune(
     store: &AnyStore,
-    lock: &str,
+    lock: &Name,
     keep: usize,
     timeout: Duration,
 ) -> Result<usize, StoreError> {
-    let filter = keys::history_of(lock)?;
-    let marker = keys::history_scan(lock)?;
+    let filter = keys::history_of(lock);
+    let marker = keys::history_scan(lock);
     let (entries, _) = snapshot_synced(store, &filter, &marker, timeout).await?;
     if entries.len() <= keep {
         return Ok(0);
