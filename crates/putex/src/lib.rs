@@ -9,13 +9,13 @@
 //! | [`store`] | the store contract and its backends: NATS JetStream KV, embedded SQLite, memory |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`locks`] | locks for programs and scripts: leases and [`Lock`], critical sections, fair queues, identity pools, the HTTP lock gateway |
-//! | [`supervision`] | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd |
+//! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the integration tests |
 //! | [`observe`] | metrics, transition history, status queries, the web status page |
 //! | [`http`] | HTTP servers: `putex serve` (RDLM, `/v1/`, auth, TLS, OpenAPI) and the agent's endpoints |
 //! | [`identity`] | who and where this process is: host name, machine, boot and instance ids |
 //! | [`shutdown`] | a graceful request, then an abort: signals as cancellation tokens |
 //! | [`clock`] | reading `CLOCK_BOOTTIME`, the clock every licence runs on |
-//! | [`cli`] | the command line: flags → validated settings → `run`, `lock`, `id`, `serve`, `status`, … |
+//! | `cli` | the command line: flags → validated settings → `run`, `lock`, `id`, `serve`, `status`, …: the binary's, not a library API |
 
 pub use putex_core as core;
 
@@ -25,6 +25,9 @@ pub use putex_core as core;
 pub struct ReadmeDoctests;
 
 pub mod agent;
+/// The `putex` binary's command line: public for the binary and the
+/// integration tests, not a library API.
+#[doc(hidden)]
 pub mod cli;
 pub mod clock;
 pub mod driver;
@@ -34,6 +37,10 @@ pub mod locks;
 pub mod observe;
 pub mod shutdown;
 pub mod store;
+/// The keeper, process trees, hooks and systemd: the machinery behind
+/// [`agent::run`] and critical sections, public for the integration tests,
+/// not a library API.
+#[doc(hidden)]
 pub mod supervision;
 
 pub use locks::lease::{Lease, LeaseOptions, Lock};

@@ -54,7 +54,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
-pub mod files;
+pub(crate) mod files;
 mod host;
 pub mod member;
 pub mod settings;

@@ -34,12 +34,12 @@ use tokio_util::sync::CancellationToken;
 use crate::locks::gateway::{AcquireError, AcquireRequest, Gateway, Grant};
 use crate::store::Name;
 
-pub mod agent;
-pub mod auth;
-pub mod openapi;
-pub mod rdlm;
-pub mod tls;
-pub mod v1;
+pub(crate) mod agent;
+pub(crate) mod auth;
+pub(crate) mod openapi;
+pub(crate) mod rdlm;
+pub(crate) mod tls;
+pub(crate) mod v1;
 
 pub use auth::{AdminCredentials, AuthSettings, Secret};
 pub use tls::{TlsError, TlsSettings};

@@ -41,7 +41,7 @@ use std::time::Duration;
 pub use putex_core::store::{Entry, StoreTime, Token};
 
 pub mod keys;
-pub mod measure;
+pub(crate) mod measure;
 pub mod memory;
 mod names;
 pub mod nats;

@@ -13,6 +13,6 @@
 
 pub mod hooks;
 pub mod keeper;
-pub mod keeper_queue;
+pub(crate) mod keeper_queue;
 pub mod process;
-pub mod systemd;
+pub(crate) mod systemd;

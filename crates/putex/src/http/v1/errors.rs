@@ -81,11 +81,6 @@ impl ApiError {
         }
     }
 
-    /// The code.
-    pub fn code(&self) -> ErrorCode {
-        self.code
-    }
-
     fn store(e: impl std::fmt::Display) -> ApiError {
         ApiError::new(ErrorCode::Store, format!("store: {e}"))
     }

@@ -48,7 +48,7 @@ mod errors;
 mod views;
 
 use errors::check_name;
-pub use errors::{ApiError, ErrorBody, ErrorCode, ErrorDetail};
+pub use errors::{ApiError, ErrorBody, ErrorCode};
 pub(crate) use errors::{V1Json, V1Path};
 pub use views::*;
 
