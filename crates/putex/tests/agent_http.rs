@@ -64,19 +64,27 @@ pub fn two_agents_with_http(
     lock: &str,
     nodes: [&str; 2],
 ) -> ([u16; 2], Vec<Agent>, usize) {
+    two_agents_with_http_flags(dir, url, lock, nodes, &[])
+}
+
+/// [`two_agents_with_http`] with `flags` before the service (e.g. another
+/// `--renew`).
+pub fn two_agents_with_http_flags(
+    dir: &std::path::Path,
+    url: &str,
+    lock: &str,
+    nodes: [&str; 2],
+    flags: &[&str],
+) -> ([u16; 2], Vec<Agent>, usize) {
     let ports = [free_port(), free_port()];
     let agents: Vec<Agent> = nodes
         .iter()
         .zip(ports)
         .map(|(node, port)| {
             let addr = format!("127.0.0.1:{port}");
-            Agent::start(
-                dir,
-                url,
-                lock,
-                node,
-                &["--http", &addr, "--", "sleep", "1000"],
-            )
+            let mut args: Vec<&str> = flags.to_vec();
+            args.extend(["--http", &addr, "--", "sleep", "1000"]);
+            Agent::start(dir, url, lock, node, &args)
         })
         .collect();
     let until = Instant::now() + Duration::from_secs(20);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::agent_http::two_agents_with_http;
+use crate::agent_http::two_agents_with_http_flags;
 use crate::common::agent::serial;
 use crate::common::nats_server::NatsServer;
 
@@ -85,8 +85,16 @@ fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let (ports, mut agents, active) =
-        two_agents_with_http(dir.path(), &server.url, "site", ["web-a", "web-b"]);
+    // R = 300 ms (T = 900 ms): headless Chromium takes both cores for a
+    // moment each time it renders, which must not starve the holder into
+    // a failover the test did not ask for (with R = 100 ms it did once).
+    let (ports, mut agents, active) = two_agents_with_http_flags(
+        dir.path(),
+        &server.url,
+        "site",
+        ["web-a", "web-b"],
+        &["--renew", "300ms"],
+    );
     let (holder, other) = (agents[active].node.clone(), agents[1 - active].node.clone());
     let url = format!("http://127.0.0.1:{}/ui", ports[1 - active]);
     let dom = render_until(&url, Duration::from_secs(10), |d| {

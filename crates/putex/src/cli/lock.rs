@@ -272,6 +272,8 @@ impl LockArgs {
                 slots: None,
                 // `putex lock` serves no `/metrics`.
                 metrics: None,
+                // `putex lock` is the putex binary.
+                keeper_exe: None,
             },
         ))
     }

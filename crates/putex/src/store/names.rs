@@ -50,7 +50,7 @@ const NODE_RULE: &str =
 
 /// A lock, semaphore, identity pool or HTTP resource name (one key token):
 /// 1 to 64 characters from `A-Z a-z 0-9 _ -`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Name(String);
 
 impl Name {
@@ -69,7 +69,7 @@ impl Name {
 
 /// A node id: name characters and dots between non-empty labels, 1 to 253
 /// characters, so that FQDNs work.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(String);
 
 impl NodeId {
@@ -104,6 +104,12 @@ macro_rules! text_like {
             type Error = NameError;
             fn try_from(s: &str) -> Result<Self, NameError> {
                 <$t>::new(s)
+            }
+        }
+        /// As the text's: `"pg"`, so that messages quote a name as before.
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
             }
         }
         impl fmt::Display for $t {
@@ -238,5 +244,16 @@ mod tests {
         assert!(serde_json::from_str::<Name>("\"a.b\"").is_err());
         assert!(serde_json::from_str::<NodeId>("\"a..b\"").is_err());
         assert_eq!(serde_json::to_string(&n).unwrap(), "\"pg\"");
+    }
+
+    #[test]
+    fn messages_quote_a_name_as_they_quote_text() {
+        let n = Name::new("pg").unwrap();
+        assert_eq!(format!("lock {n:?}"), "lock \"pg\"");
+        assert_eq!(format!("{n}"), "pg");
+        assert_eq!(
+            format!("{:?}", NodeId::new("db1.example.com").unwrap()),
+            "\"db1.example.com\""
+        );
     }
 }

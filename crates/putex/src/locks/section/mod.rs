@@ -167,6 +167,10 @@ pub struct SectionOptions {
     /// Where the section records its series (store calls, unproven stops);
     /// `None`: nowhere.
     pub metrics: Option<crate::observe::metrics::Metrics>,
+    /// The program that runs the keeper (`<exe> keeper …`): the putex
+    /// binary's path for a program that uses sections as a library;
+    /// `None`: this program, which must then be the putex binary.
+    pub keeper_exe: Option<PathBuf>,
 }
 
 /// Explicit lock keys for [`SectionOptions::slots`]: CMD runs under one of

@@ -60,8 +60,11 @@ pub async fn run(
     })?;
     let instance = crate::identity::instance_name();
     let short = &instance[..instance.len().min(12)];
-    let exe = std::env::current_exe()
-        .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?;
+    let exe = match &opts.keeper_exe {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?,
+    };
     let (mut keeper, _) = KeeperClient::spawn_or_adopt(&KeeperConfig {
         exe,
         socket: crate::supervision::keeper::socket_path(
