@@ -35,7 +35,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`settings`] | [`AgentSettings`]: validated settings, whatever they came from |
-//! | [`files`] | the host-local lock file and state file |
+//! | `files` | the host-local lock file and state file |
 //! | [`member`] | member records, what `putex status` shows of each node |
 //! | `host` | the [`crate::driver::Host`] that carries out what the core asks |
 

@@ -2,7 +2,7 @@
 //!
 //! Everything that does not need the store is checked by
 //! [`resolve`](super::config::resolve) (names, hooks, [`TimingConfig::validate`]).
-//! Then, if the store answers, [`measure_store`] learns what
+//! Then, if the store answers, `measure_store` learns what
 //! [`Timing::check_store`] needs: whether the bucket is replicated (a NATS
 //! stream with more than one replica: T must ride through a leader
 //! election) and the p99 latency of ~20 compare-and-swaps (R must be at

@@ -1,7 +1,7 @@
 //! `putex id`: identity pools — a unique small number per machine (a
 //! snowflake worker id, a shard number), claimed atomically and never
 //! duplicated. The logic is in [`crate::locks::idpool`]; this module parses the
-//! flags, opens the store and maps errors onto the [`sysexits`] codes.
+//! flags, opens the store and maps errors onto the `sysexits` codes.
 
 use std::time::Duration;
 

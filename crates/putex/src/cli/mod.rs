@@ -1,24 +1,24 @@
 //! The command line: flags → validated settings → commands.
 //!
-//! Two stages, as in ripgrep's `lowargs`/`hiargs`: [`config::AgentArgs`]
+//! Two stages, as in ripgrep's `lowargs`/`hiargs`: `config::AgentArgs`
 //! holds what clap parsed (flags, with `PUTEX_*` environment variables
-//! filled in by clap), [`config::resolve`] merges the TOML
+//! filled in by clap), `config::resolve` merges the TOML
 //! file (`--config`) and the defaults below them and validates the result,
 //! with errors that name the flag or key to change.
 //!
 //! | module | command |
 //! |---|---|
-//! | [`config`] | the agent's flags, environment, config file and defaults |
-//! | [`check`] | `putex check`: validate and print the timeline |
-//! | [`run`] | `putex run`: flags → settings → [`crate::agent::run`] → exit code |
-//! | [`status`] | `putex status`: the lock and member records |
-//! | [`history`] | `putex history`: who held a lock when and why it moved (transition records) |
-//! | [`watch`] | `putex watch`: a live view of a lock's status and last transitions |
-//! | [`manual`] | `putex completions` and `putex man`: generated from the clap definition |
-//! | [`demo`] | `putex demo`: three agents on a temporary SQLite store |
-//! | [`id`] | `putex id`: identity pools — claim, release, list, check (exit codes in [`sysexits`]) |
-//! | [`lock`] | `putex lock`: a command run while a lock is held (exit codes in [`sysexits`]) |
-//! | [`serve`] | `putex serve`: the HTTP lock gateway (RDLM-compatible API, `/v1/` JSON API) |
+//! | `config` | the agent's flags, environment, config file and defaults |
+//! | `check` | `putex check`: validate and print the timeline |
+//! | `run` | `putex run`: flags → settings → [`crate::agent::run`] → exit code |
+//! | `status` | `putex status`: the lock and member records |
+//! | `history` | `putex history`: who held a lock when and why it moved (transition records) |
+//! | `watch` | `putex watch`: a live view of a lock's status and last transitions |
+//! | `manual` | `putex completions` and `putex man`: generated from the clap definition |
+//! | `demo` | `putex demo`: three agents on a temporary SQLite store |
+//! | `id` | `putex id`: identity pools — claim, release, list, check (exit codes in `sysexits`) |
+//! | `lock` | `putex lock`: a command run while a lock is held (exit codes in `sysexits`) |
+//! | `serve` | `putex serve`: the HTTP lock gateway (RDLM-compatible API, `/v1/` JSON API) |
 //!
 //! # Exit codes
 //!
@@ -98,7 +98,7 @@ pub enum CliError {
     /// Exit 1: anything else.
     Other(String),
     /// An explicit exit code with a message: `putex lock` and `putex id`
-    /// use the [`sysexits`] codes, and `putex lock` passes on its
+    /// use the `sysexits` codes, and `putex lock` passes on its
     /// command's status.
     Exit(u8, String),
 }

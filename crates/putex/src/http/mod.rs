@@ -3,12 +3,12 @@
 //!
 //! | module | what it is for |
 //! |---|---|
-//! | [`agent`] | the failover agent's endpoints (`putex run --http`): `/primary`, `/replica`, health, metrics |
-//! | [`rdlm`] | the RDLM-compatible API at the root (`/locks/…`, `/resources/…`), so existing RDLM clients keep working |
-//! | [`v1`] | the versioned JSON API under `/v1/`: locks with fencing tokens, renewals, listings, status and members |
-//! | [`auth`] | the optional bearer token for the whole server and Basic credentials for the admin calls |
-//! | [`tls`] | TLS with rustls (the `ring` stack async-nats already uses) |
-//! | [`openapi`] | the OpenAPI 3 document at `/openapi.json`, generated from the handlers and types |
+//! | `agent` | the failover agent's endpoints (`putex run --http`): `/primary`, `/replica`, health, metrics |
+//! | `rdlm` | the RDLM-compatible API at the root (`/locks/…`, `/resources/…`), so existing RDLM clients keep working |
+//! | `v1` | the versioned JSON API under `/v1/`: locks with fencing tokens, renewals, listings, status and members |
+//! | `auth` | the optional bearer token for the whole server and Basic credentials for the admin calls |
+//! | `tls` | TLS with rustls (the `ring` stack async-nats already uses) |
+//! | `openapi` | the OpenAPI 3 document at `/openapi.json`, generated from the handlers and types |
 //!
 //! [`serve`] takes a bound listener and a shutdown future, so tests bind
 //! `127.0.0.1:0` and run the real server in-process. On shutdown it stops

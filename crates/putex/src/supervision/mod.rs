@@ -2,11 +2,11 @@
 //!
 //! | module | what it is for |
 //! |---|---|
-//! | [`keeper`] | the dead-man's switch that owns the service and its deadline, in a process of its own |
-//! | [`keeper_queue`] | one ordered queue of requests to a keeper, shared by the agent and `putex lock` |
-//! | [`process`] | process-tree control: cgroup v2 scopes, or a child subreaper |
-//! | [`hooks`] | running hooks (`/bin/sh -c`) with their environment and timeouts |
-//! | [`systemd`] | `Type=notify`: READY, STATUS, a watchdog that pings only while the state machine progresses |
+//! | `keeper` | the dead-man's switch that owns the service and its deadline, in a process of its own |
+//! | `keeper_queue` | one ordered queue of requests to a keeper, shared by the agent and `putex lock` |
+//! | `process` | process-tree control: cgroup v2 scopes, or a child subreaper |
+//! | `hooks` | running hooks (`/bin/sh -c`) with their environment and timeouts |
+//! | `systemd` | `Type=notify`: READY, STATUS, a watchdog that pings only while the state machine progresses |
 //!
 //! "Stopped" means no process of the tree survives, and a stop is reported
 //! only when proven (`docs/supervision.md`).
