@@ -45,12 +45,16 @@ pub fn machine_id() -> String {
         .unwrap_or_else(|| "unknown-machine".into())
 }
 
-/// A fresh random id for this start (the kernel's UUID generator).
+/// A fresh random id for this start: the kernel's random UUID without its
+/// dashes (32 hex digits), or `<pid>-<n>` where the kernel offers none
+/// that reads as one.
 pub fn instance_id() -> String {
     static FALLBACK: Mutex<u64> = Mutex::new(0);
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .ok()
         .map(|s| s.trim().replace('-', ""))
-        .unwrap_or_else(|_| {
+        .filter(|s| (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or_else(|| {
             let mut n = FALLBACK.lock().expect("not poisoned");
             *n += 1;
             format!("{}-{}", std::process::id(), n)
@@ -58,7 +62,7 @@ pub fn instance_id() -> String {
 }
 
 /// [`instance_id`] as a key token (a waiter's ticket, a history writer's
-/// keys): hex digits, or digits and a dash.
+/// keys): alphanumerics, or digits and a dash, so always a name.
 pub fn instance_name() -> crate::store::Name {
-    crate::store::Name::new(instance_id()).expect("hex digits and dashes make a name")
+    crate::store::Name::new(instance_id()).expect("alphanumerics, or digits and a dash")
 }

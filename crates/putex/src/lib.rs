@@ -9,7 +9,7 @@
 //! | [`store`] | the store contract and its backends: NATS JetStream KV, embedded SQLite, memory |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`locks`] | locks for programs and scripts: leases and [`Lock`], critical sections, fair queues, identity pools, the HTTP lock gateway |
-//! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the integration tests |
+//! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the binary (the keeper) and the integration tests |
 //! | [`observe`] | metrics, transition history, status queries, the web status page |
 //! | [`http`] | HTTP servers: `putex serve` (RDLM, `/v1/`, auth, TLS, OpenAPI) and the agent's endpoints |
 //! | [`identity`] | who and where this process is: host name, machine, boot and instance ids |
@@ -38,8 +38,8 @@ pub mod observe;
 pub mod shutdown;
 pub mod store;
 /// The keeper, process trees, hooks and systemd: the machinery behind
-/// [`agent::run`] and critical sections, public for the integration tests,
-/// not a library API.
+/// [`agent::run`] and critical sections, public for the putex binary (which
+/// runs the keeper) and the integration tests, not a library API.
 #[doc(hidden)]
 pub mod supervision;
 

@@ -112,7 +112,8 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
     let store = AnyStore::open(&settings.store)
         .await
         .map_err(|e| CliError::Store(format!("store {store_url}: {e}")))?;
-    let m = measure_store(&store, &settings.node, Duration::from_secs(1), None).await?;
+    let demo: crate::store::NodeId = "demo".parse().expect("a node id");
+    let m = measure_store(&store, &demo, Duration::from_secs(1), None).await?;
     let timeline = settings.timing.timeline(m.median_cas);
     println!("putex demo: 3 agents for lock {LOCK:?} on {store_url}");
     println!(

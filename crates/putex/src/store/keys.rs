@@ -10,7 +10,6 @@
 //! | `lock.<name>` | the lock record of lock `<name>` |
 //! | `member.<name>.<node>` | node `<node>`'s member record for lock `<name>` |
 //! | `probe.<node>` | node `<node>`'s probe record (reads the store's clock, S1 b) |
-//!
 //! | `sem.<name>` | the limit of `putex lock <name>` (`--limit N`, 1 for a plain lock), created once by the first client |
 //! | `sem.<name>.<slot>` | slot `<slot>` (0..N−1) of semaphore `<name>`: an ordinary lock record |
 //! | `queue.<name>.<instance>` | a waiter's ticket in lock `<name>`'s fair queue |

@@ -49,6 +49,7 @@ pub mod sqlite;
 pub mod url;
 
 pub use self::url::StoreUrl;
+pub use measure::MeasureError;
 pub use memory::MemoryStore;
 pub use names::{Name, NameError, NodeId};
 pub use nats::NatsStore;
@@ -171,12 +172,6 @@ impl StoreError {
 
 impl From<keys::KeyError> for StoreError {
     fn from(e: keys::KeyError) -> Self {
-        StoreError::config(e)
-    }
-}
-
-impl From<keys::NameError> for StoreError {
-    fn from(e: keys::NameError) -> Self {
         StoreError::config(e)
     }
 }

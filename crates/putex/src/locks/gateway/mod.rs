@@ -125,12 +125,6 @@ pub enum AcquireError {
     Late(Duration),
 }
 
-impl From<keys::NameError> for AcquireError {
-    fn from(e: keys::NameError) -> Self {
-        AcquireError::Invalid(e.to_string())
-    }
-}
-
 /// A lock just granted or renewed, on its way to its client.
 ///
 /// Its licence runs from the send of the write that granted it, and that
