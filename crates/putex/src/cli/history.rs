@@ -154,26 +154,8 @@ mod tests {
     async fn renders_a_handover() {
         let store = AnyStore::from(MemoryStore::new());
         let t = Duration::from_secs(1);
-        let a = HistoryWriter::spawn(
-            store.clone(),
-            WriterConfig::new(
-                &"pg".parse().unwrap(),
-                &"a".parse().unwrap(),
-                &"ia".parse().unwrap(),
-                "run",
-                t,
-            ),
-        );
-        let b = HistoryWriter::spawn(
-            store.clone(),
-            WriterConfig::new(
-                &"pg".parse().unwrap(),
-                &"b".parse().unwrap(),
-                &"ib".parse().unwrap(),
-                "run",
-                t,
-            ),
-        );
+        let a = HistoryWriter::spawn(store.clone(), WriterConfig::for_test("pg", "a", "ia", t));
+        let b = HistoryWriter::spawn(store.clone(), WriterConfig::for_test("pg", "b", "ib", t));
         let tok = Some(Token::new(1, 2));
         a.transition(
             Role::Standby,

@@ -215,16 +215,7 @@ async fn pruning_leaves_nothing_behind_on_sqlite() {
     let path = dir.path().join("s.db");
     let store = AnyStore::from(crate::store::SqliteStore::open(path.clone()).await.unwrap());
     let t = Duration::from_secs(2);
-    let w = HistoryWriter::spawn(
-        store.clone(),
-        WriterConfig::new(
-            &"pg".parse().unwrap(),
-            &"a".parse().unwrap(),
-            &"ia".parse().unwrap(),
-            "run",
-            t,
-        ),
-    );
+    let w = HistoryWriter::spawn(store.clone(), WriterConfig::for_test("pg", "a", "ia", t));
     for _ in 0..3 {
         w.transition(Role::Confirming, Role::Active, &Reason::Activated, None);
         w.transition(Role::Active, Role::SteppingDown, &Reason::Shutdown, None);

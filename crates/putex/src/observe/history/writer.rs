@@ -42,6 +42,14 @@ impl WriterConfig {
             prune_every: PRUNE_EVERY,
         }
     }
+
+    /// A `run` writer from text that tests know to be valid.
+    #[cfg(test)]
+    pub(crate) fn for_test(lock: &str, node: &str, instance: &str, timeout: Duration) -> Self {
+        let name = |s: &str| -> Name { s.parse().expect("a test name") };
+        let node: NodeId = node.parse().expect("a test node id");
+        WriterConfig::new(&name(lock), &node, &name(instance), "run", timeout)
+    }
 }
 
 enum Msg {
