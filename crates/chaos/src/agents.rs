@@ -99,7 +99,7 @@ pub struct Agent {
 
 impl Agent {
     /// Starts `putex run` and waits until it has measured the store. An
-    /// agent refuses to start when R is under ten times the p99 of its 20
+    /// agent refuses to start when R is under ten times the p99 of its 100
     /// start-up compare-and-swaps; on a loaded 2-core machine one slow
     /// sample does that, so such a refusal is retried (up to 10 times),
     /// each after a pause one second longer than the last (up to 5 s), so

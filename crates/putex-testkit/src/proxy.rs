@@ -301,6 +301,18 @@ impl<'a> Pump<'a> {
         let mut src_done = false;
         loop {
             self.sync()?;
+            // What is due goes out now: through the timer, a chunk without
+            // delay would wait for the next tick, a millisecond or more each
+            // way, and `Pass` would slow every round trip by several.
+            while self
+                .queue
+                .front()
+                .is_some_and(|(t, _)| *t <= Instant::now())
+            {
+                if let Some((_, item)) = self.queue.pop_front() {
+                    self.deliver(item, &mut dst).await?;
+                }
+            }
             if src_done && self.queue.is_empty() && self.held.is_empty() {
                 return Ok(());
             }
@@ -314,15 +326,11 @@ impl<'a> Pump<'a> {
             match event {
                 Event::ModeChanged(true) => {} // applied by sync
                 Event::ModeChanged(false) => return Err(End::Closed),
-                Event::Due => match self.queue.pop_front() {
-                    Some((_, Item::Data(bytes))) => {
-                        dst.write_all(&bytes).await?;
-                        self.forwarded
-                            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+                Event::Due => {
+                    if let Some((_, item)) = self.queue.pop_front() {
+                        self.deliver(item, &mut dst).await?;
                     }
-                    Some((_, Item::Eof)) => dst.shutdown().await?,
-                    None => {}
-                },
+                }
                 Event::Read(r) => {
                     let item = match r? {
                         0 => {
@@ -341,6 +349,19 @@ impl<'a> Pump<'a> {
                 }
             }
         }
+    }
+
+    /// Writes a chunk (or the end of stream) to the receiving peer.
+    async fn deliver(&self, item: Item, dst: &mut WriteHalf<'_>) -> io::Result<()> {
+        match item {
+            Item::Data(bytes) => {
+                dst.write_all(&bytes).await?;
+                self.forwarded
+                    .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+            }
+            Item::Eof => dst.shutdown().await?,
+        }
+        Ok(())
     }
 
     /// Applies a mode change to what is queued and held.
