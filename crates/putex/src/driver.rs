@@ -33,7 +33,7 @@ use crate::observe::metrics::Metrics;
 use crate::store::{AnyStore, ReadMode, Store};
 
 /// Everything the driver asks of the host besides the store: hooks, the
-/// service, the keeper and the local state file. The agent CLI implements it
+/// service, the keeper and the host state file. The agent CLI implements it
 /// with hooks and a keeper; the lease library with notifications.
 ///
 /// Futures must finish by their deadline (reporting failure if they had to

@@ -12,6 +12,7 @@
 //! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the binary (the keeper) and the integration tests |
 //! | [`observe`] | metrics, transition history, status queries, the web status page |
 //! | [`http`] | HTTP servers: `putex serve` (RDLM, `/v1/`, auth, TLS, OpenAPI) and the agent's endpoints |
+//! | `host_state` | what a host remembers of a lock between processes (S5, S6): one file per record, shared by agents and sections |
 //! | [`identity`] | who and where this process is: host name, machine, boot and instance ids |
 //! | [`shutdown`] | a graceful request, then an abort: signals as cancellation tokens |
 //! | [`clock`] | reading `CLOCK_BOOTTIME`, the clock every licence runs on |
@@ -31,6 +32,7 @@ pub mod agent;
 pub mod cli;
 pub mod clock;
 pub mod driver;
+mod host_state;
 pub mod http;
 pub mod identity;
 pub mod locks;

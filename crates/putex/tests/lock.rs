@@ -754,6 +754,67 @@ fn once_at_least_runs_again_when_the_lock_is_lost() {
     assert_eq!(env.read("runs").lines().count(), 2);
 }
 
+/// The host's memory of a lock (S6) is one file, whoever wrote it: two
+/// sections leave `<hash>-lock.NAME.state.json` with the last token and
+/// nothing else; a higher token remembered by the host (here in the file an
+/// earlier release kept, `….highest`, as after an upgrade) makes the next
+/// section refuse a store that offers less, and run nothing.
+#[test]
+fn the_host_remembers_the_highest_token_in_one_file_and_refuses_less() {
+    let env = Env::sqlite();
+    let record = r#"echo "$PUTEX_EPOCH $PUTEX_REVISION" >> "$D/tokens""#;
+    assert_eq!(code(env.lock("hs", &[], record)), 0);
+    assert_eq!(code(env.lock("hs", &[], record)), 0);
+    let tokens = env.read("tokens");
+    let last: Vec<u64> = tokens
+        .lines()
+        .last()
+        .expect("two sections ran")
+        .split(' ')
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let keepers = env.path("keepers");
+    let state: Vec<PathBuf> = std::fs::read_dir(&keepers)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert_eq!(state.len(), 1, "one host file: {state:?}");
+    let file = &state[0];
+    assert!(
+        file.to_string_lossy().ends_with("-lock.hs.state.json"),
+        "{file:?}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    // The highest token seen: the last section's, or its release's after it.
+    let (epoch, revision) = (
+        saved["highest"]["epoch"].as_u64(),
+        saved["highest"]["revision"].as_u64().unwrap_or(0),
+    );
+    assert_eq!(epoch, Some(last[0]), "{saved}");
+    assert!(revision >= last[1], "{saved} below the last token {last:?}");
+
+    let legacy = PathBuf::from(file.to_string_lossy().replace(".state.json", ".highest"));
+    std::fs::write(
+        &legacy,
+        format!(r#"{{"epoch":{},"revision":{}}}"#, last[0], revision + 1000),
+    )
+    .unwrap();
+    let (status, stderr) = run({
+        let mut c = env.lock("hs", &["--wait", "2s"], record);
+        c.env("RUST_LOG", "error");
+        c
+    });
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("STORE REGRESSED"), "{stderr}");
+    assert_eq!(
+        env.read("tokens"),
+        tokens,
+        "nothing ran below the host's token"
+    );
+}
+
 #[test]
 fn bad_input_is_refused_and_garbage_is_survived() {
     let env = Env::sqlite();

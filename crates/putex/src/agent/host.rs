@@ -4,10 +4,9 @@
 //! stops and the licence deadline go through the keeper (which owns the
 //! child in child mode and runs the deactivate hook in hook mode), in the
 //! core's order through one queue ([`keeper_ops`]); the highest token and
-//! the service's tree go into the state file; transitions into the log,
+//! the service's tree go into the host state file; transitions into the log,
 //! the member record and a transition record.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,11 +17,11 @@ use putex_core::{Event, HealthMode, Instant, KeeperCommand, Role, StopKind, Toke
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
-use super::files::LocalState;
 use super::member::MemberRecord;
 use super::settings::{AgentSettings, ServiceMode};
 use crate::clock;
 use crate::driver::Host;
+use crate::host_state::HostState;
 use crate::observe::metrics::Metrics;
 use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
@@ -135,7 +134,7 @@ pub(super) struct Inner {
     pub(super) settings: AgentSettings,
     pub(super) runner: HookRunner,
     pub(super) keeper: Arc<KeeperSlot>,
-    /// A previous instance's tree, from the state file: the start-up stop
+    /// A previous instance's tree, from the host state file: the start-up stop
     /// proves it gone too (S5), whoever owned it.
     pub(super) orphans: Mutex<Option<TreeSnapshot>>,
     pub(super) ops: KeeperQueue,
@@ -188,7 +187,7 @@ impl Inner {
     }
 }
 
-/// The agent's [`Host`]: hooks, the keeper, the state file, member records.
+/// The agent's [`Host`]: hooks, the keeper, the host state file, member records.
 #[derive(Clone)]
 pub(super) struct AgentHost {
     pub(super) inner: Arc<Inner>,
@@ -615,10 +614,10 @@ impl Host for AgentHost {
 }
 
 /// Persists the highest token, the service's tree (and the instance)
-/// whenever they change.
+/// whenever they change, into the lock's host state.
 pub(super) async fn state_writer(
     host: AgentHost,
-    path: PathBuf,
+    file: HostState,
     boot: String,
     tree: Option<TreeSnapshot>,
 ) {
@@ -629,17 +628,20 @@ pub(super) async fn state_writer(
         if now == written {
             continue;
         }
-        let state = LocalState {
-            instance: host.inner.instance.clone(),
-            boot_id: boot.clone(),
-            highest: now.0,
-            tree: now.1.clone(),
+        let (instance, boot, f) = (host.inner.instance.clone(), boot.clone(), file.clone());
+        let (highest, tree) = now.clone();
+        let update = move || {
+            f.update(|r| {
+                r.instance = instance;
+                r.boot_id = boot;
+                r.raise(highest);
+                r.tree = tree;
+            })
         };
-        let p = path.clone();
-        match tokio::task::spawn_blocking(move || state.save(&p)).await {
-            Ok(Ok(())) => written = now,
+        match tokio::task::spawn_blocking(update).await {
+            Ok(Ok(_)) => written = now,
             Ok(Err(e)) => {
-                tracing::error!(path = %path.display(), error = %e, "cannot write the state file")
+                tracing::error!(path = %file.path().display(), error = %e, "cannot write the host state file")
             }
             Err(_) => {}
         }

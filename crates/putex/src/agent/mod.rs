@@ -8,8 +8,9 @@
 //!    `<keeper dir>/<store hash>-<lock>.lock`; a second agent for the same
 //!    lock and store on this host refuses to start
 //!    ([`AgentError::AlreadyRunning`]);
-//! 2. read the state file beside it (`….state`: the previous instance id, the
-//!    boot id, the highest fencing token seen, S6) and write the new
+//! 2. read the lock's host state beside it (`….state.json`, shared with
+//!    critical sections: the previous instance id, the boot id, the highest
+//!    fencing token seen, S6, the service's tree) and write the new
 //!    instance id into it;
 //! 3. open the store ([`AgentError::StoreUnreachable`]) and check the timing
 //!    against it (replication, p99 latency);
@@ -35,7 +36,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`settings`] | [`AgentSettings`]: validated settings, whatever they came from |
-//! | `files` | the host-local lock file and state file |
+//! | `files` | the host-local lock file (the host state is `crate::host_state`) |
 //! | [`member`] | member records, what `putex status` shows of each node |
 //! | `host` | the [`crate::driver::Host`] that carries out what the core asks |
 
@@ -61,11 +62,12 @@ pub mod settings;
 
 pub use settings::{timing_warnings, AgentSettings, ServiceMode};
 
-use self::files::{LocalLock, LocalPaths, LocalState};
+use self::files::{LocalLock, LocalPaths};
 use self::host::{state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
 use self::member::member_writer;
 use crate::clock;
 use crate::driver::{self, Keys};
+use crate::host_state::{HostRecord, HostState};
 use crate::identity;
 use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
@@ -82,7 +84,7 @@ pub enum AgentError {
     /// A host-local file or directory could not be used.
     #[error("{what} {}: {source}", path.display())]
     Local {
-        /// Which file: `keeper directory`, `lock file`, `state file`.
+        /// Which file: `keeper directory`, `lock file`, `host state file`.
         what: &'static str,
         /// Its path.
         path: PathBuf,
@@ -167,21 +169,24 @@ pub async fn run(
     let paths = LocalPaths::new(&settings.keeper_dir, &store_id, &lock);
     let _local_lock = LocalLock::acquire(&paths.lock_file, &lock, &store_id)?;
 
-    // 2. The state file (S5, S6).
+    // 2. The lock's host state (S5, S6), shared with critical sections.
+    let host_state = HostState::new(&settings.keeper_dir, &store_id, &keys::lock(&lock))
+        .with_agent_legacy(&settings.keeper_dir, &store_id, &lock);
     let boot = identity::boot_id();
-    let previous_state = LocalState::load(&paths.state_file);
     let instance = identity::instance_name();
-    let highest = previous_state.as_ref().and_then(|s| s.highest);
-    // A previous instance's tree stays on record until a stop proves it gone.
-    let orphans = previous_state.as_ref().and_then(|s| s.tree.clone());
-    LocalState {
-        instance: instance.to_string(),
-        boot_id: boot.clone(),
-        highest,
-        tree: orphans.clone(),
-    }
-    .save(&paths.state_file)
-    .map_err(|e| AgentError::local("state file", &paths.state_file, e))?;
+    // What was on record before this instance wrote its name (an empty
+    // record when nothing was): the previous agent's instance, the highest
+    // token, and a tree that stays on record until a stop proves it gone.
+    let mut previous_state = HostRecord::default();
+    host_state
+        .update(|r| {
+            previous_state = r.clone();
+            r.instance = instance.to_string();
+            r.boot_id = boot.clone();
+        })
+        .map_err(|e| AgentError::local("host state file", host_state.path(), e))?;
+    let highest = previous_state.highest;
+    let orphans = previous_state.tree.clone();
 
     // 3. The store.
     let store =
@@ -264,10 +269,11 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "adopted keeper did not report its status"),
         }
     }
-    let previous = previous_state.map(|s| {
-        let same_boot = !boot.is_empty() && s.boot_id == boot;
+    // Sections alone leave no instance on record: no previous agent then.
+    let previous = (!previous_state.instance.is_empty()).then(|| {
+        let same_boot = !boot.is_empty() && previous_state.boot_id == boot;
         PreviousInstance {
-            instance: s.instance,
+            instance: previous_state.instance,
             same_boot,
             keeper_deadline: keeper_deadline.filter(|_| same_boot),
         }
@@ -337,9 +343,7 @@ pub async fn run(
     tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
     let member_key = keys::member(&lock, &node);
     tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
-    tasks.spawn(
-        state_writer(host.clone(), paths.state_file.clone(), boot, orphans).in_current_span(),
-    );
+    tasks.spawn(state_writer(host.clone(), host_state, boot, orphans).in_current_span());
 
     // A second request (the operator's second signal) stops at once.
     let aborted = {

@@ -48,7 +48,7 @@ pub struct AgentSettings {
     pub timing_config: TimingConfig,
     /// The timing, validated.
     pub timing: Timing,
-    /// Keeper sockets, lock files and state files live here.
+    /// Keeper sockets, lock files and host state files live here.
     pub keeper_dir: PathBuf,
     /// `--http`: where the health and metrics endpoints listen.
     pub http: Option<SocketAddr>,

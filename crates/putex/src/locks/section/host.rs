@@ -4,52 +4,6 @@
 use super::once::*;
 use super::*;
 
-/// A file beside the keeper sockets holding the highest fencing token this
-/// host has seen for one key (S6), shared by every `putex lock` process on
-/// the host: raised under `flock`, never lowered.
-#[derive(Clone, Debug)]
-pub struct HighestFile {
-    path: PathBuf,
-}
-
-impl HighestFile {
-    /// The file for `key` of store `store_id` in `dir`.
-    pub fn new(dir: &Path, store_id: &str, key: &str) -> HighestFile {
-        let sock = crate::supervision::keeper::socket_path(dir, store_id, key);
-        HighestFile {
-            path: sock.with_extension("highest"),
-        }
-    }
-
-    /// The highest token recorded, if any.
-    pub fn load(&self) -> Option<Token> {
-        let text = std::fs::read_to_string(&self.path).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    /// Records `token` if it is higher than what the file holds.
-    pub fn raise(&self, token: Token) -> std::io::Result<()> {
-        use std::io::{Read, Seek, Write};
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)?;
-        let mut f = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
-        let mut text = String::new();
-        f.read_to_string(&mut text)?;
-        let current: Option<Token> = serde_json::from_str(&text).ok();
-        if current.is_some_and(|c| c >= token) {
-            return Ok(());
-        }
-        f.set_len(0)?;
-        f.rewind()?;
-        f.write_all(&serde_json::to_vec(&token).expect("a token serialises"))?;
-        f.sync_data()
-    }
-}
-
 /// What the slot agents share.
 #[derive(Default)]
 pub(super) struct State {
@@ -114,7 +68,8 @@ impl Shared {
 pub(super) struct SlotHost {
     pub(super) slot: usize,
     pub(super) shared: Arc<Shared>,
-    pub(super) highest: HighestFile,
+    /// The slot's record's host state (S6: the highest token seen).
+    pub(super) highest: HostState,
     /// The slot's lock key for its transition records, when it is not
     /// `lock.<name>` (a semaphore slot).
     pub(super) record_key: Option<String>,
@@ -319,7 +274,7 @@ impl Host for SlotHost {
         let file = self.highest.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = file.raise(token) {
-                tracing::warn!(path = %file.path.display(), error = %e, "cannot record the highest token");
+                tracing::warn!(path = %file.path().display(), error = %e, "cannot record the highest token");
             }
         });
     }

@@ -43,12 +43,11 @@
 //! compare-and-swap before CMD starts, so CMD never starts twice in a
 //! period.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::future::{self, BoxFuture, FutureExt};
-use nix::fcntl::{Flock, FlockArg};
 use parking_lot::Mutex;
 use putex_core::{
     Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockState,
@@ -59,6 +58,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::clock;
 use crate::driver::{self, Host, Keys};
+use crate::host_state::HostState;
 use crate::locks::queue::{Ticket, Waiter};
 use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
 use crate::store::{keys, AnyStore, Name, NodeId, ReadMode, Store, StoreError};
@@ -72,7 +72,6 @@ mod once;
 mod run;
 mod state;
 
-pub use host::HighestFile;
 pub use limits::{targets, LimitMismatch, SemaphoreRecord};
 pub use once::{done_in, period_key, OnceRecord, OnceState};
 pub use run::{run, Signals};
@@ -155,7 +154,7 @@ pub struct SectionOptions {
     pub argv: Vec<String>,
     /// More environment for CMD.
     pub env: Vec<(String, String)>,
-    /// Where keeper sockets and the highest-token files live.
+    /// Where keeper sockets and the host-state files live.
     pub keeper_dir: PathBuf,
     /// Use a cgroup scope for CMD when possible.
     pub cgroup: bool,

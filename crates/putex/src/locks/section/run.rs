@@ -125,10 +125,15 @@ pub async fn run(
     let mut inputs = Vec::new();
     let mut drivers = tokio::task::JoinSet::new();
     for (slot, key) in keys.iter().enumerate() {
-        let highest = HighestFile::new(&opts.keeper_dir, &opts.store_id, key);
+        // The lock's host state, shared with an agent (`putex run`) of the
+        // same lock on this host, whose files of earlier releases it reads.
+        let mut highest = HostState::new(&opts.keeper_dir, &opts.store_id, key);
+        if keys::lock(&opts.name) == *key {
+            highest = highest.with_agent_legacy(&opts.keeper_dir, &opts.store_id, &opts.name);
+        }
         let mut agent = Agent::new(
             AgentConfig {
-                highest_token: highest.load(),
+                highest_token: highest.load().and_then(|r| r.highest),
                 supervised_stops: true,
                 ..AgentConfig::new(
                     Identity {
