@@ -24,13 +24,15 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two different ports that were free a moment ago (both bound at once, so
+/// they cannot be the same one twice).
+fn two_free_ports() -> [u16; 2] {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    [
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    ]
 }
 
 fn wait_status(port: u16, path: &str, want: u16, within: Duration) -> String {
@@ -76,7 +78,7 @@ pub fn two_agents_with_http_flags(
     nodes: [&str; 2],
     flags: &[&str],
 ) -> ([u16; 2], Vec<Agent>, usize) {
-    let ports = [free_port(), free_port()];
+    let ports = two_free_ports();
     let agents: Vec<Agent> = nodes
         .iter()
         .zip(ports)
@@ -89,13 +91,21 @@ pub fn two_agents_with_http_flags(
         .collect();
     let until = Instant::now() + Duration::from_secs(20);
     let active = loop {
+        let answers: Vec<_> = ports.iter().map(|p| http_get(*p, "/primary")).collect();
         let up: Vec<usize> = (0..2)
-            .filter(|i| http_get(ports[*i], "/primary").is_some_and(|(s, _)| s == 200))
+            .filter(|i| answers[*i].as_ref().is_some_and(|(s, _)| *s == 200))
             .collect();
         if up.len() == 1 {
             break up[0];
         }
-        assert!(up.len() < 2, "two primaries");
+        assert!(
+            up.len() < 2,
+            "two primaries: {answers:?}\n--- {} ---\n{}\n--- {} ---\n{}",
+            nodes[0],
+            agents[0].log_text(),
+            nodes[1],
+            agents[1].log_text()
+        );
         assert!(
             Instant::now() < until,
             "no primary: {}",
