@@ -2,7 +2,7 @@
 //!
 //! Every lock holder names itself with a node id (default: the host name),
 //! a machine id (S5: two machines must not share a node id), an instance id
-//! (one per start, S5) and, for the local state file, the boot id (a tree
+//! (one per start, S5) and, for the host state file, the boot id (a tree
 //! recorded before a reboot is gone). They are read here and nowhere else.
 
 use std::sync::Mutex;

@@ -24,7 +24,7 @@
 //! The host (`agent/host.rs`) carries out what the core asks: health checks and the
 //! fence/activate hooks through [`HookRunner`], stops and the licence
 //! deadline through the keeper (which owns the child in child mode and runs
-//! the deactivate hook in hook mode), the highest token into the state file,
+//! the deactivate hook in hook mode), the highest token into the host state,
 //! and transitions into the log, the member record and a transition record
 //! ([`crate::observe::history`], written in the background for `putex history`).
 //!
@@ -170,21 +170,31 @@ pub async fn run(
     let _local_lock = LocalLock::acquire(&paths.lock_file, &lock, &store_id)?;
 
     // 2. The lock's host state (S5, S6), shared with critical sections.
-    let host_state = HostState::new(&settings.keeper_dir, &store_id, &keys::lock(&lock))
-        .with_agent_legacy(&settings.keeper_dir, &store_id, &lock);
+    let host_state = HostState::new(&settings.keeper_dir, &store_id, &keys::lock(&lock)).for_agent(
+        &settings.keeper_dir,
+        &store_id,
+        &lock,
+    );
     let boot = identity::boot_id();
     let instance = identity::instance_name();
     // What was on record before this instance wrote its name (an empty
     // record when nothing was): the previous agent's instance, the highest
     // token, and a tree that stays on record until a stop proves it gone.
-    let mut previous_state = HostRecord::default();
-    host_state
-        .update(|r| {
-            previous_state = r.clone();
-            r.instance = instance.to_string();
-            r.boot_id = boot.clone();
+    let previous_state = {
+        let (file, instance, boot) = (host_state.clone(), instance.to_string(), boot.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut previous = HostRecord::default();
+            file.update(|r| {
+                previous = r.clone();
+                r.instance = instance;
+                r.boot_id = boot;
+            })
+            .map(|_| previous)
         })
-        .map_err(|e| AgentError::local("host state file", host_state.path(), e))?;
+        .await
+        .expect("the host state task does not panic")
+        .map_err(|e| AgentError::local("host state file", host_state.path(), e))?
+    };
     let highest = previous_state.highest;
     let orphans = previous_state.tree.clone();
 

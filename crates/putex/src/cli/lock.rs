@@ -135,7 +135,7 @@ pub struct LockArgs {
     /// --max-duration) are stopped [default: 10s].
     #[arg(long, value_parser = parse_duration)]
     pub stop_timeout: Option<Duration>,
-    /// Directory of the keeper sockets and highest-token files
+    /// Directory of the keeper sockets and host state files
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else /tmp/putex-UID].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,

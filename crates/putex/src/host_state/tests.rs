@@ -1,5 +1,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
 use crate::supervision::process::ProcId;
@@ -55,47 +56,124 @@ fn the_highest_token_never_falls_whoever_writes() {
     assert_eq!(hs.load().unwrap().highest, Some(Token::new(3, 10)));
 }
 
+const OLD_AGENT: &str = r#"{"instance":"old","boot_id":"b0","highest":{"epoch":2,"revision":40},"tree":{"members":[{"pid":42,"start":7}],"groups":[],"sessions":[]}}"#;
+
 #[test]
-fn the_files_of_earlier_releases_are_read_merged_and_then_removed() {
+fn the_files_of_earlier_releases_are_read_merged_and_the_agents_removed() {
     let dir = tempfile::tempdir().unwrap();
-    let base = socket_path(dir.path(), STORE, "pg");
-    let old_agent = base.with_extension("state");
+    let old_agent = socket_path(dir.path(), STORE, "pg").with_extension("state");
     let old_section = socket_path(dir.path(), STORE, "lock.pg").with_extension("highest");
-    // As the agent of earlier releases wrote it (no optional field missing).
-    std::fs::write(
-        &old_agent,
-        r#"{"instance":"old","boot_id":"b0","highest":{"epoch":2,"revision":40},"tree":{"members":[{"pid":42,"start":7}],"groups":[],"sessions":[]}}"#,
-    )
-    .unwrap();
+    // As the agent and a section of earlier releases wrote them.
+    std::fs::write(&old_agent, OLD_AGENT).unwrap();
     std::fs::write(&old_section, r#"{"epoch":2,"revision":55}"#).unwrap();
     let token = Token::new(2, 55);
 
-    let hs =
-        HostState::new(dir.path(), STORE, "lock.pg").with_agent_legacy(dir.path(), STORE, "pg");
-    let loaded = hs.load().unwrap();
+    let agent = HostState::new(dir.path(), STORE, "lock.pg").for_agent(dir.path(), STORE, "pg");
+    let loaded = agent.load().unwrap();
     assert_eq!(loaded.instance, "old");
     assert_eq!(loaded.boot_id, "b0");
     assert_eq!(loaded.highest, Some(token), "the higher of the two wins");
     assert_eq!(loaded.tree, Some(tree(42)));
 
-    // A section (which knows nothing of the agent's file name) still sees
-    // the section file of its own key.
-    let section = HostState::new(dir.path(), STORE, "lock.pg");
+    // A section sees both too, and its write removes neither: an agent of
+    // the earlier release may still run, and `.highest` stays.
+    let section =
+        HostState::new(dir.path(), STORE, "lock.pg").with_agent_legacy(dir.path(), STORE, "pg");
     assert_eq!(section.load().unwrap().highest, Some(token));
-
-    hs.update(|r| r.instance = "new".into()).unwrap();
+    section.raise(Token::new(2, 56)).unwrap();
     assert!(
-        !old_agent.exists() && !old_section.exists(),
+        old_agent.exists() && old_section.exists(),
         "{:?}",
         files(dir.path())
     );
-    let now = hs.load().unwrap();
-    assert_eq!((now.instance.as_str(), now.highest), ("new", Some(token)));
+    assert_eq!(section.load().unwrap().tree, Some(tree(42)));
+
+    // The agent's first write removes its old file, and loses nothing.
+    agent.update(|r| r.instance = "new".into()).unwrap();
+    assert!(!old_agent.exists(), "{:?}", files(dir.path()));
+    assert!(old_section.exists());
+    let now = agent.load().unwrap();
+    assert_eq!(
+        (now.instance.as_str(), now.highest),
+        ("new", Some(Token::new(2, 56)))
+    );
     assert_eq!(
         now.tree,
         Some(tree(42)),
         "the orphan tree is still on record"
     );
+}
+
+/// A section merged the old agent file into the record; then an agent of
+/// the earlier release (still running) wrote a newer tree: the newer file's
+/// tree and instance count, so the orphan it describes is the one killed.
+#[test]
+fn an_old_agent_file_newer_than_the_record_wins_its_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_agent = socket_path(dir.path(), STORE, "pg").with_extension("state");
+    std::fs::write(&old_agent, OLD_AGENT).unwrap();
+    let section =
+        HostState::new(dir.path(), STORE, "lock.pg").with_agent_legacy(dir.path(), STORE, "pg");
+    section.raise(Token::new(2, 60)).unwrap();
+    assert_eq!(section.load().unwrap().tree, Some(tree(42)));
+    // Older than the record: the record's fields stand.
+    let agent = HostState::new(dir.path(), STORE, "lock.pg").for_agent(dir.path(), STORE, "pg");
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(
+        &old_agent,
+        OLD_AGENT
+            .replace(r#""pid":42"#, r#""pid":43"#)
+            .replace("old", "older"),
+    )
+    .unwrap();
+    let loaded = agent.load().unwrap();
+    assert_eq!(loaded.tree, Some(tree(43)), "the newer file's tree");
+    assert_eq!(loaded.instance, "older");
+    assert_eq!(loaded.highest, Some(Token::new(2, 60)), "the higher token");
+    // Once the agent wrote, its record is the newer: a stale old file that
+    // could not be removed changes nothing.
+    agent.update(|r| r.tree = None).unwrap();
+    std::fs::write(&old_agent, OLD_AGENT).unwrap();
+    let t = std::time::SystemTime::now() - Duration::from_secs(60);
+    File::options()
+        .write(true)
+        .open(&old_agent)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    assert_eq!(agent.load().unwrap().tree, None);
+}
+
+/// A record that exists but cannot be read is never replaced: the write
+/// fails and says why (here the record's path is a directory).
+#[test]
+fn a_record_that_cannot_be_read_is_not_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let hs = HostState::new(dir.path(), STORE, "lock.pg");
+    std::fs::create_dir(hs.path()).unwrap();
+    assert_eq!(hs.load(), None);
+    assert!(hs.raise(Token::new(1, 1)).is_err());
+    assert!(hs.path().is_dir());
+}
+
+/// A writer that finds the record locked waits, and takes it as soon as
+/// the other lets go.
+#[test]
+fn a_writer_waits_for_the_lock_and_then_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let hs = HostState::new(dir.path(), STORE, "lock.pg");
+    hs.raise(Token::new(1, 1)).unwrap();
+    let held = Flock::lock(File::open(hs.path()).unwrap(), FlockArg::LockExclusive).unwrap();
+    let writer = {
+        let hs = hs.clone();
+        std::thread::spawn(move || hs.raise(Token::new(1, 2)))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!writer.is_finished(), "it waits while the lock is held");
+    assert_eq!(hs.load().unwrap().highest, Some(Token::new(1, 1)));
+    drop(held);
+    writer.join().unwrap().unwrap();
+    assert_eq!(hs.load().unwrap().highest, Some(Token::new(1, 2)));
 }
 
 #[test]
@@ -125,7 +203,7 @@ fn a_write_cut_off_midway_leaves_the_previous_record() {
 fn garbage_in_the_record_is_ignored_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let hs = HostState::new(dir.path(), STORE, "lock.pg");
-    std::fs::write(hs.path(), b"\x00\xffnot json").unwrap();
+    std::fs::write(hs.path(), b"{\"instance\": 7, not json").unwrap();
     assert_eq!(hs.load(), None);
     hs.raise(Token::new(1, 1)).unwrap();
     assert_eq!(hs.load().unwrap().highest, Some(Token::new(1, 1)));
