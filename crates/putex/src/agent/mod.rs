@@ -60,6 +60,9 @@ mod host;
 pub mod member;
 pub mod settings;
 
+/// Why the keeper (the process that owns the service) failed: part of
+/// [`AgentError`].
+pub use crate::supervision::keeper::KeeperError;
 pub use settings::{timing_warnings, AgentSettings, ServiceMode};
 
 use self::files::{LocalLock, LocalPaths};
@@ -75,7 +78,7 @@ use crate::store::keys;
 use crate::store::measure::{measure_store, MeasureError};
 use crate::store::{AnyStore, Store, StoreError};
 use crate::supervision::hooks::HookRunner;
-use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
+use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
 
 /// Why the agent could not start or did not finish on its own terms.

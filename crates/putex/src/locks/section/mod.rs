@@ -64,7 +64,6 @@ use crate::observe::history::{HistoryWriter, TransitionRecord, WriterConfig};
 use crate::store::{keys, AnyStore, Name, NodeId, ReadMode, Store, StoreError};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
-use crate::supervision::process::Exit;
 
 mod host;
 mod limits;
@@ -72,6 +71,8 @@ mod once;
 mod run;
 mod state;
 
+/// How CMD ended: part of [`Outcome::Finished`].
+pub use crate::supervision::process::Exit;
 pub use limits::{targets, LimitMismatch, SemaphoreRecord};
 pub use once::{done_in, period_key, OnceRecord, OnceState};
 pub use run::{run, Signals};
