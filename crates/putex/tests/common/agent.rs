@@ -108,6 +108,9 @@ pub struct Agent {
     pub child: Child,
     pub keeper_dir: PathBuf,
     pub log: PathBuf,
+    /// The services a [`Agent::crash`] left running (as a dead putex
+    /// would), killed when the agent is dropped.
+    left: Vec<i32>,
 }
 
 impl Agent {
@@ -174,6 +177,7 @@ impl Agent {
                 child,
                 keeper_dir: keeper_dir.to_path_buf(),
                 log,
+                left: Vec::new(),
             };
             // `putex run` refuses R below ten times the p99 of its start-up
             // compare-and-swaps; on a loaded machine one slow sample does
@@ -216,9 +220,12 @@ impl Agent {
             .collect()
     }
 
-    /// SIGKILL of the agent and its keeper: a host crash.
+    /// SIGKILL of the agent and its keeper (the service lives on, as after
+    /// putex itself died; it is killed when the agent is dropped).
     pub fn crash(&mut self) {
         let keepers = self.keepers();
+        self.left
+            .extend(keepers.iter().flat_map(|k| descendants(*k)));
         sigkill(self.pid());
         for k in keepers {
             sigkill(k);
@@ -259,14 +266,41 @@ impl Agent {
 }
 
 impl Drop for Agent {
+    /// Kills the agent, its keepers and everything they run: a test leaves
+    /// no service behind (killed, a keeper's children would go to init).
     fn drop(&mut self) {
         let keepers = self.keepers();
+        let services: Vec<i32> = keepers.iter().flat_map(|k| descendants(*k)).collect();
         sigkill(self.pid());
         let _ = self.child.wait();
-        for k in keepers {
-            sigkill(k);
+        for pid in keepers
+            .into_iter()
+            .chain(services)
+            .chain(self.left.drain(..))
+        {
+            sigkill(pid);
         }
     }
+}
+
+/// Every descendant of `pid` now (children first found through
+/// `/proc/PID/task/*/children`).
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                found.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    found
 }
 
 /// Hook-mode flags that append `start NODE NS TOKEN` and
