@@ -331,7 +331,7 @@ impl<'a> World<'a> {
                 .rsplit("round trip assumed ")
                 .next()?
                 .trim_end_matches(')');
-            let rtt = parse_human(rtt)?;
+            let rtt = putex_testkit::check::human_duration(rtt)?;
             timing.as_ref().ok().map(|t| t.timeline(rtt).crash_failover)
         });
         let b = parsed.unwrap_or_else(|| {
@@ -1829,19 +1829,4 @@ pub fn render_events(events: &[Event]) -> String {
         let _ = writeln!(s, "{} conn{} {:?}", ms(e.at), e.conn, e.what);
     }
     s
-}
-
-/// Parses a duration as `putex check` prints it (`48.4 µs`, `306 ms`,
-/// `1.5 s`): [`putex::core::time::Human`]'s format.
-fn parse_human(text: &str) -> Option<Duration> {
-    let (value, unit) = text.trim().split_once(' ')?;
-    let value: f64 = value.parse().ok()?;
-    let scale = match unit {
-        "ns" => 1e-9,
-        "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(value * scale).ok()
 }

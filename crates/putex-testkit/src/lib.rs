@@ -1,6 +1,7 @@
 //! What putex's tests, benchmarks (`crates/putex/examples`) and chaos suite
 //! (`crates/chaos`) share, so that each fixture exists once:
 //!
+//! - [`check`]: reading `putex check`'s output (the failover bound B).
 //! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
 //!   temporary storage — one JetStream server, one configured by a file, or
 //!   a 3-node cluster — stopped and cleaned up on drop. A missing binary
@@ -15,6 +16,7 @@
 //! Helpers that run the `putex` binary stay with the integration tests
 //! (`crates/putex/tests/common`): only they know where cargo built it.
 
+pub mod check;
 pub mod nats_server;
 pub mod procfs;
 pub mod proxy;

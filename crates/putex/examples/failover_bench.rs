@@ -112,7 +112,7 @@ fn main() {
         .expect("putex check");
     let check = String::from_utf8_lossy(&out.stdout).to_string();
     print!("putex check {}:\n{check}\n", FAST.join(" "));
-    let bound = parse_bound(&check).unwrap_or_else(|| {
+    let bound = putex_testkit::check::worst_case_bound(&check).unwrap_or_else(|| {
         eprintln!(
             "cannot read B from putex check:\n{check}{}",
             String::from_utf8_lossy(&out.stderr)
@@ -277,15 +277,6 @@ fn verdict(ok: bool) -> &'static str {
 
 fn pct(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
-}
-
-/// B from `putex check`'s line "worst-case crash failover ≈ … = 0.407s".
-fn parse_bound(check: &str) -> Option<Duration> {
-    let line = check
-        .lines()
-        .find(|l| l.contains("worst-case crash failover"))?;
-    let v = line.rsplit("= ").next()?.split_whitespace().next()?;
-    humantime::parse_duration(v).ok()
 }
 
 fn wall_ns() -> u128 {

@@ -538,7 +538,8 @@ fn agents_run(
         .output()
         .map_err(|e| format!("putex check: {e}"))?;
     let check = String::from_utf8_lossy(&out.stdout).to_string();
-    let bound = parse_bound(&check).ok_or_else(|| format!("cannot read B from:\n{check}"))?;
+    let bound = putex_testkit::check::worst_case_bound(&check)
+        .ok_or_else(|| format!("cannot read B from:\n{check}"))?;
     r.bound = Some(bound);
     println!("B = {bound:?} (putex check {})", FAST.join(" "));
 
@@ -974,15 +975,6 @@ fn refusals_note(refusals: &[String]) -> String {
             refusals.len()
         ),
     }
-}
-
-/// B from `putex check`'s line "worst-case crash failover ≈ … = 0.407s".
-fn parse_bound(check: &str) -> Option<Duration> {
-    let line = check
-        .lines()
-        .find(|l| l.contains("worst-case crash failover"))?;
-    let v = line.rsplit("= ").next()?.split_whitespace().next()?;
-    humantime::parse_duration(v).ok()
 }
 
 // ---------------------------------------------------------------------------

@@ -290,6 +290,12 @@ fn agent_check_rejects_bad_options_by_name_and_prints_the_timeline() {
     );
     assert!(text.contains("worst-case crash failover"), "{text}");
     assert!(text.contains("p99"), "{text}");
+    // The benchmarks read B from this line: W + G' + three round trips.
+    let bound = putex_testkit::check::worst_case_bound(&text).expect("B reads");
+    assert!(
+        bound > Duration::from_millis(400) && bound < Duration::from_millis(500),
+        "{bound:?}: {text}"
+    );
     // A store that does not answer: run refuses with exit code 3.
     let out = putex()
         .args([
