@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::agents::{service_argv, signal, Agent, AgentSpec, LockClient};
+use crate::agents::{service_argv, signal, start_agent, Agent, LockClient, Spec};
 use crate::check;
 use crate::cluster::{self, NatsCluster, Server};
 use crate::faults::{self, ClockSample, Rng};
@@ -364,8 +364,8 @@ impl<'a> World<'a> {
         Ok(url)
     }
 
-    fn spec(&self, node: &str, url: String, env: Vec<(String, String)>) -> AgentSpec {
-        AgentSpec {
+    fn spec(&self, node: &str, url: String, env: Vec<(String, String)>) -> Spec {
+        Spec {
             putex: self.ctx.putex.clone(),
             node: node.into(),
             lock: self.lock.clone(),
@@ -393,7 +393,7 @@ impl<'a> World<'a> {
         let url = self.proxies_for(node)?;
         let mut spec = self.spec(node, url, env);
         spec.flags.extend(flags.iter().map(|s| (*s).to_owned()));
-        self.agents.push(Agent::start(spec)?);
+        self.agents.push(start_agent(spec.agent())?);
         Ok(())
     }
 
@@ -534,7 +534,7 @@ impl<'a> World<'a> {
         let services = self.services_of(node);
         let at = self.fault(format!("crash {node}"));
         if let Some(a) = self.agent(node) {
-            a.kill_all();
+            a.crash();
         }
         for p in services {
             signal(p, Signal::SIGKILL);
@@ -555,7 +555,7 @@ impl<'a> World<'a> {
         let spec = old.spec.clone();
         self.out.logs.push(old.log.clone());
         drop(old);
-        self.agents.insert(i, Agent::start(spec)?);
+        self.agents.insert(i, start_agent(spec)?);
         Ok(())
     }
 

@@ -1,6 +1,9 @@
 //! What putex's tests, benchmarks (`crates/putex/examples`) and chaos suite
 //! (`crates/chaos`) share, so that each fixture exists once:
 //!
+//! - [`agent`]: `putex run` agents of a given binary (started again when
+//!   refused for a slow store, killed with their keeper and services on
+//!   drop) and the hook lines they write.
 //! - [`check`]: reading `putex check`'s output (the failover bound B).
 //! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
 //!   temporary storage — one JetStream server, one configured by a file, or
@@ -13,9 +16,10 @@
 //! - [`watch_failures`]: a tracing layer counting watches that failed to
 //!   start.
 //!
-//! Helpers that run the `putex` binary stay with the integration tests
-//! (`crates/putex/tests/common`): only they know where cargo built it.
+//! Whatever runs the `putex` binary takes its path: only the caller knows
+//! where cargo built it.
 
+pub mod agent;
 pub mod check;
 pub mod nats_server;
 pub mod procfs;

@@ -41,23 +41,3 @@ pub fn cpu_ticks(pid: i32) -> u64 {
         })
         .unwrap_or(0)
 }
-
-/// The live processes, other than `except`, whose command line names
-/// `path` (an agent's keeper names its keeper directory).
-pub fn processes_naming(path: &std::path::Path, except: i32) -> Vec<i32> {
-    let needle = path.display().to_string();
-    putex::supervision::process::proc_table()
-        .into_iter()
-        .filter(|e| !e.is_dead() && e.pid != except)
-        .filter(|e| {
-            std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(&needle)
-                })
-                .unwrap_or(false)
-        })
-        .map(|e| e.pid)
-        .collect()
-}

@@ -30,14 +30,12 @@
 //! also writes the figures as JSON (for `scripts/bench`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-
+use putex_testkit::agent::{events, hooks, starts, wall_ns, Agent, AgentSpec, Line};
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::procfs::{cpu_ticks, num_cpus, processes_naming, rss_kb};
+use putex_testkit::procfs::{cpu_ticks, num_cpus, rss_kb};
 
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
@@ -279,13 +277,6 @@ fn pct(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
 }
 
-fn wall_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos()
-}
-
 fn ns_between(a: u128, b: u128) -> Duration {
     Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
 }
@@ -331,109 +322,23 @@ fn find_putex() -> PathBuf {
 // ---------------------------------------------------------------------------
 // Agents.
 
-struct Agent {
-    node: String,
-    child: Child,
-    keeper_dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Agent {
-    /// Starts `putex run` for `lock` as `node`, with its keeper directory
-    /// and log in `dir`; the hooks write to `events`.
-    fn spawn(
-        putex: &Path,
-        url: &str,
-        lock: &str,
-        node: &str,
-        timing: &[&str],
-        dir: &Path,
-        events: &Path,
-    ) -> Agent {
-        let keeper_dir = dir.join(format!("keeper-{lock}-{node}"));
-        let log = dir.join(format!("{lock}-{node}-{}.log", wall_ns()));
-        let e = events.display();
-        let mut cmd = Command::new(putex);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
-                cmd.env_remove(k);
-            }
-        }
-        let child = cmd
-            .args(["run", "--lock", lock, "--store", url, "--node", node])
-            .args(timing)
-            .args(["--healthcheck", "true"])
-            .args([
-                "--activate",
-                &format!("echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {e}"),
-                "--deactivate",
-                &format!("echo stop $PUTEX_NODE $(date +%s%N) $PUTEX_STOP >> {e}"),
-            ])
-            .arg("--keeper-dir")
-            .arg(&keeper_dir)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("start putex run");
-        Agent {
-            node: node.into(),
-            child,
-            keeper_dir,
-            log,
-        }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// The keeper: the process whose command line names the keeper dir.
-    fn keepers(&self) -> Vec<i32> {
-        processes_naming(&self.keeper_dir, self.pid())
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn sigterm(&self) {
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
-    }
-
-    fn wait_exit(&mut self, within: Duration) {
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.kill();
-    }
-
-    fn kill(&mut self) {
-        let keepers = self.keepers();
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
-        for k in keepers {
-            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-struct Line {
-    what: String,
-    node: String,
-    ns: u128,
-    extra: String,
+/// Starts `putex run` for `lock` as `node`, with `timing`, its keeper
+/// directory and log in `dir`, and hooks that write to `events`.
+fn spawn_agent(
+    putex: &Path,
+    url: &str,
+    lock: &str,
+    node: &str,
+    timing: &[&str],
+    dir: &Path,
+    events: &Path,
+) -> Agent {
+    let spec = AgentSpec::new(putex, url, lock, node, dir)
+        .keeper_dir(&dir.join(format!("keeper-{lock}-{node}")))
+        .args(timing)
+        .args(&["--healthcheck", "true"])
+        .args(&hooks(events));
+    Agent::spawn(spec).expect("start putex run")
 }
 
 struct Bench {
@@ -447,8 +352,8 @@ struct Bench {
 impl Bench {
     /// Starts (or restarts) `node`'s agent with its keeper dir.
     fn start(&mut self, node: &str) {
-        self.agents.retain(|a| a.node != node);
-        let a = Agent::spawn(
+        self.agents.retain(|a| a.node() != node);
+        let a = spawn_agent(
             &self.putex,
             &self.url,
             "bench",
@@ -463,31 +368,16 @@ impl Bench {
     fn agent(&mut self, node: &str) -> &mut Agent {
         self.agents
             .iter_mut()
-            .find(|a| a.node == node)
+            .find(|a| a.node() == node)
             .expect("agent")
     }
 
     fn events(&self) -> Vec<Line> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                Some(Line {
-                    what: it.next()?.into(),
-                    node: it.next()?.into(),
-                    ns: it.next()?.parse().ok()?,
-                    extra: it.next().unwrap_or("").into(),
-                })
-            })
-            .collect()
+        events(&self.events)
     }
 
     fn starts(&self) -> Vec<Line> {
-        self.events()
-            .into_iter()
-            .filter(|l| l.what == "start")
-            .collect()
+        starts(&self.events)
     }
 
     /// Waits for the `n`-th start line and returns it.
@@ -500,7 +390,7 @@ impl Bench {
             }
             if Instant::now() > until {
                 for a in &self.agents {
-                    eprintln!("--- {}:\n{}", a.node, a.log_text());
+                    eprintln!("--- {}:\n{}", a.node(), a.log_text());
                 }
                 panic!("no activation #{n} within {within:?}");
             }
@@ -519,7 +409,7 @@ impl Bench {
         {
             if Instant::now() > until {
                 for a in &self.agents {
-                    eprintln!("--- {}:\n{}", a.node, a.log_text());
+                    eprintln!("--- {}:\n{}", a.node(), a.log_text());
                 }
                 panic!("agents did not come up");
             }
@@ -532,15 +422,7 @@ impl Bench {
     /// A host crash: SIGKILL of the agent and its keeper at once. Returns
     /// the wall-clock time of the kill.
     fn crash(&mut self, node: &str) -> u128 {
-        let a = self.agent(node);
-        let keepers = a.keepers();
-        let t = wall_ns();
-        let _ = kill(Pid::from_raw(a.pid()), Signal::SIGKILL);
-        for k in keepers {
-            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
-        }
-        let _ = a.child.wait();
-        t
+        self.agent(node).crash()
     }
 
     fn stop_all(&mut self) {
@@ -583,7 +465,7 @@ fn idle_cost(putex: &Path, url: &str, dir: &Path) -> Vec<Cost> {
     let events = dir.join("idle-events");
     let mut agents: Vec<Agent> = ["i1", "i2"]
         .iter()
-        .map(|n| Agent::spawn(putex, url, "idle", n, &IDLE, dir, &events))
+        .map(|n| spawn_agent(putex, url, "idle", n, &IDLE, dir, &events))
         .collect();
     // First use of the name waits W + G' ≈ 4.1 s; then settle.
     let until = Instant::now() + Duration::from_secs(15);
@@ -603,7 +485,7 @@ fn idle_cost(putex: &Path, url: &str, dir: &Path) -> Vec<Cost> {
         .unwrap_or_default();
     let mut procs: Vec<(String, i32)> = Vec::new();
     for a in &agents {
-        let role = if a.node == active {
+        let role = if a.node() == active {
             "active"
         } else {
             "standby"

@@ -47,19 +47,18 @@
 //! temporary directory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use putex::core::TimingConfig;
 use putex::locks::lease::{Lease, LeaseOptions};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
+use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::procfs::{cpu_ticks, load_average, num_cpus, processes_naming, rss_kb};
+use putex_testkit::procfs::{cpu_ticks, load_average, num_cpus, rss_kb};
 use putex_testkit::watch_failures::WatchFailures;
 
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -690,66 +689,6 @@ impl ManyAgents {
     }
 }
 
-struct Agent {
-    node: String,
-    child: Child,
-    keeper_dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// The keeper: the process whose command line names the keeper dir.
-    fn keepers(&self) -> Vec<i32> {
-        processes_naming(&self.keeper_dir, self.pid())
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Why an agent that exited did: its `putex: …` error line, else the
-    /// end of its log.
-    fn refusal(&self) -> String {
-        let log = self.log_text();
-        log.lines()
-            .find(|l| l.starts_with("putex:"))
-            .map(str::to_owned)
-            .unwrap_or_else(|| {
-                let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                tail.join(" / ")
-            })
-    }
-
-    fn exited(&mut self) -> bool {
-        !matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn kill(&mut self) {
-        let keepers = self.keepers();
-        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGKILL);
-        for k in keepers {
-            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-struct Line {
-    what: String,
-    node: String,
-    ns: u128,
-}
-
 struct Agents {
     putex: PathBuf,
     dir: PathBuf,
@@ -761,64 +700,21 @@ struct Agents {
 impl Agents {
     /// Starts (or restarts) `node`'s agent, with its keeper dir and log.
     fn start(&mut self, node: &str) {
-        self.agents.retain(|a| a.node != node);
-        let keeper_dir = self.dir.join(format!("keeper-{node}"));
-        let log = self.dir.join(format!("{node}-{}.log", wall_ns()));
-        let e = self.events.display();
-        let mut cmd = Command::new(&self.putex);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
-                cmd.env_remove(k);
-            }
-        }
-        let child = cmd
-            .args([
-                "run", "--lock", "scale", "--store", &self.url, "--node", node,
-            ])
-            .args(FAST)
-            .args(["--healthcheck", "true"])
-            .args([
-                "--activate",
-                &format!("echo start $PUTEX_NODE $(date +%s%N) >> {e}"),
-                "--deactivate",
-                &format!("echo stop $PUTEX_NODE $(date +%s%N) >> {e}"),
-            ])
-            .arg("--keeper-dir")
-            .arg(&keeper_dir)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("start putex run");
-        self.agents.push(Agent {
-            node: node.into(),
-            child,
-            keeper_dir,
-            log,
-        });
+        self.agents.retain(|a| a.node() != node);
+        let spec = AgentSpec::new(&self.putex, &self.url, "scale", node, &self.dir)
+            .args(&FAST)
+            .args(&["--healthcheck", "true"])
+            .args(&hooks(&self.events));
+        self.agents
+            .push(Agent::spawn(spec).expect("start putex run"));
     }
 
     fn events(&self) -> Vec<Line> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                Some(Line {
-                    what: it.next()?.into(),
-                    node: it.next()?.into(),
-                    ns: it.next()?.parse().ok()?,
-                })
-            })
-            .collect()
+        events(&self.events)
     }
 
     fn starts(&self) -> Vec<Line> {
-        self.events()
-            .into_iter()
-            .filter(|l| l.what == "start")
-            .collect()
+        starts(&self.events)
     }
 
     /// Waits for the `n`-th start line and returns it.
@@ -854,7 +750,7 @@ impl Agents {
                 if a.log_text().contains("-> standby") {
                     return Ok(());
                 }
-                if a.exited() {
+                if !a.alive() {
                     refusals.push(format!("{node}: {}", a.refusal()));
                     break;
                 }
@@ -876,8 +772,8 @@ impl Agents {
         let until = Instant::now() + within;
         loop {
             for a in &mut self.agents {
-                if a.exited() {
-                    return Err(format!("{} exited: {}", a.node, a.refusal()));
+                if !a.alive() {
+                    return Err(format!("{} exited: {}", a.node(), a.refusal()));
                 }
             }
             let down = self
@@ -909,7 +805,7 @@ impl Agents {
                     .map(|s| s.contains(") Z"))
                     .unwrap_or(true)
             })
-            .map(|a| format!("{}: {}", a.node, a.refusal()))
+            .map(|a| format!("{}: {}", a.node(), a.refusal()))
             .collect();
         if gone.is_empty() {
             String::new()
@@ -936,30 +832,18 @@ impl Agents {
         let a = self
             .agents
             .iter_mut()
-            .find(|a| a.node == node)
+            .find(|a| a.node() == node)
             .expect("agent");
-        let keepers = a.keepers();
-        let t = wall_ns();
-        let _ = kill(Pid::from_raw(a.pid()), Signal::SIGKILL);
-        for k in keepers {
-            let _ = kill(Pid::from_raw(k), Signal::SIGKILL);
-        }
-        let _ = a.child.wait();
-        t
+        a.crash()
     }
 
     fn stop_all(&mut self) {
         for a in &self.agents {
-            let _ = kill(Pid::from_raw(a.pid()), Signal::SIGTERM);
+            a.sigterm();
         }
         let until = Instant::now() + Duration::from_secs(10);
         for a in &mut self.agents {
-            while Instant::now() < until {
-                if let Ok(Some(_)) = a.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            a.wait_exit(until.saturating_duration_since(Instant::now()));
         }
         // Drop kills what is left (and the keepers).
         self.agents.clear();
@@ -990,13 +874,6 @@ fn verdict(ok: bool) -> &'static str {
 
 fn pct_of(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
-}
-
-fn wall_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos()
 }
 
 fn ns_between(a: u128, b: u128) -> Duration {

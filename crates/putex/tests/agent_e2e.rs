@@ -12,8 +12,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::agent::{
-    assert_no_overlap, bound, dump, events, hooks, putex, serial, sigkill, sleeps, starts,
-    status_json, wait_for, wall_ns, Agent, R,
+    assert_no_overlap, bound, dump, events, fast, hooks, putex, serial, sigkill, sleeps, start,
+    starts, status_json, wait_for, wall_ns, Agent, R,
 };
 use crate::common::nats_server::NatsServer;
 
@@ -27,7 +27,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut agents: Vec<Agent> = ["n1", "n2", "n3"]
         .iter()
-        .map(|n| Agent::start(dir.path(), &server.url, "svc", n, &flags))
+        .map(|n| start(fast(dir.path(), &server.url, "svc", n, &flags)))
         .collect();
 
     // Steady state: exactly one active.
@@ -63,7 +63,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     );
 
     // Host crash of the active: agent and keeper SIGKILLed at once.
-    let i = agents.iter().position(|a| a.node == first).unwrap();
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
     agents[i].crash();
     let crashed = wall_ns();
     assert!(
@@ -89,7 +89,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     );
 
     // SIGTERM of the new active: graceful stop, release, fast handover.
-    let j = agents.iter().position(|a| a.node == second.node).unwrap();
+    let j = agents.iter().position(|a| a.node() == second.node).unwrap();
     agents[j].stop_cleanly();
     assert!(
         wait_for(Duration::from_secs(3), || starts(&ev).len() >= 3),
@@ -131,7 +131,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
     );
 
     // The last agent stops cleanly too.
-    let k = agents.iter().position(|a| a.node == third.node).unwrap();
+    let k = agents.iter().position(|a| a.node() == third.node).unwrap();
     agents[k].stop_cleanly();
 }
 
@@ -145,7 +145,7 @@ fn start_child(
     script: &str,
     tag: &str,
 ) -> Agent {
-    let a = Agent::start(dir, url, lock, node, &["--", "/bin/sh", "-c", script]);
+    let a = start(fast(dir, url, lock, node, &["--", "/bin/sh", "-c", script]));
     assert!(
         wait_for(Duration::from_secs(10), || !sleeps(tag).is_empty()),
         "the child did not start\n{}",
@@ -180,7 +180,7 @@ fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
     let ev = dir.path().join("events");
     let flags = hooks(&ev);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut a = Agent::start_in(dir.path(), &server.url, "dup", "h1", &flags, &keeper_dir);
+    let mut a = start(fast(dir.path(), &server.url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || a
             .log_text()
@@ -188,7 +188,7 @@ fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
         "{}",
         a.log_text()
     );
-    let mut b = Agent::start_in(dir.path(), &server.url, "dup", "h1", &flags, &keeper_dir);
+    let mut b = start(fast(dir.path(), &server.url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
     assert_eq!(
         b.wait_exit(Duration::from_secs(5)),
         Some(4),
@@ -330,14 +330,8 @@ fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running
     // and on a loaded machine its start-up (which measures the store, again
     // when the compare-and-swaps were slow) has taken over 1 s.
     let service = ["--failures", "30", "--", "/bin/sh", "-c", &script];
-    let mut a = Agent::start_in(
-        dir.path(),
-        &server.url,
-        "adopt",
-        "r1",
-        &service,
-        &keeper_dir,
-    );
+    let mut a =
+        start(fast(dir.path(), &server.url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(15), || !sleeps(&tag).is_empty()),
         "the child did not start\n{}",
@@ -350,14 +344,8 @@ fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running
     // Kill the agent alone; its keeper and the service stay.
     sigkill(a.pid());
     let _ = a.child.wait();
-    let mut b = Agent::start_in(
-        dir.path(),
-        &server.url,
-        "adopt",
-        "r1",
-        &service,
-        &keeper_dir,
-    );
+    let mut b =
+        start(fast(dir.path(), &server.url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || b
             .log_text()
@@ -446,7 +434,7 @@ fn agent_sqlite_store_deleted_under_the_holder_never_two_active() {
     let mut flags = hooks(&ev);
     flags.extend(["--renew".to_string(), "200ms".to_string()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let a = Agent::start(dir.path(), &url, "svc", "a", &flags);
+    let a = start(fast(dir.path(), &url, "svc", "a", &flags));
     assert!(
         wait_for(Duration::from_secs(10), || !starts(&ev).is_empty()),
         "a did not activate\n{}",
@@ -457,7 +445,7 @@ fn agent_sqlite_store_deleted_under_the_holder_never_two_active() {
     for suffix in ["", "-wal", "-shm"] {
         std::fs::remove_file(format!("{}{suffix}", db.display())).unwrap();
     }
-    let b = Agent::start(dir.path(), &url, "svc", "b", &flags);
+    let b = start(fast(dir.path(), &url, "svc", "b", &flags));
     assert!(
         wait_for(Duration::from_secs(10), || starts(&ev)
             .iter()

@@ -22,7 +22,8 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 
 use crate::common::agent::{
-    assert_no_overlap, dump, events, hooks, serial, starts, wait_for, wall_ns, Agent, Line, R,
+    assert_no_overlap, dump, events, fast, hooks, serial, start, starts, wait_for, wall_ns, Agent,
+    Line, R,
 };
 use crate::common::nats_server::NatsServer;
 
@@ -95,14 +96,10 @@ impl Cluster {
             .path()
             .join(format!("keeper-{node}-{}", self.agents.len()));
         let url = url.unwrap_or(&self.url).to_owned();
-        self.agents.push(Agent::start_with(
-            self.dir.path(),
-            &url,
-            "svc",
-            node,
-            &flags,
-            &keeper_dir,
-            env,
+        self.agents.push(start(
+            fast(self.dir.path(), &url, "svc", node, &flags)
+                .keeper_dir(&keeper_dir)
+                .env(env),
         ));
         self.agents.len() - 1
     }
@@ -111,7 +108,7 @@ impl Cluster {
         self.agents
             .iter()
             .rev()
-            .find(|a| a.node == node)
+            .find(|a| a.node() == node)
             .expect("agent")
     }
 
@@ -306,7 +303,7 @@ fn agent_faults_flapping_health_changes_nothing_under_hysteresis() {
 
     // A free lock is not taken by a standby that never passes S = 3 checks
     // in a row, and is as soon as it does.
-    let n1 = c.agents.iter_mut().find(|a| a.node == "n1").unwrap();
+    let n1 = c.agents.iter_mut().find(|a| a.node() == "n1").unwrap();
     n1.sigterm();
     assert_eq!(n1.wait_exit(Duration::from_secs(5)), Some(0));
     std::thread::sleep(Duration::from_secs(1));
@@ -999,7 +996,7 @@ fn agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services() 
     let url = server.url.clone();
     let a_flags = subreaper_service("81");
     let a_flags: Vec<&str> = a_flags.iter().map(String::as_str).collect();
-    let a = Agent::start(dir.path(), &url, "svc", "n1", &a_flags);
+    let a = start(fast(dir.path(), &url, "svc", "n1", &a_flags));
     assert!(
         wait_for(Duration::from_secs(5), || service_runs("81")),
         "n1's service did not start\n{}",
@@ -1007,7 +1004,7 @@ fn agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services() 
     );
     let b_flags = subreaper_service("82");
     let b_flags: Vec<&str> = b_flags.iter().map(String::as_str).collect();
-    let b = Agent::start(dir.path(), &url, "svc", "n2", &b_flags);
+    let b = start(fast(dir.path(), &url, "svc", "n2", &b_flags));
     // n2 stands by; n1's keeper has looked at its tree (≤ 500 ms).
     std::thread::sleep(Duration::from_millis(1500));
     assert!(service_sleeps("82").is_empty(), "{}", b.log_text());
@@ -1048,7 +1045,7 @@ fn agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first()
     let keeper_dir = dir.path().join("keeper-n1");
     let flags = subreaper_service("83");
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut a = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || service_runs("83")),
         "{}",
@@ -1062,7 +1059,7 @@ fn agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first()
     assert_eq!(orphans.len(), 3, "the orphans live on: {orphans:?}");
     let flags = subreaper_service("84");
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let b = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    let b = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     let gone = wait_for(Duration::from_secs(5), || service_sleeps("83").is_empty());
     let logs = b.log_text();
     kill_all(&service_sleeps("83"));
@@ -1140,7 +1137,7 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
         "-c",
         "trap '' TERM; exec sleep 1000.851",
     ];
-    let mut a = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(15), || !crate::common::agent::sleeps(
             "1000.851"
@@ -1161,7 +1158,7 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
     std::thread::sleep(Duration::from_millis(100));
     crate::common::agent::sigkill(a.pid());
     let _ = a.child.wait();
-    let b = Agent::start_in(dir.path(), &url, "svc", "n1", &flags, &keeper_dir);
+    let b = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || b
             .log_text()
@@ -1206,13 +1203,13 @@ fn agent_faults_r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven() {
         ev.display()
     );
     let flags = ["--activate", &activate, "--deactivate", &deactivate];
-    let mut a = Agent::start(dir.path(), &url, "svc", "n1", &flags);
+    let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags));
     assert!(
         wait_for(Duration::from_secs(5), || starts(&ev).len() == 1),
         "{}",
         a.log_text()
     );
-    let b = Agent::start(dir.path(), &url, "svc", "n2", &flags);
+    let b = start(fast(dir.path(), &url, "svc", "n2", &flags));
     std::thread::sleep(Duration::from_millis(500));
     // Stop n1 on purpose: its graceful stop, and every retry, fail.
     a.sigterm();

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::common::agent::{serial, Agent};
+use crate::common::agent::{fast, serial, start, Agent};
 use crate::common::nats_server::NatsServer;
 
 /// `GET path` with HTTP/1.1 and `Connection: close`: (status, body).
@@ -86,7 +86,7 @@ pub fn two_agents_with_http_flags(
             let addr = format!("127.0.0.1:{port}");
             let mut args: Vec<&str> = flags.to_vec();
             args.extend(["--http", &addr, "--", "sleep", "1000"]);
-            Agent::start(dir, url, lock, node, &args)
+            start(fast(dir, url, lock, node, &args))
         })
         .collect();
     let until = Instant::now() + Duration::from_secs(20);
@@ -197,18 +197,14 @@ fn systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged() {
     let path = dir.path().join("notify");
     let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
     let notify = path.display().to_string();
-    let mut agent = Agent::start_with(
-        dir.path(),
-        &server.url,
-        "sd",
-        "a",
-        &["--", "sleep", "1000"],
-        &dir.path().join("keeper"),
-        &[
-            ("NOTIFY_SOCKET", notify.as_str()),
-            ("WATCHDOG_USEC", "400000"),
-            ("PUTEX_TEST_WEDGE_AFTER", "3s"),
-        ],
+    let mut agent = start(
+        fast(dir.path(), &server.url, "sd", "a", &["--", "sleep", "1000"])
+            .keeper_dir(&dir.path().join("keeper"))
+            .env(&[
+                ("NOTIFY_SOCKET", notify.as_str()),
+                ("WATCHDOG_USEC", "400000"),
+                ("PUTEX_TEST_WEDGE_AFTER", "3s"),
+            ]),
     );
     // Until ready, active and pinging (a loaded machine starts slowly).
     let first = notifications_until(&sock, Duration::from_secs(15), |m| {
@@ -258,14 +254,16 @@ fn systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged() {
     agent.crash();
 
     // STOPPING=1 on a graceful stop.
-    let mut agent = Agent::start_with(
-        dir.path(),
-        &server.url,
-        "sd2",
-        "b",
-        &["--", "sleep", "1000"],
-        &dir.path().join("keeper2"),
-        &[("NOTIFY_SOCKET", notify.as_str())],
+    let mut agent = start(
+        fast(
+            dir.path(),
+            &server.url,
+            "sd2",
+            "b",
+            &["--", "sleep", "1000"],
+        )
+        .keeper_dir(&dir.path().join("keeper2"))
+        .env(&[("NOTIFY_SOCKET", notify.as_str())]),
     );
     let up = notifications_until(&sock, Duration::from_secs(15), |m| {
         m.iter().any(|m| m.starts_with("STATUS=active"))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::agent::{dump, hooks, putex, serial, starts, wait_for, Agent};
+use crate::common::agent::{dump, fast, hooks, putex, serial, start, starts, wait_for, Agent};
 use crate::common::nats_server::NatsServer;
 
 /// `putex history LOCK -o json` against `url`.
@@ -98,7 +98,7 @@ fn history_and_watch_follow_a_crash_failover() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut agents: Vec<Agent> = ["h1", "h2"]
         .iter()
-        .map(|n| Agent::start(dir.path(), &server.url, "hist", n, &flags))
+        .map(|n| start(fast(dir.path(), &server.url, "hist", n, &flags)))
         .collect();
     let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
     assert!(
@@ -118,7 +118,7 @@ fn history_and_watch_follow_a_crash_failover() {
     );
 
     // Host crash of the active: the other one takes over.
-    let i = agents.iter().position(|a| a.node == first).unwrap();
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
     agents[i].crash();
     assert!(
         wait_for(Duration::from_secs(10), || starts(&ev).len() >= 2),

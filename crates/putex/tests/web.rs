@@ -95,7 +95,10 @@ fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
         ["web-a", "web-b"],
         &["--renew", "300ms"],
     );
-    let (holder, other) = (agents[active].node.clone(), agents[1 - active].node.clone());
+    let (holder, other) = (
+        agents[active].node().to_owned(),
+        agents[1 - active].node().to_owned(),
+    );
     let url = format!("http://127.0.0.1:{}/ui", ports[1 - active]);
     let dom = render_until(&url, Duration::from_secs(10), |d| {
         d.contains(&format!("<span class=\"holder\">{holder}</span>"))
