@@ -31,7 +31,11 @@
 //! Shutdown: a graceful request ([`Shutdown::request`], the first SIGTERM or
 //! SIGINT) asks the core for a graceful stop and release; an abort (the
 //! second signal) makes an emergency stop through the keeper and returns
-//! [`AgentError::Aborted`] at once, without a release.
+//! [`AgentError::Aborted`] as soon as it is done, without waiting for a
+//! release. The graceful stop an abort implies goes on meanwhile: if it
+//! proves the service stopped before the emergency stop returns, its
+//! release is written and the next node starts at once; otherwise nothing
+//! is released and the others wait for the lease to go stale.
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -133,7 +137,9 @@ pub enum AgentError {
     /// No keeper executable was given and this program's own path is unknown.
     #[error("cannot find the putex binary to run the keeper: {0}")]
     NoKeeperExe(std::io::Error),
-    /// Asked to stop at once: an emergency stop was made, nothing released.
+    /// Asked to stop at once: an emergency stop was made; the lock was
+    /// released only if the graceful stop under way proved the service
+    /// stopped first.
     #[error("stopped at once by a second signal")]
     Aborted,
 }
