@@ -11,21 +11,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::agent::{dump, fast, hooks, putex, serial, start, starts, wait_for, Agent};
+use crate::common::agent::{
+    dump, fast, hooks, putex, putex_json, serial, start, starts, wait_for, Agent,
+};
 use crate::common::nats_server::NatsServer;
 
 /// `putex history LOCK -o json` against `url`.
 fn history_json(url: &str, lock: &str) -> Value {
-    let out = putex()
-        .args(["history", lock, "--store", url, "-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    putex_json(&["history", lock, "--store", url])
 }
 
 fn activations(h: &Value) -> Vec<Value> {

@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::store::{keys, AnyStore, SqliteStore, Store};
 
-use crate::common::agent::{putex, serial, KillOnDrop};
+use crate::common::agent::{putex, putex_json, serial, KillOnDrop};
 use crate::common::nats_server::NatsServer;
 use crate::common::proxy::{Mode, Proxy};
 
@@ -425,16 +425,7 @@ echo "$PUTEX_SLOT" >> "$D/slots""#;
     let (status, stderr) = run(env.lock("sem", &[], "true"));
     assert_eq!(status.code(), Some(64), "{stderr}");
     // `putex status` lists the semaphore with its slots.
-    let out = putex()
-        .args(["status", "-o", "json", "--store", &env.url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = putex_json(&["status", "--store", &env.url]);
     assert_eq!(v["semaphores"][0]["name"], "sem", "{v}");
     assert_eq!(v["semaphores"][0]["limit"], 2, "{v}");
     assert_eq!(v["semaphores"][0]["slots"][1]["state"], "released", "{v}");

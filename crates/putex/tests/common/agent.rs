@@ -73,18 +73,20 @@ pub fn start(spec: AgentSpec) -> Agent {
     Agent::start(spec).expect("start putex run")
 }
 
-/// `putex status LOCK -o json` against `url`; the command must succeed.
-pub fn status_json(url: &str, lock: &str) -> serde_json::Value {
-    let out = putex()
-        .args(["status", lock, "--store", url, "-o", "json"])
-        .output()
-        .unwrap();
+/// `putex ARGS…` (with `-o json`), which must succeed: its output.
+pub fn putex_json(args: &[&str]) -> serde_json::Value {
+    let out = putex().args(args).args(["-o", "json"]).output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "putex {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `putex status LOCK -o json` against `url`; the command must succeed.
+pub fn status_json(url: &str, lock: &str) -> serde_json::Value {
+    putex_json(&["status", lock, "--store", url])
 }
 
 /// Pids of live `sleep ARG` processes.
