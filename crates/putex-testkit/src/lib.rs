@@ -1,6 +1,7 @@
 //! What putex's tests, benchmarks (`crates/putex/examples`) and chaos suite
 //! (`crates/chaos`) share, so that each fixture exists once:
 //!
+//! - [`bench`](mod@bench): the benchmarks' report helpers and lock fixtures.
 //! - [`check`]: reading `putex check`'s output (the failover bound B).
 //! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
 //!   temporary storage — one JetStream server, one configured by a file, or
@@ -16,6 +17,7 @@
 //! Helpers that run the `putex` binary stay with the integration tests
 //! (`crates/putex/tests/common`): only they know where cargo built it.
 
+pub mod bench;
 pub mod check;
 pub mod nats_server;
 pub mod procfs;
