@@ -158,6 +158,16 @@ impl Machine {
     }
 }
 
+/// A count given on the command line that must be at least 1 (`--iters`,
+/// `--ops`): a parser for clap's `value_parser`.
+pub fn at_least_one(arg: &str) -> Result<usize, String> {
+    match arg.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Writes a benchmark's `--json` figures to `path`, pretty-printed; exits
 /// with status 1 when it cannot.
 pub fn write_json(path: &Path, figures: &serde_json::Value) {
