@@ -1,14 +1,16 @@
 //! The whole performance table: reads the JSON figures that `scripts/bench`
-//! collects from `failover_bench`, `lock_bench` and `scale_bench` (their
-//! `--json FILE` option) and prints one Markdown table with every figure,
-//! its target and a ratio or verdict. Not a test.
+//! collects from `failover_bench`, `lock_cost`, `lock_process`,
+//! `lock_contention` and `scale_bench` (their `--json FILE` option) and
+//! prints one Markdown table with every figure, its target and a ratio or
+//! verdict. Not a test.
 //!
 //! ```text
 //! cargo run --release -p putex --example bench_table -- DIR [--mode quick|full]
 //!     [--load-start "1.0 1.0 1.0"] [--seconds N] [--build-seconds N] [--nats-server PATH]
 //! ```
 //!
-//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`, `lock.json` and
+//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`,
+//! `lock-cost.json`, `lock-process.json`, `lock-contention.json` and
 //! `scale-*.json`; a missing file (its bench failed) shows as a row that
 //! says so, with the bench's log `DIR/<name>.log`.
 
@@ -159,15 +161,39 @@ fn failover(dir: &Path, t: &mut Table) {
 }
 
 fn locks(dir: &Path, t: &mut Table) {
-    let Some(l) = read(dir, "lock") else {
-        t.missing(
-            "locks: acquire + release, putex lock, contention",
-            "both",
-            dir,
-            "lock",
+    let mut seen = false;
+    for (name, what, rows) in [
+        (
+            "lock-cost",
+            "locks: uncontended acquire + release vs raw KV ops",
+            lock_cost as fn(&Value, &mut Table),
+        ),
+        (
+            "lock-process",
+            "locks: `putex lock` vs `flock`",
+            lock_process,
+        ),
+        ("lock-contention", "locks: contention", lock_contention),
+    ] {
+        match read(dir, name) {
+            Some(l) => {
+                seen = true;
+                rows(&l, t);
+            }
+            None => t.missing(what, "both", dir, name),
+        }
+    }
+    if seen {
+        t.note(
+            "Locks: `lock_cost`, `lock_process` and `lock_contention` (single-node \
+             nats-server, default fsync; SQLite with `synchronous=FULL`); lock names \
+             used once, untimed, before measuring.",
         );
-        return;
-    };
+    }
+}
+
+/// `lock_cost`: uncontended acquire + release against the raw operations.
+fn lock_cost(l: &Value, t: &mut Table) {
     for u in l["uncontended"].as_array().cloned().unwrap_or_default() {
         let store = u["store"].as_str().unwrap_or("?").to_owned();
         let raw = num(&u["raw_create_delete"], "median_ms");
@@ -214,6 +240,10 @@ fn locks(dir: &Path, t: &mut Table) {
             );
         }
     }
+}
+
+/// `lock_process`: the whole process `putex lock` against `flock`.
+fn lock_process(l: &Value, t: &mut Table) {
     let process = l["process"].as_array().cloned().unwrap_or_default();
     let flock = process
         .iter()
@@ -273,7 +303,11 @@ fn locks(dir: &Path, t: &mut Table) {
             ),
         );
     }
-    let waiters = num(&l, "waiters");
+}
+
+/// `lock_contention`: waiters on one lock in one process.
+fn lock_contention(l: &Value, t: &mut Table) {
+    let waiters = num(l, "waiters");
     for c in l["contention"].as_array().cloned().unwrap_or_default() {
         let store = c["store"].as_str().unwrap_or("?").to_owned();
         let variant = c["variant"].as_str().unwrap_or("lease");
@@ -339,10 +373,6 @@ fn locks(dir: &Path, t: &mut Table) {
             ratio,
         );
     }
-    t.note(
-        "Locks: `lock_bench` (single-node nats-server, default fsync; SQLite with \
-         `synchronous=FULL`); lock names used once, untimed, before measuring.",
-    );
 }
 
 fn scale(dir: &Path, t: &mut Table) {
