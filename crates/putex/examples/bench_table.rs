@@ -17,40 +17,45 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::Parser;
 use serde_json::Value;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: bench_table DIR [--mode quick|full] [--load-start LOAD] [--seconds N] \
-         [--build-seconds N] [--nats-server PATH]"
-    );
-    std::process::exit(2);
-}
-
-fn number(v: Option<String>) -> u64 {
-    v.and_then(|s| s.parse().ok()).unwrap_or_else(|| usage())
+/// The whole performance table, from the figures `scripts/bench` collects.
+///
+/// Reads the benchmarks' JSON figures in DIR and prints one Markdown table
+/// with every figure, its target and a ratio or verdict; a missing file
+/// shows as a failed row that names the benchmark's log, DIR/<name>.log.
+#[derive(Parser)]
+#[command(name = "bench_table")]
+struct Args {
+    /// The directory holding the benchmarks' JSON figures and logs
+    dir: PathBuf,
+    /// The kind of run the figures come from (for the title)
+    #[arg(long, default_value = "full", value_parser = ["quick", "full"])]
+    mode: String,
+    /// The load averages at the start of the run, e.g. "1.0 1.0 1.0"
+    #[arg(long, value_name = "LOAD")]
+    load_start: Option<String>,
+    /// How long the whole run took, in seconds
+    #[arg(long, value_name = "N")]
+    seconds: Option<u64>,
+    /// How many of those seconds went to building
+    #[arg(long, value_name = "N")]
+    build_seconds: Option<u64>,
+    /// The nats-server binary the benchmarks ran (for its version)
+    #[arg(long, value_name = "PATH")]
+    nats_server: Option<PathBuf>,
 }
 
 fn main() {
-    let mut dir: Option<PathBuf> = None;
-    let mut mode = "full".to_owned();
-    let mut load_start: Option<String> = None;
-    let mut seconds: Option<u64> = None;
-    let mut build: Option<u64> = None;
-    let mut nats: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--mode" => mode = args.next().unwrap_or_else(|| usage()),
-            "--load-start" => load_start = Some(args.next().unwrap_or_else(|| usage())),
-            "--seconds" => seconds = Some(number(args.next())),
-            "--build-seconds" => build = Some(number(args.next())),
-            "--nats-server" => nats = Some(args.next().unwrap_or_else(|| usage()).into()),
-            _ if dir.is_none() && !a.starts_with('-') => dir = Some(a.into()),
-            _ => usage(),
-        }
-    }
-    let dir = dir.unwrap_or_else(|| usage());
+    let Args {
+        dir,
+        mode,
+        load_start,
+        seconds,
+        build_seconds: build,
+        nats_server: nats,
+    } = Args::parse();
     let mut t = Table::default();
     failover(&dir, &mut t);
     locks(&dir, &mut t);
