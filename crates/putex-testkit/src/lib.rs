@@ -4,6 +4,7 @@
 //! - [`agent`]: `putex run` agents of a given binary (started again when
 //!   refused for a slow store, killed with their keeper and services on
 //!   drop) and the hook lines they write.
+//! - [`bench`](mod@bench): the benchmarks' report helpers and lock fixtures.
 //! - [`check`]: reading `putex check`'s output (the failover bound B).
 //! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
 //!   temporary storage — one JetStream server, one configured by a file, or
@@ -20,6 +21,7 @@
 //! where cargo built it.
 
 pub mod agent;
+pub mod bench;
 pub mod check;
 pub mod nats_server;
 pub mod procfs;

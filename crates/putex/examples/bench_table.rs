@@ -1,54 +1,61 @@
 //! The whole performance table: reads the JSON figures that `scripts/bench`
-//! collects from `failover_bench`, `lock_bench` and `scale_bench` (their
-//! `--json FILE` option) and prints one Markdown table with every figure,
-//! its target and a ratio or verdict. Not a test.
+//! collects from `failover_bench`, `lock_cost`, `lock_process`,
+//! `lock_contention` and `scale_bench` (their `--json FILE` option) and
+//! prints one Markdown table with every figure, its target and a ratio or
+//! verdict. Not a test.
 //!
 //! ```text
 //! cargo run --release -p putex --example bench_table -- DIR [--mode quick|full]
 //!     [--load-start "1.0 1.0 1.0"] [--seconds N] [--build-seconds N] [--nats-server PATH]
 //! ```
 //!
-//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`, `lock.json` and
+//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`,
+//! `lock-cost.json`, `lock-process.json`, `lock-contention.json` and
 //! `scale-*.json`; a missing file (its bench failed) shows as a row that
 //! says so, with the bench's log `DIR/<name>.log`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::Parser;
 use serde_json::Value;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: bench_table DIR [--mode quick|full] [--load-start LOAD] [--seconds N] \
-         [--build-seconds N] [--nats-server PATH]"
-    );
-    std::process::exit(2);
-}
-
-fn number(v: Option<String>) -> u64 {
-    v.and_then(|s| s.parse().ok()).unwrap_or_else(|| usage())
+/// The whole performance table, from the figures `scripts/bench` collects.
+///
+/// Reads the benchmarks' JSON figures in DIR and prints one Markdown table
+/// with every figure, its target and a ratio or verdict; a missing file
+/// shows as a failed row that names the benchmark's log, DIR/<name>.log.
+#[derive(Parser)]
+#[command(name = "bench_table")]
+struct Args {
+    /// The directory holding the benchmarks' JSON figures and logs
+    dir: PathBuf,
+    /// The kind of run the figures come from (for the title)
+    #[arg(long, default_value = "full", value_parser = ["quick", "full"])]
+    mode: String,
+    /// The load averages at the start of the run, e.g. "1.0 1.0 1.0"
+    #[arg(long, value_name = "LOAD")]
+    load_start: Option<String>,
+    /// How long the whole run took, in seconds
+    #[arg(long, value_name = "N")]
+    seconds: Option<u64>,
+    /// How many of those seconds went to building
+    #[arg(long, value_name = "N")]
+    build_seconds: Option<u64>,
+    /// The nats-server binary the benchmarks ran (for its version)
+    #[arg(long, value_name = "PATH")]
+    nats_server: Option<PathBuf>,
 }
 
 fn main() {
-    let mut dir: Option<PathBuf> = None;
-    let mut mode = "full".to_owned();
-    let mut load_start: Option<String> = None;
-    let mut seconds: Option<u64> = None;
-    let mut build: Option<u64> = None;
-    let mut nats: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--mode" => mode = args.next().unwrap_or_else(|| usage()),
-            "--load-start" => load_start = Some(args.next().unwrap_or_else(|| usage())),
-            "--seconds" => seconds = Some(number(args.next())),
-            "--build-seconds" => build = Some(number(args.next())),
-            "--nats-server" => nats = Some(args.next().unwrap_or_else(|| usage()).into()),
-            _ if dir.is_none() && !a.starts_with('-') => dir = Some(a.into()),
-            _ => usage(),
-        }
-    }
-    let dir = dir.unwrap_or_else(|| usage());
+    let Args {
+        dir,
+        mode,
+        load_start,
+        seconds,
+        build_seconds: build,
+        nats_server: nats,
+    } = Args::parse();
     let mut t = Table::default();
     failover(&dir, &mut t);
     locks(&dir, &mut t);
@@ -159,15 +166,39 @@ fn failover(dir: &Path, t: &mut Table) {
 }
 
 fn locks(dir: &Path, t: &mut Table) {
-    let Some(l) = read(dir, "lock") else {
-        t.missing(
-            "locks: acquire + release, putex lock, contention",
-            "both",
-            dir,
-            "lock",
+    let mut seen = false;
+    for (name, what, rows) in [
+        (
+            "lock-cost",
+            "locks: uncontended acquire + release vs raw KV ops",
+            lock_cost as fn(&Value, &mut Table),
+        ),
+        (
+            "lock-process",
+            "locks: `putex lock` vs `flock`",
+            lock_process,
+        ),
+        ("lock-contention", "locks: contention", lock_contention),
+    ] {
+        match read(dir, name) {
+            Some(l) => {
+                seen = true;
+                rows(&l, t);
+            }
+            None => t.missing(what, "both", dir, name),
+        }
+    }
+    if seen {
+        t.note(
+            "Locks: `lock_cost`, `lock_process` and `lock_contention` (single-node \
+             nats-server, default fsync; SQLite with `synchronous=FULL`); lock names \
+             used once, untimed, before measuring.",
         );
-        return;
-    };
+    }
+}
+
+/// `lock_cost`: uncontended acquire + release against the raw operations.
+fn lock_cost(l: &Value, t: &mut Table) {
     for u in l["uncontended"].as_array().cloned().unwrap_or_default() {
         let store = u["store"].as_str().unwrap_or("?").to_owned();
         let raw = num(&u["raw_create_delete"], "median_ms");
@@ -214,6 +245,10 @@ fn locks(dir: &Path, t: &mut Table) {
             );
         }
     }
+}
+
+/// `lock_process`: the whole process `putex lock` against `flock`.
+fn lock_process(l: &Value, t: &mut Table) {
     let process = l["process"].as_array().cloned().unwrap_or_default();
     let flock = process
         .iter()
@@ -273,7 +308,11 @@ fn locks(dir: &Path, t: &mut Table) {
             ),
         );
     }
-    let waiters = num(&l, "waiters");
+}
+
+/// `lock_contention`: waiters on one lock in one process.
+fn lock_contention(l: &Value, t: &mut Table) {
+    let waiters = num(l, "waiters");
     for c in l["contention"].as_array().cloned().unwrap_or_default() {
         let store = c["store"].as_str().unwrap_or("?").to_owned();
         let variant = c["variant"].as_str().unwrap_or("lease");
@@ -339,10 +378,6 @@ fn locks(dir: &Path, t: &mut Table) {
             ratio,
         );
     }
-    t.note(
-        "Locks: `lock_bench` (single-node nats-server, default fsync; SQLite with \
-         `synchronous=FULL`); lock names used once, untimed, before measuring.",
-    );
 }
 
 fn scale(dir: &Path, t: &mut Table) {

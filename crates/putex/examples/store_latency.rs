@@ -2,7 +2,7 @@
 //! median and p99, one operation at a time.
 //!
 //! ```text
-//! cargo run --release -p putex --example store_latency -- [--ops N] [store-url...]
+//! cargo run --release -p putex --example store_latency -- [--ops N] [STORE_URL...]
 //! ```
 //!
 //! It always measures the embedded SQLite store in a temporary directory,
@@ -11,32 +11,32 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+
 use putex::store::{AnyStore, ReadMode, SqliteStore, Store, StoreUrl};
+use putex_testkit::bench::at_least_one;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
-fn usage() -> ! {
-    eprintln!("usage: store_latency [--ops N] [store-url...]");
-    std::process::exit(2);
+/// Store latency, one operation at a time.
+///
+/// Create, compare-and-swap update and leader read, median, p99 and max,
+/// on the embedded SQLite store in a temporary directory, then on each
+/// store URL given.
+#[derive(Parser)]
+#[command(name = "store_latency")]
+struct Args {
+    /// Operations of each kind on each store
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = at_least_one)]
+    ops: usize,
+    /// More stores to measure (e.g. nats://127.0.0.1:4222)
+    #[arg(value_name = "STORE_URL")]
+    urls: Vec<String>,
 }
 
 #[tokio::main]
 async fn main() {
-    let mut ops = 2000usize;
-    let mut urls = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--ops" => {
-                ops = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or_else(|| usage())
-            }
-            "-h" | "--help" => usage(),
-            _ => urls.push(a),
-        }
-    }
+    let Args { ops, urls } = Args::parse();
 
     let dir = tempfile::tempdir().expect("temp dir");
     let mut stores: Vec<(String, AnyStore)> = Vec::new();

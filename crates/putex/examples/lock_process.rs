@@ -1,0 +1,393 @@
+//! Lock benchmark, part 2 of 3: what a lock costs as a whole process,
+//! `putex lock NAME -- true`, against `flock FILE true` and `etcdctl lock
+//! NAME true`. Not a test: it prints figures and ratios for
+//! `docs/performance.md`. (Part 1, `lock_cost`, measures the library
+//! uncontended; part 3, `lock_contention`, a lock under contention.)
+//!
+//! ```text
+//! cargo run --release -p putex --example lock_process -- [--quick] [--putex PATH] [--json FILE]
+//! ```
+//!
+//! `--quick` (20 runs of each command) takes a few seconds; the default is
+//! 30 runs. `--json FILE` also writes the figures as JSON (for
+//! `scripts/bench`).
+//!
+//! The commands are interleaved, one run of each per round after one
+//! untimed run of each, so load from other work on the machine hits them
+//! alike:
+//!
+//! - `putex lock NAME --store URL -- true` with the default timing, on a
+//!   single-node nats-server (loopback port, temporary store directory,
+//!   default fsync; the binary is `$PUTEX_NATS_SERVER`, else
+//!   `.tools/bin/nats-server`, else `nats-server` on `PATH`;
+//!   `scripts/install-nats-server` installs it) and on an SQLite file. The
+//!   `putex` binary is the release binary beside this example, built if
+//!   missing or without the `lock` command, or `--putex PATH`; it runs with
+//!   a clean environment and a temporary keeper directory. The lock name is
+//!   used once first, untimed, so the first-use wait of S4 is excluded.
+//! - `putex --version`, the floor of starting the binary.
+//! - `flock FILE true` (util-linux).
+//! - `etcdctl lock NAME true` against a local single-member etcd, when
+//!   `etcd` and `etcdctl` are on `PATH`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use putex_testkit::bench::lock::{preamble, print_summary};
+use putex_testkit::bench::{ms_f, ratio, write_json, Summary, Table};
+use putex_testkit::nats_server::NatsServer;
+
+/// The lock the `putex lock` runs use.
+const CLI_LOCK: &str = "clibench";
+
+/// Lock benchmark, part 2 of 3: `putex lock NAME -- true` as a whole process.
+///
+/// Times `putex lock NAME -- true` (default timing; on a fresh single-node
+/// nats-server and on SQLite) against `flock FILE true`, `putex --version`
+/// and, when etcd and etcdctl are on PATH, `etcdctl lock NAME true`.
+#[derive(Parser)]
+#[command(name = "lock_process")]
+struct Args {
+    /// A shorter run: 20 runs of each command instead of 30
+    #[arg(long)]
+    quick: bool,
+    /// The putex binary to time [default: the release binary beside this
+    /// example, built if missing]
+    #[arg(long, value_name = "PATH")]
+    putex: Option<PathBuf>,
+    /// Also write the figures as JSON to FILE (for scripts/bench)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn main() {
+    let args = Args::parse();
+    let runs = if args.quick { 20 } else { 30 };
+    let started = Instant::now();
+
+    let machine = preamble("a fresh single-node server");
+    println!("putex lock runs: {runs}\n");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut table = Table::default();
+    let rows = {
+        let nats = NatsServer::start();
+        whole_process(&mut table, args.putex, dir.path(), &nats.url, runs)
+    };
+
+    print_summary(&machine, started, &table);
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &serde_json::json!({
+                "bench": "lock_process",
+                "process_runs": runs,
+                "nats_server": machine.nats_version,
+                "process": rows,
+            }),
+        );
+    }
+}
+
+/// The `putex` binary beside this example (`<profile>/examples/…` →
+/// `<profile>/putex`), built with cargo when missing or without `lock`.
+fn find_putex() -> Option<PathBuf> {
+    let me = std::env::current_exe().expect("current exe");
+    let profile_dir = me.parent().and_then(Path::parent)?.to_path_buf();
+    let bin = profile_dir.join("putex");
+    let has_lock = |b: &Path| {
+        Command::new(b)
+            .args(["lock", "--help"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_lock(&bin) {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("building {} …", bin.display());
+        let _ = cmd.status();
+        if !has_lock(&bin) {
+            println!(
+                "cannot build {} with `putex lock`; skipping the putex lock runs (pass --putex PATH)",
+                bin.display()
+            );
+            return None;
+        }
+    }
+    println!("putex: {}", bin.display());
+    Some(bin)
+}
+
+/// The whole process `putex lock NAME -- true` against flock and etcd.
+/// The commands are interleaved, one run of each per round, so load from
+/// other work on the machine hits them alike. Returns the figures for
+/// `--json`.
+fn whole_process(
+    table: &mut Table,
+    putex_bin: Option<PathBuf>,
+    dir: &Path,
+    nats_url: &str,
+    runs: usize,
+) -> Vec<serde_json::Value> {
+    println!("== whole process ==");
+    let putex_bin = putex_bin.or_else(find_putex);
+    let mut entries: Vec<Proc> = Vec::new();
+    match on_path("flock") {
+        Some(flock) => {
+            let file = dir.join("flock.lock");
+            entries.push(Proc::new(
+                "process: `flock FILE true`",
+                "local file",
+                move || {
+                    let mut c = Command::new(&flock);
+                    c.arg(&file).arg("true");
+                    c
+                },
+            ));
+        }
+        None => println!("flock (util-linux) not available; skipped"),
+    }
+    if let Some(bin) = &putex_bin {
+        let b = bin.clone();
+        entries.push(Proc::new(
+            "process: `putex --version` (start-up floor)",
+            "-",
+            move || {
+                let mut c = Command::new(&b);
+                c.arg("--version");
+                c
+            },
+        ));
+        let sqlite_url = format!("sqlite://{}", dir.join("cli.db").display());
+        for (label, url) in [("nats", nats_url.to_owned()), ("sqlite", sqlite_url)] {
+            let lock = putex_lock(bin, &url, &dir.join("keepers"));
+            // First use of the name waits W + G (S4): take it with the fast
+            // profile, so that the default-timing runs start from a
+            // released record.
+            let t = Instant::now();
+            match run_once(lock(&[
+                "--renew",
+                "100ms",
+                "--failures",
+                "3",
+                "--confirm",
+                "1",
+            ])) {
+                Ok(_) => println!(
+                    "putex lock first use ({url}): {:.2} s (excluded)",
+                    t.elapsed().as_secs_f64()
+                ),
+                Err(e) => println!("putex lock first use ({url}): {e}"),
+            }
+            entries.push(Proc::new(
+                "process: `putex lock NAME -- true`, default timing",
+                label,
+                move || lock(&[]),
+            ));
+        }
+    }
+    let mut etcd_missing = None;
+    let etcd = match start_etcd(dir) {
+        Ok((server, endpoint, etcdctl)) => {
+            entries.push(Proc::new(
+                "process: `etcdctl lock NAME true`",
+                "etcd",
+                move || {
+                    let mut c = Command::new(&etcdctl);
+                    c.args(["--endpoints", &endpoint, "lock", CLI_LOCK, "true"]);
+                    c
+                },
+            ));
+            Some(server)
+        }
+        Err(e) => {
+            println!("{e}");
+            etcd_missing = Some(e);
+            None
+        }
+    };
+    // One untimed run of each, then the rounds.
+    for round in 0..=runs {
+        for e in entries.iter_mut().filter(|e| e.error.is_none()) {
+            match run_once((e.cmd)()) {
+                Ok(d) if round > 0 => e.samples.push(d),
+                Ok(_) => {}
+                Err(err) => e.error = Some(err),
+            }
+        }
+    }
+    drop(etcd);
+    let flock = entries
+        .iter()
+        .find(|e| e.what.contains("flock") && !e.samples.is_empty())
+        .map(|e| Summary::of(&e.samples).median);
+    let mut rows = Vec::new();
+    for e in &entries {
+        if let Some(err) = &e.error {
+            println!("{} ({}): {err}", e.what, e.store);
+            rows.push(serde_json::json!({"what": e.what, "store": e.store, "error": err}));
+            continue;
+        }
+        let s = Summary::of(&e.samples);
+        rows.push(serde_json::json!({
+            "what": e.what,
+            "store": e.store,
+            "runs": e.samples.len(),
+            "median_ms": ms_f(s.median),
+            "p90_ms": ms_f(s.p90),
+        }));
+        println!("{} ({}): {}", e.what, e.store, s.med_p90());
+        let vs = match flock {
+            Some(f) if !e.what.contains("flock") => {
+                format!("{:.1}× flock (median)", ratio(s.median, f))
+            }
+            _ => String::new(),
+        };
+        table.push(&e.what, &e.store, s.med_p90(), vs);
+    }
+    if let Some(e) = etcd_missing {
+        rows.push(serde_json::json!({
+            "what": "process: `etcdctl lock NAME true`",
+            "store": "etcd",
+            "error": e,
+        }));
+        table.push("process: `etcdctl lock NAME true`", "-", e, String::new());
+    }
+    println!();
+    rows
+}
+
+/// One command timed over several rounds.
+struct Proc {
+    what: String,
+    store: String,
+    cmd: Box<dyn Fn() -> Command>,
+    samples: Vec<Duration>,
+    error: Option<String>,
+}
+
+impl Proc {
+    fn new(what: &str, store: &str, cmd: impl Fn() -> Command + 'static) -> Proc {
+        Proc {
+            what: what.to_owned(),
+            store: store.to_owned(),
+            cmd: Box::new(cmd),
+            samples: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+/// Runs `cmd` to its end; its wall time, or why it failed.
+fn run_once(mut cmd: Command) -> Result<Duration, String> {
+    let what = format!("{:?}", cmd.get_program());
+    let t = Instant::now();
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    let took = t.elapsed();
+    if !out.status.success() {
+        return Err(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(took)
+}
+
+fn on_path(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(bin))
+            .find(|p| p.is_file())
+    })
+}
+
+/// `putex lock CLI_LOCK --store URL [extra] -- true`, with a clean
+/// environment and its own keeper directory.
+fn putex_lock(putex: &Path, url: &str, keeper_dir: &Path) -> impl Fn(&[&str]) -> Command {
+    let (putex, url, keeper_dir) = (putex.to_owned(), url.to_owned(), keeper_dir.to_owned());
+    move |extra: &[&str]| {
+        let mut c = Command::new(&putex);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+                c.env_remove(k);
+            }
+        }
+        c.env("PUTEX_KEEPER_DIR", &keeper_dir)
+            .args(["lock", CLI_LOCK, "--store", &url])
+            .args(extra)
+            .args(["--", "true"]);
+        c
+    }
+}
+
+/// A free loopback port (bound and released: another process could take it
+/// in between, which is acceptable here).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A single-member etcd on loopback ports: the server, its client URL and
+/// the `etcdctl` binary.
+fn start_etcd(dir: &Path) -> Result<(KillOnDrop, String, PathBuf), String> {
+    let (Some(etcd), Some(etcdctl)) = (on_path("etcd"), on_path("etcdctl")) else {
+        return Err("etcd not available".into());
+    };
+    let (client, peer) = (free_port(), free_port());
+    let endpoint = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
+    let mut server = KillOnDrop(
+        Command::new(etcd)
+            .arg("--data-dir")
+            .arg(dir.join("etcd"))
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start etcd: {e}"))?,
+    );
+    let until = Instant::now() + Duration::from_secs(15);
+    while !Command::new(&etcdctl)
+        .args(["--endpoints", &endpoint, "endpoint", "health"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        if Instant::now() > until || server.0.try_wait().ok().flatten().is_some() {
+            return Err("etcd did not come up".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok((server, endpoint, etcdctl))
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
