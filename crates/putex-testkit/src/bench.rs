@@ -4,7 +4,7 @@
 //! file; [`lock`] holds what the lock benchmarks (`lock_cost`,
 //! `lock_process`, `lock_contention`) share.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -166,6 +166,41 @@ pub fn at_least_one(arg: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// The `putex` binary beside the running example (`<profile>/examples/…` →
+/// `<profile>/putex`), built with cargo first when it is missing or older
+/// than the example; an error names the binary and how to build it.
+pub fn putex_beside_me() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    let profile_dir = me
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("{} is not in <profile>/examples", me.display()))?
+        .to_path_buf();
+    let bin = profile_dir.join("putex");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let stale = match (mtime(&bin), mtime(&me)) {
+        (Some(b), Some(e)) => b < e,
+        _ => true,
+    };
+    if stale {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("building {} …", bin.display());
+        if !cmd.status().is_ok_and(|s| s.success()) || !bin.is_file() {
+            return Err(format!(
+                "cannot build {}; build it with `cargo build --release -p putex` or pass \
+                 --putex PATH",
+                bin.display()
+            ));
+        }
+    }
+    Ok(bin)
 }
 
 /// Writes a benchmark's `--json` figures to `path`, pretty-printed; exits

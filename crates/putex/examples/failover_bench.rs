@@ -34,6 +34,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use putex_testkit::agent::{events, hooks, starts, wall_ns, Agent, AgentSpec, Line};
+use putex_testkit::bench::verdict;
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::procfs::{cpu_ticks, num_cpus, rss_kb};
 
@@ -41,38 +42,43 @@ const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: failover_bench [--runs N] [--putex PATH] [--store nats|sqlite] [--json FILE]"
-    );
-    std::process::exit(2);
+/// Which store the agents share.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    /// A single-node nats-server on a loopback port.
+    Nats,
+    /// One embedded SQLite file for every agent.
+    Sqlite,
+}
+
+#[derive(clap::Parser)]
+#[command(
+    name = "failover_bench",
+    about = "Crash failovers, clean handovers and an idle agent's cost, for docs/performance.md"
+)]
+struct Args {
+    /// How many crash failovers and how many clean handovers
+    #[arg(long, default_value_t = 20, value_parser = putex_testkit::bench::at_least_one)]
+    runs: usize,
+    /// The putex binary [default: the one beside this example, built if missing]
+    #[arg(long, value_name = "PATH")]
+    putex: Option<PathBuf>,
+    /// The store the agents share
+    #[arg(long, value_enum, default_value_t = StoreKind::Nats)]
+    store: StoreKind,
+    /// Also write the figures as JSON to FILE (for scripts/bench)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 fn main() {
-    let mut runs = 20usize;
-    let mut putex_bin: Option<PathBuf> = None;
-    let mut sqlite = false;
-    let mut json: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--runs" => {
-                runs = args
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|n| *n > 0)
-                    .unwrap_or_else(|| usage())
-            }
-            "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
-            "--store" => match args.next().as_deref() {
-                Some("nats") => sqlite = false,
-                Some("sqlite") => sqlite = true,
-                _ => usage(),
-            },
-            "--json" => json = Some(args.next().unwrap_or_else(|| usage()).into()),
-            _ => usage(),
-        }
-    }
+    let Args {
+        runs,
+        putex: putex_bin,
+        store,
+        json,
+    } = clap::Parser::parse();
+    let sqlite = store == StoreKind::Sqlite;
     let putex_bin = putex_bin.unwrap_or_else(find_putex);
     let dir = tempfile::tempdir().expect("temp dir");
     let nats = (!sqlite).then(NatsServer::start);
@@ -265,14 +271,6 @@ fn main() {
     }
 }
 
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "MISSED"
-    }
-}
-
 fn pct(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
 }
@@ -284,39 +282,12 @@ fn ns_between(a: u128, b: u128) -> Duration {
 // ---------------------------------------------------------------------------
 // Binaries.
 
-/// The `putex` binary beside this example (`<profile>/examples/…` →
-/// `<profile>/putex`), built with cargo when missing or older.
+/// The `putex` binary beside this example, built when missing or stale.
 fn find_putex() -> PathBuf {
-    let me = std::env::current_exe().expect("current exe");
-    let profile_dir = me
-        .parent()
-        .and_then(Path::parent)
-        .expect("examples dir")
-        .to_path_buf();
-    let bin = profile_dir.join("putex");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let stale = match (mtime(&bin), mtime(&me)) {
-        (Some(b), Some(e)) => b < e,
-        _ => true,
-    };
-    if stale {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        eprintln!("building {} …", bin.display());
-        let ok = cmd.status().is_ok_and(|s| s.success());
-        if !ok || !bin.is_file() {
-            eprintln!(
-                "cannot build {}; build it with `cargo build --release -p putex` or pass --putex PATH",
-                bin.display()
-            );
-            std::process::exit(1);
-        }
-    }
-    bin
+    putex_testkit::bench::putex_beside_me().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    })
 }
 
 // ---------------------------------------------------------------------------

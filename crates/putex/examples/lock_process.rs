@@ -92,39 +92,19 @@ fn main() {
     }
 }
 
-/// The `putex` binary beside this example (`<profile>/examples/…` →
-/// `<profile>/putex`), built with cargo when missing or without `lock`.
+/// The `putex` binary beside this example, built when missing or stale;
+/// `None` (and the `putex lock` rows skipped) when it cannot be built.
 fn find_putex() -> Option<PathBuf> {
-    let me = std::env::current_exe().expect("current exe");
-    let profile_dir = me.parent().and_then(Path::parent)?.to_path_buf();
-    let bin = profile_dir.join("putex");
-    let has_lock = |b: &Path| {
-        Command::new(b)
-            .args(["lock", "--help"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has_lock(&bin) {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
+    match putex_testkit::bench::putex_beside_me() {
+        Ok(bin) => {
+            println!("putex: {}", bin.display());
+            Some(bin)
         }
-        eprintln!("building {} …", bin.display());
-        let _ = cmd.status();
-        if !has_lock(&bin) {
-            println!(
-                "cannot build {} with `putex lock`; skipping the putex lock runs (pass --putex PATH)",
-                bin.display()
-            );
-            return None;
+        Err(e) => {
+            println!("{e}; skipping the putex lock runs");
+            None
         }
     }
-    println!("putex: {}", bin.display());
-    Some(bin)
 }
 
 /// The whole process `putex lock NAME -- true` against flock and etcd.

@@ -57,6 +57,7 @@ use putex::locks::lease::{Lease, LeaseOptions};
 use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
+use putex_testkit::bench::verdict;
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::procfs::{cpu_ticks, load_average, num_cpus, rss_kb};
 use putex_testkit::watch_failures::WatchFailures;
@@ -68,64 +69,85 @@ const AGENT_CPU_WINDOW: Duration = Duration::from_secs(5);
 /// After a failover, how long before checking that exactly one is active.
 const SETTLE: Duration = Duration::from_secs(1);
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: scale_bench [--quick] [--only leases|agents] [--store nats|sqlite|both] \
-         [--leases N] [--window SECS] [--acquire-limit SECS] [--agents N] [--crashes N] \
-         [--putex PATH] [--json FILE]"
-    );
-    std::process::exit(2);
+/// Which part to run.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    /// Many leases in one process.
+    Leases,
+    /// Many agents on one lock.
+    Agents,
 }
 
-fn number<T: std::str::FromStr>(v: Option<String>) -> T {
-    v.and_then(|n| n.parse().ok()).unwrap_or_else(|| usage())
+/// Which stores to run on.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Stores {
+    Nats,
+    Sqlite,
+    Both,
+}
+
+#[derive(clap::Parser)]
+#[command(
+    name = "scale_bench",
+    about = "1,000 leases in one process, then many agents on one lock: CPU, memory, failover"
+)]
+struct Args {
+    /// A shorter run: 5 s windows, a 25 s acquire limit, 1 crash
+    #[arg(long)]
+    quick: bool,
+    /// Run one part only
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+    /// The stores to run on
+    #[arg(long, value_enum, default_value_t = Stores::Both)]
+    store: Stores,
+    /// How many leases one process holds
+    #[arg(long, default_value_t = 1000, value_parser = putex_testkit::bench::at_least_one)]
+    leases: usize,
+    /// The measuring window in seconds [default: 20, 5 with --quick]
+    #[arg(long, value_name = "SECS")]
+    window: Option<u64>,
+    /// How long all leases may take to be acquired, in seconds [default: 43, 25 with --quick]
+    #[arg(long, value_name = "SECS")]
+    acquire_limit: Option<u64>,
+    /// How many agents share one lock (at least 2)
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(2..))]
+    agents: u64,
+    /// How many crashes of the active agent [default: 3, 1 with --quick]
+    #[arg(long, value_parser = putex_testkit::bench::at_least_one)]
+    crashes: Option<usize>,
+    /// The putex binary [default: the one beside this example, built if missing]
+    #[arg(long, value_name = "PATH")]
+    putex: Option<PathBuf>,
+    /// Also write the figures as JSON to FILE (for scripts/bench)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 fn main() {
-    let mut quick = false;
-    let mut only: Option<String> = None;
-    let mut stores: Vec<&str> = vec!["nats", "sqlite"];
-    let mut leases = 1000usize;
-    let mut window: Option<u64> = None;
-    let mut limit: Option<u64> = None;
-    let mut agents = 50usize;
-    let mut crashes: Option<usize> = None;
-    let mut putex_bin: Option<PathBuf> = None;
-    let mut json: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--only" => match args.next().as_deref() {
-                Some(s @ ("leases" | "agents")) => only = Some(s.to_owned()),
-                _ => usage(),
-            },
-            "--store" => {
-                stores = match args.next().as_deref() {
-                    Some("nats") => vec!["nats"],
-                    Some("sqlite") => vec!["sqlite"],
-                    Some("both") => vec!["nats", "sqlite"],
-                    _ => usage(),
-                }
-            }
-            "--leases" => leases = number(args.next()),
-            "--window" => window = Some(number(args.next())),
-            "--acquire-limit" => limit = Some(number(args.next())),
-            "--agents" => agents = number(args.next()),
-            "--crashes" => crashes = Some(number(args.next())),
-            "--putex" => putex_bin = Some(args.next().unwrap_or_else(|| usage()).into()),
-            "--json" => json = Some(args.next().unwrap_or_else(|| usage()).into()),
-            _ => usage(),
-        }
-    }
-    if leases == 0 || agents < 2 {
-        usage();
-    }
+    let Args {
+        quick,
+        only,
+        store,
+        leases,
+        window,
+        acquire_limit: limit,
+        agents,
+        crashes,
+        putex: putex_bin,
+        json,
+    } = clap::Parser::parse();
+    let agents = usize::try_from(agents).unwrap_or(usize::MAX);
+    let stores: Vec<&str> = match store {
+        Stores::Nats => vec!["nats"],
+        Stores::Sqlite => vec!["sqlite"],
+        Stores::Both => vec!["nats", "sqlite"],
+    };
     let window = Duration::from_secs(window.unwrap_or(if quick { 5 } else { 20 }));
     // W + G at the default timing is 12.2 s; then 30 s to spare (12 quick).
     let limit = Duration::from_secs(limit.unwrap_or(if quick { 25 } else { 43 }));
     let crashes = crashes.unwrap_or(if quick { 1 } else { 3 }).max(1);
-    let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    let run = |part: Only| only.is_none_or(|o| o == part);
     let watch_failures = WatchFailures::install();
     println!(
         "host: {} CPU(s), {}, load average {}",
@@ -136,7 +158,7 @@ fn main() {
 
     let mut out_leases = Vec::new();
     let mut out_agents = Vec::new();
-    if run("leases") {
+    if run(Only::Leases) {
         for store in &stores {
             let mut n = leases;
             loop {
@@ -160,7 +182,7 @@ fn main() {
             }
         }
     }
-    if run("agents") {
+    if run(Only::Agents) {
         let putex_bin = putex_bin.unwrap_or_else(find_putex);
         for store in &stores {
             let mut n = agents;
@@ -864,14 +886,6 @@ fn refusals_note(refusals: &[String]) -> String {
 // ---------------------------------------------------------------------------
 // Measuring.
 
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "met"
-    } else {
-        "MISSED"
-    }
-}
-
 fn pct_of(d: Duration, of: Duration) -> f64 {
     d.as_secs_f64() / of.as_secs_f64() * 100.0
 }
@@ -927,31 +941,10 @@ fn count_dir(path: &str) -> usize {
 // ---------------------------------------------------------------------------
 // Binaries.
 
-/// The `putex` binary beside this example (`<profile>/examples/…` →
-/// `<profile>/putex`), built with cargo when missing.
+/// The `putex` binary beside this example, built when missing or stale.
 fn find_putex() -> PathBuf {
-    let me = std::env::current_exe().expect("current exe");
-    let profile_dir = me
-        .parent()
-        .and_then(Path::parent)
-        .expect("examples dir")
-        .to_path_buf();
-    let bin = profile_dir.join("putex");
-    if !bin.is_file() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "putex", "--bin", "putex"]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        eprintln!("building {} …", bin.display());
-        if !cmd.status().is_ok_and(|s| s.success()) || !bin.is_file() {
-            eprintln!(
-                "cannot build {}; build it with `cargo build --release -p putex` or pass --putex PATH",
-                bin.display()
-            );
-            std::process::exit(1);
-        }
-    }
-    bin
+    putex_testkit::bench::putex_beside_me().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    })
 }
