@@ -14,7 +14,8 @@ pub struct ListEntry {
     pub state: String,
     /// `claim` (persistent) or `lease` (held while a command runs).
     pub kind: String,
-    /// The machine id.
+    /// The claimer's machine id ([`crate::identity::machine_id`]) as the
+    /// record holds it; `None` when the record cannot be read.
     pub machine: Option<String>,
     /// The record's revision.
     pub revision: u64,
@@ -25,7 +26,7 @@ pub struct ListEntry {
 /// Every id record of a pool, and the names whose claim is pending.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Listing {
-    /// The pool.
+    /// The pool's name, as passed to [`list`].
     pub pool: String,
     /// Its range (`None` if it has no readable meta record).
     pub range: Option<String>,
@@ -91,13 +92,14 @@ pub async fn list<S: Store>(store: &S, pool: &Name, opts: &Options) -> Result<Li
 /// What [`check`] found.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct CheckReport {
-    /// The pool.
+    /// The pool's name, as passed to [`check`].
     pub pool: String,
     /// Ids held by persistent claims.
     pub claimed: usize,
     /// Whether the pool has any record at all.
     pub exists: bool,
-    /// Every inconsistency.
+    /// Every inconsistency found; empty when the pool is consistent. In
+    /// JSON each one is its description.
     pub problems: Vec<PoolProblem>,
 }
 
