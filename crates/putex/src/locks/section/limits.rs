@@ -23,7 +23,7 @@ pub struct LimitMismatch {
     pub key: String,
     /// The name's limit (1: a plain lock).
     pub defined: u32,
-    /// The limit this client asked for.
+    /// The limit this client asked for ([`SectionOptions::limit`]).
     pub ours: u32,
     /// The node in `lock.<name>`, when that record defines it.
     pub last_holder: Option<String>,
