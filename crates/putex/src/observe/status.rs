@@ -21,15 +21,16 @@ use crate::store::{Name, NodeId};
 /// Why a status query failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    /// The store did not answer.
+    /// A store call failed: unreachable, timed out or refused.
     #[error("store: {0}")]
     Store(StoreError),
     /// An identity pool could not be listed.
     #[error("pool {pool}: {error}")]
     Pool {
-        /// The pool.
+        /// The name of the pool whose listing failed.
         pool: String,
-        /// What went wrong.
+        /// The listing's error ([`IdError`](crate::locks::idpool::IdError)),
+        /// as text.
         error: String,
     },
 }
@@ -37,7 +38,7 @@ pub enum StatusError {
 /// One lock as `status` reports it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct LockStatus {
-    /// The lock name.
+    /// The lock's name; for a slot of a semaphore, `NAME.SLOT`.
     pub lock: String,
     /// The holder's node id (also for `released` and `revoked` records:
     /// the last holder).
@@ -90,13 +91,15 @@ pub struct WaiterStatus {
 /// One member as `status` reports it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MemberStatus {
-    /// The node id.
+    /// The member's node id, as its record `member.<lock>.<node>` says.
     pub node: String,
-    /// The agent's role.
+    /// The agent's role as it last wrote it: `starting`, `standby`,
+    /// `confirming`, `active`, `stepping-down`, `lapsed` or `exited`.
     pub role: String,
-    /// Whether its last health check passed.
+    /// Whether its last health check passed (`None` before the first).
     pub healthy: Option<bool>,
-    /// Its last health check.
+    /// Its last health check: the mode and the result, e.g. `active ok`,
+    /// `standby failed`.
     pub last_health: Option<String>,
     /// Its fencing token while holding.
     pub token: Option<String>,
@@ -211,7 +214,7 @@ pub struct SemaphoreStatus {
 /// One identity pool as `status` reports it (`putex id`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PoolStatus {
-    /// The pool.
+    /// The pool's name (the `<pool>` of its `id.<pool>.…` keys).
     pub pool: String,
     /// Its range, if recorded.
     pub range: Option<String>,

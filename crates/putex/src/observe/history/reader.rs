@@ -6,13 +6,14 @@ use super::*;
 /// A transition record with what the store says about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stored {
-    /// Its key.
+    /// The record's store key, `history.<lock>.<node>-<instance8>-<seq>`.
     pub key: String,
     /// Its store revision: the order of records.
     pub revision: u64,
     /// When the store applied it, on the store's clock.
     pub time: StoreTime,
-    /// The record.
+    /// The record, decoded ([`parse`] skips values that do not decode or
+    /// are of another format version).
     pub record: TransitionRecord,
 }
 
@@ -71,7 +72,8 @@ pub struct HistoryRow {
     pub revision: u64,
     /// The record's store time.
     pub store_time: StoreTime,
-    /// The record itself.
+    /// The transition record; in JSON its fields sit beside the row's
+    /// own (flattened).
     #[serde(flatten)]
     pub record: TransitionRecord,
     /// The node holding the lock as `active` after this transition, as
