@@ -47,7 +47,7 @@ pub struct LockStatus {
     pub state: String,
     /// The fencing token `epoch:revision`.
     pub token: Option<String>,
-    /// The record's revision.
+    /// The lock record's store revision (`None`: no record).
     pub revision: Option<u64>,
     /// Store time since the record was last written (renewed), in ms.
     pub renewed_ago_ms: Option<u64>,
@@ -55,12 +55,14 @@ pub struct LockStatus {
     pub lease_ms: Option<u64>,
     /// The emergency-stop gap the holder advertises, in ms.
     pub gap_ms: Option<u64>,
-    /// The holder's instance id.
+    /// The holder's instance id: one per start of an agent or `putex
+    /// lock`, an HTTP lock's uid.
     pub instance: Option<String>,
     /// Whether the record is older than its advertised lease (the holder
     /// stopped renewing: a takeover is due).
     pub stale: bool,
-    /// The members' records.
+    /// The lock's member records (`member.<lock>.<node>`) that can be
+    /// read; empty for a slot of a semaphore.
     pub members: Vec<MemberStatus>,
     /// What the holder holds it for (`putex lock --title`), from its
     /// place in the line.
@@ -147,7 +149,8 @@ async fn snapshot(
         .map_err(StatusError::Store)
 }
 
-/// Reads one lock's status.
+/// Reads one lock's status: its record, members and waiters, with ages on
+/// the store's clock.
 pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, StatusError> {
     let timeout = Duration::from_secs(2);
     let key = keys::lock(lock);
@@ -203,7 +206,7 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
 /// One semaphore as `status` reports it (`putex lock --limit N`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct SemaphoreStatus {
-    /// The semaphore's name.
+    /// The semaphore's name, the `<name>` of its limit record `sem.<name>`.
     pub name: String,
     /// Its limit N.
     pub limit: u32,
@@ -224,7 +227,8 @@ pub struct PoolStatus {
     pub records: usize,
 }
 
-/// Reads a semaphore's slots.
+/// Reads a semaphore's slots; `None` when `name` has no limit record or is
+/// a plain lock (limit 1).
 pub async fn semaphore_status(
     store: &AnyStore,
     name: &Name,

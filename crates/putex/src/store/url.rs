@@ -196,7 +196,8 @@ fn secret_ranges(url: &str) -> Vec<(usize, usize)> {
 }
 
 impl StoreUrl {
-    /// Parses a store URL.
+    /// Parses a store URL (the forms are in the [module docs](self)); an
+    /// error quotes the URL without its secrets and shows one that works.
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once(':') else {

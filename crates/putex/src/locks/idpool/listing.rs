@@ -17,7 +17,8 @@ pub struct ListEntry {
     /// The claimer's machine id ([`crate::identity::machine_id`]) as the
     /// record holds it; `None` when the record cannot be read.
     pub machine: Option<String>,
-    /// The record's revision.
+    /// The store revision of the row's record (the id record, or the
+    /// pending name record).
     pub revision: u64,
     /// Store time since the record was written, in ms (`None`: unknown).
     pub age_ms: Option<u64>,
@@ -36,7 +37,8 @@ pub struct Listing {
     pub ids: Vec<ListEntry>,
 }
 
-/// Lists a pool.
+/// Lists a pool: every id record, then the names whose claim is pending,
+/// from one consistent read of the pool's records.
 pub async fn list<S: Store>(store: &S, pool: &Name, opts: &Options) -> Result<Listing, IdError> {
     let view = PoolView::read(store, pool, opts.timeout).await?;
     let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -287,7 +287,8 @@ pub enum IdError {
     Unreadable {
         /// The pool's name, as passed to the call.
         pool: String,
-        /// The record's key.
+        /// The unreadable record's full key, e.g. `id.<pool>.meta` or
+        /// `id.<pool>.name.<name>`.
         key: String,
         /// The claim name whose record it is, if it is one (a forced
         /// release of that name removes it).

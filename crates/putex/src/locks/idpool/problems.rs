@@ -45,7 +45,7 @@ pub enum PoolProblem {
         name: String,
         /// The id it points at.
         id: u64,
-        /// The pool's range.
+        /// The range in the pool's meta record.
         range: IdRange,
     },
     /// A `pending` name record older than the grace: an interrupted claim.
@@ -78,7 +78,7 @@ pub enum PoolProblem {
         pool: String,
         /// The id, from the record's key.
         id: u64,
-        /// The pool's range.
+        /// The range in the pool's meta record.
         range: IdRange,
     },
     /// A claimed id that no name record points at: an interrupted claim.

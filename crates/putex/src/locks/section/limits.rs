@@ -16,7 +16,7 @@ pub struct SemaphoreRecord {
 /// A client whose limit is not the one its name was defined with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitMismatch {
-    /// The lock or semaphore name.
+    /// The lock or semaphore name, as the client passed it.
     pub name: String,
     /// The record that defines it: `sem.<name>`, or `lock.<name>` for a
     /// name used as a plain lock before limits were recorded.

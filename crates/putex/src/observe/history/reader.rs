@@ -70,7 +70,8 @@ pub enum NoHolderBasis {
 pub struct HistoryRow {
     /// The record's store revision (the order).
     pub revision: u64,
-    /// The record's store time.
+    /// When the store applied the record, on the store's clock: the
+    /// rows' durations are measured on it.
     pub store_time: StoreTime,
     /// The transition record; in JSON its fields sit beside the row's
     /// own (flattened).
