@@ -132,7 +132,8 @@ impl OnceMode {
 pub struct SectionOptions {
     /// The lock (or semaphore) name.
     pub name: Name,
-    /// This node's id.
+    /// This host's node id, written into the lock record and the queue
+    /// ticket, and given to CMD as `PUTEX_NODE`.
     pub node: NodeId,
     /// A stable id of the store (URL without secrets), for host-local files.
     pub store_id: String,
