@@ -122,7 +122,6 @@ impl HostState {
         me
     }
 
-    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -16,7 +16,7 @@ use crate::store::{AnyStore, Store};
 pub struct MemberRecord {
     /// Format version (1).
     pub v: u32,
-    /// The node id.
+    /// The writer's node id, also the last part of the key.
     pub node: String,
     /// The agent's instance id.
     pub instance: String,

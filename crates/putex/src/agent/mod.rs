@@ -93,9 +93,9 @@ pub enum AgentError {
     Local {
         /// Which file: `keeper directory`, `lock file`, `host state file`.
         what: &'static str,
-        /// Its path.
+        /// The path that could not be used.
         path: PathBuf,
-        /// What went wrong.
+        /// The I/O error it gave.
         source: std::io::Error,
     },
     /// Another agent already runs this lock for this store on this host.
@@ -107,11 +107,12 @@ pub enum AgentError {
     AlreadyRunning {
         /// The pid written in the lock file.
         pid: String,
-        /// The lock.
+        /// The lock name the other agent runs.
         lock: String,
         /// The store, without secrets.
         store: String,
-        /// The lock file.
+        /// The host-local lock file both agents take, in the keeper
+        /// directory; it holds the running agent's pid.
         lock_file: PathBuf,
     },
     /// The store cannot be opened.
@@ -119,7 +120,7 @@ pub enum AgentError {
     StoreUnreachable {
         /// The store URL, without secrets.
         url: String,
-        /// Why.
+        /// What opening it failed with.
         source: StoreError,
     },
     /// Measuring the store failed.

@@ -15,16 +15,20 @@ use crate::store::{Name, NodeId, StoreUrl};
 pub enum ServiceMode {
     /// `--activate`/`--deactivate` (and optionally `--fence`) hooks.
     Hooks {
-        /// `--activate`.
+        /// `--activate`: a shell command (run by `/bin/sh -c`) that starts
+        /// the service.
         activate: String,
-        /// `--deactivate`.
+        /// `--deactivate`: a shell command that stops it (`PUTEX_STOP`
+        /// says why).
         deactivate: String,
-        /// `--fence`.
+        /// `--fence`: a shell command that fences the previous holder out
+        /// before activating.
         fence: Option<String>,
     },
     /// `-- CHILD ARGS...`, spawned and owned by the keeper.
     Child {
-        /// The child's argv.
+        /// The child's program and arguments, executed directly (not
+        /// through a shell).
         argv: Vec<String>,
         /// `--fence`, run before the child is spawned.
         fence: Option<String>,
@@ -36,15 +40,18 @@ pub enum ServiceMode {
 pub struct AgentSettings {
     /// The lock name (`None` only for a lenient `check`).
     pub lock: Option<Name>,
-    /// The store.
+    /// The store holding the lock (`--store`; without it
+    /// [`StoreUrl::from_env`]).
     pub store: StoreUrl,
-    /// The node id.
+    /// This host's node id in the lock and member records (`--node`,
+    /// default the hostname).
     pub node: NodeId,
     /// The health check (`None` only for a lenient `check`).
     pub healthcheck: Option<String>,
     /// Hooks or child (`None` only for a lenient `check`).
     pub service: Option<ServiceMode>,
-    /// The timing as given.
+    /// The timing settings as the flags and the config file gave them,
+    /// before validation; the agent runs on [`timing`](Self::timing).
     pub timing_config: TimingConfig,
     /// The timing, validated.
     pub timing: Timing,

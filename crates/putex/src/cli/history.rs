@@ -38,7 +38,6 @@ pub struct HistoryArgs {
 /// What `putex history -o json` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct HistoryOutput {
-    /// The lock name.
     pub lock: String,
     /// The transitions, oldest first (the last `--limit`).
     pub transitions: Vec<HistoryRow>,

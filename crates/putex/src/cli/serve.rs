@@ -98,11 +98,8 @@ pub struct ServeArgs {
 pub struct ServeSettings {
     /// Where to listen.
     pub listen: SocketAddr,
-    /// The store.
     pub store: StoreUrl,
-    /// The gateway's options.
     pub gateway: GatewayOptions,
-    /// The HTTP server's options.
     pub http: HttpOptions,
 }
 

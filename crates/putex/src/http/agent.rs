@@ -29,9 +29,7 @@ use serde::Serialize;
 /// What the endpoints report, taken from the agent at each request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct AgentSnapshot {
-    /// The lock.
     pub lock: String,
-    /// This node's id.
     pub node: String,
     /// The role: `starting`, `standby`, `confirming`, `active`, …
     pub role: String,
@@ -57,7 +55,7 @@ pub trait AgentView: Send + Sync + 'static {
 
 type View = Arc<dyn AgentView>;
 
-/// The routes.
+/// The endpoints in the table above, answering from `view`.
 pub fn router(view: View) -> Router {
     Router::new()
         .route("/", get(|| async { axum::response::Redirect::to("/ui") }))

@@ -57,9 +57,11 @@ impl fmt::Debug for Secret {
 /// The admin's HTTP Basic credentials.
 #[derive(Clone, Debug)]
 pub struct AdminCredentials {
-    /// The user name.
+    /// The user name an admin call must present (`--admin-user`); `putex
+    /// serve` refuses an empty one or one with `:`.
     pub user: String,
-    /// The password.
+    /// The password it must present (`--admin-password-file`), compared in
+    /// constant time.
     pub password: Secret,
 }
 

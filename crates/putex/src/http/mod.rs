@@ -66,7 +66,8 @@ pub enum HttpError {
     /// The listener has no local address (it is not bound).
     #[error("the listener has no local address: {0}")]
     LocalAddr(#[source] io::Error),
-    /// Serving failed.
+    /// Accepting or serving connections failed: an I/O error of the
+    /// listener.
     #[error("serving HTTP: {0}")]
     Serve(#[source] io::Error),
 }
@@ -246,7 +247,8 @@ pub struct App {
 }
 
 impl App {
-    /// An app serving `gateway`.
+    /// The server for `gateway`, presented and guarded as `options` say;
+    /// [`serve`] runs it.
     pub fn new(gateway: Gateway, options: HttpOptions) -> App {
         App { gateway, options }
     }

@@ -30,15 +30,15 @@ pub enum TlsError {
     /// A file cannot be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {
-        /// The file.
+        /// The certificate or key file, as given.
         path: PathBuf,
-        /// Why.
+        /// What reading it failed with.
         source: io::Error,
     },
     /// The certificate file holds no usable PEM certificate.
     #[error("{}: no PEM certificate in it ({reason})", path.display())]
     Certificate {
-        /// The file.
+        /// The certificate file, as given.
         path: PathBuf,
         /// What the PEM parser said.
         reason: String,
@@ -46,7 +46,7 @@ pub enum TlsError {
     /// The key file holds no usable PEM private key.
     #[error("{}: no PEM private key in it ({reason})", path.display())]
     Key {
-        /// The file.
+        /// The key file, as given.
         path: PathBuf,
         /// What the PEM parser said.
         reason: String,

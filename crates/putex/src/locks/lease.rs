@@ -77,7 +77,7 @@ use crate::store::{keys, AnyStore, Name, NameError, NodeId};
 /// What a lease is for and how it is timed.
 #[derive(Clone, Debug)]
 pub struct LeaseOptions {
-    /// The lock name.
+    /// The lock's name; its record is `lock.<name>`.
     pub name: Name,
     /// This node's id (e.g. the hostname).
     pub node: NodeId,
@@ -114,7 +114,7 @@ impl LeaseOptions {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum LeaseError {
-    /// The timing settings cannot work.
+    /// [`LeaseOptions::timing`] cannot work: validating it failed.
     #[error(transparent)]
     Timing(#[from] TimingError),
     /// The agent stopped (another machine runs with this node id, S5), or

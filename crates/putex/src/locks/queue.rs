@@ -85,13 +85,15 @@ pub struct Ticket {
 pub struct Waiter {
     /// The lock (or semaphore) name.
     pub name: Name,
-    /// The node id.
+    /// The waiter's node id, written into the ticket
+    /// ([`TicketRecord::node`]).
     pub node: NodeId,
     /// The instance id, unique per waiter.
     pub instance: Name,
     /// The refresh interval (R).
     pub renew: Duration,
-    /// The deadline of each store call.
+    /// The deadline of each store call the ticket makes: to join, refresh
+    /// and leave, and to watch the queue.
     pub store_timeout: Duration,
     /// `--title`, shown to operators.
     pub title: Option<String>,

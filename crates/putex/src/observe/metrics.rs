@@ -298,8 +298,10 @@ impl Metrics {
         Metrics::register(&mut Registry::default())
     }
 
-    /// A role transition.
-    pub fn transition(&self, to: Role, revision: Option<u64>) {
+    /// Records a transition into `to`: `putex_role`, `putex_held`,
+    /// `putex_revision` (`revision` while holding) and
+    /// `putex_transitions_total`.
+    pub(crate) fn transition(&self, to: Role, revision: Option<u64>) {
         for r in ROLES {
             self.0
                 .role
@@ -331,8 +333,9 @@ impl Metrics {
         *self.0.current_role.lock()
     }
 
-    /// A store call finished.
-    pub fn store_call(&self, op: &str, outcome: &str, took: Duration) {
+    /// Records a finished store call's duration, by operation and
+    /// outcome.
+    pub(crate) fn store_call(&self, op: &str, outcome: &str, took: Duration) {
         self.0
             .store
             .get_or_create(&StoreLabels {
@@ -342,8 +345,8 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A health check finished.
-    pub fn health_check(&self, mode: &str, ok: bool) {
+    /// Counts a finished health check, by mode and result.
+    pub(crate) fn health_check(&self, mode: &str, ok: bool) {
         self.0
             .health
             .get_or_create(&HealthLabels {
@@ -353,8 +356,8 @@ impl Metrics {
             .inc();
     }
 
-    /// A hook (or stop) finished.
-    pub fn hook(&self, hook: &str, took: Duration) {
+    /// Records how long a hook (or stop) took.
+    pub(crate) fn hook(&self, hook: &str, took: Duration) {
         self.0
             .hooks
             .get_or_create(&HookLabel {
@@ -364,13 +367,13 @@ impl Metrics {
     }
 
     /// A graceful stop could not prove the service stopped.
-    pub fn graceful_stop_failed(&self) {
+    pub(crate) fn graceful_stop_failed(&self) {
         self.0.stop_failures.inc();
     }
 
     /// A stop proved nothing (`true`: alarm) or, after that, proved the
     /// service stopped (`false`).
-    pub fn stop_unproven(&self, unproven: bool) {
+    pub(crate) fn stop_unproven(&self, unproven: bool) {
         if unproven {
             self.0.stops_unproven.inc();
         }
@@ -379,7 +382,7 @@ impl Metrics {
 
     /// The keeper was armed or extended to `deadline` (a renewal
     /// succeeded), or disarmed (`None`).
-    pub fn licence(&self, deadline: Option<Instant>) {
+    pub(crate) fn licence(&self, deadline: Option<Instant>) {
         self.0.deadline.set(deadline);
         if deadline.is_some() {
             self.0.renewed_at.set(Some(clock::boot_time_now()));
@@ -387,22 +390,23 @@ impl Metrics {
         self.0.keeper_armed.set(i64::from(deadline.is_some()));
     }
 
-    /// The keeper fired.
-    pub fn keeper_fired(&self) {
+    /// Counts the keeper reaching its deadline; the keeper is disarmed.
+    pub(crate) fn keeper_fired(&self) {
         self.0.keeper_fired.inc();
         self.0.deadline.set(None);
         self.0.keeper_armed.set(0);
     }
 
-    /// The driver went round its loop.
-    pub fn progress(&self) {
+    /// Notes that the driver went round its loop (for
+    /// [`since_progress`](Metrics::since_progress)).
+    pub(crate) fn progress(&self) {
         self.0
             .progress
             .store(clock::boot_time_now().as_nanos(), Ordering::Relaxed);
     }
 
     /// How long since the driver last went round its loop.
-    pub fn since_progress(&self) -> Duration {
+    pub(crate) fn since_progress(&self) -> Duration {
         Duration::from_nanos(
             clock::boot_time_now()
                 .as_nanos()

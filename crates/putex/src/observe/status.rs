@@ -21,15 +21,16 @@ use crate::store::{Name, NodeId};
 /// Why a status query failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    /// The store did not answer.
+    /// A store call failed: unreachable, timed out or refused.
     #[error("store: {0}")]
     Store(StoreError),
     /// An identity pool could not be listed.
     #[error("pool {pool}: {error}")]
     Pool {
-        /// The pool.
+        /// The name of the pool whose listing failed.
         pool: String,
-        /// What went wrong.
+        /// The listing's error ([`IdError`](crate::locks::idpool::IdError)),
+        /// as text.
         error: String,
     },
 }
@@ -37,7 +38,7 @@ pub enum StatusError {
 /// One lock as `status` reports it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct LockStatus {
-    /// The lock name.
+    /// The lock's name; for a slot of a semaphore, `NAME.SLOT`.
     pub lock: String,
     /// The holder's node id (also for `released` and `revoked` records:
     /// the last holder).
@@ -46,7 +47,7 @@ pub struct LockStatus {
     pub state: String,
     /// The fencing token `epoch:revision`.
     pub token: Option<String>,
-    /// The record's revision.
+    /// The lock record's store revision (`None`: no record).
     pub revision: Option<u64>,
     /// Store time since the record was last written (renewed), in ms.
     pub renewed_ago_ms: Option<u64>,
@@ -54,12 +55,14 @@ pub struct LockStatus {
     pub lease_ms: Option<u64>,
     /// The emergency-stop gap the holder advertises, in ms.
     pub gap_ms: Option<u64>,
-    /// The holder's instance id.
+    /// The holder's instance id: one per start of an agent or `putex
+    /// lock`, an HTTP lock's uid.
     pub instance: Option<String>,
     /// Whether the record is older than its advertised lease (the holder
     /// stopped renewing: a takeover is due).
     pub stale: bool,
-    /// The members' records.
+    /// The lock's member records (`member.<lock>.<node>`) that can be
+    /// read; empty for a slot of a semaphore.
     pub members: Vec<MemberStatus>,
     /// What the holder holds it for (`putex lock --title`), from its
     /// place in the line.
@@ -90,13 +93,15 @@ pub struct WaiterStatus {
 /// One member as `status` reports it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MemberStatus {
-    /// The node id.
+    /// The member's node id, as its record `member.<lock>.<node>` says.
     pub node: String,
-    /// The agent's role.
+    /// The agent's role as it last wrote it: `starting`, `standby`,
+    /// `confirming`, `active`, `stepping-down`, `lapsed` or `exited`.
     pub role: String,
-    /// Whether its last health check passed.
+    /// Whether its last health check passed (`None` before the first).
     pub healthy: Option<bool>,
-    /// Its last health check.
+    /// Its last health check: the mode and the result, e.g. `active ok`,
+    /// `standby failed`.
     pub last_health: Option<String>,
     /// Its fencing token while holding.
     pub token: Option<String>,
@@ -144,7 +149,8 @@ async fn snapshot(
         .map_err(StatusError::Store)
 }
 
-/// Reads one lock's status.
+/// Reads one lock's status: its record, members and waiters, with ages on
+/// the store's clock.
 pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, StatusError> {
     let timeout = Duration::from_secs(2);
     let key = keys::lock(lock);
@@ -200,7 +206,7 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
 /// One semaphore as `status` reports it (`putex lock --limit N`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct SemaphoreStatus {
-    /// The semaphore's name.
+    /// The semaphore's name, the `<name>` of its limit record `sem.<name>`.
     pub name: String,
     /// Its limit N.
     pub limit: u32,
@@ -211,7 +217,7 @@ pub struct SemaphoreStatus {
 /// One identity pool as `status` reports it (`putex id`).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct PoolStatus {
-    /// The pool.
+    /// The pool's name (the `<pool>` of its `id.<pool>.…` keys).
     pub pool: String,
     /// Its range, if recorded.
     pub range: Option<String>,
@@ -221,7 +227,8 @@ pub struct PoolStatus {
     pub records: usize,
 }
 
-/// Reads a semaphore's slots.
+/// Reads a semaphore's slots; `None` when `name` has no limit record or is
+/// a plain lock (limit 1).
 pub async fn semaphore_status(
     store: &AnyStore,
     name: &Name,

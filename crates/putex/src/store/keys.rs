@@ -32,7 +32,7 @@ use std::fmt;
 
 pub use super::names::{Name, NameError, NodeId, MAX_NAME_LEN, MAX_NODE_LEN};
 
-/// The longest key putex accepts.
+/// The longest key putex accepts, in bytes ([`validate_key`]).
 pub const MAX_KEY_LEN: usize = 512;
 
 /// Prefix of every lock record; a watch filter for all locks.

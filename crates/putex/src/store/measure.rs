@@ -16,7 +16,8 @@ use super::{AnyStore, ReadMode, Store, StoreError};
 /// Why a measurement failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
-    /// The store did not answer.
+    /// One of the measurement's store calls failed (a conflict, a
+    /// timeout, an unreachable store): nothing was judged.
     #[error("store: {0}")]
     Store(#[from] StoreError),
 }

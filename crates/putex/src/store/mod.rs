@@ -95,23 +95,24 @@ pub enum StoreError {
     /// expected revision (or epoch), or already existed for a create.
     #[error("{op} {key}: conflict (not applied: the record is not at the expected revision)")]
     Conflict {
-        /// The operation.
+        /// Which [`Store`] call was refused.
         op: Op,
-        /// The key.
+        /// The key the call was about, as passed (e.g. `lock.<name>`).
         key: String,
     },
     /// Timed out or lost the connection: a write may or may not have been
     /// applied. Never a conflict in disguise.
     #[error("{op} {key}: outcome unknown ({reason}); a write may or may not have been applied")]
     Unknown {
-        /// The operation.
+        /// Which [`Store`] call ended without a known outcome.
         op: Op,
         /// The key (or watch filter).
         key: String,
         /// What happened, for the log.
         reason: String,
     },
-    /// A problem retrying will not fix.
+    /// A problem retrying will not fix: a bad URL or key, an unfit bucket,
+    /// a server too old, an unreadable file.
     #[error("store configuration: {reason}")]
     Config {
         /// What is wrong and, where it helps, how to fix it.
@@ -191,7 +192,8 @@ pub enum ReadMode {
 /// One change seen by a watch.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct WatchEvent {
-    /// The key that changed.
+    /// The key that changed: a full key under the watched prefix (e.g.
+    /// `lock.<name>`).
     pub key: String,
     /// The new entry; `None` when the key was deleted or purged.
     pub entry: Option<Entry>,
@@ -285,11 +287,11 @@ pub trait Store: Send + Sync {
 /// Any backend, so that callers can hold one concrete type.
 #[derive(Clone, Debug)]
 pub enum AnyStore {
-    /// NATS JetStream KV.
+    /// NATS JetStream KV (`nats://…`).
     Nats(NatsStore),
-    /// The embedded SQLite store.
+    /// The embedded SQLite store (`sqlite:PATH`).
     Sqlite(SqliteStore),
-    /// The in-process store.
+    /// The in-process store (`memory:`).
     Memory(MemoryStore),
 }
 

@@ -38,7 +38,7 @@ pub struct NameError {
 }
 
 impl NameError {
-    /// The rejected value.
+    /// The text that was refused, as given.
     pub fn value(&self) -> &str {
         &self.value
     }
@@ -54,14 +54,15 @@ const NODE_RULE: &str =
 pub struct Name(String);
 
 impl Name {
-    /// Checks `name`.
+    /// Checks `name` against the rule above; the error names the problem
+    /// and gives an example of a valid name.
     pub fn new(name: impl Into<String>) -> Result<Name, NameError> {
         let name = name.into();
         check_name(&name)?;
         Ok(Name(name))
     }
 
-    /// The name as text.
+    /// The checked name, ready to be a token of a store key.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -73,14 +74,16 @@ impl Name {
 pub struct NodeId(String);
 
 impl NodeId {
-    /// Checks `node`.
+    /// Checks `node` against the rule above; the error names the problem
+    /// and gives an example of a valid node id.
     pub fn new(node: impl Into<String>) -> Result<NodeId, NameError> {
         let node = node.into();
         check_node(&node)?;
         Ok(NodeId(node))
     }
 
-    /// The node id as text.
+    /// The checked node id; it may contain dots (an FQDN), so in a key
+    /// it comes last.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -33,17 +33,20 @@ pub const NATS_EXAMPLE: &str =
 /// An SQLite URL that works, shown in error messages.
 pub const SQLITE_EXAMPLE: &str = "sqlite:///var/lib/putex/store.db";
 
-/// The default NATS bucket.
+/// The NATS KV bucket a URL without `bucket=` names.
 pub const DEFAULT_BUCKET: &str = "putex";
 
-/// A parsed store URL.
+/// A parsed store URL: what [`StoreUrl::parse`] makes of the text, and
+/// what [`AnyStore::open`](super::AnyStore::open) opens. Its `Display`
+/// form hides every secret.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum StoreUrl {
     /// NATS JetStream KV.
     Nats(NatsConfig),
     /// The embedded SQLite store in this file.
     Sqlite {
-        /// The database file.
+        /// An absolute path, percent-decoded from `sqlite:///…`, or
+        /// [`default_sqlite_path`] for a bare `sqlite:`.
         path: PathBuf,
     },
     /// An in-process store, private to this handle and its clones.
@@ -55,13 +58,15 @@ pub enum StoreUrl {
 pub struct NatsConfig {
     /// `host:port` of each seed server.
     pub servers: Vec<String>,
-    /// The KV bucket.
+    /// The KV bucket's name (`bucket=`, default [`DEFAULT_BUCKET`]): only
+    /// `A-Z a-z 0-9 _ -`.
     pub bucket: String,
     /// Replicas for a bucket that putex creates.
     pub replicas: usize,
-    /// Credentials.
+    /// Credentials, from the user-info or the options (or `NATS_CREDS`,
+    /// see [`StoreUrl::from_env`]).
     pub auth: NatsAuth,
-    /// TLS settings.
+    /// Whether TLS is required, and its files.
     pub tls: NatsTls,
 }
 
@@ -71,18 +76,20 @@ pub enum NatsAuth {
     /// No credentials.
     #[default]
     None,
-    /// A `.creds` file (JWT and nkey seed).
+    /// A `.creds` file (JWT and nkey seed): `creds=`, or `NATS_CREDS`.
     Creds(PathBuf),
-    /// An nkey seed.
+    /// An nkey seed (`nkey=`).
     Nkey(String),
-    /// User and password.
+    /// User and password (`nats://user:password@host` or `user=` and
+    /// `password=`).
     UserPassword {
-        /// The user.
+        /// The user name, percent-decoded.
         user: String,
-        /// The password.
+        /// The password, percent-decoded; may be empty.
         password: String,
     },
-    /// A token.
+    /// A token (`token=`, or user-info without a colon:
+    /// `nats://token@host`).
     Token(String),
 }
 
@@ -91,11 +98,11 @@ pub enum NatsAuth {
 pub struct NatsTls {
     /// Require TLS (`tls://` or `tls=true`, implied by any file below).
     pub required: bool,
-    /// CA certificates to trust.
+    /// CA certificates to trust (`tls_ca=`).
     pub ca: Option<PathBuf>,
-    /// Client certificate (with `key`).
+    /// Client certificate (`tls_cert=`, with `key`).
     pub cert: Option<PathBuf>,
-    /// Client key (with `cert`).
+    /// Client key (`tls_key=`, with `cert`).
     pub key: Option<PathBuf>,
 }
 
@@ -189,7 +196,8 @@ fn secret_ranges(url: &str) -> Vec<(usize, usize)> {
 }
 
 impl StoreUrl {
-    /// Parses a store URL.
+    /// Parses a store URL (the forms are in the [module docs](self)); an
+    /// error quotes the URL without its secrets and shows one that works.
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once(':') else {

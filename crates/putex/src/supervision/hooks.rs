@@ -96,32 +96,17 @@ pub fn stop_name(kind: StopKind) -> &'static str {
 pub enum HookError {
     /// The command's first word is a path that does not exist.
     #[error("{hook} hook: {path} does not exist")]
-    NotFound {
-        /// The hook.
-        hook: &'static str,
-        /// The path.
-        path: PathBuf,
-    },
+    NotFound { hook: &'static str, path: PathBuf },
     /// The command's first word is a path that is not an executable file.
     #[error("{hook} hook: {path} is not an executable file")]
-    NotExecutable {
-        /// The hook.
-        hook: &'static str,
-        /// The path.
-        path: PathBuf,
-    },
+    NotExecutable { hook: &'static str, path: PathBuf },
     /// The command is empty.
     #[error("{hook} hook: empty command")]
-    Empty {
-        /// The hook.
-        hook: &'static str,
-    },
+    Empty { hook: &'static str },
     /// `/bin/sh` could not be started.
     #[error("{hook} hook: cannot start /bin/sh: {source}")]
     Spawn {
-        /// The hook.
         hook: &'static str,
-        /// Why.
         source: std::io::Error,
     },
 }
@@ -240,7 +225,6 @@ pub enum HookStatus {
 /// The result of one hook run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HookOutcome {
-    /// The hook's name.
     pub name: &'static str,
     /// How it ended.
     pub status: HookStatus,

@@ -137,7 +137,7 @@ pub enum AdminAction {
 /// The holder an administrative call ended (or refused to end).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ended {
-    /// What was done.
+    /// What the call did to the holder: freed, revoked, or refused.
     pub action: AdminAction,
     /// The holder's node id (the gateway's `--node` for an HTTP grant).
     pub node: String,

@@ -60,7 +60,8 @@ mod tests;
 
 pub use admin::{AdminAction, Ended};
 
-/// A request for a lock.
+/// A request for a lock, as [`Gateway::acquire`] takes it (RDLM's `POST
+/// /locks/{resource}` and `/v1/`'s lock request, parsed).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AcquireRequest {
     /// The resource: `[A-Za-z0-9_-]{1,64}` (RDLM's `[a-zA-Z0-9]+` is a subset).
@@ -76,15 +77,17 @@ pub struct AcquireRequest {
 /// A lock, granted or waiting, as the API shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LockInfo {
-    /// The resource.
+    /// The resource's name (the `<resource>` of its keys).
     pub resource: String,
     /// The lock's unique id (32 hex digits).
     pub uid: String,
     /// What it is for.
     pub title: String,
-    /// The wait it was asked with.
+    /// The wait its client asked for; zero for a holder or waiter that is
+    /// no HTTP client (`putex lock`, an agent).
     pub wait: Duration,
-    /// Its lifetime.
+    /// The lifetime its client asked for; for a holder that is no HTTP
+    /// client, the lease its record advertises (zero for such a waiter).
     pub lifetime: Duration,
     /// Granted (`true`) or still waiting.
     pub active: bool,
@@ -215,7 +218,8 @@ async fn release_grant(gateway: Gateway, resource: Name, uid: Name) {
 pub struct GatewayOptions {
     /// The gateway's node id (written as the holder's node).
     pub node: NodeId,
-    /// ε, the clock-rate bound.
+    /// ε: every clock involved is assumed to run within `[1−ε, 1+ε]` of
+    /// real time (`putex serve --max-drift`, default 1 %).
     pub max_drift: putex_core::Drift,
     /// The longest lifetime a client may ask for.
     pub max_lifetime: Duration,
@@ -317,7 +321,8 @@ impl Gateway {
         raise(&self.highest, resource, token);
     }
 
-    /// A gateway on `store`.
+    /// A gateway on `store`, with no fencing token seen yet
+    /// ([`Gateway::highest`]).
     pub fn new(store: AnyStore, opts: GatewayOptions) -> Gateway {
         Gateway {
             store,
@@ -326,13 +331,11 @@ impl Gateway {
         }
     }
 
-    /// The store.
-    pub fn store(&self) -> &AnyStore {
+    pub(crate) fn store(&self) -> &AnyStore {
         &self.store
     }
 
-    /// The options.
-    pub fn options(&self) -> &GatewayOptions {
+    pub(crate) fn options(&self) -> &GatewayOptions {
         &self.opts
     }
 

@@ -79,7 +79,7 @@ async fn write_checked<S: Store>(
 
 /// Reads the pool's range from its meta record, creating it with `asked`
 /// on first use; refuses a different `asked` range.
-pub async fn pool_range<S: Store>(
+pub(crate) async fn pool_range<S: Store>(
     store: &S,
     pool: &Name,
     asked: Option<IdRange>,
@@ -129,7 +129,8 @@ pub async fn pool_range<S: Store>(
 /// The outcome of a [`claim`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Claimed {
-    /// The id.
+    /// The claimed id, within the pool's range; a claim with the same name
+    /// gets the same id until it is released.
     pub id: u64,
     /// Whether the name already held it (an idempotent re-claim, or a
     /// concurrent claim with the same name that finished first).

@@ -14,9 +14,11 @@ pub struct ListEntry {
     pub state: String,
     /// `claim` (persistent) or `lease` (held while a command runs).
     pub kind: String,
-    /// The machine id.
+    /// The claimer's machine id ([`crate::identity::machine_id`]) as the
+    /// record holds it; `None` when the record cannot be read.
     pub machine: Option<String>,
-    /// The record's revision.
+    /// The store revision of the row's record (the id record, or the
+    /// pending name record).
     pub revision: u64,
     /// Store time since the record was written, in ms (`None`: unknown).
     pub age_ms: Option<u64>,
@@ -25,7 +27,7 @@ pub struct ListEntry {
 /// Every id record of a pool, and the names whose claim is pending.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Listing {
-    /// The pool.
+    /// The pool's name, as passed to [`list`].
     pub pool: String,
     /// Its range (`None` if it has no readable meta record).
     pub range: Option<String>,
@@ -35,7 +37,8 @@ pub struct Listing {
     pub ids: Vec<ListEntry>,
 }
 
-/// Lists a pool.
+/// Lists a pool: every id record, then the names whose claim is pending,
+/// from one consistent read of the pool's records.
 pub async fn list<S: Store>(store: &S, pool: &Name, opts: &Options) -> Result<Listing, IdError> {
     let view = PoolView::read(store, pool, opts.timeout).await?;
     let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -91,13 +94,14 @@ pub async fn list<S: Store>(store: &S, pool: &Name, opts: &Options) -> Result<Li
 /// What [`check`] found.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct CheckReport {
-    /// The pool.
+    /// The pool's name, as passed to [`check`].
     pub pool: String,
     /// Ids held by persistent claims.
     pub claimed: usize,
     /// Whether the pool has any record at all.
     pub exists: bool,
-    /// Every inconsistency.
+    /// Every inconsistency found; empty when the pool is consistent. In
+    /// JSON each one is its description.
     pub problems: Vec<PoolProblem>,
 }
 

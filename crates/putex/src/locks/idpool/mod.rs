@@ -84,22 +84,23 @@ mod records;
 mod tests;
 mod view;
 
-pub use claim::{claim, free_candidates, pool_range, release, Claimed, Released};
+pub(crate) use claim::pool_range;
+pub use claim::{claim, free_candidates, release, Claimed, Released};
 pub use listing::{check, list, CheckReport, ListEntry, Listing};
 pub use problems::{BrokenBinding, PoolProblem};
-pub use records::{IdSlot, NameRecord, NameSlot, NameState};
-pub use view::PoolView;
+pub use records::{NameRecord, NameState};
+pub(crate) use view::PoolView;
 
 /// The lease a persistent claim advertises: ten years. The lock state
 /// machine, should it run on the same key, treats the claim as held and
 /// never stale.
 pub const CLAIM_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// The most ids a pool may hold.
+/// The most ids a pool may hold: [`IdRange::new`] refuses a larger range.
 pub const MAX_POOL_SIZE: u64 = 65_536;
 
 /// The `kind` field of a persistent claim's id record.
-pub const CLAIM_KIND: &str = "claim";
+pub(crate) const CLAIM_KIND: &str = "claim";
 
 /// Conflicting writes after which a claimer reads the pool again.
 const RESNAPSHOT_AFTER: usize = 4;
@@ -134,12 +135,12 @@ impl IdRange {
         Ok(IdRange { first, last })
     }
 
-    /// The first id.
+    /// The lowest id of the range (it is in the range).
     pub fn first(&self) -> u64 {
         self.first
     }
 
-    /// The last id.
+    /// The highest id of the range (it is in the range).
     pub fn last(&self) -> u64 {
         self.last
     }
@@ -202,25 +203,25 @@ pub enum IdError {
          fixed by its first claim; for another range use another pool)"
     )]
     RangeMismatch {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
         /// The range in the pool's meta record.
         stored: IdRange,
-        /// The range asked for.
+        /// The range the call passed.
         asked: IdRange,
     },
     /// The pool does not exist yet and no range was given.
     #[error("pool {pool} does not exist yet: its first claim must give its range")]
     NoRange {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
     },
     /// Every id of the range is taken.
     #[error("pool {pool}: all {size} ids are claimed{detail}")]
     Exhausted {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
-        /// The size of its range.
+        /// How many ids the pool's range holds ([`IdRange::size`]).
         size: u64,
         /// What else holds ids (revoked, unreadable), if anything.
         detail: String,
@@ -234,13 +235,14 @@ pub enum IdError {
         this = short(this)
     )]
     OtherMachine {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
-        /// The claim name.
+        /// The claim name the call was for ([`Claimant::name`]).
         name: String,
         /// The id it holds, if bound.
         id: Option<u64>,
-        /// The machine id in the records.
+        /// The machine id the name's records hold, in full (the message
+        /// shortens it).
         holder: String,
         /// This machine's id.
         this: String,
@@ -255,13 +257,14 @@ pub enum IdError {
         this = short(this)
     )]
     NotOwner {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
-        /// The claim name.
+        /// The claim name the call was for ([`Claimant::name`]).
         name: String,
         /// The id it holds, if known.
         id: Option<u64>,
-        /// The machine id in the records.
+        /// The machine id the name's records hold, in full (the message
+        /// shortens it).
         holder: String,
         /// This machine's id.
         this: String,
@@ -272,9 +275,9 @@ pub enum IdError {
          (another process keeps changing its records); try again"
     )]
     Busy {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
-        /// The claim name.
+        /// The claim name the call was for ([`Claimant::name`]).
         name: String,
         /// How long it tried.
         waited: Duration,
@@ -282,9 +285,10 @@ pub enum IdError {
     /// A record in the way cannot be read.
     #[error("{key}: the record cannot be read (garbage, or written by another putex version)")]
     Unreadable {
-        /// The pool.
+        /// The pool's name, as passed to the call.
         pool: String,
-        /// The record's key.
+        /// The unreadable record's full key, e.g. `id.<pool>.meta` or
+        /// `id.<pool>.name.<name>`.
         key: String,
         /// The claim name whose record it is, if it is one (a forced
         /// release of that name removes it).
@@ -303,7 +307,7 @@ fn held_what(id: Option<u64>) -> String {
 }
 
 /// A machine id shortened for messages and tables: 12 characters and `…`.
-pub fn short(machine: &str) -> String {
+pub(crate) fn short(machine: &str) -> String {
     if machine.chars().count() > 12 {
         let s: String = machine.chars().take(12).collect();
         format!("{s}…")
@@ -324,7 +328,8 @@ pub struct Claimant {
 /// Timeouts of the pool operations.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The deadline of every store call.
+    /// The deadline of each single store call (default 5 s);
+    /// [`deadline`](Options::deadline) bounds a whole claim or release.
     pub timeout: Duration,
     /// How long a `pending` name record may stay unchanged (on this host's
     /// clock) before a claim with the same name takes it over.

@@ -9,29 +9,30 @@ use super::*;
 pub enum PoolProblem {
     /// `id.<pool>.meta` exists but cannot be read.
     MetaUnreadable {
-        /// The pool.
+        /// The pool's name, the `<pool>` of the key.
         pool: String,
     },
     /// There is no `id.<pool>.meta`, though other records of the pool exist.
     MetaMissing {
-        /// The pool.
+        /// The pool's name, the `<pool>` of the missing key.
         pool: String,
     },
     /// A key under the pool's prefix that is no record of a pool.
     Stray {
-        /// The key.
+        /// The whole store key, `id.<pool>.` and what follows.
         key: String,
     },
     /// A name record that cannot be read.
     NameUnreadable {
-        /// The pool.
+        /// The pool's name, from the record's key `id.<pool>.name.<name>`.
         pool: String,
-        /// The name.
+        /// The claim name, from the record's key (the record itself says
+        /// nothing readable).
         name: String,
     },
     /// A bound name record whose id record does not name it back.
     BrokenBinding {
-        /// The name.
+        /// The claim name of the bound name record.
         name: String,
         /// The id it points at.
         id: u64,
@@ -40,16 +41,17 @@ pub enum PoolProblem {
     },
     /// A bound name record pointing outside the pool's range.
     NameOutOfRange {
-        /// The name.
+        /// The claim name of the bound name record.
         name: String,
         /// The id it points at.
         id: u64,
-        /// The pool's range.
+        /// The range in the pool's meta record.
         range: IdRange,
     },
     /// A `pending` name record older than the grace: an interrupted claim.
     PendingClaim {
-        /// The name.
+        /// The claim name whose claim was interrupted; claiming with this
+        /// name again resumes it.
         name: String,
         /// How long it has been pending (`None`: unknown, another clock).
         age: Option<Duration>,
@@ -58,30 +60,30 @@ pub enum PoolProblem {
     },
     /// Several names point at one id.
     SharedId {
-        /// The id.
+        /// The id that more than one bound name record points at.
         id: u64,
         /// The names pointing at it.
         names: Vec<String>,
     },
     /// An id record that cannot be read; claims skip the id.
     IdUnreadable {
-        /// The pool.
+        /// The pool's name, from the record's key `id.<pool>.<id>`.
         pool: String,
-        /// The id.
+        /// The id, from the record's key.
         id: u64,
     },
     /// An id record outside the pool's range.
     IdOutOfRange {
-        /// The pool.
+        /// The pool's name, from the record's key `id.<pool>.<id>`.
         pool: String,
-        /// The id.
+        /// The id, from the record's key.
         id: u64,
-        /// The pool's range.
+        /// The range in the pool's meta record.
         range: IdRange,
     },
     /// A claimed id that no name record points at: an interrupted claim.
     Unnamed {
-        /// The id.
+        /// The id whose `active` claim record names the claim `name`.
         id: u64,
         /// The claim name in the id record.
         name: String,
@@ -90,7 +92,8 @@ pub enum PoolProblem {
     },
     /// One name holds several ids.
     SeveralIds {
-        /// The name.
+        /// The claim name that the `active` claim records of all of `ids`
+        /// name.
         name: String,
         /// The ids it holds.
         ids: Vec<u64>,
@@ -106,21 +109,23 @@ pub enum BrokenBinding {
     Unreadable,
     /// The id's record names another claim.
     HeldByOther {
-        /// Its state ([`IdSlot::state_label`]).
+        /// The id record's state: `active`, `confirming`, `released` or
+        /// `revoked`.
         state: &'static str,
         /// The other claim's name.
         by: String,
     },
     /// The id's record is not `active`.
     NotActive {
-        /// Its state ([`IdSlot::state_label`]).
+        /// The id record's state: `confirming`, `released` or `revoked`.
         state: &'static str,
     },
     /// The id's record names another machine than the name record.
     OtherMachine {
-        /// The machine in the id record.
+        /// The machine id the id record names (in full; the description
+        /// shortens it).
         id_machine: String,
-        /// The machine in the name record.
+        /// The machine id the name record names (in full).
         name_machine: String,
     },
 }

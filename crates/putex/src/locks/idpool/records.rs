@@ -20,9 +20,11 @@ pub struct NameRecord {
     pub v: u32,
     /// Always `"name"`.
     pub kind: String,
-    /// The pool.
+    /// The pool's name, as in the record's key; [`NameRecord::decode`]
+    /// refuses a record whose key says otherwise.
     pub pool: String,
-    /// The claim name.
+    /// The claim name (a node id, by default the claimer's hostname), as
+    /// in the record's key.
     pub name: String,
     /// The claimer's machine id.
     pub machine: String,
@@ -137,8 +139,7 @@ pub(super) fn write_of(bytes: &[u8]) -> Option<String> {
 
 /// One id record as read.
 #[derive(Clone, Debug)]
-pub struct IdSlot {
-    /// The record's token.
+pub(crate) struct IdSlot {
     pub token: Token,
     /// When it was written, on the store's clock.
     pub time: StoreTime,
@@ -193,8 +194,7 @@ impl IdSlot {
 
 /// One name record as read.
 #[derive(Clone, Debug)]
-pub struct NameSlot {
-    /// The record's token.
+pub(crate) struct NameSlot {
     pub token: Token,
     /// When it was written, on the store's clock.
     pub time: StoreTime,

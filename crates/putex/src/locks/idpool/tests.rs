@@ -1,6 +1,6 @@
 //! Unit tests of identity pools on the memory store.
 
-use super::records::{claim_record, encode_id};
+use super::records::{claim_record, encode_id, IdSlot};
 use super::*;
 use crate::store::{AnyStore, MemoryStore};
 

@@ -6,16 +6,13 @@ use super::*;
 
 /// A consistent read of every record of a pool.
 #[derive(Clone, Debug)]
-pub struct PoolView {
-    /// The pool.
+pub(crate) struct PoolView {
     pub pool: String,
     /// The range from the meta record (`None`: absent or unreadable).
     pub range: Option<IdRange>,
     /// Whether a meta record exists but cannot be read.
     pub meta_unreadable: bool,
-    /// The id records, by id.
     pub ids: BTreeMap<u64, IdSlot>,
-    /// The name records, by name.
     pub names: BTreeMap<String, NameSlot>,
     /// Keys under the pool's prefix that are none of the above.
     pub strays: Vec<String>,

@@ -30,7 +30,7 @@ pub(super) struct State {
     /// The once-per record could not be read or claimed in time: CMD was
     /// not run.
     pub(super) once_failed: Option<StoreError>,
-    /// A spawn failed.
+    /// Why CMD could not be spawned, if it could not.
     pub(super) spawn_failed: Option<String>,
     /// Slots whose agent must stop (lost the race for CMD).
     pub(super) losers: Vec<usize>,

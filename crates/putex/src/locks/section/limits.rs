@@ -16,14 +16,14 @@ pub struct SemaphoreRecord {
 /// A client whose limit is not the one its name was defined with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitMismatch {
-    /// The lock or semaphore name.
+    /// The lock or semaphore name, as the client passed it.
     pub name: String,
     /// The record that defines it: `sem.<name>`, or `lock.<name>` for a
     /// name used as a plain lock before limits were recorded.
     pub key: String,
     /// The name's limit (1: a plain lock).
     pub defined: u32,
-    /// The limit this client asked for.
+    /// The limit this client asked for ([`SectionOptions::limit`]).
     pub ours: u32,
     /// The node in `lock.<name>`, when that record defines it.
     pub last_holder: Option<String>,

@@ -132,7 +132,8 @@ impl OnceMode {
 pub struct SectionOptions {
     /// The lock (or semaphore) name.
     pub name: Name,
-    /// This node's id.
+    /// This host's node id, written into the lock record and the queue
+    /// ticket, and given to CMD as `PUTEX_NODE`.
     pub node: NodeId,
     /// A stable id of the store (URL without secrets), for host-local files.
     pub store_id: String,
@@ -140,9 +141,10 @@ pub struct SectionOptions {
     pub timing: Timing,
     /// 1 for a plain lock, N > 1 for a semaphore of N slots.
     pub limit: u32,
-    /// How long to wait.
+    /// How long to wait for the lock before giving up with
+    /// [`Outcome::NotAcquired`].
     pub wait: Wait,
-    /// Once per period.
+    /// Run only once per period across all hosts; `None`: every time.
     pub once: Option<Once>,
     /// When a run counts for `once`.
     pub once_mode: OnceMode,
@@ -153,7 +155,10 @@ pub struct SectionOptions {
     pub title: Option<String>,
     /// CMD and its arguments (executed directly, not through a shell).
     pub argv: Vec<String>,
-    /// More environment for CMD.
+    /// Environment for CMD besides what putex sets (`PUTEX_LOCK`,
+    /// `PUTEX_NODE`, `PUTEX_TOKEN`, `PUTEX_REVISION`, `PUTEX_EPOCH`, and
+    /// `PUTEX_SLOT`, `PUTEX_PREVIOUS`, `PUTEX_TITLE` where they apply);
+    /// set after those, so it may override them.
     pub env: Vec<(String, String)>,
     /// Where keeper sockets and the host-state files live.
     pub keeper_dir: PathBuf,
@@ -177,11 +182,12 @@ pub struct SectionOptions {
 /// them and gets `var` = that slot's value.
 #[derive(Clone, Debug)]
 pub struct Slots {
-    /// The lock keys.
+    /// Full store keys of ordinary lock records, e.g. `id.<pool>.<n>`; an
+    /// empty list is a usage error.
     pub keys: Vec<String>,
     /// The environment variable naming the slot (e.g. `PUTEX_ID`).
     pub var: String,
-    /// Its value for each key.
+    /// `var`'s value for each key, by position (e.g. the id `n`).
     pub values: Vec<String>,
 }
 
@@ -192,38 +198,43 @@ pub enum Outcome {
     Finished {
         /// CMD's exit status.
         exit: Exit,
-        /// The fencing token CMD ran under.
+        /// The fencing token of the hold CMD ran under (CMD got it as
+        /// `PUTEX_TOKEN`).
         token: Token,
         /// Whether a `released` record was written.
         released: bool,
     },
     /// The lock was not acquired (`Wait::No`, or the wait ran out).
     NotAcquired {
-        /// Who held it, if known.
+        /// The holder's node id and state, e.g. `db1 (Active)`, or `an
+        /// unreadable record`; `None` if the store could not be read or a
+        /// slot was free by then.
         holder: Option<String>,
     },
     /// CMD already ran successfully in this period.
     AlreadyDone {
-        /// The period key.
+        /// The current period's key, as in [`OnceRecord::period`].
         period: String,
         /// Who ran it, and when.
         by: String,
     },
     /// The lock was lost while CMD ran; CMD and its tree were stopped.
     Lost {
-        /// Why.
+        /// Why: the core's [`Reason`] for the step down, as text, e.g.
+        /// `licence ended without a newer renewal (H1)`.
         reason: String,
     },
     /// CMD ran longer than `max_duration` and was stopped.
     TimedOut {
-        /// The limit.
+        /// [`SectionOptions::max_duration`], which CMD outran.
         after: Duration,
         /// Whether a `released` record was written.
         released: bool,
     },
     /// A signal ended the wait before the lock was acquired.
     Interrupted {
-        /// The signal number.
+        /// The first signal received from [`Signals`] while waiting or
+        /// acquiring, e.g. 2 for SIGINT.
         signal: i32,
     },
     /// A stop could not be proven: CMD's tree may still run.
@@ -250,15 +261,15 @@ pub enum SectionError {
     LimitUnreadable {
         /// The record's key (`sem.<name>`).
         key: String,
-        /// Its size.
+        /// The record's size in bytes; its content is not quoted.
         bytes: usize,
     },
     /// The directory for keeper sockets and host files cannot be created.
     #[error("keeper directory {}: {source}", dir.display())]
     KeeperDir {
-        /// The directory.
+        /// [`SectionOptions::keeper_dir`], as given.
         dir: PathBuf,
-        /// Why.
+        /// What creating it failed with.
         source: std::io::Error,
     },
     /// The store failed in a way retrying will not fix, or did not answer.

@@ -12,11 +12,13 @@ use super::*;
 pub struct OnceRecord {
     /// Format version (1).
     pub v: u32,
-    /// The period it ran in.
+    /// The period's key: for [`Once::Every`] its start and length on the
+    /// store's clock, e.g. `2026-01-01T00:00:00Z/1day`; for [`Once::Key`]
+    /// the caller's key.
     pub period: String,
-    /// The node that ran it.
+    /// The node id of the host that ran CMD (or claimed the period).
     pub node: String,
-    /// The fencing token it ran under.
+    /// The fencing token of the hold CMD ran (or was claimed) under.
     pub token: Token,
     /// When it finished (`done`) or was claimed (`started`), RFC 3339 UTC
     /// on the store's clock.

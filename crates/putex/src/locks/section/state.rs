@@ -27,16 +27,12 @@ use super::*;
 pub(super) enum SlotCommand {
     /// `Input::Turn(turn)`: compete for the slot, or stop competing.
     Turn {
-        /// The slot.
         slot: usize,
         /// Whether it may compete.
         turn: bool,
     },
     /// `Input::Shutdown`: give the slot back and end.
-    Shutdown {
-        /// The slot.
-        slot: usize,
-    },
+    Shutdown { slot: usize },
 }
 
 /// What the loop read of the section before it waits again.
@@ -82,7 +78,6 @@ pub(super) enum SignalAction {
 /// How the section ended, once every agent has.
 #[derive(Debug)]
 pub(super) enum Conclusion {
-    /// This outcome.
     Outcome(Outcome),
     /// The lock was not acquired: the caller asks the store who holds it.
     NotAcquired,

@@ -37,12 +37,12 @@
 //!
 //! # Never in the way
 //!
-//! The agent never waits for a record: [`HistoryWriter::send`] queues it
+//! The agent never waits for a record: the writer queues it
 //! (a bounded queue; a full queue drops the record with a warning) and a
 //! task of its own writes the queue in order, each write with a deadline.
 //! A failed write is logged and forgotten: history is best effort, the
 //! lock record alone decides who holds the lock. On exit the host gives
-//! the queue a bounded moment to drain ([`HistoryWriter::flush`]).
+//! the queue a bounded moment to drain.
 //!
 //! # Retention
 //!
@@ -71,7 +71,7 @@ mod tests;
 mod writer;
 
 pub use reader::{derive, parse, read, HistoryRow, NoHolderBasis, Stored};
-pub use writer::{prune, HistoryWriter, WriterConfig};
+pub(crate) use writer::{HistoryWriter, WriterConfig};
 
 /// The record format version this module writes and reads.
 pub const RECORD_VERSION: u32 = 1;
@@ -105,7 +105,7 @@ pub struct TransitionRecord {
     pub source: String,
     /// The old role (`standby`, `confirming`, `active`, …).
     pub from: String,
-    /// The new role.
+    /// The role after the transition, in the words of `from`.
     pub to: String,
     /// Why, for people: the core [`Reason`]'s text.
     pub reason: String,

@@ -6,13 +6,14 @@ use super::*;
 /// A transition record with what the store says about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stored {
-    /// Its key.
+    /// The record's store key, `history.<lock>.<node>-<instance8>-<seq>`.
     pub key: String,
     /// Its store revision: the order of records.
     pub revision: u64,
     /// When the store applied it, on the store's clock.
     pub time: StoreTime,
-    /// The record.
+    /// The record, decoded ([`parse`] skips values that do not decode or
+    /// are of another format version).
     pub record: TransitionRecord,
 }
 
@@ -69,9 +70,11 @@ pub enum NoHolderBasis {
 pub struct HistoryRow {
     /// The record's store revision (the order).
     pub revision: u64,
-    /// The record's store time.
+    /// When the store applied the record, on the store's clock: the
+    /// rows' durations are measured on it.
     pub store_time: StoreTime,
-    /// The record itself.
+    /// The transition record; in JSON its fields sit beside the row's
+    /// own (flattened).
     #[serde(flatten)]
     pub record: TransitionRecord,
     /// The node holding the lock as `active` after this transition, as

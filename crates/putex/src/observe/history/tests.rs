@@ -1,5 +1,6 @@
 //! Unit tests of writing, pruning, reading and deriving history.
 
+use super::writer::prune;
 use super::*;
 use crate::store::MemoryStore;
 

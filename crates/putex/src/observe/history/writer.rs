@@ -5,12 +5,9 @@ use super::*;
 
 /// Who writes, and how.
 #[derive(Clone, Debug)]
-pub struct WriterConfig {
-    /// The lock name.
+pub(crate) struct WriterConfig {
     pub lock: Name,
-    /// This node's id.
     pub node: NodeId,
-    /// This writer's instance id.
     pub instance: Name,
     /// [`TransitionRecord::source`].
     pub source: &'static str,
@@ -60,7 +57,7 @@ enum Msg {
 /// Writes one host's transition records in the background; clones share
 /// the queue. See the [module docs](crate::observe::history).
 #[derive(Clone)]
-pub struct HistoryWriter {
+pub(crate) struct HistoryWriter {
     inner: Arc<WriterInner>,
 }
 
@@ -215,7 +212,7 @@ async fn prune_loop(store: AnyStore, cfg: WriterConfig, mut due: mpsc::Receiver<
 /// Removes all but the newest `keep` transition records of `lock` (by
 /// store revision); returns how many it removed. Records that cannot be
 /// removed now are left for the next prune.
-pub async fn prune(
+pub(super) async fn prune(
     store: &AnyStore,
     lock: &Name,
     keep: usize,

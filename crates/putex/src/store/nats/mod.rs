@@ -165,7 +165,8 @@ fn publish_error(op: Op, key: &str, e: &jetstream::context::PublishError) -> Sto
 }
 
 impl NatsStore {
-    /// The bucket's name.
+    /// The KV bucket's name (`bucket=` of the store URL); JetStream keeps
+    /// it in the stream `KV_<name>`.
     pub fn bucket_name(&self) -> &str {
         &self.inner.bucket
     }

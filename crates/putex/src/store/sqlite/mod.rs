@@ -30,14 +30,14 @@
 //!   watch poll) therefore checks, after its SQL, that the database path
 //!   and its `-wal` and `-shm` still name the files the handle opened
 //!   (device and inode, three `stat`s, about 2 µs); if not, the call fails as
-//!   unknown ([`FileError::Replaced`]) and the holder stops when its licence
+//!   unknown (`FileError::Replaced`) and the holder stops when its licence
 //!   ends (H1). A handle never follows the new file: restart to use it.
 //! - **No new database next to another one's log**: SQLite names the
 //!   write-ahead log and the shared-memory index by path (`store.db-wal`,
 //!   `store.db-shm`). If `store.db` alone is deleted, a new `store.db` would
 //!   share them with the deleted file's open handles, which can corrupt
 //!   both. Opening refuses when the database is missing but either is
-//!   present ([`FileError::Leftovers`], a configuration error).
+//!   present (`FileError::Leftovers`, a configuration error).
 
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
@@ -77,7 +77,7 @@ struct Inner {
 
 /// Why the store's files are not (or no longer) the ones to use.
 #[derive(Debug, thiserror::Error)]
-pub enum FileError {
+pub(crate) enum FileError {
     /// The path no longer names the file this handle opened: the file was
     /// deleted, or another file took its name. Its writes would reach a
     /// file no other process sees.
@@ -103,7 +103,6 @@ pub enum FileError {
         leftovers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" and ")
     )]
     Leftovers {
-        /// The database path.
         path: PathBuf,
         /// The `-wal` and `-shm` files found without it.
         leftovers: Vec<PathBuf>,
@@ -111,7 +110,6 @@ pub enum FileError {
     /// A store file could not be examined.
     #[error("embedded store file {}: cannot stat it: {source}", path.display())]
     Stat {
-        /// The file.
         path: PathBuf,
         /// What `stat` said.
         source: std::io::Error,
@@ -374,7 +372,9 @@ impl SqliteStore {
         })
     }
 
-    /// The database file.
+    /// The database file this handle opened, as given to
+    /// [`SqliteStore::open`]. The handle keeps using that file even if the
+    /// path comes to name another one (its calls then fail).
     pub fn path(&self) -> &Path {
         &self.inner.path
     }

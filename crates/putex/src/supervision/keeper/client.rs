@@ -39,9 +39,7 @@ pub struct KeeperConfig {
     pub exe: PathBuf,
     /// The keeper's socket ([`socket_path`]).
     pub socket: PathBuf,
-    /// The lock.
     pub lock: String,
-    /// The node id.
     pub node: String,
     /// The deactivate hook (hook mode).
     pub deactivate: Option<String>,
@@ -246,7 +244,6 @@ impl KeeperClient {
         }
     }
 
-    /// The keeper's socket.
     pub fn socket(&self) -> &Path {
         &self.socket
     }
@@ -382,7 +379,7 @@ impl KeeperClient {
         .await
     }
 
-    /// The keeper's state.
+    /// Asks the keeper for its state (a `status` request).
     pub async fn status(&self) -> Result<KeeperStatus, KeeperError> {
         match self.request(|id| ToKeeper::Status { id }).await? {
             FromKeeper::Status { status, .. } => Ok(status),

@@ -135,9 +135,9 @@ pub enum KeeperError {
     /// The socket could not be bound, connected or used.
     #[error("keeper socket {path}: {source}")]
     Socket {
-        /// The socket path.
+        /// The keeper's socket, `<keeper dir>/<store hash>-<lock>.sock`.
         path: PathBuf,
-        /// Why.
+        /// The error binding, connecting or using it gave.
         source: io::Error,
     },
     /// Another keeper already answers on the socket.
@@ -146,9 +146,10 @@ pub enum KeeperError {
     /// The keeper process could not be started or did not become ready.
     #[error("starting the keeper ({exe}): {message}")]
     Start {
-        /// The binary.
+        /// The program started as `<exe> keeper …`: the putex binary.
         exe: PathBuf,
-        /// Why.
+        /// What failed: the spawn's error, an exit before `ready`, no
+        /// `ready` within 10 s, or a socket that does not answer.
         message: String,
     },
     /// The keeper refused the request.

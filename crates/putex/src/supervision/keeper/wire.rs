@@ -9,7 +9,6 @@ use super::*;
 pub enum ToKeeper {
     /// Start a tenure.
     Arm {
-        /// Request id.
         id: u64,
         /// Boot-time nanoseconds.
         deadline_ns: u64,
@@ -20,19 +19,14 @@ pub enum ToKeeper {
     },
     /// Move the deadline.
     Extend {
-        /// Request id.
         id: u64,
         /// Boot-time nanoseconds.
         deadline_ns: u64,
     },
     /// End the tenure without a stop.
-    Disarm {
-        /// Request id.
-        id: u64,
-    },
+    Disarm { id: u64 },
     /// Start the child (child mode).
     SpawnChild {
-        /// Request id.
         id: u64,
         /// Program and arguments.
         argv: Vec<String>,
@@ -41,28 +35,20 @@ pub enum ToKeeper {
     },
     /// Stop the service.
     Stop {
-        /// Request id.
         id: u64,
         /// `startup`, `graceful` or `emergency`.
         kind: String,
     },
     /// Send a signal to the child's process group.
     Signal {
-        /// Request id.
         id: u64,
         /// Signal number.
         signal: i32,
     },
     /// Report the keeper's state.
-    Status {
-        /// Request id.
-        id: u64,
-    },
+    Status { id: u64 },
     /// Exit; refused while armed or while the child's tree lives.
-    Shutdown {
-        /// Request id.
-        id: u64,
-    },
+    Shutdown { id: u64 },
 }
 
 /// A message from the keeper: a reply (with `id`) or an event.
@@ -70,47 +56,26 @@ pub enum ToKeeper {
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum FromKeeper {
     /// Done.
-    Ok {
-        /// Request id.
-        id: u64,
-    },
+    Ok { id: u64 },
     /// Not done, on purpose.
-    Refused {
-        /// Request id.
-        id: u64,
-        /// Why.
-        reason: String,
-    },
+    Refused { id: u64, reason: String },
     /// The child runs.
     Spawned {
-        /// Request id.
         id: u64,
-        /// Its pid.
         pid: i32,
         /// Where its tree lives.
         tree: TreeInfo,
     },
     /// A stop finished.
     Stopped {
-        /// Request id.
         id: u64,
         /// Proof: the hook exited 0, or the whole tree is gone.
         ok: bool,
     },
     /// The keeper's state.
-    Status {
-        /// Request id.
-        id: u64,
-        /// The state.
-        status: KeeperStatus,
-    },
+    Status { id: u64, status: KeeperStatus },
     /// The request failed.
-    Error {
-        /// Request id.
-        id: u64,
-        /// Why.
-        message: String,
-    },
+    Error { id: u64, message: String },
     /// Event: the deadline passed and the emergency stop was made.
     Fired {
         /// Whether the stop is proven.
@@ -149,7 +114,6 @@ impl FromKeeper {
 /// What `status` reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeeperStatus {
-    /// The keeper's pid.
     pub pid: i32,
     /// The lock it keeps.
     pub lock: String,
@@ -173,7 +137,6 @@ pub struct KeeperStatus {
 /// The child as `status` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChildStatus {
-    /// Its pid.
     pub pid: i32,
     /// Where its tree lives.
     pub tree: TreeInfo,

@@ -61,18 +61,12 @@ pub const CGROUP_ENTER_FAILED: i32 = 125;
 pub enum ProcessError {
     /// A cgroup file or directory could not be read or written.
     #[error("cgroup {path}: {source}")]
-    Cgroup {
-        /// The file or directory.
-        path: PathBuf,
-        /// What went wrong.
-        source: io::Error,
-    },
+    Cgroup { path: PathBuf, source: io::Error },
     /// A system call failed.
     #[error("{what}: {source}")]
     Sys {
         /// What was attempted.
         what: &'static str,
-        /// The errno.
         source: Errno,
     },
 }
