@@ -20,11 +20,6 @@
 
 pub use putex_core as core;
 
-/// Lets unit tests include files of the integration tests, which name this
-/// crate `putex` (`observe::web`'s fuzz target includes `tests/fuzz/`).
-#[cfg(test)]
-extern crate self as putex;
-
 /// The README's Rust examples, compiled as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

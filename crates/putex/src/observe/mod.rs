@@ -5,9 +5,9 @@
 //! | [`metrics`] | `putex_`-prefixed metrics in OpenMetrics format |
 //! | [`history`] | transition records: who held a lock when and why it moved (`putex history`, `putex watch`) |
 //! | [`status`] | status queries: holders, members, waiters, semaphores, pools (`putex status`, `/v1/status`, the web page) |
-//! | `web` | the web status page (`GET /ui` of `putex serve` and of the agent's `--http`): locks, holders, members, health, fencing tokens, a failover timeline; crate-private, reached over HTTP |
+//! | [`web`] | the web status page: locks, holders, members, health, fencing tokens, a failover timeline |
 
 pub mod history;
 pub mod metrics;
 pub mod status;
-pub(crate) mod web;
+pub mod web;

@@ -24,9 +24,6 @@ use crate::observe::history::{self, HistoryRow};
 use crate::observe::status::{lock_status, LockStatus};
 use crate::store::{keys, AnyStore, Name};
 
-#[cfg(test)]
-mod tests;
-
 /// How many transitions per lock the page shows.
 pub const TIMELINE_LEN: usize = 20;
 

@@ -2,7 +2,7 @@
 //! or raw), `Authorization` headers and bodies — RDLM lock requests,
 //! `/v1/` bodies, nearly valid ones and garbage — sent to the real server
 //! on 127.0.0.1 over a memory store that also holds fuzzed records of the
-//! resource (grants, tickets, lock records: see [`super::stored`]).
+//! resource (grants, tickets, lock records: see [`super::records`]).
 //!
 //! Every request gets an answer (a handler that panics drops the
 //! connection without one), and no answer is a 5xx: the store never fails
@@ -275,7 +275,7 @@ fn fuzz_http_api() {
         "HTTP API",
         super::cases(),
         (
-            super::stored::records(),
+            super::records::records(),
             prop::collection::vec(request(), 1..4),
         ),
         |(records, requests)| {
