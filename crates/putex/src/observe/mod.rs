@@ -5,9 +5,10 @@
 //! | [`metrics`] | `putex_`-prefixed metrics in OpenMetrics format |
 //! | [`history`] | transition records: who held a lock when and why it moved (`putex history`, `putex watch`) |
 //! | [`status`] | status queries: holders, members, waiters, semaphores, pools (`putex status`, `/v1/status`, the web page) |
-//! | [`web`] | the web status page: locks, holders, members, health, fencing tokens, a failover timeline |
+//! | `web` | the web status page: locks, holders, members, health, fencing tokens, a failover timeline (hidden: served by `putex serve` and the agent's `--http`, not an API; public only for the fuzz tests of its data) |
 
 pub mod history;
 pub mod metrics;
 pub mod status;
+#[doc(hidden)]
 pub mod web;
