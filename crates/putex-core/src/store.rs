@@ -25,7 +25,8 @@ pub struct Token {
 }
 
 impl Token {
-    /// A token from its parts.
+    /// The token of the write with `revision` in bucket incarnation `epoch`
+    /// (what `Display` prints as `EPOCH:REVISION`).
     pub const fn new(epoch: u64, revision: u64) -> Self {
         Token { epoch, revision }
     }
@@ -50,7 +51,8 @@ impl fmt::Display for Token {
 /// NATS uses a single era (the stream leader's wall clock).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct StoreTime {
-    /// The clock domain.
+    /// The clock domain: the boot id's hash on the embedded store, one fixed
+    /// value on NATS; times of different eras are not comparable.
     pub era: u64,
     /// Nanoseconds on that domain's clock.
     pub nanos: u64,
@@ -90,7 +92,8 @@ pub enum Key {
     Probe,
 }
 
-/// A record as read from the store.
+/// A record as read from the store: its bytes, the token of the write that
+/// put them there, and when the store applied that write.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Entry {
     /// The raw value; may be garbage written by someone else.
