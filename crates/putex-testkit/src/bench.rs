@@ -123,15 +123,7 @@ pub struct Machine {
 impl Machine {
     /// Reads the machine, and the version of the nats-server binary `nats`.
     pub fn read(nats: &Path) -> Machine {
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, m)| m.trim().to_owned())
-            })
-            .unwrap_or_else(|| "unknown CPU".into());
+        let cpu_model = crate::procfs::cpu_model();
         let nats_version = Command::new(nats)
             .arg("--version")
             .output()

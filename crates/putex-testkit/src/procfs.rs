@@ -41,3 +41,16 @@ pub fn cpu_ticks(pid: i32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The CPU's model name (`/proc/cpuinfo`), or `unknown CPU`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}

@@ -637,15 +637,7 @@ fn machine(
     build: Option<u64>,
 ) -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = putex_testkit::procfs::cpu_model();
     let mem_gb = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {

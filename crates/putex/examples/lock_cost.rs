@@ -52,7 +52,7 @@ use putex::store::{AnyStore, Store};
 
 use putex_testkit::bench::lock::{
     acquire, fast, first_use, lock_acquire, open_nats, open_sqlite, preamble, print_summary,
-    report_watches, DEADLINE, LOCK, LOCK_DEFAULT, LOCK_FAST,
+    report_watches, revision, DEADLINE, LOCK, LOCK_DEFAULT, LOCK_FAST,
 };
 use putex_testkit::bench::{at_least_one, ms_f, ratio, verdict, write_json, Summary, Table};
 use putex_testkit::nats_server::NatsServer;
@@ -475,17 +475,6 @@ impl OpCounts {
             phase(2)
         )
     }
-}
-
-/// NATS only: how many consumers the bucket's stream has (each live watch
-/// is one).
-/// The store's current revision: a `put` of a scratch key.
-async fn revision(store: &AnyStore) -> u64 {
-    store
-        .put("bench.mark", b"{\"v\":1}", DEADLINE)
-        .await
-        .expect("put")
-        .revision
 }
 
 async fn count_ops(store: &AnyStore, timing: TimingConfig, standing: bool, url: &str) -> OpCounts {

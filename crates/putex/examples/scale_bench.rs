@@ -54,15 +54,15 @@ use std::time::{Duration, Instant};
 
 use putex::core::TimingConfig;
 use putex::locks::lease::{Lease, LeaseOptions};
-use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
+use putex::store::{AnyStore, SqliteStore, StoreUrl};
 
 use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
+use putex_testkit::bench::lock::{consumers, revision};
 use putex_testkit::bench::verdict;
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::procfs::{cpu_ticks, load_average, num_cpus, rss_kb};
+use putex_testkit::procfs::{cpu_model, cpu_ticks, load_average, num_cpus, rss_kb};
 use putex_testkit::watch_failures::WatchFailures;
 
-const DEADLINE: Duration = Duration::from_secs(5);
 const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 /// How long the agents' CPU time is sampled once they are all up.
 const AGENT_CPU_WINDOW: Duration = Duration::from_secs(5);
@@ -468,28 +468,6 @@ impl ManyLeases {
     }
 }
 
-/// The store's current revision: a `put` of a scratch key.
-async fn revision(store: &AnyStore) -> u64 {
-    store
-        .put("bench.mark", b"{\"v\":1}", DEADLINE)
-        .await
-        .expect("put")
-        .revision
-}
-
-/// NATS only: the consumers on the bucket's stream (one per watch).
-async fn consumers(store: &AnyStore) -> Option<u64> {
-    let AnyStore::Nats(s) = store else {
-        return None;
-    };
-    let subject = format!("$JS.API.STREAM.INFO.KV_{}", s.bucket_name());
-    let reply = s.client().request(subject, "".into()).await.ok()?;
-    serde_json::from_slice::<serde_json::Value>(&reply.payload)
-        .ok()?
-        .pointer("/state/consumer_count")?
-        .as_u64()
-}
-
 // ---------------------------------------------------------------------------
 // 2. Many agents on one lock.
 
@@ -892,18 +870,6 @@ fn pct_of(d: Duration, of: Duration) -> f64 {
 
 fn ns_between(a: u128, b: u128) -> Duration {
     Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 /// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use putex::core::{TimingConfig, Token};
 use putex::locks::lease::{Lease, LeaseOptions, Lock};
-use putex::store::{AnyStore, SqliteStore, StoreUrl};
+use putex::store::{AnyStore, SqliteStore, Store, StoreUrl};
 
 use super::{Machine, Table};
 use crate::nats_server::{nats_server_binary, NatsServer};
@@ -141,9 +141,18 @@ pub async fn report_watches(store: &AnyStore, failures: &WatchFailures, since: u
     }
 }
 
+/// The store's current revision: a `put` of a scratch key.
+pub async fn revision(store: &AnyStore) -> u64 {
+    store
+        .put("bench.mark", b"{\"v\":1}", DEADLINE)
+        .await
+        .expect("put")
+        .revision
+}
+
 /// NATS only: how many consumers the bucket's stream has (each live watch
 /// is one).
-async fn consumers(store: &AnyStore) -> Option<u64> {
+pub async fn consumers(store: &AnyStore) -> Option<u64> {
     let AnyStore::Nats(s) = store else {
         return None;
     };
