@@ -64,6 +64,15 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// When `pid` started, in clock ticks after boot (`/proc/PID/stat` field
+/// 22): with the pid, it names one process even after the pid is reused.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command (which may hold spaces), the state is field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Every descendant of `pid` now, found through `/proc/PID/task/*/children`.
 pub fn descendants(pid: i32) -> Vec<i32> {
     let mut found = Vec::new();
@@ -125,6 +134,10 @@ pub struct AgentSpec {
     /// The pause before the n-th new start after a slow-store refusal:
     /// n × this, at most 5 × this.
     pub retry_pause: Duration,
+    /// Whether dropping the agent also kills what its keeper runs (the
+    /// default) or leaves the service to the caller (the chaos suite, whose
+    /// judge must see a service that outlives its keeper).
+    pub reap_services: bool,
 }
 
 impl AgentSpec {
@@ -141,6 +154,7 @@ impl AgentSpec {
             keeper_dir: dir.join(format!("keeper-{node}")),
             log_dir: dir.to_path_buf(),
             retry_pause: Duration::ZERO,
+            reap_services: true,
         }
     }
 
@@ -180,6 +194,13 @@ impl AgentSpec {
         self
     }
 
+    /// Leaves the services to the caller when the agent is dropped or
+    /// crashed: only the agent and its keepers are killed.
+    pub fn leave_services(mut self) -> AgentSpec {
+        self.reap_services = false;
+        self
+    }
+
     /// Pauses `pause` × n (at most 5 × `pause`) before the n-th new start
     /// after a slow-store refusal, so that a slow patch of the machine can
     /// pass.
@@ -198,8 +219,9 @@ pub struct Agent {
     /// Its stderr.
     pub log: PathBuf,
     /// The services a [`Agent::crash`] left running (as a dead putex
-    /// would), killed when the agent is dropped.
-    left: Vec<i32>,
+    /// would), with their start times, killed when the agent is dropped
+    /// (if still the same processes).
+    left: Vec<(i32, u64)>,
 }
 
 impl Agent {
@@ -301,11 +323,18 @@ impl Agent {
 
     /// SIGKILL of the agent and its keepers, as a host crash does; returns
     /// the time of the first kill ([`wall_ns`]). The service lives on, as
-    /// after putex itself died; it is killed when the agent is dropped.
+    /// after putex itself died; it is killed when the agent is dropped
+    /// (unless the spec leaves services to the caller).
     pub fn crash(&mut self) -> u128 {
         let keepers = self.keepers();
-        self.left
-            .extend(keepers.iter().flat_map(|k| descendants(*k)));
+        if self.spec.reap_services {
+            self.left.extend(
+                keepers
+                    .iter()
+                    .flat_map(|k| descendants(*k))
+                    .filter_map(|p| Some((p, start_time(p)?))),
+            );
+        }
         let at = wall_ns();
         sigkill(self.pid());
         for k in keepers {
@@ -379,18 +408,26 @@ impl Agent {
 
 impl Drop for Agent {
     /// Kills the agent, its keepers and everything they run: nothing is
-    /// left behind (killed, a keeper's children would go to init).
+    /// left behind (killed, a keeper's children would go to init). With
+    /// [`AgentSpec::leave_services`], only the agent and its keepers.
     fn drop(&mut self) {
         signal(self.pid(), Signal::SIGCONT);
         let keepers = self.keepers();
-        let services: Vec<i32> = keepers.iter().flat_map(|k| descendants(*k)).collect();
+        let services: Vec<i32> = if self.spec.reap_services {
+            keepers.iter().flat_map(|k| descendants(*k)).collect()
+        } else {
+            Vec::new()
+        };
         self.kill_agent();
-        for pid in keepers
-            .into_iter()
-            .chain(services)
-            .chain(self.left.drain(..))
-        {
+        for pid in keepers.into_iter().chain(services) {
             sigkill(pid);
+        }
+        // A pid noted at a crash may have been reused since: kill only the
+        // process that was there.
+        for (pid, started) in self.left.drain(..) {
+            if start_time(pid) == Some(started) {
+                sigkill(pid);
+            }
         }
     }
 }
@@ -490,5 +527,21 @@ pub fn assert_no_overlap(lines: &[Line], crashes: &[(String, u128)], ctx: &str) 
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_time_names_one_process() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let t = start_time(me).expect("this process has a start time");
+        assert_eq!(start_time(me), Some(t));
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let _ = child.wait();
+        assert_eq!(start_time(pid), None, "a reaped child has no start time");
     }
 }

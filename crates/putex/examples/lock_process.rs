@@ -22,7 +22,7 @@
 //!   `.tools/bin/nats-server`, else `nats-server` on `PATH`;
 //!   `scripts/install-nats-server` installs it) and on an SQLite file. The
 //!   `putex` binary is the release binary beside this example, built if
-//!   missing or without the `lock` command, or `--putex PATH`; it runs with
+//!   missing or older than the example, or `--putex PATH`; it runs with
 //!   a clean environment and a temporary keeper directory. The lock name is
 //!   used once first, untimed, so the first-use wait of S4 is excluded.
 //! - `putex --version`, the floor of starting the binary.
@@ -55,7 +55,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// The putex binary to time [default: the release binary beside this
-    /// example, built if missing]
+    /// example, built if missing or older than the example]
     #[arg(long, value_name = "PATH")]
     putex: Option<PathBuf>,
     /// Also write the figures as JSON to FILE (for scripts/bench)

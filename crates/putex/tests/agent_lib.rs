@@ -65,7 +65,6 @@ struct InProcess {
     shutdown: Shutdown,
     task: Option<JoinHandle<Result<ExitReason, AgentError>>>,
     port: u16,
-    keeper_dir: PathBuf,
 }
 
 impl InProcess {
@@ -85,7 +84,6 @@ impl InProcess {
             shutdown,
             task: Some(task),
             port,
-            keeper_dir,
         }
     }
 
@@ -122,14 +120,23 @@ impl InProcess {
 }
 
 impl Drop for InProcess {
-    /// Stops the agent's task and kills its keeper and whatever it runs.
+    /// Stops the agent's task (its keeper goes with the test's [`Sweep`]).
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        for pid in
-            putex::supervision::process::pids_matching(&self.keeper_dir.display().to_string())
-        {
+    }
+}
+
+/// Kills every process whose command line names the test's directory (the
+/// keepers and what they run) when dropped — declared before the runtime,
+/// so that it runs after the runtime has stopped every agent task, which
+/// could otherwise start a keeper after the sweep.
+struct Sweep(PathBuf);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for pid in putex::supervision::process::pids_matching(&self.0.display().to_string()) {
             putex_testkit::agent::sigkill(pid);
         }
     }
@@ -170,8 +177,10 @@ fn agent_lib_two_agents_in_one_process_hand_over_cleanly() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().to_path_buf());
     let ev = dir.path().join("events");
-    runtime().block_on(async {
+    let rt = runtime();
+    rt.block_on(async {
         let mut agents = [
             InProcess::start(&server.url, "a", dir.path(), &ev).await,
             InProcess::start(&server.url, "b", dir.path(), &ev).await,
@@ -234,8 +243,10 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().to_path_buf());
     let ev = dir.path().join("events");
-    runtime().block_on(async {
+    let rt = runtime();
+    rt.block_on(async {
         let mut agents = vec![
             InProcess::start(&server.url, "a", dir.path(), &ev).await,
             InProcess::start(&server.url, "b", dir.path(), &ev).await,
@@ -271,9 +282,13 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
         assert!(took <= latest, "takeover took {took:?} > {latest:?}");
 
         // The new holder's future is dropped: its keeper's deadline stops
-        // the service, and the restarted first agent takes over.
+        // the service, and a third agent, up in standby, takes over.
         agents.push(InProcess::start(&server.url, "c", dir.path(), &ev).await);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            agents[2].get_until("/replica", 200).await,
+            Some(200),
+            "c in standby"
+        );
         let dropped = wall_ns();
         agents[other].task.take().unwrap().abort();
         assert!(
@@ -311,8 +326,10 @@ fn agent_lib_refusals_are_typed_errors() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweep(dir.path().to_path_buf());
     let ev = dir.path().join("events");
-    runtime().block_on(async {
+    let rt = runtime();
+    rt.block_on(async {
         let mut first = InProcess::start(&server.url, "h1", dir.path(), &ev).await;
         assert!(
             wait_until(Duration::from_secs(10), || !starts(&ev).is_empty()).await,

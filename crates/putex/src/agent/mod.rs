@@ -458,7 +458,9 @@ pub async fn run(
     let exit = tokio::select! {
         exit = driven => exit,
         () = aborted => {
-            // The emergency stop was made (or tried); nothing is released.
+            // The emergency stop was made (or tried). The lock was released
+            // only if the graceful stop under way proved the service
+            // stopped before this; nothing more is sent.
             let _ = http_stop.send(());
             tasks.abort_all();
             return Err(AgentError::Aborted);

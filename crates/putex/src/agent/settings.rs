@@ -40,8 +40,8 @@ pub enum ServiceMode {
 pub struct AgentSettings {
     /// The lock name (`None` only for a lenient `check`).
     pub lock: Option<Name>,
-    /// The store holding the lock (`--store`; without it
-    /// [`StoreUrl::from_env`]).
+    /// The store holding the lock (`--store`, `PUTEX_STORE` or the config
+    /// file's `store`; without any, [`StoreUrl::from_env`]).
     pub store: StoreUrl,
     /// This host's node id in the lock and member records (`--node`,
     /// default the hostname).

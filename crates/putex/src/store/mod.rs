@@ -287,9 +287,9 @@ pub trait Store: Send + Sync {
 /// Any backend, so that callers can hold one concrete type.
 #[derive(Clone, Debug)]
 pub enum AnyStore {
-    /// NATS JetStream KV (`nats://…`).
+    /// NATS JetStream KV (`nats://…` or `tls://…`).
     Nats(NatsStore),
-    /// The embedded SQLite store (`sqlite:PATH`).
+    /// The embedded SQLite store (`sqlite:` or `sqlite:///abs/path.db`).
     Sqlite(SqliteStore),
     /// The in-process store (`memory:`).
     Memory(MemoryStore),

@@ -48,8 +48,8 @@ pub fn putex_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_putex"))
 }
 
-/// A command for the built binary, without the caller's `PUTEX_*` and
-/// `NATS_URL`, logging at `info`.
+/// A command for the built binary, without the caller's `PUTEX_*`,
+/// `NATS_URL`, `FAKETIME*` and `LD_PRELOAD`, logging at `info`.
 pub fn putex() -> Command {
     putex_testkit::agent::putex_command(putex_bin())
 }
