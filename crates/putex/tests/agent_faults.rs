@@ -271,18 +271,22 @@ fn agent_faults_flapping_health_changes_nothing_under_hysteresis() {
     let _serial = serial();
     let server = NatsServer::start();
     let mut c = Cluster::new(&server.url);
-    // F = 5: a flapping holder renews every 2 R, inside T = 3 R already,
-    // but one slow health check (a timeout counts as a failure) on a loaded
-    // machine would make that 4 R.
+    // A flapping holder fails every other check. With K = 3, one passing
+    // check that times out on a loaded machine (a timeout counts as a
+    // failure; R = 100 ms leaves it 50 ms) sits between two failures and
+    // makes three in a row (seen once in CI run ag): K = 5 needs two such
+    // in one short stretch. F = 7: a failed check skips its renewal, so a
+    // flapping holder renews every 2 R, and two slow checks make that 4 R,
+    // all inside T = 7 R.
     let extra = [
         "--start-grace",
         "0s",
         "--successes",
         "3",
         "--unhealthy",
-        "3",
-        "--failures",
         "5",
+        "--failures",
+        "7",
     ];
     c.set_health("n2", "flap");
     c.steady(("n1", None), &["n2"], &extra);
