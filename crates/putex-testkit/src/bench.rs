@@ -12,6 +12,10 @@ use crate::procfs::load_average;
 
 pub mod lock;
 
+/// The fast profile's flags (R = 100 ms, F = 3, C = 1), as the benchmarks
+/// pass them to `putex run`, `putex check` and `putex lock`.
+pub const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
+
 /// A duration in milliseconds for people: two decimals below 10 ms, one
 /// above.
 pub fn ms(d: Duration) -> String {

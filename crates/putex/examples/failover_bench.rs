@@ -34,11 +34,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use putex_testkit::agent::{events, hooks, starts, wall_ns, Agent, AgentSpec, Line};
-use putex_testkit::bench::verdict;
+use putex_testkit::bench::{verdict, FAST};
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::procfs::{cpu_ticks, num_cpus, rss_kb};
 
-const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 const IDLE: [&str; 6] = ["--renew", "1s", "--failures", "3", "--confirm", "1"];
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
 

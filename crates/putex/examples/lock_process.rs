@@ -154,14 +154,7 @@ fn whole_process(
             // profile, so that the default-timing runs start from a
             // released record.
             let t = Instant::now();
-            match run_once(lock(&[
-                "--renew",
-                "100ms",
-                "--failures",
-                "3",
-                "--confirm",
-                "1",
-            ])) {
+            match run_once(lock(&putex_testkit::bench::FAST)) {
                 Ok(_) => println!(
                     "putex lock first use ({url}): {:.2} s (excluded)",
                     t.elapsed().as_secs_f64()

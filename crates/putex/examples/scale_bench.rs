@@ -58,12 +58,11 @@ use putex::store::{AnyStore, SqliteStore, StoreUrl};
 
 use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
 use putex_testkit::bench::lock::{consumers, revision};
-use putex_testkit::bench::verdict;
+use putex_testkit::bench::{verdict, FAST};
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::procfs::{cpu_model, cpu_ticks, load_average, num_cpus, rss_kb};
 use putex_testkit::watch_failures::WatchFailures;
 
-const FAST: [&str; 6] = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
 /// How long the agents' CPU time is sampled once they are all up.
 const AGENT_CPU_WINDOW: Duration = Duration::from_secs(5);
 /// After a failover, how long before checking that exactly one is active.

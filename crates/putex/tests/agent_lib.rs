@@ -129,9 +129,9 @@ impl Drop for InProcess {
 }
 
 /// Kills every process whose command line names the test's directory (the
-/// keepers and what they run) when dropped — declared before the runtime,
-/// so that it runs after the runtime has stopped every agent task, which
-/// could otherwise start a keeper after the sweep.
+/// keepers and what they run) when dropped — after the runtime (see
+/// [`Bed`]), which stops every agent task first: a task still running
+/// could start a keeper after the sweep.
 struct Sweep(PathBuf);
 
 impl Drop for Sweep {
@@ -139,6 +139,53 @@ impl Drop for Sweep {
         for pid in putex::supervision::process::pids_matching(&self.0.display().to_string()) {
             putex_testkit::agent::sigkill(pid);
         }
+    }
+}
+
+/// What each test runs on, torn down in this order: the runtime (every
+/// agent task stops), the [`Sweep`] (their keepers), the nats-server, the
+/// directory, and last the lock that runs these tests one at a time.
+struct Bed {
+    rt: tokio::runtime::Runtime,
+    _sweep: Sweep,
+    server: NatsServer,
+    dir: tempfile::TempDir,
+    /// The file the hooks append `start`/`stop` lines to.
+    ev: PathBuf,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Bed {
+    fn new() -> Bed {
+        let serial = serial();
+        let server = NatsServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        Bed {
+            rt: runtime(),
+            _sweep: Sweep(dir.path().to_path_buf()),
+            server,
+            ev: dir.path().join("events"),
+            dir,
+            _serial: serial,
+        }
+    }
+
+    /// Starts `node` against the test's nats-server.
+    async fn start(&self, node: &str) -> InProcess {
+        self.start_on(&self.server.url, node).await
+    }
+
+    /// Starts `node` against the store at `url`.
+    async fn start_on(&self, url: &str, node: &str) -> InProcess {
+        InProcess::start(url, node, self.dir.path(), &self.ev).await
+    }
+
+    /// Waits (up to 10 s) for the first service start.
+    async fn first_start(&self) {
+        assert!(
+            wait_until(Duration::from_secs(10), || !starts(&self.ev).is_empty()).await,
+            "nobody activated"
+        );
     }
 }
 
@@ -174,23 +221,12 @@ fn first_stop<'a>(lines: &'a [Line], node: &str) -> Option<&'a Line> {
 /// stop (S3), not before it.
 #[test]
 fn agent_lib_two_agents_in_one_process_hand_over_cleanly() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().to_path_buf());
-    let ev = dir.path().join("events");
-    let rt = runtime();
-    rt.block_on(async {
-        let mut agents = [
-            InProcess::start(&server.url, "a", dir.path(), &ev).await,
-            InProcess::start(&server.url, "b", dir.path(), &ev).await,
-        ];
-        assert!(
-            wait_until(Duration::from_secs(10), || !starts(&ev).is_empty()).await,
-            "nobody activated"
-        );
+    let bed = Bed::new();
+    bed.rt.block_on(async {
+        let mut agents = [bed.start("a").await, bed.start("b").await];
+        bed.first_start().await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let s = starts(&ev);
+        let s = starts(&bed.ev);
         assert_eq!(s.len(), 1, "{s:?}");
         let holder = agents.iter().position(|a| a.node == s[0].node).unwrap();
         let other = 1 - holder;
@@ -205,14 +241,14 @@ fn agent_lib_two_agents_in_one_process_hand_over_cleanly() {
             "{exit:?}"
         );
         assert!(
-            wait_until(Duration::from_secs(3), || starts(&ev).len() >= 2).await,
+            wait_until(Duration::from_secs(3), || starts(&bed.ev).len() >= 2).await,
             "no handover: {:?}",
-            events(&ev)
+            events(&bed.ev)
         );
-        let all = events(&ev);
+        let all = events(&bed.ev);
         let stop = first_stop(&all, &agents[holder].node).expect("a stop line");
         assert_eq!(stop.extra, "graceful", "{all:?}");
-        let next = &starts(&ev)[1];
+        let next = &starts(&bed.ev)[1];
         assert_eq!(next.node, agents[other].node);
         assert!(next.ns >= stop.ns, "started before the stop: {all:?}");
         let gap = Duration::from_nanos(u64::try_from(next.ns - stop.ns).unwrap());
@@ -227,7 +263,7 @@ fn agent_lib_two_agents_in_one_process_hand_over_cleanly() {
         agents[other].shutdown.request();
         let exit = agents[other].finished(Duration::from_secs(5)).await;
         assert!(matches!(exit, Ok(ExitReason::Shutdown { .. })), "{exit:?}");
-        assert_no_overlap(&events(&ev), &[], "");
+        assert_no_overlap(&events(&bed.ev), &[], "");
     });
 }
 
@@ -240,25 +276,14 @@ fn agent_lib_two_agents_in_one_process_hand_over_cleanly() {
 /// that gives up on it) is covered by its keeper the same way.
 #[test]
 fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().to_path_buf());
-    let ev = dir.path().join("events");
-    let rt = runtime();
-    rt.block_on(async {
-        let mut agents = vec![
-            InProcess::start(&server.url, "a", dir.path(), &ev).await,
-            InProcess::start(&server.url, "b", dir.path(), &ev).await,
-        ];
-        assert!(
-            wait_until(Duration::from_secs(10), || !starts(&ev).is_empty()).await,
-            "nobody activated"
-        );
+    let bed = Bed::new();
+    bed.rt.block_on(async {
+        let mut agents = vec![bed.start("a").await, bed.start("b").await];
+        bed.first_start().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let holder = agents
             .iter()
-            .position(|a| a.node == starts(&ev)[0].node)
+            .position(|a| a.node == starts(&bed.ev)[0].node)
             .unwrap();
         let other = 1 - holder;
 
@@ -267,13 +292,13 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
         let exit = agents[holder].finished(Duration::from_secs(5)).await;
         assert!(matches!(exit, Err(AgentError::Aborted)), "{exit:?}");
         assert!(
-            wait_until(Duration::from_secs(5), || starts(&ev).len() >= 2).await,
+            wait_until(Duration::from_secs(5), || starts(&bed.ev).len() >= 2).await,
             "no takeover: {:?}",
-            events(&ev)
+            events(&bed.ev)
         );
-        let all = events(&ev);
+        let all = events(&bed.ev);
         let stop = first_stop(&all, &agents[holder].node).expect("a stop line");
-        let next = starts(&ev)[1].clone();
+        let next = starts(&bed.ev)[1].clone();
         assert_eq!(next.node, agents[other].node);
         assert!(next.ns >= stop.ns, "started before the stop: {all:?}");
         let took = Duration::from_nanos(u64::try_from(next.ns - aborted).unwrap());
@@ -283,7 +308,7 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
 
         // The new holder's future is dropped: its keeper's deadline stops
         // the service, and a third agent, up in standby, takes over.
-        agents.push(InProcess::start(&server.url, "c", dir.path(), &ev).await);
+        agents.push(bed.start("c").await);
         assert_eq!(
             agents[2].get_until("/replica", 200).await,
             Some(200),
@@ -292,12 +317,12 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
         let dropped = wall_ns();
         agents[other].task.take().unwrap().abort();
         assert!(
-            wait_until(Duration::from_secs(5), || starts(&ev).len() >= 3).await,
+            wait_until(Duration::from_secs(5), || starts(&bed.ev).len() >= 3).await,
             "no takeover after the drop: {:?}",
-            events(&ev)
+            events(&bed.ev)
         );
-        let all = events(&ev);
-        let third = starts(&ev)[2].clone();
+        let all = events(&bed.ev);
+        let third = starts(&bed.ev)[2].clone();
         assert_eq!(third.node, "c");
         let stops: Vec<&Line> = all
             .iter()
@@ -323,19 +348,11 @@ fn agent_lib_an_abort_or_a_dropped_agent_is_covered_by_its_keeper() {
 /// unreachable store is `StoreUnreachable`; neither runs anything.
 #[test]
 fn agent_lib_refusals_are_typed_errors() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let _sweep = Sweep(dir.path().to_path_buf());
-    let ev = dir.path().join("events");
-    let rt = runtime();
-    rt.block_on(async {
-        let mut first = InProcess::start(&server.url, "h1", dir.path(), &ev).await;
-        assert!(
-            wait_until(Duration::from_secs(10), || !starts(&ev).is_empty()).await,
-            "nobody activated"
-        );
-        let mut second = InProcess::start(&server.url, "h1", dir.path(), &ev).await;
+    let bed = Bed::new();
+    bed.rt.block_on(async {
+        let mut first = bed.start("h1").await;
+        bed.first_start().await;
+        let mut second = bed.start("h1").await;
         let refused = second.finished(Duration::from_secs(5)).await;
         assert!(
             matches!(&refused, Err(AgentError::AlreadyRunning { lock, .. }) if lock == "svc"),
@@ -347,13 +364,13 @@ fn agent_lib_refusals_are_typed_errors() {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let dead = format!("nats://{}", free.local_addr().unwrap());
         drop(free);
-        let mut unreachable = InProcess::start(&dead, "h2", dir.path(), &ev).await;
+        let mut unreachable = bed.start_on(&dead, "h2").await;
         let refused = unreachable.finished(Duration::from_secs(30)).await;
         assert!(
             matches!(refused, Err(AgentError::StoreUnreachable { .. })),
             "{refused:?}"
         );
-        assert_eq!(starts(&ev).len(), 1, "{:?}", events(&ev));
+        assert_eq!(starts(&bed.ev).len(), 1, "{:?}", events(&bed.ev));
 
         first.shutdown.request();
         let exit = first.finished(Duration::from_secs(5)).await;
