@@ -69,10 +69,10 @@ pub mod time;
 pub mod timing;
 
 pub use agent::{
-    Agent, AgentConfig, CheckId, Event, ExitReason, HealthMode, Hook, Identity, Input,
-    KeeperCommand, LossCause, Output, PreviousInstance, Reason, Role, StopId, StopKind,
+    Agent, AgentConfig, Blocker, Candidate, CheckId, Event, ExitReason, HealthMode, Hook, Identity,
+    Input, KeeperCommand, LossCause, Output, PreviousInstance, Reason, Role, StopId, StopKind,
 };
-pub use record::{LockRecord, LockState, Observed};
+pub use record::{LockRecord, LockState, Observed, Pause};
 pub use store::{
     Entry, Key, OpId, StoreGap, StoreOp, StoreOutcome, StoreRequest, StoreTime, Token,
 };

@@ -55,11 +55,24 @@ pub enum Rule {
     /// store lost that record) is trusted as the clean acquisition it was
     /// judged to be.
     AcquireOverLostRecord = 1 << 16,
+    /// O2 broken: a standby judges a paused record like any other.
+    TakeoverWhilePaused = 1 << 17,
+    /// O2 broken: the keeper is disarmed as soon as the paused renewal is
+    /// sent, before it is known to have landed.
+    DisarmBeforePauseLanded = 1 << 18,
+    /// O2 broken: the unpaused record is written before the keeper
+    /// acknowledged the new deadline.
+    UnpauseBeforeRearmed = 1 << 19,
+    /// O1 broken: a release handed to another node is taken at once.
+    TakeHandedToOther = 1 << 20,
+    /// O3/O4 broken: priority 0, `--max-lag` and a pending rejoin do not
+    /// keep a node from taking over.
+    IgnoreEligibility = 1 << 21,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 17] = [
+    pub const ALL: [Rule; 22] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -77,6 +90,11 @@ impl Rule {
         Rule::HolderViewUntrusted,
         Rule::StaleTakeoverUnconfirmed,
         Rule::AcquireOverLostRecord,
+        Rule::TakeoverWhilePaused,
+        Rule::DisarmBeforePauseLanded,
+        Rule::UnpauseBeforeRearmed,
+        Rule::TakeHandedToOther,
+        Rule::IgnoreEligibility,
     ];
 }
 

@@ -49,6 +49,34 @@ pub struct LockRecord {
     pub lease_ms: u64,
     /// Advertised emergency-stop gap G, in milliseconds (rounded up).
     pub gap_ms: u64,
+    /// O1: a `released` record handed to this node by a switchover. For
+    /// [`LockRecord::hold_ms`] after a node first sees the release, only
+    /// that node takes it; afterwards it is an ordinary released record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// O1: how long (milliseconds, on each reader's own clock from when it
+    /// first sees the record) a release [`to`](LockRecord::to) someone is
+    /// theirs alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hold_ms: u64,
+    /// O2: failover is paused. Nobody takes over a paused record; its
+    /// holder runs no hooks, stops nothing and renews regardless of health.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Pause>,
+}
+
+/// Who paused failover and why (O2), as written in the holder's record.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Pause {
+    /// Who asked (e.g. `user@host` of the `putex pause` command).
+    pub by: String,
+    /// The operator's reason; may be empty.
+    #[serde(default)]
+    pub reason: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl LockRecord {
@@ -60,6 +88,11 @@ impl LockRecord {
     /// The advertised emergency-stop gap.
     pub fn gap(&self) -> Duration {
         Duration::from_millis(self.gap_ms)
+    }
+
+    /// O1: how long only [`to`](LockRecord::to) may take this release.
+    pub fn hold(&self) -> Duration {
+        Duration::from_millis(self.hold_ms)
     }
 
     /// Serialises the record as JSON.
@@ -141,6 +174,9 @@ mod tests {
             write: "i1-7".into(),
             lease_ms: 10_000,
             gap_ms: 2_000,
+            to: None,
+            hold_ms: 0,
+            paused: None,
         }
     }
 
@@ -151,6 +187,26 @@ mod tests {
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(text.contains(r#""state":"released""#), "{text}");
         assert_eq!(Observed::decode(&bytes), Observed::Record(r));
+    }
+
+    #[test]
+    fn operator_fields_are_optional_and_round_trip() {
+        // A record without them (every record before O1/O2) still reads,
+        // and they are only written when set.
+        let plain = sample(LockState::Active).encode();
+        let text = String::from_utf8(plain).unwrap();
+        assert!(
+            !text.contains("paused") && !text.contains("\"to\""),
+            "{text}"
+        );
+        let mut r = sample(LockState::Released);
+        r.to = Some("db2".into());
+        r.hold_ms = 2_000;
+        r.paused = Some(Pause {
+            by: "ops@db1".into(),
+            reason: "kernel update".into(),
+        });
+        assert_eq!(Observed::decode(&r.encode()), Observed::Record(r));
     }
 
     #[test]

@@ -32,6 +32,8 @@ struct Harness {
     out: Vec<Output>,
     /// Whether the keeper acknowledges every `Arm` at once.
     auto_arm: bool,
+    /// A write a test kept, to show it back later.
+    last_write: Option<StoreOp>,
 }
 
 impl Harness {
@@ -60,23 +62,31 @@ impl Harness {
         mutations: Mutations,
         highest_token: Option<Token>,
     ) -> Harness {
-        let config = AgentConfig {
-            identity: Identity {
-                node: node.into(),
-                machine: format!("{node}-machine"),
-                instance: format!("{node}-i1"),
-            },
-            timing: timing(),
-            previous: None,
-            highest_token,
-            supervised_stops,
-            mutations,
+        Harness::configured(node, |c| {
+            c.highest_token = highest_token;
+            c.supervised_stops = supervised_stops;
+            c.mutations = mutations;
+        })
+    }
+
+    /// An agent with a supervised keeper, configured further by `set`.
+    fn configured(node: &str, set: impl FnOnce(&mut AgentConfig)) -> Harness {
+        let identity = Identity {
+            node: node.into(),
+            machine: format!("{node}-machine"),
+            instance: format!("{node}-i1"),
         };
+        let mut config = AgentConfig {
+            supervised_stops: true,
+            ..AgentConfig::new(identity, timing())
+        };
+        set(&mut config);
         let mut h = Harness {
             agent: Agent::new(config, at(100.0)),
             now: 100.0,
             out: Vec::new(),
             auto_arm: true,
+            last_write: None,
         };
         h.drain();
         // S5: the service is made sure to be stopped first.
@@ -214,6 +224,9 @@ fn holder(state: LockState, lease_ms: u64) -> LockRecord {
         write: "other-i1-1".into(),
         lease_ms,
         gap_ms: 2000,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     }
 }
 
@@ -849,17 +862,14 @@ fn s3_our_own_acquisition_seen_first_by_the_watch_does_not_delay_activation() {
 
 #[test]
 fn s5_a_shutdown_during_the_start_up_stop_exits_when_it_finishes() {
+    let identity = Identity {
+        node: "a".into(),
+        machine: "m".into(),
+        instance: "i".into(),
+    };
     let config = AgentConfig {
-        identity: Identity {
-            node: "a".into(),
-            machine: "m".into(),
-            instance: "i".into(),
-        },
-        timing: timing(),
-        previous: None,
-        highest_token: None,
         supervised_stops: true,
-        mutations: Default::default(),
+        ..AgentConfig::new(identity, timing())
     };
     let mut agent = Agent::new(config, at(1.0));
     let Some(Output::Stop { id, .. }) = agent.poll_output() else {
@@ -1092,6 +1102,9 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         write: "admin-1".into(),
         lease_ms: 10_000,
         gap_ms: 2000,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, op) = h.store();
@@ -1184,6 +1197,9 @@ fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
         write: "admin-1".into(),
         lease_ms: 10_000,
         gap_ms: 2000,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, _) = h.store();
@@ -1214,6 +1230,9 @@ fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
         write: "admin-1".into(),
         lease_ms: 10_000,
         gap_ms: 2000,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     };
     h.forget_store();
     h.input(Input::Watch(Some(entry(&revoked, 2, 60.0))));
@@ -1429,4 +1448,483 @@ fn s6_a_swap_that_lands_over_a_record_others_took_owes_the_absent_wait() {
             assert!(h.activated(), "not active after W + G'");
         }
     }
+}
+
+// ----- operator controls (O1–O4) ----------------------------------------------
+
+fn candidate(node: &str, position: Option<u64>, ready: bool) -> putex_core::Candidate {
+    putex_core::Candidate {
+        node: node.into(),
+        priority: 1,
+        position,
+        ready,
+    }
+}
+
+fn pause() -> putex_core::Pause {
+    putex_core::Pause {
+        by: "ops@box".into(),
+        reason: "maintenance".into(),
+    }
+}
+
+/// The record a lock write carries.
+fn written(op: &StoreOp) -> LockRecord {
+    let (StoreOp::Update { value, .. }
+    | StoreOp::Create { value, .. }
+    | StoreOp::Put { value, .. }) = op
+    else {
+        panic!("not a write: {op:?}")
+    };
+    match Observed::decode(value) {
+        Observed::Record(r) => r,
+        Observed::Garbage => panic!("not a record"),
+    }
+}
+
+fn acquiring(h: &Harness) -> bool {
+    h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })))
+}
+
+/// A standby's time passing until `t`: every check passes and every read
+/// shows `found`.
+fn standby_until(h: &mut Harness, t: f64, found: &Entry) {
+    while h.now < t {
+        let next = (h.now + 0.25).min(t);
+        h.advance_to(next);
+        h.health(true);
+        while let Some(i) = h
+            .out
+            .iter()
+            .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Get { .. })))
+        {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            h.reply(r.id, StoreOutcome::Read(Some(found.clone())));
+        }
+        if acquiring(h) {
+            return;
+        }
+    }
+}
+
+/// A holder's time passing by `secs`: checks say `ok`, every write lands.
+fn holder_for(h: &mut Harness, secs: f64, ok: bool, revision: &mut u64) {
+    let until = h.now + secs;
+    while h.now < until {
+        h.advance_to((h.now + 1.0).min(until));
+        h.health(ok);
+        while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            *revision += 1;
+            h.reply(r.id, StoreOutcome::Written(Token::new(1, *revision)));
+        }
+    }
+}
+
+#[test]
+fn o1_a_switchover_stops_gracefully_then_releases_to_its_target() {
+    let mut h = holding();
+    h.input(Input::Members(vec![candidate("b", None, true)]));
+    h.input(Input::Switchover {
+        to: Some("b".into()),
+        allow_lag: false,
+    });
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(_))),
+        "released before the stop"
+    );
+    h.answer_stop(StopKind::Graceful, true);
+    let (id, op) = h.store();
+    let r = written(&op);
+    assert_eq!(r.state, LockState::Released);
+    assert_eq!(r.to.as_deref(), Some("b"));
+    assert_eq!(r.hold_ms, 2_000, "handed over for D = 2 R");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert_eq!(h.agent.role(), Role::Standby);
+}
+
+#[test]
+fn o1_a_switchover_to_a_target_that_does_not_qualify_is_refused() {
+    let cases: [(Vec<putex_core::Candidate>, Option<&str>, bool, &str); 5] = [
+        (vec![], Some("b"), false, "not a member"),
+        (
+            vec![candidate("b", None, false)],
+            Some("b"),
+            false,
+            "not ready",
+        ),
+        (
+            vec![putex_core::Candidate {
+                priority: 0,
+                ..candidate("b", None, true)
+            }],
+            Some("b"),
+            false,
+            "priority 0",
+        ),
+        (
+            vec![candidate("b", None, false)],
+            None,
+            false,
+            "no eligible",
+        ),
+        (vec![], Some("a"), false, "already holds"),
+    ];
+    for (members, to, allow_lag, why) in cases {
+        let mut h = holding();
+        h.input(Input::Members(members));
+        h.input(Input::Switchover {
+            to: to.map(Into::into),
+            allow_lag,
+        });
+        assert_eq!(h.agent.role(), Role::Active, "{why}");
+        assert!(
+            h.find(|o| matches!(o, Output::Event(putex_core::Event::SwitchoverRefused { why: w, .. }) if w.contains(why))),
+            "{why}: {:#?}",
+            h.out
+        );
+    }
+}
+
+#[test]
+fn o1_a_lagging_target_needs_allow_lag() {
+    for allow_lag in [false, true] {
+        let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
+        h.input(Input::Position(Some(1_000)));
+        let mut h = holding_with(h);
+        h.input(Input::Members(vec![candidate("b", Some(500), true)]));
+        h.input(Input::Switchover {
+            to: Some("b".into()),
+            allow_lag,
+        });
+        let expected = if allow_lag {
+            Role::SteppingDown
+        } else {
+            Role::Active
+        };
+        assert_eq!(h.agent.role(), expected, "allow_lag {allow_lag}");
+    }
+}
+
+#[test]
+fn o1_without_a_target_the_best_candidate_is_chosen() {
+    let mut h = holding();
+    h.input(Input::Members(vec![
+        candidate("b", Some(10), true),
+        candidate("c", Some(30), true),
+        candidate("d", Some(50), false),
+    ]));
+    h.input(Input::Switchover {
+        to: None,
+        allow_lag: false,
+    });
+    h.answer_stop(StopKind::Graceful, true);
+    let (_, op) = h.store();
+    assert_eq!(
+        written(&op).to.as_deref(),
+        Some("c"),
+        "most data among the ready"
+    );
+}
+
+fn handed_to(to: &str) -> LockRecord {
+    LockRecord {
+        to: Some(to.into()),
+        hold_ms: 2_000,
+        ..holder(LockState::Released, 10_000)
+    }
+}
+
+#[test]
+fn o1_a_release_handed_to_another_node_is_theirs_for_d() {
+    let mut h = Harness::new("a");
+    let release = entry(&handed_to("b"), 7, 50.0);
+    look(&mut h, Some(release.clone()));
+    assert!(!acquiring(&h), "took a release handed to b at once");
+    assert_eq!(
+        h.agent.blocker(),
+        Some(putex_core::Blocker::HandedTo("b".into()))
+    );
+    standby_until(&mut h, 101.99, &release);
+    assert!(!acquiring(&h));
+    standby_until(&mut h, 102.5, &release);
+    assert!(acquiring(&h), "an ordinary release once D has passed");
+    assert!(
+        h.now < 102.3,
+        "taken at {} (D, plus the read of that round)",
+        h.now
+    );
+}
+
+#[test]
+fn o1_the_target_takes_its_release_at_once_even_beyond_max_lag() {
+    let mut h = Harness::configured("b", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(0)));
+    h.input(Input::Members(vec![candidate("c", Some(100), true)]));
+    look(&mut h, Some(entry(&handed_to("b"), 7, 50.0)));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Written(Token::new(1, 8)));
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::Transition {
+            reason: Reason::AcquiredHandover,
+            ..
+        })
+    )));
+    assert!(h.activated(), "S3: activated at once");
+}
+
+#[test]
+fn mutation_taking_a_release_handed_to_another_is_seen() {
+    let mut h = Harness::with_config("a", true, Mutations::only(Rule::TakeHandedToOther));
+    look(&mut h, Some(entry(&handed_to("b"), 7, 50.0)));
+    assert!(acquiring(&h));
+}
+
+/// Pauses `h` (active): the paused renewal is sent and lands at 1:9.
+fn paused(mut h: Harness) -> Harness {
+    h.input(Input::Pause(pause()));
+    let (id, op) = h.store();
+    assert_eq!(written(&op).paused, Some(pause()));
+    h.last_write = Some(op);
+    assert!(
+        !h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm))),
+        "disarmed before the paused record landed"
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert!(h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm))));
+    assert!(h.find(|o| matches!(o, Output::Event(putex_core::Event::Paused(_)))));
+    h.out.clear();
+    h
+}
+
+#[test]
+fn o2_a_pause_whose_write_is_unknown_disarms_nothing() {
+    let mut h = holding();
+    h.input(Input::Pause(pause()));
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Unknown);
+    assert!(!h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm))));
+    assert_eq!(h.agent.pause(), None);
+    // The licence still ends the tenure: H1 holds until a pause lands.
+    for _ in 0..12 {
+        h.advance_to(h.now + 1.0);
+        h.health(true);
+        h.forget_store();
+    }
+    assert_eq!(h.agent.role(), Role::Lapsed);
+}
+
+#[test]
+fn o2_while_paused_nothing_is_stopped_and_health_does_not_count() {
+    let mut h = paused(holding());
+    // Failing checks and a store that answers nothing for 3 T.
+    for _ in 0..30 {
+        h.advance_to(h.now + 1.0);
+        h.health(false);
+        h.forget_store();
+    }
+    h.input(Input::ServiceExited);
+    assert_eq!(h.agent.role(), Role::Active);
+    assert!(
+        !h.find(|o| matches!(o, Output::Stop { .. })),
+        "stopped something"
+    );
+    assert!(!h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Extend(_)))));
+    // A renewal gets through again: still paused, still ours (first the
+    // own-writes read of H4: nothing of the unanswered ones landed).
+    h.advance_to(h.now + 1.0);
+    h.health(false);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    let ours = Entry {
+        value: written(h.last_write.as_ref().unwrap()).encode(),
+        token: Token::new(1, 9),
+        time: StoreTime { era: 1, nanos: 0 },
+    };
+    h.reply(id, StoreOutcome::Read(Some(ours)));
+    let (id, op) = h.store();
+    assert!(written(&op).paused.is_some());
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+    assert_eq!(h.agent.role(), Role::Active);
+    // A shutdown exits without stopping or releasing.
+    h.input(Input::Shutdown);
+    assert_eq!(h.agent.role(), Role::Exited);
+    assert!(!h.find(|o| matches!(o, Output::Stop { .. } | Output::Store(_))));
+}
+
+#[test]
+fn o2_a_resume_arms_the_keeper_before_the_unpaused_record_is_written() {
+    let mut h = paused(holding());
+    h.auto_arm = false;
+    h.input(Input::Resume);
+    let arm = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_))));
+    assert!(
+        !h.find(|o| matches!(o, Output::Store(_))),
+        "wrote before the keeper armed"
+    );
+    let Output::Keeper(command) = arm else {
+        unreachable!()
+    };
+    h.input(Input::KeeperAck { command, ok: true });
+    assert!(h.find(|o| matches!(o, Output::Event(putex_core::Event::Unpaused))));
+    let (id, op) = h.store();
+    assert_eq!(written(&op).paused, None);
+    h.reply(id, StoreOutcome::Written(Token::new(1, 10)));
+    // Every rule again: K failed checks (after the start grace) step down.
+    let mut revision = 10;
+    holder_for(&mut h, 6.0, true, &mut revision);
+    holder_for(&mut h, 3.0, false, &mut revision);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+}
+
+#[test]
+fn o2_a_resume_the_keeper_refuses_stays_paused() {
+    let mut h = paused(holding());
+    h.auto_arm = false;
+    h.input(Input::Resume);
+    let Output::Keeper(command) = h.take(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_))))
+    else {
+        unreachable!()
+    };
+    h.input(Input::KeeperAck { command, ok: false });
+    assert!(h.find(|o| matches!(o, Output::Event(putex_core::Event::ResumeRefused))));
+    assert!(h.agent.pause().is_some());
+    assert!(!h.find(|o| matches!(o, Output::Store(_))));
+}
+
+fn paused_record() -> LockRecord {
+    LockRecord {
+        paused: Some(pause()),
+        ..holder(LockState::Active, 10_000)
+    }
+}
+
+#[test]
+fn o2_a_standby_never_takes_over_a_paused_record() {
+    let mut h = Harness::new("a");
+    let record = entry(&paused_record(), 5, 50.0);
+    look(&mut h, Some(record.clone()));
+    for _ in 0..60 {
+        h.advance_to(h.now + 1.0);
+        look(&mut h, Some(record.clone()));
+        assert!(
+            !h.find(|o| matches!(o, Output::Store(r) if !matches!(r.op, StoreOp::Get { .. }))),
+            "probed or took over a paused record"
+        );
+    }
+    assert_eq!(h.agent.blocker(), Some(putex_core::Blocker::Paused));
+    // Resumed by someone else (revoked over the paused record): stale from
+    // then on, W + G' later.
+    let revoked = entry(
+        &LockRecord {
+            state: LockState::Revoked,
+            ..paused_record()
+        },
+        6,
+        110.0,
+    );
+    h.input(Input::Watch(Some(revoked)));
+    let from = h.now;
+    h.advance_to(from + 10.0);
+    assert!(!acquiring(&h));
+}
+
+#[test]
+fn mutation_taking_over_a_paused_record_is_seen() {
+    let mut h = Harness::with_config("a", true, Mutations::only(Rule::TakeoverWhilePaused));
+    let record = entry(&paused_record(), 5, 50.0);
+    look(&mut h, Some(record.clone()));
+    standby_until(&mut h, 111.0, &record);
+    assert!(h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Put { .. }))));
+}
+
+#[test]
+fn o3_priority_zero_never_takes_over() {
+    let mut h = Harness::configured("a", |c| c.priority = 0);
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    h.advance_to(h.now + 30.0);
+    assert!(!acquiring(&h));
+    assert_eq!(h.agent.blocker(), Some(putex_core::Blocker::PriorityZero));
+}
+
+#[test]
+fn o3_beyond_max_lag_nothing_is_taken() {
+    let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(50)));
+    h.input(Input::Members(vec![candidate("b", Some(100), false)]));
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    assert!(!acquiring(&h));
+    assert_eq!(
+        h.agent.blocker(),
+        Some(putex_core::Blocker::Lagging(Some(50)))
+    );
+    // Caught up: taken.
+    h.input(Input::Position(Some(95)));
+    assert!(acquiring(&h));
+}
+
+#[test]
+fn o3_a_better_candidate_acts_first_and_the_others_d_later() {
+    let mut h = Harness::new("a");
+    h.input(Input::Position(Some(10)));
+    h.input(Input::Members(vec![candidate("b", Some(20), true)]));
+    let release = entry(&holder(LockState::Released, 10_000), 7, 50.0);
+    look(&mut h, Some(release.clone()));
+    assert!(!acquiring(&h));
+    assert_eq!(
+        h.agent.blocker(),
+        Some(putex_core::Blocker::Deferring("b".into()))
+    );
+    standby_until(&mut h, 101.99, &release);
+    assert!(!acquiring(&h));
+    standby_until(&mut h, 102.5, &release);
+    assert!(acquiring(&h), "b did not act: this node does, D later");
+    assert!(
+        h.now < 102.3,
+        "taken at {} (D, plus the read of that round)",
+        h.now
+    );
+}
+
+#[test]
+fn o4_a_node_that_must_rejoin_takes_nothing_until_its_hook_succeeds() {
+    let mut h = Harness::configured("a", |c| c.rejoin = true);
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Active, 10_000), 5, 50.0)),
+    );
+    let rejoin = h.take(|o| matches!(o, Output::Rejoin { .. }));
+    assert!(matches!(rejoin, Output::Rejoin { holder: Some(ref n), .. } if n == "other"));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Rejoin,
+        ok: false,
+    });
+    assert_eq!(h.agent.blocker(), Some(putex_core::Blocker::Rejoining));
+    let release = entry(&holder(LockState::Released, 10_000), 6, 60.0);
+    h.input(Input::Watch(Some(release.clone())));
+    assert!(!acquiring(&h), "took the lock before rejoining");
+    // Tried again after T; this time it works.
+    let from = h.now;
+    standby_until(&mut h, from + 10.1, &release);
+    assert!(!acquiring(&h), "took the lock before rejoining");
+    let _ = h.take(|o| matches!(o, Output::Rejoin { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Rejoin,
+        ok: true,
+    });
+    assert!(h.find(|o| matches!(o, Output::Event(putex_core::Event::Rejoined))));
+    standby_until(&mut h, from + 12.0, &release);
+    assert!(acquiring(&h));
 }

@@ -166,6 +166,9 @@ fn lock_record() -> impl Strategy<Value = LockRecord> {
                 write,
                 lease_ms,
                 gap_ms,
+                to: None,
+                hold_ms: 0,
+                paused: None,
             },
         )
 }
@@ -333,6 +336,9 @@ fn expected_record(v: &Value) -> Option<LockRecord> {
         write,
         lease_ms: uint("lease_ms")?,
         gap_ms: uint("gap_ms")?,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     })
 }
 
@@ -620,17 +626,15 @@ impl World {
 
     fn with(timing: Timing, seed: u64, mutations: Mutations) -> World {
         let now = 100 * SEC;
+        let identity = Identity {
+            node: "a".into(),
+            machine: "ma".into(),
+            instance: format!("ia{seed}"),
+        };
         let config = AgentConfig {
-            identity: Identity {
-                node: "a".into(),
-                machine: "ma".into(),
-                instance: format!("ia{seed}"),
-            },
-            timing,
-            previous: None,
-            highest_token: None,
             supervised_stops: true,
             mutations,
+            ..AgentConfig::new(identity, timing)
         };
         let mut w = World {
             agent: Agent::new(config, at(now)),
@@ -786,6 +790,10 @@ impl World {
                                 .push_back(Input::KeeperAck { command, ok: true });
                         }
                     }
+                    Output::Rejoin { .. } => self.inputs.push_back(Input::Hook {
+                        hook: Hook::Rejoin,
+                        ok: true,
+                    }),
                     Output::PersistHighest(_) | Output::Event(_) | Output::Exit(_) => {}
                 }
             }

@@ -65,6 +65,12 @@ pub trait Host: Send + Sync + 'static {
     fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool>;
     /// Persists the highest fencing token seen for the lock (S6).
     fn persist_highest(&self, token: Token);
+    /// Runs the rejoin hook (O4) against `holder`; `true` when it exited 0.
+    /// A host without one has nothing to rejoin.
+    fn rejoin(&self, holder: Option<String>, deadline: Instant) -> BoxFuture<'static, bool> {
+        let _ = (holder, deadline);
+        futures::future::ready(true).boxed()
+    }
     /// Something worth logging or observing happened.
     fn event(&self, event: &Event);
     /// Where the driver records its progress and store calls, if anywhere.
@@ -231,6 +237,12 @@ fn dispatch(
                 ok,
             }
         }),
+        Output::Rejoin { holder, deadline } => {
+            run_or_spawn(host.rejoin(holder, deadline), tx, |ok| Input::Hook {
+                hook: putex_core::Hook::Rejoin,
+                ok,
+            })
+        }
         Output::Stop { id, kind, deadline } => {
             run_or_spawn(host.stop(kind, deadline), tx, move |ok| Input::Stopped {
                 id,

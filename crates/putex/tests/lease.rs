@@ -369,6 +369,9 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         write: write.into(),
         lease_ms: 300,
         gap_ms: 100,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     };
     let mut at = store
         .put(&key, &other("w1").encode(), Duration::from_secs(1))

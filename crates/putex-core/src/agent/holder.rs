@@ -20,7 +20,15 @@ impl Agent {
     pub(super) fn send_renew(&mut self) {
         let write = self.write_id();
         let sent = self.now;
-        self.send_lock(LockOp::Renew { write, sent }, self.deadline());
+        let paused = self.renewal_pauses();
+        self.send_lock(
+            LockOp::Renew {
+                write,
+                sent,
+                paused,
+            },
+            self.deadline(),
+        );
     }
 
     pub(super) fn on_store(&mut self, id: OpId, outcome: StoreOutcome) {
@@ -81,7 +89,11 @@ impl Agent {
                 sent,
                 acquire,
             } => self.on_acquire_outcome(write, sent, *acquire, outcome),
-            LockOp::Renew { write, sent } => self.on_renew_outcome(write, sent, outcome),
+            LockOp::Renew {
+                write,
+                sent,
+                paused,
+            } => self.on_renew_outcome(write, sent, paused, outcome),
             LockOp::Release { write } => self.on_release_outcome(&write, outcome),
             LockOp::ReleaseRevoked { .. } => {
                 if let StoreOutcome::Written(t) = outcome {
@@ -95,7 +107,13 @@ impl Agent {
         }
     }
 
-    pub(super) fn on_renew_outcome(&mut self, write: String, sent: Instant, outcome: StoreOutcome) {
+    pub(super) fn on_renew_outcome(
+        &mut self,
+        write: String,
+        sent: Instant,
+        paused: bool,
+        outcome: StoreOutcome,
+    ) {
         if !self.holding() {
             return; // H1: an ack after the licence ended restores nothing
         }
@@ -107,6 +125,9 @@ impl Agent {
                     sent
                 };
                 self.extend(token, write, from);
+                if paused {
+                    self.pause_landed();
+                }
             }
             StoreOutcome::Conflict => {
                 self.send_lock(LockOp::Verify { then_renew: false }, self.deadline())
@@ -140,11 +161,14 @@ impl Agent {
             .tenure
             .as_ref()
             .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
-        if self.service_may_run() || armed {
+        if (self.service_may_run() || armed) && !self.paused() {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
         }
+        // Resuming after the licence ran out while paused: now there is a
+        // deadline for the keeper to hold (O2).
+        self.rearm();
     }
 
     /// H3/H4: an own-writes read after a conflict or before the next CAS.
@@ -206,7 +230,11 @@ impl Agent {
             Some(u) if !self.mutations.is(Rule::OwnWriteIsForeign) => {
                 // H4: our write landed; adopt it with its send time. Renew now
                 // only if this read was part of a healthy round (H2).
+                let paused = record.record().is_some_and(|r| r.paused.is_some());
                 self.extend(entry.token, u.write, u.sent);
+                if paused {
+                    self.pause_landed();
+                }
                 if then_renew {
                     self.send_renew();
                 }
@@ -248,6 +276,8 @@ impl Agent {
         }
         self.lease = None;
         self.tenure = None;
+        self.operator.handover_to = None;
+        self.operator.pause = PauseState::Off;
         // What a standby saw before this tenure is stale; judge afresh (S1).
         self.seen = None;
         self.probe = None;
@@ -287,10 +317,12 @@ impl Agent {
             self.set_role(Role::Standby, reason, token);
             return;
         }
-        let unstarted_s3 = self
-            .tenure
-            .as_ref()
-            .is_some_and(|t| t.acquire.kind == AcquireKind::Released);
+        let unstarted_s3 = self.tenure.as_ref().is_some_and(|t| {
+            matches!(
+                t.acquire.kind,
+                AcquireKind::Released | AcquireKind::Handover
+            )
+        });
         if unstarted_s3 && self.lease.is_some() {
             return self.give_back_unstarted(reason);
         }
@@ -393,6 +425,7 @@ impl Agent {
     /// the keeper fires and says so.
     pub(super) fn on_keeper_ack(&mut self, command: KeeperCommand, ok: bool) {
         let armed = match command {
+            KeeperCommand::Arm(at) if self.on_rearm_ack(at, ok) => return,
             KeeperCommand::Arm(at) => at,
             KeeperCommand::Extend(to) => {
                 if let Some(tenure) = self.tenure.as_mut() {
@@ -465,7 +498,12 @@ impl Agent {
     }
 
     pub(super) fn on_hook(&mut self, hook: Hook, ok: bool) {
-        if self.role != Role::Active {
+        if hook == Hook::Rejoin {
+            return self.on_rejoin_hook(ok);
+        }
+        if self.role != Role::Active || (!ok && self.paused()) {
+            // While paused a failed hook stops nothing: the operator owns
+            // the service (O2).
             return;
         }
         let Some(tenure) = self.tenure.as_mut() else {
@@ -495,7 +533,7 @@ impl Agent {
     }
 
     pub(super) fn on_service_exited(&mut self) {
-        if self.role == Role::Active {
+        if self.role == Role::Active && !self.paused() {
             self.step_down(Reason::ServiceExited);
         }
     }

@@ -27,6 +27,7 @@
 //! | `holder.rs` | renewals (H1, H3, H4, H5) and activation (S2, S3, S6) |
 //! | `stopping.rs` | graceful and emergency stops, their proof, the release (H2, H6) |
 //! | `standby.rs` | observing the record and acquiring it (S1–S6) |
+//! | `operator.rs` | switchover, pause, candidate order, rejoin (O1–O4) |
 //!
 //! # Where each rule lives
 //!
@@ -46,12 +47,16 @@
 //! - S6 store regression: `observe_lock`, `Tenure::floor`.
 //! - S7 revocation: records in state `revoked` are lost to holders and stale
 //!   to takers.
+//! - O1–O5 operator controls (switchover, pause, candidate order, rejoin):
+//!   `operator.rs`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::mutation::{Mutations, Rule};
-use crate::record::{ceil_millis, LockRecord, LockState, Observed, ProbeRecord, RECORD_VERSION};
+use crate::record::{
+    ceil_millis, LockRecord, LockState, Observed, Pause, ProbeRecord, RECORD_VERSION,
+};
 use crate::store::{
     Entry, Key, OpId, StoreGap, StoreOp, StoreOutcome, StoreRequest, StoreTime, Token,
 };
@@ -59,13 +64,14 @@ use crate::time::Instant;
 use crate::timing::Timing;
 
 mod holder;
+mod operator;
 mod standby;
 mod stopping;
 mod vocabulary;
 
 pub use self::vocabulary::{
-    CheckId, Event, ExitReason, HealthMode, Hook, Input, KeeperCommand, LossCause, Output, Reason,
-    Role, StopId, StopKind,
+    Blocker, Candidate, CheckId, Event, ExitReason, HealthMode, Hook, Input, KeeperCommand,
+    LossCause, Output, Reason, Role, StopId, StopKind,
 };
 
 /// How many recent lock-record operations are remembered for their late
@@ -113,6 +119,19 @@ pub struct AgentConfig {
     /// service (a library lease, an HTTP client) merely *hears* of the loss:
     /// its revoked record stays for takers to judge after W + G' (H6).
     pub supervised_stops: bool,
+    /// O3: 0 never takes over; among eligible standbys a higher one is
+    /// preferred (after a higher position). Default 1.
+    pub priority: u32,
+    /// O3: a standby whose position is more than this behind the highest
+    /// position any member published does not take over.
+    pub max_lag: Option<u64>,
+    /// O1/O3: the bounded delay D. Standbys that a better candidate
+    /// outranks act D after it would; a record released to a switchover's
+    /// target is the target's alone for D. Default 2 R.
+    pub defer: Duration,
+    /// O4: this node's previous tenure ended without a proven clean
+    /// release: it may not take over until its rejoin hook has succeeded.
+    pub rejoin: bool,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -125,12 +144,17 @@ impl AgentConfig {
     /// service), no rule switched off. Set the rest with struct update
     /// syntax: `AgentConfig { previous, ..AgentConfig::new(identity, timing) }`.
     pub fn new(identity: Identity, timing: Timing) -> AgentConfig {
+        let defer = timing.renew() * 2;
         AgentConfig {
             identity,
             timing,
             previous: None,
             highest_token: None,
             supervised_stops: false,
+            priority: 1,
+            max_lag: None,
+            defer,
+            rejoin: false,
             mutations: Mutations::NONE,
         }
     }
@@ -154,6 +178,8 @@ struct Lease {
 enum AcquireKind {
     /// Over a `released` record (S3).
     Released,
+    /// Over a `released` record handed to this node by a switchover (O1, S3).
+    Handover,
     /// Over a stale record (S1, S2).
     Stale,
     /// Record absent, regressed, or from another epoch (S4, S6).
@@ -286,6 +312,8 @@ enum LockOp {
     Renew {
         write: String,
         sent: Instant,
+        /// The record it writes says failover is paused (O2).
+        paused: bool,
     },
     Release {
         write: String,
@@ -413,7 +441,50 @@ pub struct Agent {
     /// renewal in flight, which it would otherwise conflict with.
     release_wanted: bool,
 
+    /// O1–O4: switchover, pause, candidate order, rejoin.
+    operator: Operator,
+
     outputs: VecDeque<Output>,
+}
+
+/// Where a pause stands (O2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PauseState {
+    /// Failover works as usual.
+    Off,
+    /// Renewals carry the pause; none is known to have landed yet, so every
+    /// rule still holds (the keeper stays armed).
+    Pausing(Pause),
+    /// A renewal carrying the pause landed: the keeper is disarmed, nothing
+    /// is stopped or started, health does not count, the licence does not
+    /// end the tenure.
+    Paused(Pause),
+    /// A resume is asked for: the keeper is being armed again (`Arm` sent
+    /// at `at`); renewals carry the pause until it acknowledges.
+    Resuming { pause: Pause, at: Option<Instant> },
+}
+
+/// The operator controls' state (O1–O4).
+#[derive(Clone, Debug)]
+struct Operator {
+    priority: u32,
+    max_lag: Option<u64>,
+    defer: Duration,
+    /// The other members as last reported (O3).
+    candidates: Vec<Candidate>,
+    /// This node's own position.
+    position: Option<u64>,
+    /// A pause asked for (applied when active).
+    pause_wanted: Option<Pause>,
+    pause: PauseState,
+    /// The target of the switchover under way: the release names it.
+    handover_to: Option<String>,
+    /// O4: not eligible until the rejoin hook succeeds.
+    rejoin_needed: bool,
+    /// The rejoin hook is running until this deadline.
+    rejoin_running: Option<Instant>,
+    /// Do not run the rejoin hook again before this.
+    rejoin_retry_at: Option<Instant>,
 }
 
 impl Agent {
@@ -460,6 +531,19 @@ impl Agent {
             turn: true,
             keep_health: false,
             release_wanted: false,
+            operator: Operator {
+                priority: config.priority,
+                max_lag: config.max_lag,
+                defer: config.defer,
+                candidates: Vec::new(),
+                position: None,
+                pause_wanted: None,
+                pause: PauseState::Off,
+                handover_to: None,
+                rejoin_needed: config.rejoin,
+                rejoin_running: None,
+                rejoin_retry_at: None,
+            },
             outputs: VecDeque::new(),
         };
         agent.start(now);
@@ -514,6 +598,11 @@ impl Agent {
             Input::Shutdown => self.on_shutdown(),
             Input::Turn(ours) => self.turn = ours,
             Input::Release => self.on_release_request(),
+            Input::Members(members) => self.on_members(members),
+            Input::Position(position) => self.operator.position = position,
+            Input::Switchover { to, allow_lag } => self.on_switchover(to, allow_lag),
+            Input::Pause(pause) => self.on_pause(pause),
+            Input::Resume => self.on_resume(),
         }
         self.advance();
     }
@@ -547,14 +636,22 @@ impl Agent {
                 next = next.min(t);
             }
         };
-        consider(self.lease.as_ref().map(|l| l.licence_end));
+        consider(
+            self.lease
+                .as_ref()
+                .map(|l| l.licence_end)
+                .filter(|_| !self.paused()),
+        );
         consider(self.lock_op.as_ref().map(|p| p.deadline));
         consider(self.probe_op.as_ref().map(|p| p.deadline));
         consider(self.health.map(|h| h.deadline));
         consider(self.step_down_deadline);
+        consider(self.operator_timeout());
         if let Some(t) = &self.tenure {
-            if self.role == Role::Confirming {
-                consider(Some(t.activate_at));
+            if self.role == Role::Confirming || self.paused() {
+                if self.role == Role::Confirming {
+                    consider(Some(t.activate_at));
+                }
                 if let KeeperArm::Arming { deadline, .. } = t.keeper {
                     consider(Some(deadline));
                 }
@@ -680,10 +777,12 @@ impl Agent {
         format!("{}-{}", self.id.instance, self.next_write)
     }
 
-    /// H5: a store call's deadline never reaches past the licence.
+    /// H5: a store call's deadline never reaches past the licence (unless
+    /// failover is paused: then the licence does not end the tenure, O2).
     fn deadline(&self) -> Instant {
         let d = self.now + self.timing.store_timeout();
         match &self.lease {
+            Some(_) if self.paused() => d,
             Some(l) => d.min(l.licence_end),
             None => d,
         }
@@ -718,7 +817,8 @@ impl Agent {
                     },
                 }
             }
-            LockOp::Renew { write, .. } => {
+            LockOp::Renew { write, paused, .. } => {
+                let paused = *paused;
                 let state = if self.role == Role::Confirming {
                     LockState::Confirming
                 } else {
@@ -729,18 +829,28 @@ impl Agent {
                     .as_ref()
                     .filter(|_| state == LockState::Confirming)
                     .map(|t| t.acquire.clone());
-                let value = self.record(state, write, acquire.as_ref());
+                let mut record = self.record_of(state, write, acquire.as_ref());
+                if paused {
+                    record.paused = self.operator.pause_to_write().cloned();
+                }
                 StoreOp::Update {
                     key: Key::Lock,
-                    value,
+                    value: record.encode(),
                     expected: self.lease.as_ref().expect("renew needs a lease").token,
                 }
             }
-            LockOp::Release { write } => StoreOp::Update {
-                key: Key::Lock,
-                value: self.record(LockState::Released, write, None),
-                expected: self.lease.as_ref().expect("release needs a lease").token,
-            },
+            LockOp::Release { write } => {
+                let mut record = self.record_of(LockState::Released, write, None);
+                if let Some(to) = self.operator.handover_to.clone() {
+                    record.hold_ms = ceil_millis(self.operator.defer);
+                    record.to = Some(to);
+                }
+                StoreOp::Update {
+                    key: Key::Lock,
+                    value: record.encode(),
+                    expected: self.lease.as_ref().expect("release needs a lease").token,
+                }
+            }
             LockOp::ReleaseRevoked { write, expected } => StoreOp::Update {
                 key: Key::Lock,
                 value: self.record(LockState::Released, write, None),
@@ -758,6 +868,10 @@ impl Agent {
 
     /// Our record; while confirming it advertises what the tenure still owes.
     fn record(&self, state: LockState, write: &str, owed: Option<&Acquire>) -> Vec<u8> {
+        self.record_of(state, write, owed).encode()
+    }
+
+    fn record_of(&self, state: LockState, write: &str, owed: Option<&Acquire>) -> LockRecord {
         let (lease, gap) = match owed {
             Some(a) => (
                 a.owed_lease.max(self.timing.lease()),
@@ -774,8 +888,10 @@ impl Agent {
             write: write.to_owned(),
             lease_ms: ceil_millis(lease),
             gap_ms: ceil_millis(gap),
+            to: None,
+            hold_ms: 0,
+            paused: None,
         }
-        .encode()
     }
 
     /// A write of ours landed at `token`: the store's present (S6), in a
@@ -856,6 +972,11 @@ impl Agent {
         if self.now < lease.licence_end || !self.holding() {
             return;
         }
+        // O2: a paused record is taken over by nobody; the operator owns
+        // the service, and the holder renews again when it can.
+        if self.paused() {
+            return;
+        }
         let token = lease.token;
         self.lose(Reason::LicenceEnded, Some(token));
     }
@@ -917,6 +1038,20 @@ impl Agent {
         if self.role == Role::Confirming {
             self.try_activate();
         }
+        // O2: a resume whose `Arm` the keeper did not answer in time.
+        if let (
+            PauseState::Resuming { at: Some(at), .. },
+            Some(KeeperArm::Arming { deadline, .. }),
+        ) = (&self.operator.pause, self.tenure.as_ref().map(|t| t.keeper))
+        {
+            if self.now >= deadline {
+                let at = *at;
+                self.on_rearm_ack(at, false);
+            }
+        }
+        if self.role == Role::Active {
+            self.apply_pause();
+        }
         if self.release_wanted && self.lock_op.is_none() && self.role == Role::SteppingDown {
             self.write_release();
         }
@@ -932,6 +1067,7 @@ impl Agent {
             self.start_round();
         }
         if self.role == Role::Standby {
+            self.maybe_rejoin();
             self.standby_try_acquire();
         }
     }
@@ -1003,6 +1139,8 @@ impl Agent {
             }
         }
         match self.role {
+            // O2: while paused the holder renews whatever its checks say.
+            Role::Active if self.paused() => self.renew_now(),
             Role::Confirming | Role::Active if ok => self.renew_now(),
             Role::Confirming if self.fail_streak >= self.timing.unhealthy() => {
                 // Leaving confirming: it never activated, so no release (H6).

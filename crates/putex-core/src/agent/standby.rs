@@ -1,5 +1,6 @@
 //! The standby's rules: observing the record and acquiring it (S1–S6).
 
+use super::operator::is_paused;
 use super::*;
 
 impl Agent {
@@ -242,12 +243,22 @@ impl Agent {
         if seen.absent_like || self.lock_op.is_some() || self.probe_op.is_some() {
             return None;
         }
+        let defer = self.deferral();
         if let Some(Observed::Record(r)) = &seen.observed {
-            if r.state == LockState::Released {
+            if is_paused(r) && !self.mutations.is(Rule::TakeoverWhilePaused) {
                 return None;
             }
+            if r.state == LockState::Released {
+                // O1/O3: a release handed to another node, or one a better
+                // candidate takes first.
+                let hold = match &r.to {
+                    Some(to) if *to != self.id.node => r.hold(),
+                    _ => Duration::ZERO,
+                };
+                return Some(seen.first_seen + hold.max(defer)).filter(|t| *t > self.now);
+            }
         }
-        let w = self.wait_for(seen);
+        let w = self.wait_for(seen) + defer;
         let a = seen.first_seen + w;
         match self.probe {
             Some(p) if Some(p.for_token) == seen.entry.map(|x| x.0) => {
@@ -281,6 +292,7 @@ impl Agent {
             && self.ok_streak >= self.timing.successes()
             && self.lock_op.is_none()
             && self.backoff_until.is_none_or(|b| self.now >= b)
+            && self.candidacy_allows()
     }
 
     /// After a health step-down: wait T, doubling with each repeat up to 16 T,
@@ -318,7 +330,52 @@ impl Agent {
             .as_ref()
             .and_then(|o| o.record())
             .map(|r| r.node.clone());
+        let record = seen.observed.as_ref().and_then(|o| o.record());
+        // O1: a release handed to this node is taken at once, whatever the
+        // lag (the holder checked it, or an operator overrode it).
+        let handed_to_me = !seen.absent_like
+            && record.is_some_and(|r| {
+                r.state == LockState::Released && r.to.as_deref() == Some(self.id.node.as_str())
+            });
+        if handed_to_me {
+            return self.acquire(Acquire {
+                kind: AcquireKind::Handover,
+                owed_lease: self.timing.lease(),
+                owed_gap: Duration::ZERO,
+                previous,
+                evidence: None,
+                floor: None,
+                reused: false,
+                over: None,
+            });
+        }
+        // O3: beyond --max-lag this node takes nothing over.
+        if !self.within_lag() {
+            return;
+        }
+        // O2: a paused record is never stale (a record that reached us
+        // through a regression is judged as absent: S6 first).
+        if !seen.absent_like
+            && record.is_some_and(is_paused)
+            && !self.mutations.is(Rule::TakeoverWhilePaused)
+        {
+            return;
+        }
+        // O1: a release handed to another node is theirs for a while.
+        if let Some(r) = record.filter(|r| r.state == LockState::Released && !seen.absent_like) {
+            if r.to.is_some()
+                && self.now < seen.first_seen + r.hold()
+                && !self.mutations.is(Rule::TakeHandedToOther)
+            {
+                return;
+            }
+        }
+        // O3: a better candidate acts first; this node D later.
+        let defer = self.deferral();
         if seen.absent_like {
+            if self.now < seen.first_seen + defer {
+                return;
+            }
             // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
             // (--max-gap or own G): a holder whose record is gone may not
             // know it yet. A record that survived a regression still
@@ -343,6 +400,9 @@ impl Agent {
         }
         let released =
             matches!(&seen.observed, Some(Observed::Record(r)) if r.state == LockState::Released);
+        if released && self.now < seen.first_seen + defer {
+            return;
+        }
         if released {
             // S3: the previous holder proved it stopped.
             return self.acquire(Acquire {
@@ -358,7 +418,7 @@ impl Agent {
         }
         // S1: held, revoked or unreadable — two witnesses of staleness.
         let w = self.wait_for(&seen);
-        if self.now < seen.first_seen + w {
+        if self.now < seen.first_seen + w + defer {
             return;
         }
         match self.probe_verdict(&seen, w) {
@@ -589,7 +649,7 @@ impl Agent {
         }
         let no_gap = self.mutations.is(Rule::NoGap);
         let wait = match acquire.kind {
-            AcquireKind::Released => Duration::ZERO,
+            AcquireKind::Released | AcquireKind::Handover => Duration::ZERO,
             _ if no_gap => Duration::ZERO,
             AcquireKind::Stale => acquire.owed_gap,
             AcquireKind::Resume => self.timing.gap(),
@@ -606,6 +666,7 @@ impl Agent {
         self.probe_op = None;
         let reason = match acquire.kind {
             AcquireKind::Released => Reason::AcquiredReleased,
+            AcquireKind::Handover => Reason::AcquiredHandover,
             AcquireKind::Stale => {
                 let (unchanged_for, store_age) = acquire.evidence.unwrap_or_default();
                 Reason::AcquiredStale {

@@ -208,6 +208,8 @@ impl Agent {
         self.tenure = None;
         self.unconfirmed.clear();
         self.step_down_deadline = None;
+        self.operator.handover_to = None;
+        self.operator.pause = PauseState::Off;
         if !std::mem::take(&mut self.keep_health) {
             self.ok_streak = 0;
         }
@@ -251,6 +253,9 @@ impl Agent {
     }
 
     pub(super) fn on_release_request(&mut self) {
+        if self.paused() {
+            return;
+        }
         match self.role {
             Role::Active => {
                 self.step_down(Reason::ReleaseRequested);
@@ -267,6 +272,11 @@ impl Agent {
     /// stop is proven (then released, H6), never on purpose while the
     /// service may run without its dead-man's switch.
     pub(super) fn on_keeper(&mut self, reason: Reason) {
+        if self.paused() {
+            // O2: the keeper was disarmed; a resume arms one again (and
+            // stays paused if there is none).
+            return;
+        }
         let keeps_lease =
             reason == Reason::KeeperLost && !self.mutations.is(Rule::UnprovenStopLetsGo);
         match self.role {
@@ -288,6 +298,11 @@ impl Agent {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutdown = true;
+        if self.paused() {
+            // O2: the operator owns the service; the paused record stays
+            // and nobody takes over until a resume.
+            return self.exit(ExitReason::Shutdown { released: false });
+        }
         match self.role {
             Role::Active => self.step_down(Reason::Shutdown),
             Role::Confirming => self.leave_confirming(Reason::Shutdown),

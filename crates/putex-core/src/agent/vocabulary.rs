@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::record::Pause;
 use crate::store::{Entry, OpId, StoreOutcome, StoreRequest, Token};
 use crate::time::Instant;
 
@@ -66,6 +67,76 @@ pub enum Hook {
     Fence,
     /// Start the service (or spawn the child).
     Activate,
+    /// Resynchronise with the current holder after a tenure of ours that
+    /// ended without a proven clean release (O4; `--rejoin`).
+    Rejoin,
+}
+
+/// What another member publishes about itself (O3), as its host last read
+/// it from the store. Only members whose record is fresh are passed in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its node id.
+    pub node: String,
+    /// Its `--priority`: 0 never takes over; higher is preferred.
+    pub priority: u32,
+    /// Its last `--position` (e.g. a replay LSN in bytes); `None` when it
+    /// has none or its position command failed.
+    pub position: Option<u64>,
+    /// It says it could take over now: its standby checks pass, its rejoin
+    /// is done and it is not backing off after a health step-down.
+    pub ready: bool,
+}
+
+/// Why this node would not take the lock over now: what `putex status`
+/// shows as "why not".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// `--priority 0`: never takes over.
+    PriorityZero,
+    /// Its standby checks do not pass (yet).
+    Unhealthy,
+    /// Its position is this far behind the highest published one, more
+    /// than `--max-lag` allows; `None` when its own position is unknown.
+    Lagging(Option<u64>),
+    /// Its previous tenure ended without a proven clean release and its
+    /// rejoin hook has not succeeded yet (O4).
+    Rejoining,
+    /// The holder paused failover (O2).
+    Paused,
+    /// Stepped down for health recently; acquires again at this time.
+    BackingOff(Instant),
+    /// The record is released to another node by a switchover (O1).
+    HandedTo(String),
+    /// A better candidate acts first (O3).
+    Deferring(String),
+    /// The record is not stale yet (S1): this much of W is left.
+    Waiting(Duration),
+    /// Not this node's turn (a fair queue holds it back).
+    NotItsTurn,
+    /// Shutting down.
+    ShuttingDown,
+}
+
+impl fmt::Display for Blocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Blocker::PriorityZero => f.write_str("priority 0"),
+            Blocker::Unhealthy => f.write_str("unhealthy"),
+            Blocker::Lagging(Some(by)) => write!(f, "lagging {by}"),
+            Blocker::Lagging(None) => f.write_str("position unknown"),
+            Blocker::Rejoining => f.write_str("rejoining"),
+            Blocker::Paused => f.write_str("paused"),
+            Blocker::BackingOff(_) => f.write_str("backing off after a health step-down"),
+            Blocker::HandedTo(node) => write!(f, "handed over to {node}"),
+            Blocker::Deferring(node) => write!(f, "deferring to {node}"),
+            Blocker::Waiting(left) => {
+                write!(f, "waiting for W: {:.1} s left", left.as_secs_f64())
+            }
+            Blocker::NotItsTurn => f.write_str("not its turn"),
+            Blocker::ShuttingDown => f.write_str("shutting down"),
+        }
+    }
 }
 
 /// Identifies a health check so a late result can be ignored.
@@ -127,8 +198,30 @@ pub enum Input {
     KeeperFired,
     /// The keeper died.
     KeeperLost,
-    /// Stop on purpose (SIGTERM, `systemctl stop`).
+    /// Stop on purpose (SIGTERM, `systemctl stop`). While failover is
+    /// paused (O2) the agent exits without stopping anything or releasing:
+    /// the paused record stays, and nobody takes over until a resume.
     Shutdown,
+    /// The other members, as last read from the store (O3): whom to defer
+    /// to, whom a switchover may go to, how far behind this node is.
+    Members(Vec<Candidate>),
+    /// This node's own position (`--position`); `None` if unknown.
+    Position(Option<u64>),
+    /// O1: hand the lock over to `to` (or, if `None`, the best eligible
+    /// candidate): checked, then a graceful stop and a release that names
+    /// the target. Ignored unless active; refused with
+    /// [`Event::SwitchoverRefused`] when the target does not qualify.
+    Switchover {
+        /// The target node, or the best candidate.
+        to: Option<String>,
+        /// Accept a target beyond `--max-lag` (`--allow-lag`).
+        allow_lag: bool,
+    },
+    /// O2: pause failover. Applied by an active holder through its record;
+    /// remembered otherwise and applied when this node becomes active.
+    Pause(Pause),
+    /// O2: end a pause.
+    Resume,
     /// Whether it is this node's turn to acquire: a host that queues its
     /// waiters fairly (`putex lock`) holds back all but the first. It only
     /// ever delays an acquisition, so it cannot weaken any rule; staleness
@@ -152,7 +245,8 @@ pub enum KeeperCommand {
     Arm(Instant),
     /// Move the deadline; refused by the keeper if its deadline has passed.
     Extend(Instant),
-    /// The service was stopped gracefully: no deadline any more.
+    /// No deadline any more: the service was stopped gracefully, or
+    /// failover is paused and the operator owns the service (O2).
     Disarm,
 }
 
@@ -227,6 +321,13 @@ pub enum Reason {
     ReleaseFailed,
     /// The emergency stop finished.
     Stopped,
+    /// A switchover to this node (O1).
+    Switchover {
+        /// The target.
+        to: String,
+    },
+    /// Took a record released to this node by a switchover (O1).
+    AcquiredHandover,
 }
 
 /// Why a holder lost its lock (H3, S6, S7): what its own-writes read
@@ -315,6 +416,8 @@ impl fmt::Display for Reason {
                 "service stopped; the release could not be written, the lock will go stale",
             ),
             Reason::Stopped => f.write_str("emergency stop finished"),
+            Reason::Switchover { to } => write!(f, "switchover to {to} (O1)"),
+            Reason::AcquiredHandover => f.write_str("lock handed over to this node (O1)"),
         }
     }
 }
@@ -363,6 +466,23 @@ pub enum Event {
         /// Failed attempts before this one.
         after: u32,
     },
+    /// A switchover was not started (O1): the holder stays.
+    SwitchoverRefused {
+        /// The target asked for, if any.
+        to: Option<String>,
+        /// Why, for people.
+        why: String,
+    },
+    /// The holder's paused record landed (O2): the keeper is disarmed,
+    /// nothing is stopped or started, nobody takes over.
+    Paused(Pause),
+    /// The keeper is armed again and the holder writes its record without
+    /// the pause (O2): failover works again.
+    Unpaused,
+    /// The keeper would not arm again: the pause stays (O2).
+    ResumeRefused,
+    /// The rejoin hook succeeded: this node may take over again (O4).
+    Rejoined,
 }
 
 /// Something the driver must do.
@@ -405,6 +525,14 @@ pub enum Output {
         /// Graceful, emergency or start-up.
         kind: StopKind,
         /// The stop's time limit.
+        deadline: Instant,
+    },
+    /// Run the rejoin hook (O4) against the current holder; report it with
+    /// [`Input::Hook`] ([`Hook::Rejoin`]).
+    Rejoin {
+        /// The node holding the lock now, if any.
+        holder: Option<String>,
+        /// Kill it then.
         deadline: Instant,
     },
     /// Tell the keeper.

@@ -13,6 +13,13 @@
 //! - (f) a service starts only while its host's keeper is alive and armed
 //!   with a deadline in the future: nobody else would stop it at the
 //!   deadline if the agent froze (checked in `world.rs`, at activation).
+//! - (g) O3/O4: a node with priority 0, or one that has not rejoined after
+//!   an unclean tenure, never takes the lock (`world.rs`, at acquisition);
+//! - (h) O1: a release handed to another node is not taken within its
+//!   hold on the taker's clock ([`handover_respected`]);
+//! - (i) O2: a running service's keeper is disarmed only once a paused
+//!   record of its tenure landed, and an unpaused record goes over a
+//!   paused one only while the keeper is armed again (`world.rs`).
 //!
 //! Each check has a mutation test in `main.rs` proving it can fail.
 
@@ -70,7 +77,15 @@ impl Checker {
             + max_r * 3;
         let local = local.as_nanos() as u64;
         let real = (u128::from(local) * 1_000_000 / u128::from(1_000_000 - eps)) as u64;
-        let failover_bound = real + 6 * max_st.as_nanos() as u64 + sc.watch_delay.1 + 100 * MS;
+        // O3: a node that defers to a better candidate (perhaps one that
+        // just died) acts D later.
+        let defer = if sc.operator {
+            max_r.as_nanos() as u64 * 2
+        } else {
+            0
+        };
+        let failover_bound =
+            real + defer + 6 * max_st.as_nanos() as u64 + sc.watch_delay.1 + 100 * MS;
         Checker {
             violation: None,
             rollback_happened: false,
@@ -275,4 +290,46 @@ pub fn earliest_activation(w: &World, h: usize, local: u64) -> Result<(), String
             secs(stale_need)
         ))
     }
+}
+
+/// (h): host `h` took the lock at `local` (its clock); if it was over a
+/// release handed to another node, the hold must have passed since it
+/// first saw that release.
+pub fn handover_respected(w: &World, h: usize, local: u64) -> Result<(), String> {
+    let host = &w.hosts[h];
+    let Some(tenure) = host.tenure_token else {
+        return Ok(());
+    };
+    let Some(applied) = w.store.log.iter().rev().find(|a| {
+        a.token == tenure
+            && matches!(Observed::decode(&a.value), Observed::Record(r) if r.instance == host.instance)
+    }) else {
+        return Ok(());
+    };
+    let Some(prev) = &applied.prev else {
+        return Ok(());
+    };
+    let Observed::Record(r) = Observed::decode(&prev.value) else {
+        return Ok(());
+    };
+    let me = format!("node{h}");
+    let Some(to) =
+        r.to.as_ref()
+            .filter(|to| r.state == LockState::Released && **to != me)
+    else {
+        return Ok(());
+    };
+    let key = (prev.token, crate::world::fingerprint(&prev.value));
+    let Some(first) = host.first_seen.get(&key) else {
+        return Err(format!("took a release handed to {to} that it never saw"));
+    };
+    let hold = r.hold().as_nanos() as u64;
+    if local < first + hold {
+        return Err(format!(
+            "took a release handed to {to} {:.3}s after first seeing it, within its hold of {:.3}s (O1)",
+            (local - first) as f64 / 1e9,
+            hold as f64 / 1e9
+        ));
+    }
+    Ok(())
 }

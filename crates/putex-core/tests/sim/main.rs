@@ -233,6 +233,45 @@ fn targeted_profiles_are_clean() {
     }
 }
 
+#[test]
+fn operator_controls_are_clean() {
+    let s = assert_clean(Profile::Operator, seeds(10_000) / 10);
+    assert!(s.liveness_checked >= s.runs, "liveness probes did not run");
+}
+
+#[test]
+fn mutation_takeover_while_paused_is_caught() {
+    must_catch(Rule::TakeoverWhilePaused, Profile::Operator, &["a/overlap"]);
+}
+
+#[test]
+fn mutation_disarm_before_pause_landed_is_caught() {
+    must_catch(
+        Rule::DisarmBeforePauseLanded,
+        Profile::Operator,
+        &["i/pause"],
+    );
+}
+
+#[test]
+fn mutation_unpause_before_rearmed_is_caught() {
+    must_catch(Rule::UnpauseBeforeRearmed, Profile::Operator, &["i/pause"]);
+}
+
+#[test]
+fn mutation_take_handed_to_other_is_caught() {
+    must_catch(Rule::TakeHandedToOther, Profile::Operator, &["h/handover"]);
+}
+
+#[test]
+fn mutation_ignore_eligibility_is_caught() {
+    must_catch(
+        Rule::IgnoreEligibility,
+        Profile::Operator,
+        &["g/ineligible"],
+    );
+}
+
 /// Switches off one rule and shows that the simulation finds a violation of
 /// the expected check.
 fn must_catch(rule: Rule, profile: Profile, checks: &[&str]) {

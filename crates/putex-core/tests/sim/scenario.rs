@@ -39,6 +39,9 @@ pub enum Profile {
     StepDowns,
     /// Standby clocks that jump forward while the holder is cut off (S1 b).
     ClockJumps,
+    /// Operator controls (O1–O4): switchovers, pauses and resumes,
+    /// priorities and rejoins, amid crashes, partitions and stalls.
+    Operator,
 }
 
 impl Profile {
@@ -54,6 +57,7 @@ impl Profile {
             Profile::StaleView => "stale-view",
             Profile::StepDowns => "step-downs",
             Profile::ClockJumps => "clock-jumps",
+            Profile::Operator => "operator",
         }
     }
 
@@ -69,6 +73,7 @@ impl Profile {
             Profile::StaleView,
             Profile::StepDowns,
             Profile::ClockJumps,
+            Profile::Operator,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -131,6 +136,11 @@ pub enum FaultKind {
     LeaderChange,
     /// A host's watch replays the last few versions.
     WatchReplay,
+    /// O1: the holder is asked to hand over (to a named node or the best).
+    Switchover,
+    /// O2: failover is paused for a while, then resumed (forced with a
+    /// revocation once the paused holder's host is down).
+    Pause,
 }
 
 /// One concrete run.
@@ -173,6 +183,11 @@ pub struct Scenario {
     pub liveness_probes: bool,
     /// After the first activation nothing may change (e).
     pub expect_no_transitions: bool,
+    /// Operator controls in play (O1–O4): members are reported, the
+    /// failover bound grows by D, crashed holders rejoin.
+    pub operator: bool,
+    /// Each host's `--priority` (all 1 unless `operator`).
+    pub priorities: Vec<u32>,
     pub mutations: Mutations,
 }
 
@@ -307,6 +322,8 @@ impl Scenario {
             fault_gap: (failover / 4, failover),
             liveness_probes: !benign,
             expect_no_transitions: benign,
+            operator: false,
+            priorities: vec![1; hosts],
             mutations,
         };
         use FaultKind::*;
@@ -361,7 +378,32 @@ impl Scenario {
                 (KeeperDeath, 3),
             ],
             Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
+            // Faults that rewrite or lose the lock record behind a paused
+            // holder (rollbacks, re-created buckets, foreign writes) are
+            // outside what a pause can protect (`docs/safety.md`, O2).
+            Profile::Operator => vec![
+                (Switchover, 5),
+                (Pause, 4),
+                (HostCrash, 3),
+                (AgentKill, 2),
+                (Partition, 3),
+                (Stall, 2),
+                (HealthFlap, 2),
+                (Shutdown, 1),
+            ],
         };
+        if profile == Profile::Operator {
+            s.operator = true;
+            // Some seeds have a node that never takes over; at least two
+            // can.
+            for p in s.priorities.iter_mut() {
+                *p = rng.range(1, 3) as u32;
+            }
+            if rng.chance(0.5) {
+                let last = s.priorities.len() - 1;
+                s.priorities[last] = 0;
+            }
+        }
         // Switches inside the timing functions reach the agents and the
         // checker alike: only the overlap check can see them.
         for t in &mut s.timings {

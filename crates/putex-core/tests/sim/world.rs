@@ -75,6 +75,11 @@ enum Ev {
     LivenessDeadline {
         id: u64,
     },
+    /// Every host's agent hears of the other members (O3), as its host
+    /// reads their records from the store each round.
+    Members,
+    /// The operator resumes failover (O2).
+    Resume,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -199,6 +204,15 @@ pub struct Host {
     /// started anything may be given back.
     pub tenure_over_release: bool,
     pub previous_instance: Option<String>,
+    /// O3: `--priority`.
+    pub priority: u32,
+    /// O4: this host's last tenure ran the service and did not end in a
+    /// proven release (host-wide, like its state file).
+    pub tenure_open: bool,
+    /// O4: the running agent must rejoin before it may take over.
+    pub rejoin_pending: bool,
+    /// O3: what its member record last said: ready, and when written.
+    member: Option<(bool, u64)>,
 }
 
 impl Host {
@@ -288,6 +302,8 @@ pub struct World {
     pub faults_injected: u32,
     /// Whether each release write was sent with proof (H6), by write id.
     release_proofs: HashMap<String, bool>,
+    /// O2: a pause is in force (asked for and not yet resumed).
+    pausing: bool,
 }
 
 impl World {
@@ -340,6 +356,10 @@ impl World {
                     activated_in_tenure: false,
                     tenure_over_release: false,
                     previous_instance: None,
+                    priority: sc.priorities[i],
+                    tenure_open: false,
+                    rejoin_pending: false,
+                    member: None,
                 }
             })
             .collect();
@@ -375,7 +395,11 @@ impl World {
             liveness_id: 0,
             faults_injected: 0,
             release_proofs: HashMap::new(),
+            pausing: false,
         };
+        if w.sc.operator {
+            w.at(0, Ev::Members);
+        }
         for h in 0..w.sc.hosts {
             let start = w.rng.range(0, 200 * MS);
             w.at(start, Ev::Restart { h });
@@ -491,6 +515,8 @@ impl World {
             Ev::Fault => self.inject(),
             Ev::Probe => self.probe(),
             Ev::LivenessDeadline { id } => self.check.liveness_deadline(id, self.now),
+            Ev::Members => self.members(),
+            Ev::Resume => self.resume(),
         }
     }
 
@@ -542,21 +568,29 @@ impl World {
         host.queued.clear();
         host.next_wake = None;
         host.op_keys.clear();
+        let identity = Identity {
+            node: format!("node{h}"),
+            machine: format!("machine{h}"),
+            instance,
+        };
+        host.rejoin_pending = self.sc.operator && host.tenure_open;
         let config = AgentConfig {
-            identity: Identity {
-                node: format!("node{h}"),
-                machine: format!("machine{h}"),
-                instance,
-            },
-            timing: host.timing.clone(),
             previous: previous.clone(),
             highest_token: host.persisted.highest,
             supervised_stops: true,
+            priority: host.priority,
+            rejoin: host.rejoin_pending,
             mutations: self.sc.mutations,
+            ..AgentConfig::new(identity, host.timing.clone())
         };
         host.agent = Some(Box::new(Agent::new(config, Instant::from_nanos(local))));
         self.log(|| format!("h{h} agent starts (previous {previous:?})"));
         self.drain(h);
+        if self.pausing {
+            // The host reads the standing pause request at start.
+            let gen = self.hosts[h].agent_gen;
+            self.deliver(h, gen, Input::Pause(sim_pause()));
+        }
     }
 
     fn deliver(&mut self, h: usize, gen: u64, input: Input) {
@@ -758,6 +792,15 @@ impl World {
                 let (conn, boot) = (gen, host.boot);
                 self.at(at, Ev::KeeperCmd { h, conn, boot, cmd });
             }
+            Output::Rejoin { .. } => {
+                let dur = self.rng.range(10 * MS, 300 * MS);
+                let at = self.after_local(h, dur);
+                let input = Input::Hook {
+                    hook: Hook::Rejoin,
+                    ok: !self.rng.chance(0.2),
+                };
+                self.at(at, Ev::Deliver { h, gen, input });
+            }
             Output::PersistHighest(t) => self.hosts[h].persisted.highest = Some(t),
             Output::Event(e) => self.on_event(h, e),
             Output::Exit(reason) => {
@@ -780,6 +823,9 @@ impl World {
     }
 
     fn on_event(&mut self, h: usize, e: Event) {
+        if e == Event::Rejoined {
+            self.hosts[h].rejoin_pending = false;
+        }
         if let Event::Transition {
             from,
             to,
@@ -794,12 +840,36 @@ impl World {
                 host.tenure_ack = Some(local);
                 host.absent_before_tenure = host.absent_since;
                 host.activated_in_tenure = false;
-                host.tenure_over_release = *reason == Reason::AcquiredReleased;
+                host.tenure_over_release =
+                    matches!(reason, Reason::AcquiredReleased | Reason::AcquiredHandover);
                 host.max_seen_before_tenure = host.max_seen_at_acquire;
+                // (g) O3/O4: only eligible nodes take over.
+                if host.priority == 0 || host.rejoin_pending {
+                    let why = if host.priority == 0 {
+                        "has priority 0"
+                    } else {
+                        "has not rejoined"
+                    };
+                    self.check.fail(
+                        "g/ineligible",
+                        self.now,
+                        format!("h{h} takes the lock ({reason:?}) but {why} (O3/O4)"),
+                    );
+                }
+                // (h) O1: a release handed to another node is theirs for D.
+                if let Err(msg) = crate::check::handover_respected(self, h, local) {
+                    self.check
+                        .fail("h/handover", self.now, format!("h{h}: {msg}"));
+                }
             }
+            let host = &mut self.hosts[h];
             if *to == Role::Active {
                 // Also a resume with an adopted keeper (no activation output).
                 host.activated_in_tenure = true;
+                host.tenure_open = true;
+            }
+            if *reason == Reason::Released {
+                host.tenure_open = false;
             }
             if *to == Role::Lapsed {
                 host.lapsed_on_purpose = matches!(
@@ -956,6 +1026,7 @@ impl World {
                 expected,
             } => {
                 if self.store.current().map(|e| e.token) == Some(expected) {
+                    self.check_unpause(h, &value);
                     StoreOutcome::Written(self.write_lock(value))
                 } else {
                     StoreOutcome::Conflict
@@ -1072,6 +1143,25 @@ impl World {
                 None
             }
         };
+        // (i) O2: a running service loses its keeper only to a pause that
+        // landed: the store holds a paused record of this tenure.
+        if cmd == KeeperCommand::Disarm && host.running && host.stop.is_none() {
+            let instance = host.instance.clone();
+            let tenure = host.tenure_token;
+            let landed = self.store.log.iter().rev().any(|a| {
+                tenure.is_none_or(|t| a.token >= t)
+                    && matches!(Observed::decode(&a.value),
+                        Observed::Record(r) if r.instance == instance && r.paused.is_some())
+            });
+            if !landed {
+                self.check.fail(
+                    "i/pause",
+                    self.now,
+                    format!("h{h}'s keeper is disarmed while its service runs and no paused record of its tenure landed (O2)"),
+                );
+            }
+        }
+        let host = &mut self.hosts[h];
         let ok = deadline.is_some() || cmd == KeeperCommand::Disarm;
         if let Some(d) = deadline {
             let d = match host.keeper {
@@ -1486,6 +1576,38 @@ impl World {
                     self.last_instant_fault = self.now;
                 }
             }
+            Switchover => {
+                if let Some(a) = self.holder() {
+                    let others: Vec<usize> = (0..self.hosts.len()).filter(|&o| o != a).collect();
+                    let to = if self.rng.chance(0.5) {
+                        None
+                    } else {
+                        Some(format!("node{}", self.rng.pick(&others)))
+                    };
+                    let gen = self.hosts[a].agent_gen;
+                    let input = Input::Switchover {
+                        to,
+                        allow_lag: false,
+                    };
+                    self.at(self.now + MS, Ev::Deliver { h: a, gen, input });
+                }
+            }
+            Pause => {
+                if !self.pausing {
+                    self.pausing = true;
+                    self.log(|| "OPERATOR pause".to_string());
+                    for o in 0..self.hosts.len() {
+                        if self.hosts[o].agent.is_some() && self.hosts[o].link_from {
+                            let gen = self.hosts[o].agent_gen;
+                            let input = Input::Pause(sim_pause());
+                            let at = self.now + self.rng.range(MS / 10, 5 * MS);
+                            self.at(at, Ev::Deliver { h: o, gen, input });
+                        }
+                    }
+                    let at = self.now + self.rng.range(t, 5 * t);
+                    self.at(at, Ev::Resume);
+                }
+            }
             HealthFlap => {
                 let dur = self.rng.range(r, 3 * t);
                 self.hosts[h].healthy = false;
@@ -1742,7 +1864,14 @@ impl World {
     /// (c): crash the active host in calm conditions; some node must be active
     /// within the failover bound.
     fn probe(&mut self) {
-        let calm = self.active_faults == 0
+        // While paused nobody may take over (O2): nothing to time, until
+        // the holder's record says it is resumed.
+        let record_paused = self.store.current().is_some_and(
+            |e| matches!(Observed::decode(&e.value), Observed::Record(r) if r.paused.is_some()),
+        );
+        let calm = !self.pausing
+            && !record_paused
+            && self.active_faults == 0
             && self.store.paused_until <= self.now
             && self.now > self.last_instant_fault + self.check.failover_bound * 2;
         let holder = self.holder().filter(|&a| {
@@ -1753,6 +1882,8 @@ impl World {
             let host = &self.hosts[b];
             Some(b) != holder
                 && host.role() == Some(Role::Standby)
+                && host.priority > 0
+                && !host.rejoin_pending
                 && host.healthy
                 && host.stalled_until <= self.now
                 && host
@@ -1786,6 +1917,176 @@ impl World {
                 let r = self.hosts[0].timing.renew().as_nanos() as u64;
                 self.at(self.now + r, Ev::Probe);
             }
+        }
+    }
+}
+
+/// The pause every simulated operator asks for.
+fn sim_pause() -> putex_core::Pause {
+    putex_core::Pause {
+        by: "sim".into(),
+        reason: "maintenance".into(),
+    }
+}
+
+impl World {
+    // ----- operator controls (O1–O4) ---------------------------------------
+
+    /// Each round every host writes its member record and reads the others'
+    /// (those written within the last 3 R count as fresh: a host that just
+    /// died is still a candidate for a while, which costs at most D).
+    fn members(&mut self) {
+        let r = self.hosts[0].timing.renew().as_nanos() as u64;
+        let now = self.now;
+        for h in 0..self.hosts.len() {
+            let host = &self.hosts[h];
+            let Some(agent) = host.agent.as_ref() else {
+                continue;
+            };
+            if host.stalled_until > now || !host.link_to {
+                continue;
+            }
+            let ready = agent.role() == Role::Standby
+                && host.healthy
+                && !host.rejoin_pending
+                && agent.backoff_until().is_none();
+            self.hosts[h].member = Some((ready, now));
+        }
+        for h in 0..self.hosts.len() {
+            if self.hosts[h].agent.is_none() || !self.hosts[h].link_from {
+                continue;
+            }
+            let others: Vec<putex_core::Candidate> = (0..self.hosts.len())
+                .filter(|&o| o != h)
+                .filter_map(|o| {
+                    let host = &self.hosts[o];
+                    let (ready, at) = host.member?;
+                    (now < at + 3 * r).then(|| putex_core::Candidate {
+                        node: format!("node{o}"),
+                        priority: host.priority,
+                        position: None,
+                        ready,
+                    })
+                })
+                .collect();
+            let gen = self.hosts[h].agent_gen;
+            let at = now + self.rng.range(MS / 10, 5 * MS);
+            self.at(
+                at,
+                Ev::Deliver {
+                    h,
+                    gen,
+                    input: Input::Members(others),
+                },
+            );
+            // The standing request, as the host reads it each round: a
+            // host cut off when it changed learns of it now.
+            let input = if self.pausing {
+                Input::Pause(sim_pause())
+            } else {
+                Input::Resume
+            };
+            self.at(at, Ev::Deliver { h, gen, input });
+        }
+        self.at(now + r, Ev::Members);
+    }
+
+    /// O2: the operator resumes. Every host's agent hears it (through the
+    /// store, so not while cut off from it). A paused record whose holder's
+    /// agent is gone and whose service is down (the host crashed, or a
+    /// restarted agent's start-up stop ended it) is resumed by force:
+    /// revoked, stale W + G' later. A holder that is alive but cut off, or
+    /// whose service may still run, is waited for: forcing then is the
+    /// operator's risk, as `docs/operations.md` says.
+    fn resume(&mut self) {
+        let paused = self
+            .store
+            .current()
+            .and_then(|e| match Observed::decode(&e.value) {
+                Observed::Record(r)
+                    if r.paused.is_some()
+                        && matches!(r.state, LockState::Active | LockState::Confirming) =>
+                {
+                    Some(r)
+                }
+                _ => None,
+            });
+        let holder = paused.as_ref().and_then(|r| {
+            (0..self.hosts.len())
+                .find(|&o| self.hosts[o].instance == r.instance && self.hosts[o].agent.is_some())
+        });
+        let service_up = paused.as_ref().is_some_and(|r| {
+            (0..self.hosts.len()).any(|o| {
+                format!("node{o}") == r.node
+                    && (self.hosts[o].running || self.hosts[o].stop.is_some())
+            })
+        });
+        let cut_off = holder.is_some_and(|o| !self.hosts[o].link_from || !self.hosts[o].link_to);
+        if cut_off || (holder.is_none() && service_up) {
+            let r = self.hosts[0].timing.renew().as_nanos() as u64;
+            self.at(self.now + r, Ev::Resume);
+            return;
+        }
+        self.log(|| "OPERATOR resume".to_string());
+        self.pausing = false;
+        for h in 0..self.hosts.len() {
+            if self.hosts[h].agent.is_some() && self.hosts[h].link_from {
+                let gen = self.hosts[h].agent_gen;
+                let at = self.now + self.rng.range(MS / 10, 5 * MS);
+                self.at(
+                    at,
+                    Ev::Deliver {
+                        h,
+                        gen,
+                        input: Input::Resume,
+                    },
+                );
+            }
+        }
+        if let (Some(r), None) = (paused, holder) {
+            self.log(|| "OPERATOR force-resumes a dead holder's pause".to_string());
+            self.store.admin_writes += 1;
+            let revoked = LockRecord {
+                state: LockState::Revoked,
+                write: format!("admin-{}", self.store.admin_writes),
+                paused: None,
+                ..r
+            };
+            self.write_lock(revoked.encode());
+            self.last_instant_fault = self.now;
+        }
+    }
+
+    /// (i) O2: an unpaused record written over a paused one of the same
+    /// tenure while the service runs needs the keeper armed again first.
+    fn check_unpause(&mut self, h: usize, value: &[u8]) {
+        let Observed::Record(new) = Observed::decode(value) else {
+            return;
+        };
+        if new.paused.is_some() || !matches!(new.state, LockState::Active) {
+            return;
+        }
+        let was_paused = self.store.current().is_some_and(|e| {
+            matches!(Observed::decode(&e.value),
+                Observed::Record(r) if r.instance == new.instance && r.paused.is_some())
+        });
+        let host = &self.hosts[h];
+        if !was_paused || !host.running || host.instance != new.instance {
+            return;
+        }
+        let local = host.local(self.now);
+        // Armed, or fired and stopping the service (the licence ended:
+        // H1's emergency stop, which no takeover can beat).
+        let armed = host.keeper_alive
+            && (matches!(host.keeper, KeeperState::Armed(d) if d > local)
+                || (host.keeper == KeeperState::Fired && host.stop.is_some()));
+        if !armed {
+            let keeper = host.keeper;
+            self.check.fail(
+                "i/pause",
+                self.now,
+                format!("h{h} unpauses while its service runs and its keeper is {keeper:?} (O2)"),
+            );
         }
     }
 }

@@ -605,6 +605,21 @@ impl Host for AgentHost {
                 self.inner.member_dirty.notify_one();
                 tracing::warn!(after, "the service is proven stopped after all");
             }
+            Event::SwitchoverRefused { to, why } => {
+                tracing::warn!(to = to.as_deref(), "switchover refused: {why}");
+            }
+            Event::Paused(pause) => {
+                tracing::warn!(
+                    by = %pause.by,
+                    reason = %pause.reason,
+                    "PAUSED: failover is off; the keeper is disarmed and putex stops nothing"
+                );
+            }
+            Event::Unpaused => tracing::info!("resumed: failover is on again, the keeper armed"),
+            Event::ResumeRefused => {
+                tracing::error!("resume failed: the keeper did not arm; failover stays paused")
+            }
+            Event::Rejoined => tracing::info!("rejoin hook succeeded: eligible again (O4)"),
         }
     }
 

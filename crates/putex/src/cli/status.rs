@@ -300,6 +300,9 @@ mod tests {
             write: "w1".into(),
             lease_ms: 10_000,
             gap_ms: 2_000,
+            to: None,
+            hold_ms: 0,
+            paused: None,
         };
         let t = Duration::from_secs(1);
         store.create("lock.pg", &rec.encode(), t).await.unwrap();

@@ -72,6 +72,9 @@ fn lock_record() -> impl Strategy<Value = LockRecord> + Clone {
             write: "w1".into(),
             lease_ms,
             gap_ms,
+            to: None,
+            hold_ms: 0,
+            paused: None,
         })
 }
 

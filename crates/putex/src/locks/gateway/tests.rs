@@ -12,6 +12,9 @@ fn record(state: LockState, instance: &str, write: &str) -> LockRecord {
         write: write.into(),
         lease_ms: 1000,
         gap_ms: 200,
+        to: None,
+        hold_ms: 0,
+        paused: None,
     }
 }
 

@@ -109,6 +109,9 @@ pub(super) fn claim_record(who: &Claimant, instance: &str) -> LockRecord {
         write: instance_id(),
         lease_ms: ceil_millis(CLAIM_LEASE),
         gap_ms: default_gap_ms(),
+        to: None,
+        hold_ms: 0,
+        paused: None,
     }
 }
 

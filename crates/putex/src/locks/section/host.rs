@@ -350,6 +350,13 @@ impl Host for SlotHost {
                     }
                 )
             }
+            // Operator controls are for `putex run`; a section never
+            // receives the inputs that lead to these.
+            Event::SwitchoverRefused { .. }
+            | Event::Paused(_)
+            | Event::Unpaused
+            | Event::ResumeRefused
+            | Event::Rejoined => {}
             Event::StopProven { after } => {
                 if let Some(m) = &self.shared.opts.metrics {
                     m.stop_unproven(false);

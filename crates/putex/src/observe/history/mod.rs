@@ -162,6 +162,8 @@ pub fn reason_code(reason: &Reason) -> &'static str {
         Reason::Released => "released",
         Reason::ReleaseFailed => "release-failed",
         Reason::Stopped => "stopped",
+        Reason::Switchover { .. } => "switchover",
+        Reason::AcquiredHandover => "acquired-switchover",
     }
 }
 
