@@ -23,8 +23,8 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use putex_core::{
-    Agent, Event, ExitReason, HealthMode, Input, Instant, KeeperCommand, Key, Output, StopKind,
-    StoreOp, StoreOutcome, Token,
+    Agent, Blocker, Event, ExitReason, HealthMode, Input, Instant, KeeperCommand, Key, Output,
+    StopKind, StoreOp, StoreOutcome, Token,
 };
 use tokio::sync::mpsc;
 
@@ -73,6 +73,11 @@ pub trait Host: Send + Sync + 'static {
     }
     /// Something worth logging or observing happened.
     fn event(&self, event: &Event);
+    /// Why the machine would not take the lock over now (`None`: it would,
+    /// or holds it), after each step: what status shows as "why not".
+    fn candidacy(&self, blocker: Option<Blocker>) {
+        let _ = blocker;
+    }
     /// Where the driver records its progress and store calls, if anywhere.
     fn metrics(&self) -> Option<&Metrics> {
         None
@@ -145,6 +150,7 @@ pub async fn run_with_inputs(
         if let Some(reason) = exited {
             break reason;
         }
+        host.candidacy(agent.blocker());
         if let Some(metrics) = host.metrics() {
             metrics.progress();
         }

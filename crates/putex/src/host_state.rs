@@ -70,6 +70,11 @@ pub(crate) struct HostRecord {
     /// reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<TreeSnapshot>,
+    /// The agent's last tenure may have run the service and has not ended
+    /// in a proven release: set when it becomes active, cleared when its
+    /// release lands. A new agent with `--rejoin` must rejoin first (O4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tenure_open: bool,
 }
 
 impl HostRecord {

@@ -69,6 +69,20 @@ enum Command {
     /// the lock had no active holder.
     #[command(after_help = putex::cli::EXIT_CODES_HELP)]
     History(putex::cli::history::HistoryArgs),
+    /// Hands the lock over to another node on purpose (maintenance): the
+    /// holder checks the target, stops gracefully and releases to it; waits
+    /// until the target is active.
+    #[command(after_help = putex::cli::control::CONTROL_EXIT_CODES_HELP)]
+    Switchover(putex::cli::control::SwitchoverArgs),
+    /// Pauses failover (maintenance mode): nobody takes over, the holder
+    /// does not step down, putex runs no hooks and stops nothing, until
+    /// `putex resume`.
+    #[command(after_help = putex::cli::control::CONTROL_EXIT_CODES_HELP)]
+    Pause(putex::cli::control::PauseArgs),
+    /// Ends a pause: the holder arms its keeper again, then failover works
+    /// as before.
+    #[command(after_help = putex::cli::control::CONTROL_EXIT_CODES_HELP)]
+    Resume(putex::cli::control::ResumeArgs),
     /// A live view of a lock: its status and last transitions, redrawn on
     /// every change until SIGINT or SIGTERM (then exit 0).
     #[command(after_help = putex::cli::EXIT_CODES_HELP)]
@@ -223,6 +237,9 @@ fn main() -> ExitCode {
             Command::Id(a) => putex::cli::id::run(&a).await,
             Command::Status(a) => putex::cli::status::run(&a).await,
             Command::History(a) => putex::cli::history::run(&a).await,
+            Command::Switchover(a) => putex::cli::control::switchover(&a).await,
+            Command::Pause(a) => putex::cli::control::pause(&a).await,
+            Command::Resume(a) => putex::cli::control::resume(&a).await,
             Command::Watch(a) => putex::cli::watch::run(&a).await,
             Command::Demo(a) => putex::cli::demo::run(&a).await,
             Command::Serve(a) => putex::cli::serve::run(&a).await,

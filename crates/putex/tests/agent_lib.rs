@@ -56,6 +56,7 @@ fn settings(url: &str, lock: &str, node: &str, keeper_dir: &Path, events: &Path)
         http: None,
         no_cgroup: false,
         keeper_exe: Some(putex_bin().to_path_buf()),
+        operator: Default::default(),
     }
 }
 

@@ -676,6 +676,8 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
         token: Some(Token::new(5, 77)),
         previous: Some("n2".into()),
         stop: Some(StopKind::Graceful),
+        holder: None,
+        holder_addr: None,
     };
     let runner = HookRunner::detect();
     let health = Hook::new(HookKind::Health, script.clone());

@@ -172,6 +172,13 @@ impl Agent {
         if let Some(lag) = self.lag_beyond(self.operator.position) {
             return Some(Blocker::Lagging(lag));
         }
+        if let Some(r) = record.filter(|r| {
+            matches!(r.state, LockState::Active | LockState::Confirming) && !seen.absent_like
+        }) {
+            if self.now < seen.first_seen + self.timing.renew() * 2 {
+                return Some(Blocker::HeldBy(r.node.clone()));
+            }
+        }
         if let Some(better) = self.outranked_by() {
             return Some(Blocker::Deferring(better.node.clone()));
         }

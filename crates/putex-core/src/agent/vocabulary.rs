@@ -108,6 +108,9 @@ pub enum Blocker {
     BackingOff(Instant),
     /// The record is released to another node by a switchover (O1).
     HandedTo(String),
+    /// This node holds the lock, renewing it (its record changed within
+    /// the last two rounds): nothing to take over.
+    HeldBy(String),
     /// A better candidate acts first (O3).
     Deferring(String),
     /// The record is not stale yet (S1): this much of W is left.
@@ -129,6 +132,7 @@ impl fmt::Display for Blocker {
             Blocker::Paused => f.write_str("paused"),
             Blocker::BackingOff(_) => f.write_str("backing off after a health step-down"),
             Blocker::HandedTo(node) => write!(f, "handed over to {node}"),
+            Blocker::HeldBy(node) => write!(f, "held by {node}"),
             Blocker::Deferring(node) => write!(f, "deferring to {node}"),
             Blocker::Waiting(left) => {
                 write!(f, "waiting for W: {:.1} s left", left.as_secs_f64())

@@ -13,7 +13,9 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
-use putex_core::{Event, HealthMode, Instant, KeeperCommand, Role, StopKind, Token};
+use putex_core::{
+    Blocker, Event, HealthMode, Instant, KeeperCommand, Pause, Reason, Role, StopKind, Token,
+};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::Instrument;
 
@@ -125,10 +127,30 @@ pub(super) struct Status {
     pub(super) unproven: Option<(u32, bool)>,
     /// The service's tree as the keeper last described it (child mode).
     pub(super) tree: Option<TreeSnapshot>,
+    /// Why the core would not take over now ("why not"), and whether that
+    /// makes it not ready as a candidate (O3).
+    pub(super) blocker: Option<Blocker>,
+    /// The last `--position`.
+    pub(super) position: Option<u64>,
+    /// The pause in force by this holder's record (O2).
+    pub(super) paused: Option<Pause>,
+    /// The switchover request (its id) this holder is carrying out (O1).
+    pub(super) switchover: Option<String>,
+    /// O4: must run the rejoin hook before it may take over.
+    pub(super) rejoin_pending: bool,
+    /// O4: this host's last tenure may have run the service and has not
+    /// ended in a proven release (kept in the host state file).
+    pub(super) tenure_open: bool,
+    /// The other members' `--advertise` addresses, by node.
+    pub(super) addrs: std::collections::HashMap<String, String>,
 }
 
 pub(super) struct Inner {
     pub(super) lock: String,
+    /// The lock, as a name (for its control record).
+    pub(super) lock_name: crate::store::Name,
+    /// The store, for the control record's refusals.
+    pub(super) store: crate::store::AnyStore,
     pub(super) node: String,
     pub(super) instance: String,
     pub(super) settings: AgentSettings,
@@ -194,6 +216,27 @@ pub(super) struct AgentHost {
 }
 
 impl Status {
+    /// Whether this node could take over now, as far as its own candidacy
+    /// goes (O3): a standby whose checks pass, rejoined, not backing off,
+    /// priority above 0. What the record says (paused, handed to another,
+    /// not stale yet) does not count against it.
+    pub(super) fn ready(&self) -> bool {
+        self.role == Some(Role::Standby)
+            && !self.rejoin_pending
+            && !matches!(
+                self.blocker,
+                Some(
+                    Blocker::PriorityZero
+                        | Blocker::Unhealthy
+                        | Blocker::Rejoining
+                        | Blocker::BackingOff(_)
+                        | Blocker::NotItsTurn
+                        | Blocker::ShuttingDown
+                        | Blocker::Lagging(_)
+                )
+            )
+    }
+
     /// The role as hooks and member records name it.
     pub(super) fn role_name(&self) -> String {
         self.role
@@ -203,6 +246,15 @@ impl Status {
 }
 
 impl AgentHost {
+    /// The environment of the rejoin and follow hooks.
+    pub(super) fn hook_env(&self, holder: Option<String>, addr: Option<String>) -> HookEnv {
+        HookEnv {
+            holder,
+            holder_addr: addr,
+            ..self.env(None)
+        }
+    }
+
     fn env(&self, token: Option<Token>) -> HookEnv {
         let st = self.inner.status.lock();
         HookEnv {
@@ -212,6 +264,8 @@ impl AgentHost {
             token: token.or(st.token),
             previous: st.previous.clone(),
             stop: None,
+            holder: None,
+            holder_addr: None,
         }
     }
 
@@ -240,11 +294,23 @@ impl AgentHost {
             token: st.token.map(|t| t.to_string()),
             renew_ms: u64::try_from(self.inner.settings.timing.renew().as_millis()).unwrap_or(0),
             pid: std::process::id(),
+            priority: self.inner.settings.operator.priority,
+            position: st.position,
+            ready: Some(st.ready()),
+            blocker: st.blocker.as_ref().map(ToString::to_string),
+            addr: self.inner.settings.operator.advertise.clone(),
+            paused: st.paused.as_ref().map(|p| {
+                if p.reason.is_empty() {
+                    format!("by {}", p.by)
+                } else {
+                    format!("by {}: {}", p.by, p.reason)
+                }
+            }),
         })
     }
 
     /// Runs `kind`'s hook with its environment, at most `timeout`.
-    async fn run_hook(
+    pub(super) async fn run_hook(
         inner: &Inner,
         kind: HookKind,
         command: &str,
@@ -512,6 +578,37 @@ impl Host for AgentHost {
         self.inner.ops.command(command, token, previous).boxed()
     }
 
+    fn rejoin(&self, holder: Option<String>, deadline: Instant) -> BoxFuture<'static, bool> {
+        let Some(cmd) = self.inner.settings.operator.rejoin.clone() else {
+            return futures::future::ready(true).boxed();
+        };
+        let mut env = self.env(None);
+        env.holder_addr = holder
+            .as_ref()
+            .and_then(|h| self.set(|st| st.addrs.get(h).cloned()));
+        env.holder = holder;
+        let inner = self.inner.clone();
+        async move {
+            tracing::info!(holder = ?env.holder, "rejoining: running the rejoin hook (O4)");
+            let timeout = clock::until(deadline);
+            Self::run_hook(&inner, HookKind::Rejoin, &cmd, &env, None, timeout).await
+        }
+        .boxed()
+    }
+
+    fn candidacy(&self, blocker: Option<Blocker>) {
+        let changed = self.set(|st| {
+            let was = st.ready();
+            let kind = |b: &Option<Blocker>| b.as_ref().map(std::mem::discriminant);
+            let changed = kind(&st.blocker) != kind(&blocker);
+            st.blocker = blocker;
+            changed || was != st.ready()
+        });
+        if changed {
+            self.inner.member_dirty.notify_one();
+        }
+    }
+
     fn persist_highest(&self, token: Token) {
         self.set(|st| {
             if st.highest.is_none_or(|h| token > h) {
@@ -537,6 +634,22 @@ impl Host for AgentHost {
                     crate::supervision::systemd::notify("READY=1");
                 }
                 crate::supervision::systemd::notify(&format!("STATUS={to} ({reason})"));
+                let tenure = match (to, reason) {
+                    (Role::Active, _) => Some(true),
+                    (_, Reason::Released) => Some(false),
+                    _ => None,
+                };
+                if let Some(open) = tenure {
+                    if self.set(|st| std::mem::replace(&mut st.tenure_open, open)) != open {
+                        self.inner.state_dirty.notify_one();
+                    }
+                }
+                if !matches!(to, Role::Active | Role::SteppingDown) {
+                    self.set(|st| {
+                        st.paused = None;
+                        st.switchover = None;
+                    });
+                }
                 self.set(|st| {
                     st.role = Some(*to);
                     match to {
@@ -607,6 +720,13 @@ impl Host for AgentHost {
             }
             Event::SwitchoverRefused { to, why } => {
                 tracing::warn!(to = to.as_deref(), "switchover refused: {why}");
+                if let Some(id) = self.set(|st| st.switchover.take()) {
+                    let (store, lock) = (self.inner.store.clone(), self.inner.lock_name.clone());
+                    let (why, timeout) = (why.clone(), self.inner.settings.timing.store_timeout());
+                    tokio::spawn(async move {
+                        super::control::refuse(&store, &lock, &id, &why, timeout).await;
+                    });
+                }
             }
             Event::Paused(pause) => {
                 tracing::warn!(
@@ -614,12 +734,39 @@ impl Host for AgentHost {
                     reason = %pause.reason,
                     "PAUSED: failover is off; the keeper is disarmed and putex stops nothing"
                 );
+                let token = self.set(|st| {
+                    st.paused = Some(pause.clone());
+                    st.token
+                });
+                self.inner.member_dirty.notify_one();
+                let why = if pause.reason.is_empty() {
+                    format!("failover paused by {} (O2)", pause.by)
+                } else {
+                    format!("failover paused by {}: {} (O2)", pause.by, pause.reason)
+                };
+                self.inner.history.operator("paused", why, token);
             }
-            Event::Unpaused => tracing::info!("resumed: failover is on again, the keeper armed"),
+            Event::Unpaused => {
+                tracing::info!("resumed: failover is on again, the keeper armed");
+                let token = self.set(|st| {
+                    st.paused = None;
+                    st.token
+                });
+                self.inner.member_dirty.notify_one();
+                self.inner.history.operator(
+                    "unpaused",
+                    "failover resumed; the keeper guards the service again (O2)".into(),
+                    token,
+                );
+            }
             Event::ResumeRefused => {
                 tracing::error!("resume failed: the keeper did not arm; failover stays paused")
             }
-            Event::Rejoined => tracing::info!("rejoin hook succeeded: eligible again (O4)"),
+            Event::Rejoined => {
+                tracing::info!("rejoin hook succeeded: eligible again (O4)");
+                self.set(|st| st.rejoin_pending = false);
+                self.inner.member_dirty.notify_one();
+            }
         }
     }
 
@@ -636,21 +783,22 @@ pub(super) async fn state_writer(
     boot: String,
     tree: Option<TreeSnapshot>,
 ) {
-    let mut written = (host.set(|st| st.highest), tree);
+    let mut written = host.set(|st| (st.highest, tree, st.tenure_open));
     loop {
         host.inner.state_dirty.notified().await;
-        let now = host.set(|st| (st.highest, st.tree.clone()));
+        let now = host.set(|st| (st.highest, st.tree.clone(), st.tenure_open));
         if now == written {
             continue;
         }
         let (instance, boot, f) = (host.inner.instance.clone(), boot.clone(), file.clone());
-        let (highest, tree) = now.clone();
+        let (highest, tree, tenure_open) = now.clone();
         let update = move || {
             f.update(|r| {
                 r.instance = instance;
                 r.boot_id = boot;
                 r.raise(highest);
                 r.tree = tree;
+                r.tenure_open = tenure_open;
             })
         };
         match tokio::task::spawn_blocking(update).await {

@@ -2,17 +2,24 @@
 //! others and `putex status` about itself, written every 3 R and at each
 //! transition.
 
-use putex_core::Role;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use putex_core::{Candidate, Input, Role, StoreGap, StoreTime};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::host::AgentHost;
-use crate::store::{AnyStore, Store};
+use crate::store::{keys, AnyStore, Name, Store};
+use crate::supervision::hooks::HookKind;
 // ---------------------------------------------------------------------------
 // Member records.
 
 /// A node's member record for a lock (`member.<lock>.<node>`), written by
 /// the agent every few R and at each transition; read by `putex status`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
     /// Format version (1).
     pub v: u32,
@@ -36,6 +43,53 @@ pub struct MemberRecord {
     /// could not prove the service stopped, and it may still run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// `--priority` (O3); records of older agents have none: 1.
+    #[serde(default = "default_priority")]
+    pub priority: u32,
+    /// The last `--position` (O3), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// It could take over now: standby checks pass, rejoined, not backing
+    /// off (O3). Older agents do not say: `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    /// Why it would not take over now, e.g. `priority 0`, `lagging 1200`,
+    /// `rejoining`, `deferring to db2` ("why not").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocker: Option<String>,
+    /// `--advertise`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// Failover is paused by its record: who paused, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+}
+
+fn default_priority() -> u32 {
+    1
+}
+
+impl Default for MemberRecord {
+    fn default() -> Self {
+        MemberRecord {
+            v: 1,
+            node: String::new(),
+            instance: String::new(),
+            role: String::new(),
+            healthy: None,
+            last_health: None,
+            token: None,
+            renew_ms: 0,
+            pid: 0,
+            alarm: None,
+            priority: default_priority(),
+            position: None,
+            ready: None,
+            blocker: None,
+            addr: None,
+            paused: None,
+        }
+    }
 }
 
 /// Writes the member record every 3 R and whenever something changed.
@@ -58,4 +112,195 @@ pub(super) async fn member_writer(host: AgentHost, store: AnyStore, key: String)
             () = host.inner.member_dirty.notified() => {}
         }
     }
+}
+
+/// Reads the other members' records (a watch on `member.<lock>.`) and
+/// passes the fresh ones to the core every 3 R (O3): whom to defer to,
+/// whom a switchover may go to, how far behind this node is. Also keeps
+/// their `--advertise` addresses for the hooks, and runs `--follow` when
+/// the active holder changes.
+///
+/// Fresh: written within 10 of its writer's R, by the newest record's store
+/// time (no host's clock is compared with another's). A member that just
+/// died may look fresh for a while; the core's deferral to it costs at
+/// most D.
+pub(super) async fn member_feed(
+    host: AgentHost,
+    store: AnyStore,
+    lock: Name,
+    inject: mpsc::UnboundedSender<Input>,
+) {
+    let filter = keys::members_of(&lock);
+    let every = host.inner.settings.timing.renew() * 3;
+    let timeout = host
+        .inner
+        .settings
+        .timing
+        .store_timeout()
+        .max(Duration::from_secs(1));
+    let own = host.inner.node.clone();
+    let mut members: HashMap<String, (MemberRecord, StoreTime)> = HashMap::new();
+    let mut from: Option<u64> = None;
+    let mut holder: Option<String> = None;
+    loop {
+        match store.watch(&filter, from, timeout).await {
+            Ok(mut stream) => loop {
+                tokio::select! {
+                    event = stream.next() => {
+                        let Some(Ok(event)) = event else { break };
+                        from = Some(event.revision + 1);
+                        match event.entry.as_ref().map(|e| serde_json::from_slice::<MemberRecord>(&e.value)) {
+                            Some(Ok(rec)) => {
+                                members.insert(event.key.clone(), (rec, event.time));
+                            }
+                            // Deleted, or written by someone else: not a member.
+                            _ => {
+                                members.remove(&event.key);
+                            }
+                        }
+                    }
+                    () = tokio::time::sleep(every) => {}
+                }
+                let fresh = fresh_members(&members);
+                let candidates = fresh
+                    .iter()
+                    .filter(|m| m.node != own)
+                    .map(|m| Candidate {
+                        node: m.node.clone(),
+                        priority: m.priority,
+                        position: m.position,
+                        ready: m.role == "standby" && m.ready.unwrap_or(m.healthy == Some(true)),
+                    })
+                    .collect();
+                host.set(|st| {
+                    st.addrs = fresh
+                        .iter()
+                        .filter_map(|m| Some((m.node.clone(), m.addr.clone()?)))
+                        .collect();
+                });
+                if inject.send(Input::Members(candidates)).is_err() {
+                    return;
+                }
+                let active = fresh
+                    .iter()
+                    .find(|m| m.role == "active")
+                    .map(|m| m.node.clone());
+                if active.is_some() && active != holder {
+                    holder = active;
+                    if holder.as_deref() != Some(own.as_str()) {
+                        follow(&host, holder.clone());
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "member watch failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The members whose records were written within 10 of their R of the
+/// newest one.
+fn fresh_members(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Vec<MemberRecord> {
+    let newest = members
+        .values()
+        .map(|(_, t)| *t)
+        .max_by_key(|t| (t.era, t.nanos));
+    members
+        .values()
+        .filter(|(rec, t)| {
+            let limit = Duration::from_millis(rec.renew_ms.max(1) * 10);
+            let fresh = newest.is_some_and(|n| match n.gap_since(*t) {
+                StoreGap::Forward(age) => age <= limit,
+                StoreGap::Backwards => true,
+                StoreGap::Unbounded => false,
+            });
+            fresh && !matches!(rec.role.as_str(), "exited" | "starting")
+        })
+        .map(|(rec, _)| rec.clone())
+        .collect()
+}
+
+/// `--follow`: the active holder changed to `holder` (not this node).
+fn follow(host: &AgentHost, holder: Option<String>) {
+    let Some(cmd) = host.inner.settings.operator.follow.clone() else {
+        return;
+    };
+    let addr = holder
+        .as_ref()
+        .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
+    let env = host.hook_env(holder, addr);
+    let inner = host.inner.clone();
+    let timeout = host.inner.settings.timing.activate_timeout();
+    tokio::spawn(
+        async move {
+            tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
+            AgentHost::run_hook(&inner, HookKind::Follow, &cmd, &env, None, timeout).await;
+        }
+        .in_current_span(),
+    );
+}
+
+/// `--position`: runs the command every R and passes what it prints to the
+/// core (and the member record). A failure (or output that is not a
+/// non-negative integer) makes the position unknown: such a node is
+/// beyond any `--max-lag`.
+pub(super) async fn position_feed(host: AgentHost, inject: mpsc::UnboundedSender<Input>) {
+    let Some(cmd) = host.inner.settings.operator.position.clone() else {
+        return;
+    };
+    let every = host.inner.settings.timing.renew();
+    let timeout = host.inner.settings.timing.healthcheck_timeout();
+    let mut warned = false;
+    loop {
+        let position = match read_position(&cmd, timeout).await {
+            Ok(p) => {
+                warned = false;
+                Some(p)
+            }
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(error = %e, "--position failed; position unknown");
+                    warned = true;
+                }
+                None
+            }
+        };
+        let changed = host.set(|st| std::mem::replace(&mut st.position, position) != position);
+        if changed {
+            host.inner.member_dirty.notify_one();
+        }
+        if inject.send(Input::Position(position)).is_err() {
+            return;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Runs `--position` once: its standard output, trimmed, as a number.
+async fn read_position(cmd: &str, timeout: Duration) -> Result<u64, String> {
+    let child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(cmd)
+        .arg("putex-hook")
+        .env("PUTEX_HOOK", HookKind::Position.name())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let out = tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .map_err(|_| format!("{cmd:?} took longer than {timeout:?}"))?
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} exited with {}", out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().parse::<u64>().map_err(|_| {
+        format!(
+            "{cmd:?} printed {:?}, not a non-negative integer",
+            text.trim()
+        )
+    })
 }

@@ -59,6 +59,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
+pub mod control;
 pub(crate) mod files;
 mod host;
 pub mod member;
@@ -67,7 +68,7 @@ pub mod settings;
 /// Why the keeper (the process that owns the service) failed: part of
 /// [`AgentError`].
 pub use crate::supervision::keeper::KeeperError;
-pub use settings::{timing_warnings, AgentSettings, ServiceMode};
+pub use settings::{timing_warnings, AgentSettings, OperatorSettings, ServiceMode};
 
 use self::files::{LocalLock, LocalPaths};
 use self::host::{state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
@@ -207,6 +208,12 @@ pub async fn run(
     };
     let highest = previous_state.highest;
     let orphans = previous_state.tree.clone();
+    // O4: a tenure that may have run the service and ended without a proven
+    // release makes a node with --rejoin resynchronise first.
+    let rejoin = settings.operator.rejoin.is_some() && previous_state.tenure_open;
+    if rejoin {
+        tracing::warn!("the last tenure here ended without a clean release: rejoining first (O4)");
+    }
 
     // 3. The store.
     let store =
@@ -310,6 +317,8 @@ pub async fn run(
     let host = AgentHost {
         inner: Arc::new(Inner {
             lock: lock.to_string(),
+            lock_name: lock.clone(),
+            store: store.clone(),
             node: node.to_string(),
             instance: instance.to_string(),
             settings: settings.clone(),
@@ -324,6 +333,8 @@ pub async fn run(
             status: Mutex::new(Status {
                 highest,
                 tree: adopted_tree.or(orphans.clone()),
+                rejoin_pending: rejoin,
+                tenure_open: previous_state.tenure_open,
                 ..Status::default()
             }),
             stops: watch::Sender::new(0),
@@ -360,9 +371,20 @@ pub async fn run(
             .in_current_span(),
         );
     }
-    tasks.spawn(pump_keeper_events(events, inject, host.clone()).in_current_span());
+    tasks.spawn(pump_keeper_events(events, inject.clone(), host.clone()).in_current_span());
     let member_key = keys::member(&lock, &node);
     tasks.spawn(member_writer(host.clone(), store.clone(), member_key).in_current_span());
+    tasks.spawn(
+        member::member_feed(host.clone(), store.clone(), lock.clone(), inject.clone())
+            .in_current_span(),
+    );
+    if settings.operator.position.is_some() {
+        tasks.spawn(member::position_feed(host.clone(), inject.clone()).in_current_span());
+    }
+    tasks.spawn(
+        control::control_feed(host.clone(), store.clone(), lock.clone(), inject.clone())
+            .in_current_span(),
+    );
     tasks.spawn(state_writer(host.clone(), host_state, boot, orphans).in_current_span());
 
     // A second request (the operator's second signal) stops at once.
@@ -406,6 +428,9 @@ pub async fn run(
             previous,
             highest_token: highest,
             supervised_stops: true,
+            priority: settings.operator.priority,
+            max_lag: settings.operator.max_lag,
+            rejoin,
             ..AgentConfig::new(
                 Identity {
                     node: node.to_string(),

@@ -64,6 +64,46 @@ pub struct AgentSettings {
     /// The program that runs the keeper (`<exe> keeper …`); `None`: this
     /// program itself, which must then be the putex binary.
     pub keeper_exe: Option<PathBuf>,
+    /// Candidacy, position, rejoin and address (O3, O4).
+    pub operator: OperatorSettings,
+}
+
+/// How this node stands as a candidate (O3, O4) and what it tells others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorSettings {
+    /// `--priority`: 0 never takes over; higher is preferred.
+    pub priority: u32,
+    /// `--position`: a shell command printing this node's data position
+    /// (a non-negative integer that only grows while it follows the holder).
+    pub position: Option<String>,
+    /// `--max-lag`: the most this node's position may be behind the
+    /// highest published one for it to take over.
+    pub max_lag: Option<u64>,
+    /// `--rejoin`: a shell command that resynchronises this node with the
+    /// holder after a tenure that ended without a clean release.
+    pub rejoin: Option<String>,
+    /// `--advertise`: the address published in the member record; hooks
+    /// get the holder's as `PUTEX_HOLDER_ADDR`.
+    pub advertise: Option<String>,
+    /// `--follow`: a shell command run on every node that is not the
+    /// holder whenever the active holder changes (and at start).
+    pub follow: Option<String>,
+}
+
+/// The default `--priority`.
+pub const DEFAULT_PRIORITY: u32 = 1;
+
+impl Default for OperatorSettings {
+    fn default() -> Self {
+        OperatorSettings {
+            priority: DEFAULT_PRIORITY,
+            position: None,
+            max_lag: None,
+            rejoin: None,
+            advertise: None,
+            follow: None,
+        }
+    }
 }
 
 impl AgentSettings {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use putex_core::{Drift, TimingConfig};
 use serde::Deserialize;
 
-pub use crate::agent::{AgentSettings, ServiceMode};
+pub use crate::agent::{AgentSettings, OperatorSettings, ServiceMode};
 pub use crate::identity::hostname;
 use crate::store::{Name, NodeId, StoreUrl};
 use crate::supervision::hooks::{Hook, HookKind};
@@ -151,6 +151,34 @@ pub struct AgentArgs {
     /// /metrics on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
+    /// Candidacy: 0 never takes over; among eligible standbys a higher
+    /// one is preferred, after a higher --position [default: 1].
+    #[arg(long, env = "PUTEX_PRIORITY")]
+    pub priority: Option<u32>,
+    /// A command printing this node's data position, run each round: a
+    /// non-negative integer that only grows while it follows the holder
+    /// (e.g. a replay LSN in bytes). The most advanced node takes over first.
+    #[arg(long, env = "PUTEX_POSITION", value_name = "CMD")]
+    pub position: Option<String>,
+    /// Do not take over while this node's position is more than N behind
+    /// the highest position any member published (needs --position).
+    #[arg(long, env = "PUTEX_MAX_LAG", value_name = "N")]
+    pub max_lag: Option<u64>,
+    /// A command run after a tenure of this node ended without a clean
+    /// release (crash, emergency stop, lost lease), e.g. pg_rewind against
+    /// the holder (PUTEX_HOLDER, PUTEX_HOLDER_ADDR); the node takes nothing
+    /// over until it exits 0.
+    #[arg(long, env = "PUTEX_REJOIN", value_name = "CMD")]
+    pub rejoin: Option<String>,
+    /// The address this node publishes in its member record; hooks get the
+    /// holder's as PUTEX_HOLDER_ADDR.
+    #[arg(long, env = "PUTEX_ADVERTISE", value_name = "ADDR")]
+    pub advertise: Option<String>,
+    /// A command run on every node that is not the holder whenever the
+    /// active holder changes, and at start (PUTEX_HOLDER, PUTEX_HOLDER_ADDR):
+    /// e.g. re-point a replica at the new primary.
+    #[arg(long, env = "PUTEX_FOLLOW", value_name = "CMD")]
+    pub follow: Option<String>,
     /// A TOML file with the same settings (keys are the flag names).
     #[arg(long, env = "PUTEX_CONFIG")]
     pub config: Option<PathBuf>,
@@ -218,6 +246,18 @@ pub struct FileConfig {
     pub no_cgroup: Option<bool>,
     /// `http`.
     pub http: Option<String>,
+    /// `priority`.
+    pub priority: Option<u32>,
+    /// `position`.
+    pub position: Option<String>,
+    /// `max-lag`.
+    pub max_lag: Option<u64>,
+    /// `rejoin`.
+    pub rejoin: Option<String>,
+    /// `advertise`.
+    pub advertise: Option<String>,
+    /// `follow`.
+    pub follow: Option<String>,
 }
 
 impl FileConfig {
@@ -432,6 +472,35 @@ pub fn resolve(
         })?),
         None => None,
     };
+    let operator = OperatorSettings {
+        priority: args
+            .priority
+            .or(file.priority)
+            .unwrap_or(crate::agent::settings::DEFAULT_PRIORITY),
+        position: pick(&args.position, &file.position),
+        max_lag: args.max_lag.or(file.max_lag),
+        rejoin: pick(&args.rejoin, &file.rejoin),
+        advertise: pick(&args.advertise, &file.advertise),
+        follow: pick(&args.follow, &file.follow),
+    };
+    for (flag, kind, cmd) in [
+        ("--position", HookKind::Position, &operator.position),
+        ("--rejoin", HookKind::Rejoin, &operator.rejoin),
+        ("--follow", HookKind::Follow, &operator.follow),
+    ] {
+        if let Some(cmd) = cmd {
+            Hook::new(kind, cmd.as_str())
+                .validate()
+                .map_err(|e| usage(format!("{flag}: {e}")))?;
+        }
+    }
+    if operator.max_lag.is_some() && operator.position.is_none() {
+        return Err(usage(format!(
+            "{} needs {}: the lag is measured between positions",
+            names("max-lag"),
+            names("position")
+        )));
+    }
     Ok(AgentSettings {
         lock,
         store,
@@ -444,6 +513,7 @@ pub fn resolve(
         http,
         no_cgroup: args.no_cgroup || file.no_cgroup.unwrap_or(false),
         keeper_exe: None,
+        operator,
     })
 }
 

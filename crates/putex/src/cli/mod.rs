@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `config` | the agent's flags, environment, config file and defaults |
 //! | `check` | `putex check`: validate and print the timeline |
+//! | `control` | `putex switchover`, `putex pause`, `putex resume`: the operator's requests (O1, O2) |
 //! | `run` | `putex run`: flags → settings → [`crate::agent::run`] → exit code |
 //! | `status` | `putex status`: the lock and member records |
 //! | `history` | `putex history`: who held a lock when and why it moved (transition records) |
@@ -35,6 +36,7 @@ use std::process::ExitCode;
 
 pub mod check;
 pub mod config;
+pub mod control;
 pub mod demo;
 pub mod history;
 pub mod id;

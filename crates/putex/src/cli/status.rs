@@ -44,10 +44,11 @@ pub fn render(st: &LockStatus) -> String {
         "RENEWED".into(),
         "LEASE".into(),
     ]];
-    let state = if st.stale {
-        format!("{} (STALE: not renewed within its lease)", st.state)
-    } else {
-        st.state.clone()
+    let state = match (&st.paused, &st.handed_to) {
+        (Some(p), _) => format!("{} (PAUSED {p})", st.state),
+        (None, Some(to)) => format!("{} (handed to {to})", st.state),
+        _ if st.stale => format!("{} (STALE: not renewed within its lease)", st.state),
+        _ => st.state.clone(),
     };
     rows.push(vec![
         st.lock.clone(),
@@ -104,6 +105,9 @@ pub fn render(st: &LockStatus) -> String {
         "HEALTHY".into(),
         "LAST CHECK".into(),
         "LAST SEEN".into(),
+        "PRIO".into(),
+        "POSITION".into(),
+        "WHY NOT".into(),
     ]];
     for m in &st.members {
         rows.push(vec![
@@ -122,6 +126,16 @@ pub fn render(st: &LockStatus) -> String {
                 format!("{} (SILENT)", ago(m.last_seen_ms))
             } else {
                 ago(m.last_seen_ms)
+            },
+            m.priority.to_string(),
+            match (m.position, m.lag) {
+                (Some(p), Some(l)) if l > 0 => format!("{p} (-{l})"),
+                (Some(p), _) => p.to_string(),
+                (None, _) => "-".into(),
+            },
+            match (&st.paused, m.role.as_str()) {
+                (Some(_), "standby") => "paused".into(),
+                _ => m.why_not.clone().unwrap_or_else(|| "-".into()),
             },
         ]);
     }

@@ -70,6 +70,12 @@ pub struct LockStatus {
     pub title: Option<String>,
     /// `putex lock` clients waiting in line, first first.
     pub waiting: Vec<WaiterStatus>,
+    /// Failover is paused by the holder's record (O2): by whom and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+    /// A `released` record handed to this node by a switchover (O1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handed_to: Option<String>,
 }
 
 /// One `putex lock` client waiting in line (its queue ticket).
@@ -113,6 +119,23 @@ pub struct MemberStatus {
     /// may still run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// Its `--priority` (0: never takes over).
+    pub priority: u32,
+    /// Its last `--position`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// How far its position is behind the highest any member published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    /// Its `--advertise` address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// Why it would not take over now ("why not"): `priority 0`,
+    /// `unhealthy`, `lagging N`, `rejoining`, `paused`, `deferring to db2`,
+    /// `waiting for W: 4.2 s left`, …; `None` when nothing holds it back
+    /// (or it holds the lock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
 }
 
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
@@ -171,7 +194,18 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
             token: m.token,
             last_seen_ms,
             alarm: m.alarm,
+            priority: m.priority,
+            position: m.position,
+            lag: None,
+            addr: m.addr,
+            why_not: m
+                .blocker
+                .or_else(|| (m.priority == 0).then(|| "priority 0".into())),
         });
+    }
+    let highest = st.members.iter().filter_map(|m| m.position).max();
+    for m in &mut st.members {
+        m.lag = m.position.zip(highest).map(|(p, h)| h.saturating_sub(p));
     }
     let line = keys::queue_of(lock);
     let mut waiting = Vec::new();
@@ -337,6 +371,8 @@ async fn record_status(
         members: Vec::new(),
         title: None,
         waiting: Vec::new(),
+        paused: None,
+        handed_to: None,
     };
     if let Some(e) = entry {
         st.token = Some(e.token.to_string());
@@ -352,8 +388,18 @@ async fn record_status(
                 st.lease_ms = Some(r.lease_ms);
                 st.gap_ms = Some(r.gap_ms);
                 st.instance = Some(r.instance.clone());
-                st.stale = matches!(st.state.as_str(), "active" | "confirming")
-                    && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
+                let live = matches!(st.state.as_str(), "active" | "confirming");
+                st.paused = r.paused.as_ref().filter(|_| live).map(|p| {
+                    if p.reason.is_empty() {
+                        format!("by {}", p.by)
+                    } else {
+                        format!("by {}: {}", p.by, p.reason)
+                    }
+                });
+                st.handed_to = r.to.clone().filter(|_| st.state == "released");
+                // A paused record is never taken over (O2): not stale.
+                st.stale =
+                    live && st.paused.is_none() && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
             }
             Observed::Garbage => st.state = "unreadable".into(),
         }

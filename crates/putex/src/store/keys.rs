@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `lock.<name>` | the lock record of lock `<name>` |
 //! | `member.<name>.<node>` | node `<node>`'s member record for lock `<name>` |
+//! | `ctl.<name>` | the operator's standing requests for lock `<name>`: pause, switchover (`putex pause`, `putex switchover`) |
 //! | `probe.<node>` | node `<node>`'s probe record (reads the store's clock, S1 b) |
 //! | `sem.<name>` | the limit of `putex lock <name>` (`--limit N`, 1 for a plain lock), created once by the first client |
 //! | `sem.<name>.<slot>` | slot `<slot>` (0..N−1) of semaphore `<name>`: an ordinary lock record |
@@ -39,6 +40,8 @@ pub const MAX_KEY_LEN: usize = 512;
 pub const LOCK_PREFIX: &str = "lock.";
 /// Prefix of every member record.
 pub const MEMBER_PREFIX: &str = "member.";
+/// Prefix of the operator's control records.
+pub const CONTROL_PREFIX: &str = "ctl.";
 /// Prefix of every probe record.
 pub const PROBE_PREFIX: &str = "probe.";
 /// Prefix of semaphore limit and slot records.
@@ -157,6 +160,12 @@ pub fn history_scan(name: &Name) -> String {
 }
 
 /// The key of `node`'s probe record.
+/// The key of lock `name`'s control record (`putex pause`, `putex switchover`).
+pub fn control(name: &Name) -> String {
+    format!("{CONTROL_PREFIX}{name}")
+}
+
+/// The key of node `node`'s probe record.
 pub fn probe(node: &NodeId) -> String {
     format!("{PROBE_PREFIX}{node}")
 }

@@ -1,4 +1,5 @@
-//! Running hooks: the health check, fence, activate and deactivate commands.
+//! Running hooks: the health check, fence, activate and deactivate commands,
+//! and the operator hooks of `putex run` (position, rejoin, follow).
 //!
 //! Shared by the agent (`putex run`), `putex lock` and the keeper (which runs
 //! the deactivate hook for the stops it makes). A hook is a shell command line
@@ -15,13 +16,15 @@
 //!
 //! | variable | value |
 //! |---|---|
-//! | `PUTEX_HOOK` | `healthcheck`, `fence`, `activate` or `deactivate` |
+//! | `PUTEX_HOOK` | `healthcheck`, `fence`, `activate`, `deactivate`, `position`, `rejoin` or `follow` |
 //! | `PUTEX_LOCK` | the lock name |
 //! | `PUTEX_NODE` | this node's id |
 //! | `PUTEX_ROLE` | the agent's role (`starting`, `standby`, `confirming`, `active`, `stepping-down`, `lapsed`) |
 //! | `PUTEX_TOKEN` | the fencing token `epoch:revision`; set only when the node holds the lock |
 //! | `PUTEX_PREVIOUS` | the previous holder's node id; set only when known |
 //! | `PUTEX_STOP` | `startup`, `graceful` or `emergency`; deactivate hook only |
+//! | `PUTEX_HOLDER` | the node holding the lock; rejoin and follow hooks, when known |
+//! | `PUTEX_HOLDER_ADDR` | its `--advertise` address; rejoin and follow hooks, when it published one |
 //!
 //! Each run has a timeout; at the timeout the hook and everything it started
 //! (its cgroup scope, or its process group and descendants) are killed.
@@ -60,6 +63,12 @@ pub enum HookKind {
     Activate,
     /// `--deactivate`: stop the service (`PUTEX_STOP` says why).
     Deactivate,
+    /// `--position`: print this node's data position.
+    Position,
+    /// `--rejoin`: resynchronise with the holder after an unclean tenure.
+    Rejoin,
+    /// `--follow`: follow the new holder.
+    Follow,
 }
 
 impl HookKind {
@@ -70,6 +79,9 @@ impl HookKind {
             HookKind::Fence => "fence",
             HookKind::Activate => "activate",
             HookKind::Deactivate => "deactivate",
+            HookKind::Position => "position",
+            HookKind::Rejoin => "rejoin",
+            HookKind::Follow => "follow",
         }
     }
 }
@@ -189,6 +201,10 @@ pub struct HookEnv {
     pub previous: Option<String>,
     /// `PUTEX_STOP`, for the deactivate hook.
     pub stop: Option<StopKind>,
+    /// `PUTEX_HOLDER`, for the rejoin and follow hooks.
+    pub holder: Option<String>,
+    /// `PUTEX_HOLDER_ADDR`, for the rejoin and follow hooks.
+    pub holder_addr: Option<String>,
 }
 
 impl HookEnv {
@@ -208,6 +224,12 @@ impl HookEnv {
         }
         if let (HookKind::Deactivate, Some(s)) = (kind, self.stop) {
             v.push(("PUTEX_STOP", stop_name(s).to_string()));
+        }
+        if let Some(h) = &self.holder {
+            v.push(("PUTEX_HOLDER", h.clone()));
+        }
+        if let Some(a) = &self.holder_addr {
+            v.push(("PUTEX_HOLDER_ADDR", a.clone()));
         }
         v
     }
@@ -444,6 +466,8 @@ mod tests {
             token: Some(Token::new(7, 42)),
             previous: None,
             stop: Some(StopKind::Emergency),
+            holder: None,
+            holder_addr: None,
         };
         let d = env.vars(HookKind::Deactivate);
         assert!(d.contains(&("PUTEX_STOP", "emergency".into())));

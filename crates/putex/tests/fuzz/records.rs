@@ -99,6 +99,7 @@ fn member() -> impl Strategy<Value = MemberRecord> + Clone {
                 renew_ms,
                 pid,
                 alarm,
+                ..MemberRecord::default()
             },
         )
 }

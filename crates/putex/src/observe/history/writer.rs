@@ -152,6 +152,29 @@ impl HistoryWriter {
         }
     }
 
+    /// Records an operator event of an active holder (O2): a record from
+    /// `active` to `active` with `reason_code` `code` (`paused`,
+    /// `unpaused`) and `reason` saying who asked and why.
+    pub fn operator(&self, code: &'static str, reason: String, token: Option<Token>) {
+        let cfg = &self.inner.cfg;
+        self.send(TransitionRecord {
+            v: RECORD_VERSION,
+            lock: cfg.lock.to_string(),
+            key: None,
+            node: cfg.node.to_string(),
+            instance: cfg.instance.to_string(),
+            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+            source: cfg.source.to_owned(),
+            from: Role::Active.to_string(),
+            to: Role::Active.to_string(),
+            reason,
+            reason_code: code.to_owned(),
+            token,
+            stale: None,
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        });
+    }
+
     /// Waits until every record queued so far was written or given up on,
     /// or `within` passed, whichever comes first.
     pub async fn flush(&self, within: Duration) {

@@ -721,6 +721,8 @@ impl State {
                 token: self.token,
                 previous: self.previous.clone(),
                 stop: Some(kind),
+                holder: None,
+                holder_addr: None,
             };
             let timeout = match kind {
                 StopKind::Emergency => self.opts.emergency_timeout,

@@ -1,0 +1,398 @@
+//! `putex switchover`, `putex pause` and `putex resume`: the operator's
+//! requests to a lock's agents (O1, O2), through its control record
+//! ([`crate::agent::control`]). Any host with store access can ask; the
+//! holder carries the request out and the command waits to see it done.
+//!
+//! Exit codes: 0 done; 1 refused or not possible (the message says why:
+//! no holder, lock paused, target unknown, not ready, ineligible, lagging);
+//! 2 usage; 3 store unreachable; 5 `--wait` ran out (a switchover is then
+//! withdrawn; a pause or resume stays asked for).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use putex_core::{LockRecord, LockState, Observed};
+
+use super::history::open_store;
+use super::CliError;
+use crate::agent::control::{self, ControlRecord, PauseRequest, SwitchoverRequest};
+use crate::store::{keys, AnyStore, Entry, Name, ReadMode, Store};
+
+/// Exit code: `--wait` ran out.
+pub const TIMED_OUT: u8 = 5;
+
+/// Text for `--help`: the exit codes of these commands.
+pub const CONTROL_EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  done
+  1  refused or not possible (the message says why)
+  2  usage error
+  3  store unreachable
+  5  --wait ran out (a switchover is withdrawn; a pause or resume stays asked for)";
+
+const STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `putex switchover` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SwitchoverArgs {
+    /// The lock.
+    #[arg(value_name = "LOCK")]
+    pub lock: String,
+    /// The node to hand over to (default: the best eligible candidate: most
+    /// data, then highest priority).
+    #[arg(long, value_name = "NODE")]
+    pub to: Option<String>,
+    /// Hand over to a target beyond its --max-lag (it may lack data).
+    #[arg(long)]
+    pub allow_lag: bool,
+    /// When: a duration from now (`10m`) or a time (`2026-11-28T02:00:00Z`);
+    /// the holder acts that long after it sees the request.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// Withdraw a pending switchover.
+    #[arg(long)]
+    pub cancel: bool,
+    /// How long to wait for the target to be active [default: 30s, or
+    /// --at's delay plus 30s].
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+}
+
+/// `putex pause` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PauseArgs {
+    /// The lock.
+    #[arg(value_name = "LOCK")]
+    pub lock: String,
+    /// Why, for everyone who looks at `putex status` meanwhile.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// How long to wait for the holder to apply it.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub wait: Duration,
+    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+}
+
+/// `putex resume` flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ResumeArgs {
+    /// The lock.
+    #[arg(value_name = "LOCK")]
+    pub lock: String,
+    /// If the paused holder does not answer within --wait, end the pause
+    /// without it: its record is revoked and a standby takes over W + G'
+    /// later. Only when its host is down or its service is stopped: a
+    /// paused holder's service runs unguarded.
+    #[arg(long)]
+    pub force: bool,
+    /// How long to wait for the holder to resume.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub wait: Duration,
+    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
+    #[arg(long, env = "PUTEX_STORE")]
+    pub store: Option<String>,
+}
+
+fn lock_name(s: &str) -> Result<Name, CliError> {
+    Name::new(s).map_err(|e| CliError::Usage(format!("LOCK: {e}")))
+}
+
+fn store_error(e: impl std::fmt::Display) -> CliError {
+    CliError::Store(format!("store: {e}"))
+}
+
+fn now_text() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// The lock record, if it is one.
+async fn lock_record(
+    store: &AnyStore,
+    lock: &Name,
+) -> Result<Option<(Entry, LockRecord)>, CliError> {
+    let entry = store
+        .get(&keys::lock(lock), ReadMode::Leader, STORE_TIMEOUT)
+        .await
+        .map_err(store_error)?;
+    Ok(entry.and_then(|e| match Observed::decode(&e.value) {
+        Observed::Record(r) => Some((e, r)),
+        Observed::Garbage => None,
+    }))
+}
+
+fn is_live(r: &LockRecord) -> bool {
+    matches!(r.state, LockState::Active | LockState::Confirming)
+}
+
+/// `putex switchover`.
+pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
+    let lock = lock_name(&args.lock)?;
+    let (store, _) = open_store(args.store.as_deref()).await?;
+    if args.cancel {
+        let mut had = None;
+        control::modify(&store, &lock, STORE_TIMEOUT, |rec| {
+            had = rec.switchover.take();
+        })
+        .await
+        .map_err(store_error)?;
+        match had {
+            Some(r) => println!("switchover of {lock} to {} withdrawn", target_text(&r.to)),
+            None => println!("no switchover of {lock} was pending"),
+        }
+        return Ok(());
+    }
+    let delay = match &args.at {
+        None => Duration::ZERO,
+        Some(at) => parse_at(at)?,
+    };
+    let Some((_, holder)) = lock_record(&store, &lock)
+        .await?
+        .filter(|(_, r)| is_live(r))
+    else {
+        return Err(CliError::Other(format!(
+            "{lock} has no holder: nothing to switch over"
+        )));
+    };
+    if let Some(p) = &holder.paused {
+        return Err(CliError::Other(format!(
+            "{lock} is paused (by {}): resume it first (`putex resume {lock}`)",
+            p.by
+        )));
+    }
+    if args.to.as_deref() == Some(holder.node.as_str()) {
+        return Err(CliError::Other(format!(
+            "{} already holds {lock}",
+            holder.node
+        )));
+    }
+    let id = crate::identity::instance_id();
+    let request = SwitchoverRequest {
+        id: id.clone(),
+        to: args.to.clone(),
+        allow_lag: args.allow_lag,
+        holder: holder.node.clone(),
+        holder_instance: holder.instance.clone(),
+        by: control::requester(),
+        at: now_text(),
+        delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        refused: None,
+    };
+    let started = Instant::now();
+    control::modify(&store, &lock, STORE_TIMEOUT, |rec| {
+        rec.switchover = Some(request.clone());
+    })
+    .await
+    .map_err(store_error)?;
+    if !delay.is_zero() {
+        println!(
+            "switchover of {lock} from {} to {} in {}",
+            holder.node,
+            target_text(&args.to),
+            humantime::format_duration(delay)
+        );
+    }
+    let wait = args.wait.unwrap_or(delay + Duration::from_secs(30));
+    let outcome = wait_for_switchover(&store, &lock, &holder, args.to.as_deref(), &id, wait).await;
+    // Done, refused or given up: the request is over.
+    let _ = control::modify(&store, &lock, STORE_TIMEOUT, |rec| {
+        if rec.switchover.as_ref().is_some_and(|r| r.id == id) {
+            rec.switchover = None;
+        }
+    })
+    .await;
+    match outcome? {
+        Switched::To(node, token) => {
+            println!(
+                "switched {lock} over from {} to {node} in {} ms (token {token})",
+                holder.node,
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        Switched::Refused(why) => Err(CliError::Other(format!(
+            "switchover of {lock} refused by {}: {why}",
+            holder.node
+        ))),
+        Switched::TimedOut(state) => Err(CliError::Exit(
+            TIMED_OUT,
+            format!(
+                "switchover of {lock} not done within {} ({state}); the request is withdrawn",
+                humantime::format_duration(wait)
+            ),
+        )),
+    }
+}
+
+fn target_text(to: &Option<String>) -> String {
+    to.clone().unwrap_or_else(|| "the best candidate".into())
+}
+
+/// `--at`: a duration from now or an RFC 3339 time.
+fn parse_at(at: &str) -> Result<Duration, CliError> {
+    if let Ok(d) = humantime::parse_duration(at) {
+        return Ok(d);
+    }
+    let when = humantime::parse_rfc3339_weak(at).map_err(|_| {
+        CliError::Usage(format!(
+            "--at {at:?}: neither a duration (`10m`) nor a time (`2026-11-28T02:00:00Z`)"
+        ))
+    })?;
+    when.duration_since(SystemTime::now())
+        .map_err(|_| CliError::Usage(format!("--at {at:?} is in the past")))
+}
+
+enum Switched {
+    To(String, putex_core::Token),
+    Refused(String),
+    TimedOut(String),
+}
+
+async fn wait_for_switchover(
+    store: &AnyStore,
+    lock: &Name,
+    from: &LockRecord,
+    to: Option<&str>,
+    id: &str,
+    wait: Duration,
+) -> Result<Switched, CliError> {
+    let deadline = Instant::now() + wait;
+    let mut polls = 0u64;
+    let mut last = String::from("the holder has not acted yet");
+    loop {
+        if let Some((e, r)) = lock_record(store, lock).await? {
+            let moved = r.node != from.node && to.is_none_or(|t| r.node == t);
+            if moved && r.state == LockState::Active {
+                return Ok(Switched::To(r.node, e.token));
+            }
+            last = format!("{} is {:?}", r.node, r.state).to_lowercase();
+        }
+        if polls.is_multiple_of(10) {
+            let (_, rec) = control::read(store, lock, STORE_TIMEOUT)
+                .await
+                .map_err(store_error)?;
+            if let Some(why) = rec
+                .switchover
+                .filter(|r| r.id == id)
+                .and_then(|r| r.refused)
+            {
+                return Ok(Switched::Refused(why));
+            }
+        }
+        polls += 1;
+        if Instant::now() >= deadline {
+            return Ok(Switched::TimedOut(last));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `putex pause`.
+pub async fn pause(args: &PauseArgs) -> Result<(), CliError> {
+    let lock = lock_name(&args.lock)?;
+    let (store, _) = open_store(args.store.as_deref()).await?;
+    let Some((_, holder)) = lock_record(&store, &lock)
+        .await?
+        .filter(|(_, r)| is_live(r))
+    else {
+        return Err(CliError::Other(format!(
+            "{lock} has no holder: nothing to pause (a pause takes effect through the holder's record)"
+        )));
+    };
+    let request = PauseRequest {
+        by: control::requester(),
+        reason: args.reason.clone(),
+        at: now_text(),
+    };
+    control::modify(&store, &lock, STORE_TIMEOUT, |rec: &mut ControlRecord| {
+        rec.pause = Some(request.clone());
+    })
+    .await
+    .map_err(store_error)?;
+    let deadline = Instant::now() + args.wait;
+    loop {
+        if let Some((_, r)) = lock_record(&store, &lock).await? {
+            if r.paused.is_some() && is_live(&r) {
+                println!(
+                    "{lock} paused: {} holds it; nobody takes over, putex runs no hooks and stops \
+                     nothing until `putex resume {lock}`",
+                    r.node
+                );
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(CliError::Exit(
+                TIMED_OUT,
+                format!(
+                    "{} has not paused {lock} within {} (the pause stays asked for; a holder \
+                     still starting its service applies it once the service is up)",
+                    holder.node,
+                    humantime::format_duration(args.wait)
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `putex resume`.
+pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
+    let lock = lock_name(&args.lock)?;
+    let (store, _) = open_store(args.store.as_deref()).await?;
+    control::modify(&store, &lock, STORE_TIMEOUT, |rec| {
+        rec.pause = None;
+    })
+    .await
+    .map_err(store_error)?;
+    let deadline = Instant::now() + args.wait;
+    loop {
+        let record = lock_record(&store, &lock).await?;
+        let paused = record
+            .as_ref()
+            .filter(|(_, r)| r.paused.is_some() && is_live(r));
+        let Some((entry, r)) = paused else {
+            println!("{lock} resumed: failover is on");
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            if !args.force {
+                return Err(CliError::Exit(
+                    TIMED_OUT,
+                    format!(
+                        "{} has not resumed {lock} within {}: is its agent running? If its host \
+                         is down or its service stopped, `putex resume --force {lock}` ends the \
+                         pause without it",
+                        r.node,
+                        humantime::format_duration(args.wait)
+                    ),
+                ));
+            }
+            let revoked = LockRecord {
+                state: LockState::Revoked,
+                write: format!("{}-resume", crate::identity::instance_id()),
+                paused: None,
+                ..r.clone()
+            };
+            store
+                .update(
+                    &keys::lock(&lock),
+                    &revoked.encode(),
+                    entry.token,
+                    STORE_TIMEOUT,
+                )
+                .await
+                .map_err(|e| CliError::Other(format!("the forced resume failed: {e}")))?;
+            println!(
+                "{lock} resumed by force: {}'s paused record is revoked; a standby takes over \
+                 W + G' from now",
+                r.node
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
