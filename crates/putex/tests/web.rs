@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::agent_http::two_agents_with_http_flags;
+use crate::agent_http::{http_get, two_agents_with_http_flags};
 use crate::common::agent::serial;
 use crate::common::nats_server::NatsServer;
 
@@ -110,6 +110,29 @@ fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
     );
     assert!(dom.contains("class=\"token\""), "{dom}");
     assert_eq!(timeline_activations(&dom, &holder), 1, "{dom}");
+    // The page's data carries the activation's token as strings (a NATS
+    // epoch is above 2^53), and the page shows every digit of it.
+    let (code, body) = http_get(ports[1 - active], "/ui/status.json").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let data: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let timeline = data["locks"][0]["timeline"].as_array().unwrap();
+    let activation = timeline
+        .iter()
+        .find(|r| r["activation"] == true && r["node"] == holder.as_str())
+        .unwrap_or_else(|| panic!("no activation of {holder} in {body}"));
+    let (epoch, revision) = (
+        activation["token"]["epoch"]
+            .as_str()
+            .expect("epoch is a string"),
+        activation["token"]["revision"]
+            .as_str()
+            .expect("revision is a string"),
+    );
+    assert!(epoch.parse::<u64>().unwrap() > 1 << 53, "{body}");
+    assert!(
+        dom.contains(&format!("<td>{epoch}:{revision}</td>")),
+        "the timeline does not show {epoch}:{revision} exactly:\n{dom}"
+    );
     assert_eq!(timeline_activations(&dom, &other), 0, "{dom}");
 
     // Failover: the page now shows the new holder and a new timeline entry.

@@ -165,6 +165,21 @@ mod tests {
     use super::*;
     use crate::http::auth::{AdminCredentials, Secret};
 
+    #[test]
+    fn fencing_tokens_are_strings_in_the_document_and_the_bodies() {
+        let v = serde_json::to_value(document(&AuthSettings::default())).unwrap();
+        let props = &v["components"]["schemas"]["FencingToken"]["properties"];
+        for part in ["epoch", "revision"] {
+            assert_eq!(props[part]["type"], "string", "{part}: {props}");
+        }
+        let epoch = 1_795_591_562_840_662_982_u64;
+        let body = serde_json::to_string(&crate::http::v1::FencingToken::from(
+            putex_core::Token::new(epoch, 37),
+        ))
+        .unwrap();
+        assert_eq!(body, format!(r#"{{"epoch":"{epoch}","revision":"37"}}"#));
+    }
+
     fn security(doc: &utoipa::openapi::OpenApi, path: &str, method: &str) -> serde_json::Value {
         let v = serde_json::to_value(doc).unwrap();
         v["paths"][path][method]["security"].clone()

@@ -9,7 +9,9 @@
 //!
 //! The data is what `putex status` and `putex history` read
 //! ([`crate::observe::status::lock_status`], [`crate::observe::history`]); the page
-//! only draws it.
+//! only draws it. Fencing tokens in it are strings ([`crate::observe::json`]),
+//! which the page's script shows as they are: an epoch is beyond what a
+//! JavaScript number holds exactly.
 
 use std::time::Duration;
 

@@ -3,12 +3,18 @@
 
 use super::*;
 
-/// A fencing token: compare `epoch` first, then `revision`.
+/// A fencing token: compare `epoch` first, then `revision`, each as an
+/// integer. Both are decimal strings: an epoch is far above 2^53, where
+/// JavaScript numbers stop being exact ([`crate::observe::json`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 pub struct FencingToken {
-    /// The store bucket's incarnation.
+    /// The store bucket's incarnation, a decimal string.
+    #[serde(with = "crate::observe::json::decimal")]
+    #[schema(value_type = String, example = "1795315256799302554", pattern = "^[0-9]+$")]
     pub epoch: u64,
-    /// The store's revision of the lock record's write.
+    /// The store's revision of the lock record's write, a decimal string.
+    #[serde(with = "crate::observe::json::decimal")]
+    #[schema(value_type = String, example = "37", pattern = "^[0-9]+$")]
     pub revision: u64,
 }
 
@@ -70,7 +76,8 @@ pub struct LockView {
     pub token: Option<FencingToken>,
     /// The fencing token as `EPOCH:REVISION`.
     pub fencing_token: Option<String>,
-    /// The store revision of the lock record (the token's revision).
+    /// The store revision of the lock record (the token's revision), a
+    /// number: revisions count writes and stay far below 2^53.
     pub revision: Option<u64>,
     /// Seconds left of the lock's licence, once granted: in the answer to
     /// a grant or renewal, `lifetime` plus the grant deadline minus the

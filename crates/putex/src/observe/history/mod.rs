@@ -112,8 +112,14 @@ pub struct TransitionRecord {
     /// Why, for programs: [`reason_code`].
     pub reason_code: String,
     /// The fencing token involved (the acquisition's on `confirming`, the
-    /// one the service was started with on `active`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// one the service was started with on `active`). Stored with numbers
+    /// (the core's form); read with numbers or strings
+    /// ([`crate::observe::json`]). `putex history -o json` shows strings.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::observe::json::option_token::deserialize"
+    )]
     pub token: Option<Token>,
     /// On a stale takeover: the evidence (S1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,7 +133,9 @@ pub struct TransitionRecord {
 /// The evidence of a stale takeover ([`Reason::AcquiredStale`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StaleEvidence {
-    /// The revision that went stale: the old holder's last write.
+    /// The revision that went stale: the old holder's last write. Stored
+    /// and read as [`TransitionRecord::token`] is.
+    #[serde(deserialize_with = "crate::observe::json::token::deserialize")]
     pub revision: Token,
     /// How long the taker saw it unchanged, on its own clock (S1 a).
     pub unchanged_for_ms: u64,

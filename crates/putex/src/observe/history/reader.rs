@@ -74,8 +74,9 @@ pub struct HistoryRow {
     /// rows' durations are measured on it.
     pub store_time: StoreTime,
     /// The transition record; in JSON its fields sit beside the row's
-    /// own (flattened).
-    #[serde(flatten)]
+    /// own (flattened), its tokens with decimal strings
+    /// ([`crate::observe::json`]), unlike the stored record's numbers.
+    #[serde(flatten, serialize_with = "record_json")]
     pub record: TransitionRecord,
     /// The node holding the lock as `active` after this transition, as
     /// far as the records tell (`None`: nobody).
@@ -98,6 +99,92 @@ pub struct HistoryRow {
     /// …), if recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acquired: Option<String>,
+}
+
+/// A [`TransitionRecord`] as the JSON output shows it: the stored fields,
+/// tokens with decimal strings.
+#[derive(Serialize)]
+struct RecordJson<'a> {
+    v: u32,
+    lock: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    node: &'a str,
+    instance: &'a str,
+    seq: u64,
+    source: &'a str,
+    from: &'a str,
+    to: &'a str,
+    reason: &'a str,
+    reason_code: &'a str,
+    #[serde(
+        with = "crate::observe::json::option_token",
+        skip_serializing_if = "Option::is_none"
+    )]
+    token: Option<Token>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stale: Option<StaleJson>,
+    at: &'a str,
+}
+
+/// [`StaleEvidence`] as the JSON output shows it.
+#[derive(Serialize)]
+struct StaleJson {
+    #[serde(with = "crate::observe::json::token")]
+    revision: Token,
+    unchanged_for_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_age_ms: Option<u64>,
+}
+
+fn record_json<S: serde::Serializer>(r: &TransitionRecord, s: S) -> Result<S::Ok, S::Error> {
+    // Every field named: a field added to the record fails to compile
+    // here until the output shows it too.
+    let TransitionRecord {
+        v,
+        lock,
+        key,
+        node,
+        instance,
+        seq,
+        source,
+        from,
+        to,
+        reason,
+        reason_code,
+        token,
+        stale,
+        at,
+    } = r;
+    let stale = stale.map(|e| {
+        let StaleEvidence {
+            revision,
+            unchanged_for_ms,
+            store_age_ms,
+        } = e;
+        StaleJson {
+            revision,
+            unchanged_for_ms,
+            store_age_ms,
+        }
+    });
+    RecordJson {
+        v: *v,
+        lock,
+        key: key.as_deref(),
+        node,
+        instance,
+        seq: *seq,
+        source,
+        from,
+        to,
+        reason,
+        reason_code,
+        token: *token,
+        stale,
+        at,
+    }
+    .serialize(s)
 }
 
 #[derive(Default)]

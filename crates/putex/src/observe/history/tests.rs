@@ -188,6 +188,103 @@ fn crash_failover_and_graceful_handover_are_derived() {
     }
 }
 
+/// An epoch of NATS's size: above 2^53, inexact as a JavaScript number.
+const BIG_EPOCH: u64 = 1_795_591_562_840_662_982;
+
+#[test]
+fn history_json_carries_tokens_as_strings_and_the_stored_record_numbers() {
+    let stale = Reason::AcquiredStale {
+        revision: Token::new(BIG_EPOCH, 812),
+        unchanged_for: Duration::from_millis(330),
+        store_age: Some(Duration::from_millis(320)),
+    };
+    let mut r = rec("b", "ib", Role::Standby, Role::Confirming, stale);
+    r.token = Some(Token::new(BIG_EPOCH, 815));
+    r.key = Some("sem.pg.0".into());
+    // The stored record: numbers, as older versions wrote and read them.
+    let stored = serde_json::to_string(&r).unwrap();
+    assert!(
+        stored.contains(&format!(
+            r#""token":{{"epoch":{BIG_EPOCH},"revision":815}}"#
+        )),
+        "{stored}"
+    );
+    assert!(
+        stored.contains(&format!(
+            r#""revision":{{"epoch":{BIG_EPOCH},"revision":812}}"#
+        )),
+        "{stored}"
+    );
+    // The output: strings, every digit kept.
+    let rows = derive(&[at(9, 2_000, r.clone())]);
+    let text = serde_json::to_string(&rows[0]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json["token"],
+        serde_json::json!({"epoch": BIG_EPOCH.to_string(), "revision": "815"}),
+        "{text}"
+    );
+    assert_eq!(
+        json["stale"]["revision"],
+        serde_json::json!({"epoch": BIG_EPOCH.to_string(), "revision": "812"}),
+        "{text}"
+    );
+    assert_eq!(json["stale"]["store_age_ms"], 320);
+    // The output has every field of the stored record, and only the
+    // tokens differ.
+    let mut as_stored: serde_json::Value = serde_json::from_str(&stored).unwrap();
+    as_stored["token"] = json["token"].clone();
+    as_stored["stale"]["revision"] = json["stale"]["revision"].clone();
+    for (k, v) in as_stored.as_object().unwrap() {
+        assert_eq!(json.get(k), Some(v), "{k} in {text}");
+    }
+    // Without a token or stale evidence, neither appears.
+    let mut plain = rec("b", "ib", Role::Confirming, Role::Active, Reason::Activated);
+    plain.token = None;
+    let json = serde_json::to_value(&derive(&[at(10, 2_100, plain)])[0]).unwrap();
+    assert!(
+        json.get("token").is_none() && json.get("stale").is_none(),
+        "{json}"
+    );
+    assert!(json.get("key").is_none(), "{json}");
+}
+
+#[test]
+fn stored_records_read_with_numbers_or_strings() {
+    let numbers = format!(
+        r#"{{"v":1,"lock":"pg","node":"b","instance":"ib","seq":3,"source":"run",
+        "from":"standby","to":"confirming","reason":"r","reason_code":"acquired-stale",
+        "token":{{"epoch":{BIG_EPOCH},"revision":815}},
+        "stale":{{"revision":{{"epoch":{BIG_EPOCH},"revision":812}},"unchanged_for_ms":1}},
+        "at":"2026-01-01T00:00:00.000Z"}}"#
+    );
+    let strings = numbers
+        .replace(&format!(":{BIG_EPOCH},"), &format!(":\"{BIG_EPOCH}\","))
+        .replace(":815}", ":\"815\"}")
+        .replace(":812}", ":\"812\"}");
+    assert_ne!(numbers, strings);
+    let entry = |text: &str, revision| {
+        (
+            format!("history.pg.b-ib-{revision}"),
+            Entry {
+                value: text.as_bytes().to_vec(),
+                token: Token::new(1, revision),
+                time: StoreTime { era: 1, nanos: 0 },
+            },
+        )
+    };
+    let got = parse([entry(&numbers, 1), entry(&strings, 2)]);
+    assert_eq!(got.len(), 2);
+    for s in &got {
+        assert_eq!(s.record.token, Some(Token::new(BIG_EPOCH, 815)));
+        assert_eq!(
+            s.record.stale.map(|e| e.revision),
+            Some(Token::new(BIG_EPOCH, 812))
+        );
+    }
+    assert_eq!(got[0].record, got[1].record);
+}
+
 #[test]
 fn a_late_record_of_an_old_holder_does_not_take_the_lock_back() {
     use Role::*;

@@ -216,7 +216,8 @@ impl NatsStore {
                 let epoch = nanos!(info.created);
                 let old = self.inner.epoch.swap(epoch, Ordering::SeqCst);
                 if old != epoch {
-                    tracing::warn!(bucket = %self.inner.bucket, old, new = epoch, "the NATS bucket was re-created: new epoch");
+                    // Displayed: a string in JSON logs, exact for any reader.
+                    tracing::warn!(bucket = %self.inner.bucket, old = %old, new = %epoch, "the NATS bucket was re-created: new epoch");
                 }
                 Ok(epoch)
             }
