@@ -287,7 +287,6 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
-    let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
     let lock = Name::new("pg").unwrap();
@@ -371,7 +370,7 @@ async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
     s.record("db3", "three1", "confirming", "active", "activated")
         .await;
     // db3 loses its lease; db1, restarted, takes the lock and later leaves.
-    pause(250).await;
+    pause(400).await;
     s.record("db3", "three1", "active", "lapsed", "lost").await;
     pause(50).await;
     s.record("db3", "three1", "lapsed", "standby", "stop-timed-out")
@@ -458,7 +457,7 @@ async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
     assert_eq!(png_size(&std::fs::read(&shot).unwrap()), (1200, 900));
     let b = base.clone();
     let px = tokio::task::spawn_blocking(move || {
-        pixels(&b, &["#2b6cb0", "#2f855a", "#805ad5", "#d0021b"])
+        pixels(&b, &["#2b6cb0", "#2f855a", "#b7791f", "#d0021b"])
     })
     .await
     .unwrap();
@@ -472,15 +471,12 @@ async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
         .iter()
         .enumerate()
     {
+        // The shortest bar, 400 ms, is some 30 px wide even if rendering
+        // took 10 s.
         assert!(
-            px["near"][i].as_u64().unwrap() > 300,
+            px["near"][i].as_u64().unwrap() > 150,
             "{what} not painted: {px}"
         );
     }
     server.abort();
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        started.elapsed()
-    );
 }
