@@ -146,8 +146,9 @@ fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
     }
 }
 
-/// The store's current time, by a probe write and read.
-async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
+/// The store's current time, by a probe write and read (`None` when the
+/// store cannot be written or read).
+pub(crate) async fn store_now(store: &AnyStore, timeout: Duration) -> Option<StoreTime> {
     let key = keys::probe(&NodeId::new("_status").ok()?);
     store
         .put(

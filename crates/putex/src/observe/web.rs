@@ -1,6 +1,8 @@
 //! The web status page, served by `putex serve` and by the agent's
 //! `--http`: locks, holders, members, health, time since the last renewal,
-//! fencing tokens and a failover timeline, refreshed every second.
+//! fencing tokens and a timeline of who held each lock when (drawn as an
+//! SVG chart by the page's script, with the transitions as a table),
+//! refreshed every second.
 //!
 //! | route | what |
 //! |---|---|
@@ -20,18 +22,26 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use putex_core::StoreTime;
 use serde::Serialize;
 
 use crate::observe::history::{self, HistoryRow};
-use crate::observe::status::{lock_status, LockStatus};
+use crate::observe::status::{lock_status, store_now, LockStatus};
 use crate::store::{keys, AnyStore, Name};
 
-/// How many transitions per lock the page shows.
-pub const TIMELINE_LEN: usize = 20;
+/// How many transitions per lock the page shows: enough for a chart of
+/// a few dozen handovers (an agent's tenure takes 2 to 4 records), small
+/// enough for a page that refreshes every second (about 0.5 kB a record in
+/// JSON: some 50 kB per lock).
+pub const TIMELINE_LEN: usize = 100;
 
 /// What `/ui/status.json` returns.
 #[derive(Clone, Debug, Serialize)]
 pub struct PageData {
+    /// The store's time when the data was read (a probe write; `None` when
+    /// it could not be read): the right edge of the timeline chart, on the
+    /// clock of the timeline rows' `store_time`.
+    pub now: Option<StoreTime>,
     /// One entry per lock.
     pub locks: Vec<LockPage>,
 }
@@ -101,5 +111,7 @@ pub async fn collect(store: &AnyStore, only: Option<&[Name]>) -> Result<PageData
         timeline.drain(..skip);
         locks.push(LockPage { status, timeline });
     }
-    Ok(PageData { locks })
+    // After the records: no row's store time is later than this one.
+    let now = store_now(store, Duration::from_secs(2)).await;
+    Ok(PageData { now, locks })
 }
