@@ -68,11 +68,14 @@ pub enum Rule {
     /// O3/O4 broken: priority 0, `--max-lag` and a pending rejoin do not
     /// keep a node from taking over.
     IgnoreEligibility = 1 << 21,
+    /// O5 broken: fail back as soon as a preferred member is ready, without
+    /// the hold-down.
+    FailbackWithoutHoldDown = 1 << 22,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 22] = [
+    pub const ALL: [Rule; 23] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -95,6 +98,7 @@ impl Rule {
         Rule::UnpauseBeforeRearmed,
         Rule::TakeHandedToOther,
         Rule::IgnoreEligibility,
+        Rule::FailbackWithoutHoldDown,
     ];
 }
 

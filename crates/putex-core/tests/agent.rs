@@ -1928,3 +1928,67 @@ fn o4_a_node_that_must_rejoin_takes_nothing_until_its_hook_succeeds() {
     standby_until(&mut h, from + 12.0, &release);
     assert!(acquiring(&h));
 }
+
+#[test]
+fn o1_the_releaser_itself_leaves_its_handover_to_the_target() {
+    let mut h = holding();
+    h.input(Input::Members(vec![candidate("b", None, true)]));
+    h.input(Input::Switchover {
+        to: Some("b".into()),
+        allow_lag: false,
+    });
+    h.answer_stop(StopKind::Graceful, true);
+    let (id, op) = h.store();
+    let release = Entry {
+        value: written(&op).encode(),
+        token: Token::new(1, 9),
+        time: StoreTime {
+            era: 1,
+            nanos: 60 * SEC,
+        },
+    };
+    h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+    assert_eq!(h.agent.role(), Role::Standby);
+    let from = h.now;
+    standby_until(&mut h, from + 1.9, &release);
+    assert!(!acquiring(&h), "took back its own release handed to b");
+    standby_until(&mut h, from + 2.5, &release);
+    assert!(acquiring(&h), "an ordinary release once D has passed");
+}
+
+#[test]
+fn o5_failback_only_after_the_preferred_node_was_ready_for_the_hold_down() {
+    let mut h = Harness::configured("a", |c| c.failback_after = Some(Duration::from_secs(5)));
+    let mut h = {
+        h.input(Input::Members(vec![]));
+        holding_with(h)
+    };
+    let preferred = putex_core::Candidate {
+        priority: 2,
+        ..candidate("b", None, true)
+    };
+    let mut revision = 8;
+    h.input(Input::Members(vec![preferred.clone()]));
+    holder_for(&mut h, 3.0, true, &mut revision);
+    // A break in its readiness restarts the hold-down.
+    h.input(Input::Members(vec![putex_core::Candidate {
+        ready: false,
+        ..preferred.clone()
+    }]));
+    h.input(Input::Members(vec![preferred.clone()]));
+    holder_for(&mut h, 4.5, true, &mut revision);
+    assert_eq!(
+        h.agent.role(),
+        Role::Active,
+        "failed back before the hold-down"
+    );
+    holder_for(&mut h, 1.0, true, &mut revision);
+    assert_eq!(h.agent.role(), Role::SteppingDown);
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::Transition {
+            reason: Reason::Failback { .. },
+            ..
+        })
+    )));
+}

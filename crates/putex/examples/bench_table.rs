@@ -121,6 +121,28 @@ fn failover(dir: &Path, t: &mut Table) {
                 verdict(gmed < 20.0)
             ),
         );
+        if f.get("switchover_median_ms").is_some() {
+            let (smed, smax) = (
+                num(&f, "switchover_median_ms"),
+                num(&f, "switchover_max_ms"),
+            );
+            t.row(
+                "switchover: `putex switchover --to NODE` started → target's activate hook",
+                store,
+                format!(
+                    "median {}, max {} ({runs:.0} switchovers)",
+                    ms(smed),
+                    ms(smax)
+                ),
+                "median ≤ 20 ms (Patroni: 2.9 s)".into(),
+                format!(
+                    "{:.2}× the target, {:.0}× faster than Patroni — **{}**",
+                    smed / 20.0,
+                    2900.0 / smed.max(0.001),
+                    verdict(smed <= 20.0)
+                ),
+            );
+        }
         let idle = f["idle"].as_array().cloned().unwrap_or_default();
         for role in ["active", "standby"] {
             let agent = idle

@@ -21,7 +21,10 @@
 //!    B that `putex check` prints for the same flags;
 //! 2. **clean handover**, N times: SIGTERM of the active agent → its
 //!    `graceful` stop line → the next `start` line;
-//! 3. **idle cost**: two agents at R = 1 s (one active, one standby) for 10 s:
+//! 3. **switchover**, N times: `putex switchover bench --to NODE` (a new
+//!    process, as an operator runs it) → the target's `start` line;
+//!    Patroni, measured on this kind of machine, needs 2.9 s;
+//! 4. **idle cost**: two agents at R = 1 s (one active, one standby) for 10 s:
 //!    VmRSS and CPU time (utime + stime) of each agent process and keeper
 //!    from `/proc`, hook processes excluded.
 //!
@@ -181,15 +184,50 @@ fn main() {
         bench.agent(&active).wait_exit(Duration::from_secs(5));
         bench.start(&active);
     }
+    // 3. Switchovers: the command (a new process) → the target's activate
+    // hook, to each other node in turn.
+    let mut switchovers = Vec::new();
+    for i in 0..runs {
+        let active = bench.steady();
+        // Every member has reported since the last change (3 R).
+        std::thread::sleep(Duration::from_millis(400));
+        let target = ["n1", "n2", "n3"]
+            .into_iter()
+            .find(|n| *n != active && (i % 2 == 0 || *n != "n1"))
+            .expect("another node");
+        let before = bench.starts().len();
+        let asked = wall_ns();
+        let out = Command::new(&putex_bin)
+            .args(["switchover", "bench", "--to", target, "--store", &url])
+            .output()
+            .expect("putex switchover");
+        if !out.status.success() {
+            eprintln!(
+                "switchover to {target} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::process::exit(1);
+        }
+        let next = bench.wait_starts(before + 1, Duration::from_secs(5));
+        assert_eq!(next.node, target, "the switchover went elsewhere");
+        let took = ns_between(asked, next.ns);
+        println!(
+            "switchover {:>2}: {active} → {target} active {took:?} after the command started",
+            i + 1
+        );
+        switchovers.push(took);
+    }
     bench.stop_all();
 
-    // 3. Idle cost at R = 1 s.
+    // 4. Idle cost at R = 1 s.
     let idle = idle_cost(&putex_bin, &url, dir.path());
 
     // Summary.
     failovers.sort();
     handovers.sort();
     totals.sort();
+    switchovers.sort();
     let med = |v: &[Duration]| v[v.len() / 2];
     let max = |v: &[Duration]| *v.last().expect("runs");
     println!("\n== summary ({runs} runs each; R = 100 ms, F = 3, C = 1, {store_label}) ==");
@@ -212,6 +250,12 @@ fn main() {
         "clean handover (SIGTERM → next activate, stop included): median {:?}, max {:?}",
         med(&totals),
         max(&totals)
+    );
+    println!(
+        "switchover (`putex switchover --to` started → target's activate hook): median {:?}, max {:?}; target median ≤ 20 ms: {}; Patroni: 2.9 s",
+        med(&switchovers),
+        max(&switchovers),
+        verdict(med(&switchovers) <= Duration::from_millis(20))
     );
     for p in &idle {
         println!(
@@ -250,6 +294,9 @@ fn main() {
             "handover_gap_max_ms": ms(max(&handovers)),
             "handover_total_median_ms": ms(med(&totals)),
             "handover_total_max_ms": ms(max(&totals)),
+            "switchover_ms": all(&switchovers),
+            "switchover_median_ms": ms(med(&switchovers)),
+            "switchover_max_ms": ms(max(&switchovers)),
             "idle_profile": IDLE.join(" "),
             "idle_window_s": IDLE_WINDOW.as_secs_f64(),
             "idle": idle

@@ -12,6 +12,7 @@ mod history;
 mod id_pool;
 mod lease;
 mod lock;
+mod operator;
 mod serve;
 mod store_auth;
 mod store_contract;

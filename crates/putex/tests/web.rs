@@ -373,7 +373,8 @@ async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
     pause(250).await;
     s.record("db2", "two1", "active", "active", "paused").await;
     pause(250).await;
-    s.record("db2", "two1", "active", "active", "unpaused").await;
+    s.record("db2", "two1", "active", "active", "unpaused")
+        .await;
     pause(400).await;
     let evidence = StaleEvidence {
         revision: Token::new(EPOCH, s.revision),

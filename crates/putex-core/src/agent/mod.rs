@@ -132,6 +132,10 @@ pub struct AgentConfig {
     /// O4: this node's previous tenure ended without a proven clean
     /// release: it may not take over until its rejoin hook has succeeded.
     pub rejoin: bool,
+    /// O5: while holding, hand the lock back (a switchover) to a member
+    /// with a higher priority once it has been ready and within
+    /// `--max-lag` for this long without a break. `None`: never.
+    pub failback_after: Option<Duration>,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -155,6 +159,7 @@ impl AgentConfig {
             max_lag: None,
             defer,
             rejoin: false,
+            failback_after: None,
             mutations: Mutations::NONE,
         }
     }
@@ -485,6 +490,11 @@ struct Operator {
     rejoin_running: Option<Instant>,
     /// Do not run the rejoin hook again before this.
     rejoin_retry_at: Option<Instant>,
+    /// O5: the hold-down, if failback is on.
+    failback_after: Option<Duration>,
+    /// O5: each preferred member's start of its unbroken readiness, as
+    /// this node has heard it.
+    preferred_since: Vec<(String, Instant)>,
 }
 
 impl Agent {
@@ -543,6 +553,8 @@ impl Agent {
                 rejoin_needed: config.rejoin,
                 rejoin_running: None,
                 rejoin_retry_at: None,
+                failback_after: config.failback_after,
+                preferred_since: Vec::new(),
             },
             outputs: VecDeque::new(),
         };
@@ -839,18 +851,11 @@ impl Agent {
                     expected: self.lease.as_ref().expect("renew needs a lease").token,
                 }
             }
-            LockOp::Release { write } => {
-                let mut record = self.record_of(LockState::Released, write, None);
-                if let Some(to) = self.operator.handover_to.clone() {
-                    record.hold_ms = ceil_millis(self.operator.defer);
-                    record.to = Some(to);
-                }
-                StoreOp::Update {
-                    key: Key::Lock,
-                    value: record.encode(),
-                    expected: self.lease.as_ref().expect("release needs a lease").token,
-                }
-            }
+            LockOp::Release { write } => StoreOp::Update {
+                key: Key::Lock,
+                value: self.release_record(write).encode(),
+                expected: self.lease.as_ref().expect("release needs a lease").token,
+            },
             LockOp::ReleaseRevoked { write, expected } => StoreOp::Update {
                 key: Key::Lock,
                 value: self.record(LockState::Released, write, None),
@@ -864,6 +869,17 @@ impl Agent {
         self.recent_lock_ops.push_back(id);
         self.outputs
             .push_back(Output::Store(StoreRequest { id, op, deadline }));
+    }
+
+    /// Our `released` record: to the switchover's target, if there is one
+    /// (O1).
+    fn release_record(&self, write: &str) -> LockRecord {
+        let mut record = self.record_of(LockState::Released, write, None);
+        if let Some(to) = self.operator.handover_to.clone() {
+            record.hold_ms = ceil_millis(self.operator.defer);
+            record.to = Some(to);
+        }
+        record
     }
 
     /// Our record; while confirming it advertises what the tenure still owes.
@@ -1051,6 +1067,7 @@ impl Agent {
         }
         if self.role == Role::Active {
             self.apply_pause();
+            self.maybe_fail_back();
         }
         if self.release_wanted && self.lock_op.is_none() && self.role == Role::SteppingDown {
             self.write_release();

@@ -66,6 +66,71 @@ impl Agent {
             .into_iter()
             .filter(|m| m.node != self.id.node)
             .collect();
+        // O5: who is preferred and ready now; keep when each became so.
+        let preferred: Vec<String> = self
+            .operator
+            .candidates
+            .iter()
+            .filter(|c| {
+                c.ready
+                    && c.priority > self.operator.priority
+                    && self.lag_beyond(c.position).is_none()
+            })
+            .map(|c| c.node.clone())
+            .collect();
+        let now = self.now;
+        let mut since = std::mem::take(&mut self.operator.preferred_since);
+        since.retain(|(n, _)| preferred.contains(n));
+        for n in preferred {
+            if !since.iter().any(|(m, _)| *m == n) {
+                since.push((n, now));
+            }
+        }
+        self.operator.preferred_since = since;
+    }
+
+    /// O5: the preferred member that has been ready for the whole
+    /// hold-down, and when that will be for the earliest one.
+    fn failback_due(&self) -> Option<(String, Instant)> {
+        let hold = self.operator.failback_after?;
+        let hold = if self.mutations.is(Rule::FailbackWithoutHoldDown) {
+            Duration::ZERO
+        } else {
+            hold
+        };
+        let best = self
+            .operator
+            .preferred_since
+            .iter()
+            .filter_map(|(n, t)| {
+                let c = self.operator.candidates.iter().find(|c| c.node == *n)?;
+                Some((rank(c.position, c.priority, &c.node), n, *t + hold))
+            })
+            .max_by(|a, b| a.0.cmp(&b.0))?;
+        Some((best.1.clone(), best.2))
+    }
+
+    /// O5: hand back to a preferred member once its hold-down has passed;
+    /// only through a switchover (O1), so every check of O1 applies.
+    pub(super) fn maybe_fail_back(&mut self) {
+        if self.role != Role::Active || self.operator.pause != PauseState::Off {
+            return;
+        }
+        if !matches!(
+            self.tenure.as_ref().map(|t| t.service),
+            Some(Service::Up { .. })
+        ) {
+            return;
+        }
+        let Some((to, due)) = self.failback_due() else {
+            return;
+        };
+        if self.now < due {
+            return;
+        }
+        self.operator.preferred_since.clear();
+        self.operator.handover_to = Some(to.clone());
+        self.step_down(Reason::Failback { to });
     }
 
     /// The highest position any member (this one included) published.
@@ -446,10 +511,18 @@ impl Agent {
 
     /// Deadlines the operator controls wait for.
     pub(super) fn operator_timeout(&self) -> Option<Instant> {
-        match (self.operator.rejoin_running, self.operator.rejoin_retry_at) {
+        let rejoin = match (self.operator.rejoin_running, self.operator.rejoin_retry_at) {
             (Some(d), _) => Some(d),
             (None, Some(r)) if self.operator.rejoin_needed => Some(r),
             _ => None,
+        };
+        let failback = self
+            .failback_due()
+            .map(|(_, t)| t)
+            .filter(|_| self.role == Role::Active);
+        match (rejoin, failback) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 }

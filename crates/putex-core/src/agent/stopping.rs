@@ -204,6 +204,9 @@ impl Agent {
         if !released && self.mutations.is(Rule::ReleaseWithoutProof) {
             return;
         }
+        // What we wrote, as a standby will judge it (a release handed to
+        // another node is theirs for D, O1).
+        let written = self.release_record(write);
         self.lease = None;
         self.tenure = None;
         self.unconfirmed.clear();
@@ -224,11 +227,7 @@ impl Agent {
                 self.trust_own_write(t);
                 Some(Seen {
                     entry: Some((t, None)),
-                    observed: Some(Observed::decode(&self.record(
-                        LockState::Released,
-                        write,
-                        None,
-                    ))),
+                    observed: Some(Observed::Record(written)),
                     first_seen: self.now,
                     absent_like: false,
                     leader_at: None,

@@ -332,6 +332,12 @@ pub enum Reason {
     },
     /// Took a record released to this node by a switchover (O1).
     AcquiredHandover,
+    /// A failback: a switchover to a preferred member that has been ready
+    /// for the whole hold-down (O5).
+    Failback {
+        /// The preferred member.
+        to: String,
+    },
 }
 
 /// Why a holder lost its lock (H3, S6, S7): what its own-writes read
@@ -422,6 +428,12 @@ impl fmt::Display for Reason {
             Reason::Stopped => f.write_str("emergency stop finished"),
             Reason::Switchover { to } => write!(f, "switchover to {to} (O1)"),
             Reason::AcquiredHandover => f.write_str("lock handed over to this node (O1)"),
+            Reason::Failback { to } => {
+                write!(
+                    f,
+                    "failback to {to}, preferred and ready for the hold-down (O5)"
+                )
+            }
         }
     }
 }

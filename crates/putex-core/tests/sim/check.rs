@@ -17,6 +17,8 @@
 //!   an unclean tenure, never takes the lock (`world.rs`, at acquisition);
 //! - (h) O1: a release handed to another node is not taken within its
 //!   hold on the taker's clock ([`handover_respected`]);
+//! - (j) O5: a failback happens only after its target was ready, without
+//!   a break, for the whole hold-down, as the holder heard it (`world.rs`);
 //! - (i) O2: a running service's keeper is disarmed only once a paused
 //!   record of its tenure landed, and an unpaused record goes over a
 //!   paused one only while the keeper is armed again (`world.rs`).

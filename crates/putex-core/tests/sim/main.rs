@@ -264,6 +264,15 @@ fn mutation_take_handed_to_other_is_caught() {
 }
 
 #[test]
+fn mutation_failback_without_hold_down_is_caught() {
+    must_catch(
+        Rule::FailbackWithoutHoldDown,
+        Profile::Operator,
+        &["j/failback"],
+    );
+}
+
+#[test]
 fn mutation_ignore_eligibility_is_caught() {
     must_catch(
         Rule::IgnoreEligibility,

@@ -207,3 +207,12 @@ regression!(
     Profile::Chaos,
     629376
 );
+// A failback released to node1; the releaser's own view of its release,
+// built from the reply, lacked the target, so it took its own handover
+// back 0.24 s later, within the hold that was node1's (O1). Fixed: the
+// releaser remembers the record it wrote, target included.
+regression!(
+    r22_the_releaser_leaves_its_handover_to_the_target,
+    Profile::Operator,
+    751
+);

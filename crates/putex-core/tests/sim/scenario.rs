@@ -188,6 +188,8 @@ pub struct Scenario {
     pub operator: bool,
     /// Each host's `--priority` (all 1 unless `operator`).
     pub priorities: Vec<u32>,
+    /// O5: every host's `--failback-after`, in some operator seeds.
+    pub failback_after: Option<Duration>,
     pub mutations: Mutations,
 }
 
@@ -324,6 +326,7 @@ impl Scenario {
             expect_no_transitions: benign,
             operator: false,
             priorities: vec![1; hosts],
+            failback_after: None,
             mutations,
         };
         use FaultKind::*;
@@ -402,6 +405,10 @@ impl Scenario {
             if rng.chance(0.5) {
                 let last = s.priorities.len() - 1;
                 s.priorities[last] = 0;
+            }
+            if rng.chance(0.5) {
+                let t = s.timings[0].renew * s.timings[0].failures;
+                s.failback_after = Some(t * rng.range(1, 4) as u32);
             }
         }
         // Switches inside the timing functions reach the agents and the

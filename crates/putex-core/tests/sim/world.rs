@@ -213,6 +213,13 @@ pub struct Host {
     pub rejoin_pending: bool,
     /// O3: what its member record last said: ready, and when written.
     member: Option<(bool, u64)>,
+    /// O5: for each other node, since when (local time) the members this
+    /// agent was given have shown it ready without a break.
+    pub ready_view: HashMap<String, u64>,
+    /// Its own releases the store applied, by request: a releaser knows
+    /// its release from the reply, before any watch shows it (O1's hold
+    /// runs from there).
+    release_writes: HashMap<OpId, (Token, u64)>,
 }
 
 impl Host {
@@ -360,6 +367,8 @@ impl World {
                     tenure_open: false,
                     rejoin_pending: false,
                     member: None,
+                    ready_view: HashMap::new(),
+                    release_writes: HashMap::new(),
                 }
             })
             .collect();
@@ -561,6 +570,7 @@ impl World {
         // The new agent's connection takes the keeper over.
         host.keeper_conn = host.agent_gen;
         host.first_seen.clear();
+        host.ready_view.clear();
         host.absent_since = None;
         host.tenure_token = None;
         host.activated_in_tenure = false;
@@ -580,6 +590,7 @@ impl World {
             supervised_stops: true,
             priority: host.priority,
             rejoin: host.rejoin_pending,
+            failback_after: self.sc.failback_after,
             mutations: self.sc.mutations,
             ..AgentConfig::new(identity, host.timing.clone())
         };
@@ -629,6 +640,16 @@ impl World {
         };
         if let Input::Store { id, .. } = input {
             host.op_keys.remove(id);
+            if let Some(key) = host.release_writes.remove(id) {
+                host.first_seen.entry(key).or_insert(local);
+            }
+        }
+        if let Input::Members(members) = input {
+            host.ready_view
+                .retain(|n, _| members.iter().any(|m| m.ready && m.node == *n));
+            for m in members.iter().filter(|m| m.ready) {
+                host.ready_view.entry(m.node.clone()).or_insert(local);
+            }
         }
         match entry {
             Some(Some(e)) => {
@@ -871,6 +892,23 @@ impl World {
             if *reason == Reason::Released {
                 host.tenure_open = false;
             }
+            // (j) O5: a failback only after the target was ready for the
+            // whole hold-down, as this node heard it.
+            if let (Reason::Failback { to }, Some(hold)) = (reason, self.sc.failback_after) {
+                let since = host.ready_view.get(to).copied();
+                let hold = hold.as_nanos() as u64;
+                if since.is_none_or(|s| local < s + hold) {
+                    let ready_for = since.map(|s| (local - s) as f64 / 1e9);
+                    self.check.fail(
+                        "j/failback",
+                        self.now,
+                        format!(
+                            "h{h} fails back to {to} ready for {ready_for:?} s, hold-down {:.3} s (O5)",
+                            hold as f64 / 1e9
+                        ),
+                    );
+                }
+            }
             if *to == Role::Lapsed {
                 host.lapsed_on_purpose = matches!(
                     reason,
@@ -1027,7 +1065,14 @@ impl World {
             } => {
                 if self.store.current().map(|e| e.token) == Some(expected) {
                     self.check_unpause(h, &value);
-                    StoreOutcome::Written(self.write_lock(value))
+                    let released = matches!(Observed::decode(&value),
+                        Observed::Record(r) if r.state == LockState::Released);
+                    let key = fingerprint(&value);
+                    let token = self.write_lock(value);
+                    if released {
+                        self.hosts[h].release_writes.insert(id, (token, key));
+                    }
+                    StoreOutcome::Written(token)
                 } else {
                     StoreOutcome::Conflict
                 }

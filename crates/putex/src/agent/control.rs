@@ -26,6 +26,7 @@ use futures::StreamExt;
 use putex_core::{Input, Pause, Role, Token};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::host::AgentHost;
 use crate::store::{keys, AnyStore, Entry, Name, ReadMode, Store, StoreError};
@@ -266,10 +267,46 @@ async fn feed(
         .await;
         return true;
     }
-    if req.delay_ms > 0 {
-        tracing::info!(to = ?req.to, delay_ms = req.delay_ms, "switchover scheduled");
-        tokio::time::sleep(Duration::from_millis(req.delay_ms)).await;
+    if req.delay_ms == 0 {
+        return start_switchover(host, req, inject);
     }
+    // Scheduled: wait beside the feed (a pause meanwhile still gets
+    // through), then act only if the request is still there.
+    tracing::info!(to = ?req.to, delay_ms = req.delay_ms, "switchover scheduled");
+    let (host, store, lock, req, inject) = (
+        host.clone(),
+        store.clone(),
+        lock.clone(),
+        req.clone(),
+        inject.clone(),
+    );
+    tokio::spawn(
+        async move {
+            tokio::time::sleep(Duration::from_millis(req.delay_ms)).await;
+            let still = match read(&store, &lock, timeout).await {
+                Ok((_, rec)) => rec.switchover.is_some_and(|r| r.id == req.id),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot re-read the scheduled switchover; not acting");
+                    false
+                }
+            };
+            if still {
+                start_switchover(&host, &req, &inject);
+            } else {
+                tracing::info!("the scheduled switchover was withdrawn");
+            }
+        }
+        .in_current_span(),
+    );
+    true
+}
+
+/// Hands request `req` to the core; `false` once the agent is gone.
+fn start_switchover(
+    host: &AgentHost,
+    req: &SwitchoverRequest,
+    inject: &mpsc::UnboundedSender<Input>,
+) -> bool {
     host.set(|st| st.switchover = Some(req.id.clone()));
     tracing::info!(to = ?req.to, by = %req.by, "switchover requested");
     inject

@@ -219,7 +219,8 @@ impl Status {
     /// Whether this node could take over now, as far as its own candidacy
     /// goes (O3): a standby whose checks pass, rejoined, not backing off,
     /// priority above 0. What the record says (paused, handed to another,
-    /// not stale yet) does not count against it.
+    /// not stale yet) does not count against it, nor does its lag: others
+    /// judge that from its position (and a switchover may allow it).
     pub(super) fn ready(&self) -> bool {
         self.role == Some(Role::Standby)
             && !self.rejoin_pending
@@ -232,7 +233,6 @@ impl Status {
                         | Blocker::BackingOff(_)
                         | Blocker::NotItsTurn
                         | Blocker::ShuttingDown
-                        | Blocker::Lagging(_)
                 )
             )
     }

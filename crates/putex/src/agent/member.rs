@@ -162,7 +162,7 @@ pub(super) async fn member_feed(
                     () = tokio::time::sleep(every) => {}
                 }
                 let fresh = fresh_members(&members);
-                let candidates = fresh
+                let mut candidates: Vec<Candidate> = fresh
                     .iter()
                     .filter(|m| m.node != own)
                     .map(|m| Candidate {
@@ -172,6 +172,19 @@ pub(super) async fn member_feed(
                         ready: m.role == "standby" && m.ready.unwrap_or(m.healthy == Some(true)),
                     })
                     .collect();
+                // The last holder's position counts for --max-lag even once
+                // its record is silent (it crashed): a replica behind it
+                // lacks data it acknowledged. Never a candidate itself.
+                if let Some(last) = last_holder(&members) {
+                    if last.node != own && !fresh.iter().any(|m| m.node == last.node) {
+                        candidates.push(Candidate {
+                            node: last.node.clone(),
+                            priority: last.priority,
+                            position: last.position,
+                            ready: false,
+                        });
+                    }
+                }
                 host.set(|st| {
                     st.addrs = fresh
                         .iter()
@@ -196,6 +209,15 @@ pub(super) async fn member_feed(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The newest record that says `active`, fresh or not: the last holder.
+fn last_holder(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Option<&MemberRecord> {
+    members
+        .values()
+        .filter(|(m, _)| m.role == "active")
+        .max_by_key(|(_, t)| (t.era, t.nanos))
+        .map(|(m, _)| m)
 }
 
 /// The members whose records were written within 10 of their R of the

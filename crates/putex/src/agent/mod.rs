@@ -431,6 +431,7 @@ pub async fn run(
             priority: settings.operator.priority,
             max_lag: settings.operator.max_lag,
             rejoin,
+            failback_after: settings.operator.failback_after,
             ..AgentConfig::new(
                 Identity {
                     node: node.to_string(),

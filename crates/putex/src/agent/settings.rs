@@ -88,6 +88,9 @@ pub struct OperatorSettings {
     /// `--follow`: a shell command run on every node that is not the
     /// holder whenever the active holder changes (and at start).
     pub follow: Option<String>,
+    /// `--failback-after`: while holding, switch over to a member with a
+    /// higher `--priority` once it has been ready this long (O5).
+    pub failback_after: Option<std::time::Duration>,
 }
 
 /// The default `--priority`.
@@ -102,6 +105,7 @@ impl Default for OperatorSettings {
             rejoin: None,
             advertise: None,
             follow: None,
+            failback_after: None,
         }
     }
 }

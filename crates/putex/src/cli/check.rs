@@ -86,7 +86,32 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
         println!("warning: {w}");
     }
     println!();
-    println!("{}", t.timeline(rtt));
+    let timeline = t.timeline(rtt);
+    println!("{timeline}");
+    // O3: a node a better candidate outranks acts D later; a switchover's
+    // release is its target's alone for D.
+    let defer = t.renew() * 2;
+    println!(
+        "with candidates (--priority, --position): a node the best candidate outranks acts          D = {} later, so the crash failover bound is at most {}",
+        Human(defer),
+        Human(timeline.crash_failover + defer)
+    );
+    let op = &settings.operator;
+    println!(
+        "priority {}{}{}{}",
+        op.priority,
+        if op.priority == 0 {
+            " (never takes over)"
+        } else {
+            ""
+        },
+        op.max_lag
+            .map(|l| format!("; max lag {l}"))
+            .unwrap_or_default(),
+        op.failback_after
+            .map(|d| format!("; failback after {}", Human(d)))
+            .unwrap_or_default()
+    );
     println!();
     println!("ok");
     Ok(())

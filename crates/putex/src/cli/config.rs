@@ -179,6 +179,11 @@ pub struct AgentArgs {
     /// e.g. re-point a replica at the new primary.
     #[arg(long, env = "PUTEX_FOLLOW", value_name = "CMD")]
     pub follow: Option<String>,
+    /// Hand the lock back: while holding, switch over to a member with a
+    /// higher --priority once it has been ready (checks passing, rejoined,
+    /// within --max-lag) for this long without a break [default: never].
+    #[arg(long, env = "PUTEX_FAILBACK_AFTER", value_name = "DUR", value_parser = parse_duration)]
+    pub failback_after: Option<Duration>,
     /// A TOML file with the same settings (keys are the flag names).
     #[arg(long, env = "PUTEX_CONFIG")]
     pub config: Option<PathBuf>,
@@ -258,6 +263,8 @@ pub struct FileConfig {
     pub advertise: Option<String>,
     /// `follow`.
     pub follow: Option<String>,
+    /// `failback-after`.
+    pub failback_after: Option<String>,
 }
 
 impl FileConfig {
@@ -482,6 +489,9 @@ pub fn resolve(
         rejoin: pick(&args.rejoin, &file.rejoin),
         advertise: pick(&args.advertise, &file.advertise),
         follow: pick(&args.follow, &file.follow),
+        failback_after: args
+            .failback_after
+            .or(file_duration("failback-after", &file.failback_after)?),
     };
     for (flag, kind, cmd) in [
         ("--position", HookKind::Position, &operator.position),

@@ -172,6 +172,7 @@ pub fn reason_code(reason: &Reason) -> &'static str {
         Reason::Stopped => "stopped",
         Reason::Switchover { .. } => "switchover",
         Reason::AcquiredHandover => "acquired-switchover",
+        Reason::Failback { .. } => "failback",
     }
 }
 

@@ -1,0 +1,693 @@
+//! Operator controls end to end (O1–O4): `putex switchover`, `putex pause`
+//! and `putex resume`, `--priority`, `--position`/`--max-lag`, `--rejoin`,
+//! `--advertise`/`--follow`, with real agents of the built binary on a real
+//! nats-server (the fast profile of `common/agent.rs`: R = 100 ms, F = 3,
+//! C = 1) and hooks that log every start and stop.
+//!
+//! Each guarantee is checked from both sides: the switchover happens (and
+//! fast) and a refused one disturbs nothing; a pause holds through a crash
+//! and a resume ends it; a node that may not take over does not, and one
+//! that may, does.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use crate::common::agent::{
+    assert_no_overlap, bound, dump, events, fast, hooks, putex, serial, start, starts, status_json,
+    wait_for, wall_ns, Agent, R,
+};
+use crate::common::nats_server::NatsServer;
+
+fn run(args: &[&str]) -> Output {
+    putex().args(args).output().expect("run putex")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Starts `nodes` with the hooks and `extra` flags; waits for one active.
+fn cluster(
+    dir: &Path,
+    url: &str,
+    nodes: &[&str],
+    extra: &dyn Fn(&str) -> Vec<String>,
+) -> Vec<Agent> {
+    let ev = dir.join("events");
+    let agents: Vec<Agent> = nodes
+        .iter()
+        .map(|n| {
+            let mut flags = hooks(&ev);
+            flags.extend(extra(n));
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            start(fast(dir, url, "svc", n, &flags))
+        })
+        .collect();
+    assert!(
+        wait_for(Duration::from_secs(10), || !starts(&ev).is_empty()),
+        "nobody activated\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    // Every member has written its record and read the others'.
+    std::thread::sleep(R * 8);
+    agents
+}
+
+fn holder(ev: &Path) -> String {
+    starts(ev).last().expect("a start").node.clone()
+}
+
+fn no_flags(_: &str) -> Vec<String> {
+    Vec::new()
+}
+
+#[test]
+fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let sick = dir.path().join("sick");
+    let check = format!("test ! -e {}-$PUTEX_NODE #", sick.display());
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|_| {
+        vec!["--healthcheck".into(), check.clone()]
+    });
+    let ctx = || dump(&agents.iter().collect::<Vec<_>>(), &ev);
+    let first = holder(&ev);
+    let target = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| *n != first)
+        .unwrap()
+        .to_string();
+
+    // Refused: unknown target, a target failing its checks, the holder
+    // itself. The holder stays; nothing starts or stops.
+    std::fs::write(format!("{}-{target}", sick.display()), "").unwrap();
+    std::thread::sleep(R * 8);
+    let before = events(&ev).len();
+    for (to, why) in [
+        ("nosuch", "not a member"),
+        (target.as_str(), "not ready"),
+        (first.as_str(), "already holds"),
+    ] {
+        let o = run(&["switchover", "svc", "--to", to, "--store", &server.url]);
+        assert_eq!(o.status.code(), Some(1), "{to}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(why),
+            "{to}: {}",
+            text(&o)
+        );
+    }
+    assert_eq!(
+        events(&ev).len(),
+        before,
+        "a refusal disturbed the holder\n{}",
+        ctx()
+    );
+    assert_eq!(status_json(&server.url, "svc")["holder"], first.as_str());
+
+    // To a named, healthy node: its service starts after the holder's
+    // graceful stop, at once.
+    std::fs::remove_file(format!("{}-{target}", sick.display())).unwrap();
+    std::thread::sleep(R * 8);
+    let asked = wall_ns();
+    let o = run(&["switchover", "svc", "--to", &target, "--store", &server.url]);
+    assert!(o.status.success(), "{}\n{}", text(&o), ctx());
+    let s = starts(&ev);
+    let started = s.last().unwrap();
+    assert_eq!(started.node, target, "{}", ctx());
+    let stop = events(&ev)
+        .into_iter()
+        .find(|l| l.what == "stop" && l.node == first && l.extra == "graceful")
+        .expect("the holder's graceful stop");
+    let took = Duration::from_nanos((started.ns - asked) as u64);
+    let gap = Duration::from_nanos(started.ns.saturating_sub(stop.ns) as u64);
+    eprintln!("switchover: command to target's activate hook {took:?}, stop to start {gap:?}");
+    assert!(started.ns >= stop.ns, "started before the stop\n{}", ctx());
+    assert!(
+        gap < Duration::from_millis(200),
+        "handover gap {gap:?}\n{}",
+        ctx()
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "switchover took {took:?}\n{}",
+        ctx()
+    );
+    let st = status_json(&server.url, "svc");
+    assert_eq!(st["holder"], target.as_str(), "{st}");
+
+    // Without --to: the best candidate, someone other than the holder.
+    let o = run(&["switchover", "svc", "--store", &server.url]);
+    assert!(o.status.success(), "{}\n{}", text(&o), ctx());
+    assert_ne!(holder(&ev), target, "{}", ctx());
+    let h = putex()
+        .args(["history", "svc", "--store", &server.url])
+        .output()
+        .unwrap();
+    let h = String::from_utf8_lossy(&h.stdout);
+    assert!(h.contains("switchover to"), "{h}");
+    assert_no_overlap(&events(&ev), &[], &ctx());
+    agents.clear();
+}
+
+#[test]
+fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let sick = dir.path().join("sick");
+    let check = format!("test ! -e {} #", sick.display());
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|_| {
+        vec!["--healthcheck".into(), check.clone()]
+    });
+    let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
+    let first = holder(&ev);
+    let o = run(&[
+        "pause",
+        "svc",
+        "--reason",
+        "kernel update",
+        "--store",
+        &server.url,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = status_json(&server.url, "svc");
+    assert!(
+        st["paused"]
+            .as_str()
+            .unwrap_or("")
+            .contains("kernel update"),
+        "{st}"
+    );
+    assert_eq!(st["stale"], false, "{st}");
+
+    // Failing checks for many rounds: no step-down, nothing stopped.
+    std::fs::write(&sick, "").unwrap();
+    std::thread::sleep(R * 15);
+    let stops = |ev: &Path| {
+        events(ev)
+            .into_iter()
+            .filter(|l| l.what == "stop" && l.extra != "startup")
+            .count()
+    };
+    assert_eq!(stops(&ev), 0, "a paused holder stopped\n{}", ctx(&agents));
+    std::fs::remove_file(&sick).unwrap();
+
+    // The holder's host crashes: nobody takes over while paused.
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
+    let crashed = agents[i].crash();
+    std::thread::sleep(bound() * 3);
+    assert_eq!(
+        starts(&ev).len(),
+        1,
+        "took over a paused lock\n{}",
+        ctx(&agents)
+    );
+    let st = status_json(&server.url, "svc");
+    assert_eq!(st["holder"], first.as_str(), "{st}");
+    for m in st["members"].as_array().unwrap() {
+        if m["role"] == "standby" {
+            assert_eq!(m["why_not"], "paused", "{st}");
+        }
+    }
+
+    // A resume the dead holder cannot carry out times out (exit 5) and
+    // leaves the pause; --force ends it, and a standby takes over W + G'
+    // later — not before, and within the bound.
+    let o = run(&["resume", "svc", "--wait", "500ms", "--store", &server.url]);
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert_eq!(starts(&ev).len(), 1);
+    let forced = wall_ns();
+    let o = run(&[
+        "resume",
+        "svc",
+        "--wait",
+        "300ms",
+        "--force",
+        "--store",
+        &server.url,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        wait_for(bound() * 2, || starts(&ev).len() >= 2),
+        "no takeover after the forced resume\n{}",
+        ctx(&agents)
+    );
+    let second = starts(&ev)[1].clone();
+    let after = Duration::from_nanos((second.ns - forced) as u64);
+    eprintln!(
+        "takeover {after:?} after the forced resume (bound {:?})",
+        bound()
+    );
+    assert!(
+        after >= R * 3,
+        "took over {after:?} after the resume, before W"
+    );
+    assert!(
+        after <= bound() + Duration::from_millis(500),
+        "took {after:?}"
+    );
+    assert_no_overlap(&events(&ev), &[(first, crashed)], &ctx(&agents));
+    agents.clear();
+}
+
+#[test]
+fn operator_a_resumed_holder_stops_on_failed_checks_again() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let sick = dir.path().join("sick");
+    let check = format!("test ! -e {} #", sick.display());
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &|_| {
+        vec![
+            "--healthcheck".into(),
+            check.clone(),
+            "--unhealthy".into(),
+            "2".into(),
+        ]
+    });
+    let o = run(&["pause", "svc", "--store", &server.url]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(&sick, "").unwrap();
+    std::thread::sleep(R * 10);
+    let o = run(&["resume", "svc", "--store", &server.url]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Resumed: every rule holds again. Within its start grace the failed
+    // checks skip renewals (H2) and the licence ends (H1); afterwards K of
+    // them would step it down. Either way its service stops.
+    assert!(
+        wait_for(Duration::from_secs(5), || events(&ev)
+            .iter()
+            .any(|l| l.what == "stop" && l.extra != "startup")),
+        "a resumed holder ignored failing checks\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    agents.clear();
+}
+
+#[test]
+fn operator_priority_zero_never_takes_over() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let mut agents = cluster(dir.path(), &server.url, &["n1"], &no_flags);
+    let mut flags = hooks(&ev);
+    flags.extend(["--priority".into(), "0".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    agents.push(start(fast(dir.path(), &server.url, "svc", "n2", &flags)));
+    std::thread::sleep(R * 8);
+    let st = status_json(&server.url, "svc");
+    let n2 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node"] == "n2")
+        .cloned()
+        .unwrap();
+    assert_eq!(n2["priority"], 0, "{st}");
+    let crashed = agents[0].crash();
+    std::thread::sleep(bound() * 3);
+    assert_eq!(
+        starts(&ev).len(),
+        1,
+        "a priority-0 node took over\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    // The other side: a node with priority 1 does take over.
+    let mut flags = hooks(&ev);
+    flags.extend(["--priority".into(), "1".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    agents.push(start(fast(dir.path(), &server.url, "svc", "n3", &flags)));
+    assert!(
+        wait_for(bound() * 4, || starts(&ev).len() >= 2),
+        "nobody took over\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert_eq!(starts(&ev)[1].node, "n3");
+    assert_no_overlap(&events(&ev), &[("n1".into(), crashed)], "");
+    agents.clear();
+}
+
+/// `--position` reads `pos-NODE` in `dir`.
+fn position_flags(dir: &Path, max_lag: Option<u64>) -> impl Fn(&str) -> Vec<String> + '_ {
+    move |n: &str| {
+        let mut f = vec![
+            "--position".into(),
+            format!("cat {}/pos-{n}", dir.display()),
+        ];
+        if let Some(l) = max_lag {
+            f.extend(["--max-lag".into(), l.to_string()]);
+        }
+        f
+    }
+}
+
+#[test]
+fn operator_the_most_advanced_standby_takes_over() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    for n in ["n1", "n2", "n3"] {
+        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+    }
+    let flags = position_flags(dir.path(), None);
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &flags);
+    let first = holder(&ev);
+    let others: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != first)
+        .collect();
+    // The lower node id is the more advanced: not the tie-break's pick.
+    std::fs::write(dir.path().join(format!("pos-{}", others[0])), "90").unwrap();
+    std::fs::write(dir.path().join(format!("pos-{}", others[1])), "50").unwrap();
+    std::thread::sleep(R * 10);
+    let crashed = {
+        let i = agents.iter().position(|a| a.node() == first).unwrap();
+        agents[i].crash()
+    };
+    assert!(
+        wait_for(bound() * 3, || starts(&ev).len() >= 2),
+        "no takeover\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert_eq!(
+        starts(&ev)[1].node,
+        others[0],
+        "not the most advanced\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert_no_overlap(&events(&ev), &[(first, crashed)], "");
+    agents.clear();
+}
+
+#[test]
+fn operator_beyond_max_lag_nobody_takes_over_and_status_says_why() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    for n in ["n1", "n2", "n3"] {
+        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+    }
+    let flags = position_flags(dir.path(), Some(5));
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &flags);
+    let first = holder(&ev);
+    for n in ["n1", "n2", "n3"].into_iter().filter(|n| *n != first) {
+        std::fs::write(dir.path().join(format!("pos-{n}")), "80").unwrap();
+    }
+    std::thread::sleep(R * 10);
+    let st = status_json(&server.url, "svc");
+    for m in st["members"].as_array().unwrap() {
+        if m["role"] == "standby" {
+            assert_eq!(m["lag"], 20, "{st}");
+            assert!(
+                m["why_not"].as_str().unwrap_or("").contains("lagging"),
+                "{st}"
+            );
+        }
+    }
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
+    agents[i].crash();
+    // Well past the point where the dead holder's record went silent.
+    std::thread::sleep(bound() * 3 + R * 20);
+    assert_eq!(
+        starts(&ev).len(),
+        1,
+        "a lagging standby took over\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    // Caught up: taken over.
+    for n in ["n1", "n2", "n3"].into_iter().filter(|n| *n != first) {
+        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+    }
+    assert!(
+        wait_for(bound() * 4, || starts(&ev).len() >= 2),
+        "nobody took over once caught up\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    agents.clear();
+}
+
+#[test]
+fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let rejoins = dir.path().join("rejoins");
+    let rejoin = |ok: bool| -> Vec<String> {
+        vec![
+            "--rejoin".into(),
+            format!(
+                "echo $PUTEX_NODE $PUTEX_HOLDER >> {}; {}",
+                rejoins.display(),
+                if ok { "true" } else { "false" }
+            ),
+        ]
+    };
+    let mut a = cluster(dir.path(), &server.url, &["n1"], &|_| rejoin(false));
+    let mut flags = hooks(&ev);
+    flags.extend(rejoin(true));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    a.push(start(fast(dir.path(), &server.url, "svc", "n2", &flags)));
+    std::thread::sleep(R * 5);
+    // n1 holds; its host crashes; n2 takes over.
+    let crashed = a[0].crash();
+    assert!(
+        wait_for(bound() * 3, || starts(&ev).len() >= 2),
+        "no takeover"
+    );
+    // n1 restarts with a rejoin hook that fails: never eligible.
+    let mut flags = hooks(&ev);
+    flags.extend(rejoin(false));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    // The old agent's drop kills what runs under its keeper directory:
+    // gone before the new one starts there.
+    drop(a.remove(0));
+    a.insert(0, start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    std::thread::sleep(R * 10);
+    let crashed2 = a[1].crash();
+    std::thread::sleep(bound() * 3);
+    assert_eq!(
+        starts(&ev).len(),
+        2,
+        "a node that has not rejoined took over\n{}",
+        dump(&a.iter().collect::<Vec<_>>(), &ev)
+    );
+    let ran = std::fs::read_to_string(&rejoins).unwrap_or_default();
+    assert!(
+        ran.contains("n1 n2"),
+        "rejoin hook not run against n2: {ran}"
+    );
+    let st = status_json(&server.url, "svc");
+    let n1 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node"] == "n1")
+        .cloned()
+        .unwrap();
+    assert_eq!(n1["why_not"], "rejoining", "{st}");
+    // Restarted with a rejoin hook that succeeds: eligible, takes over.
+    a[0].crash();
+    let mut flags = hooks(&ev);
+    flags.extend(rejoin(true));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    // The old agent's drop kills what runs under its keeper directory:
+    // gone before the new one starts there.
+    drop(a.remove(0));
+    a.insert(0, start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    assert!(
+        wait_for(bound() * 4, || starts(&ev).len() >= 3),
+        "a rejoined node did not take over\n{}",
+        dump(&a.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert_no_overlap(
+        &events(&ev),
+        &[("n1".into(), crashed), ("n2".into(), crashed2)],
+        "",
+    );
+    a.clear();
+}
+
+#[test]
+fn operator_follow_runs_on_each_standby_with_the_new_holders_address() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let follows = dir.path().join("follows");
+    let f = follows.display().to_string();
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|n| {
+        vec![
+            "--advertise".into(),
+            format!("{n}.example:5432"),
+            "--follow".into(),
+            format!("echo $PUTEX_NODE $PUTEX_HOLDER $PUTEX_HOLDER_ADDR >> {f}"),
+        ]
+    });
+    let first = holder(&ev);
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
+    agents[i].crash();
+    assert!(
+        wait_for(bound() * 3, || starts(&ev).len() >= 2),
+        "no takeover"
+    );
+    let second = holder(&ev);
+    let line = |n: &str| format!("{n} {second} {second}.example:5432");
+    let standby = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| *n != first && *n != second)
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(3), || std::fs::read_to_string(&follows)
+            .unwrap_or_default()
+            .contains(&line(standby))),
+        "no follow of {second} on {standby}: {}",
+        std::fs::read_to_string(&follows).unwrap_or_default()
+    );
+    agents.clear();
+}
+
+#[test]
+fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &no_flags);
+    let first = holder(&ev);
+    let other = if first == "n1" { "n2" } else { "n1" };
+    // Scheduled 1.5 s out and withdrawn after 0.5 s: nothing moves.
+    let url = server.url.clone();
+    let other_s = other.to_string();
+    let pending = std::thread::spawn(move || {
+        run(&[
+            "switchover",
+            "svc",
+            "--to",
+            &other_s,
+            "--at",
+            "1500ms",
+            "--wait",
+            "3s",
+            "--store",
+            &url,
+        ])
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let o = run(&["switchover", "svc", "--cancel", "--store", &server.url]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = pending.join().unwrap();
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert_eq!(starts(&ev).len(), 1, "a cancelled switchover happened");
+    // Scheduled 1 s out: not before, and then it happens.
+    let asked = wall_ns();
+    let o = run(&[
+        "switchover",
+        "svc",
+        "--to",
+        other,
+        "--at",
+        "1s",
+        "--store",
+        &server.url,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = starts(&ev);
+    assert_eq!(s.len(), 2);
+    let after = Duration::from_nanos((s[1].ns - asked) as u64);
+    assert!(
+        after >= Duration::from_secs(1),
+        "switched {after:?} after asking"
+    );
+    assert!(
+        after < Duration::from_secs(3),
+        "switched {after:?} after asking"
+    );
+    agents.clear();
+}
+
+#[test]
+fn operator_a_lagging_target_needs_allow_lag() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    for n in ["n1", "n2"] {
+        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+    }
+    let flags = position_flags(dir.path(), Some(5));
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &flags);
+    let first = holder(&ev);
+    let other = if first == "n1" { "n2" } else { "n1" };
+    std::fs::write(dir.path().join(format!("pos-{other}")), "50").unwrap();
+    std::thread::sleep(R * 10);
+    let o = run(&["switchover", "svc", "--to", other, "--store", &server.url]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("lagging"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(starts(&ev).len(), 1);
+    let o = run(&[
+        "switchover",
+        "svc",
+        "--to",
+        other,
+        "--allow-lag",
+        "--store",
+        &server.url,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(holder(&ev), other);
+    agents.clear();
+}
+
+#[test]
+fn operator_failback_after_the_hold_down_and_not_before() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    // n2 (priority 1) holds; n1 (priority 2) joins later.
+    let mut agents = cluster(dir.path(), &server.url, &["n2"], &|_| {
+        vec!["--failback-after".into(), "1500ms".into()]
+    });
+    let mut flags = hooks(&ev);
+    flags.extend(["--priority".into(), "2".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let joined = wall_ns();
+    agents.push(start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(starts(&ev).len(), 1, "failed back before the hold-down");
+    assert!(
+        wait_for(Duration::from_secs(4), || starts(&ev).len() >= 2),
+        "no failback\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    let back = starts(&ev)[1].clone();
+    assert_eq!(back.node, "n1");
+    let after = Duration::from_nanos((back.ns - joined) as u64);
+    eprintln!("failback {after:?} after the preferred node started");
+    assert!(after >= Duration::from_millis(1500), "{after:?}");
+    let h = putex()
+        .args(["history", "svc", "--store", &server.url])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&h.stdout).contains("failback to n1"));
+    assert_no_overlap(&events(&ev), &[], "");
+    agents.clear();
+}
