@@ -1992,3 +1992,37 @@ fn o5_failback_only_after_the_preferred_node_was_ready_for_the_hold_down() {
         })
     )));
 }
+
+#[test]
+fn o3_an_operator_may_let_a_lagging_standby_take_an_unheld_lock() {
+    let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(50)));
+    h.input(Input::Members(vec![candidate("b", Some(100), false)]));
+    let release = entry(&holder(LockState::Released, 10_000), 7, 50.0);
+    look(&mut h, Some(release.clone()));
+    assert!(!acquiring(&h));
+    // Named with --allow-lag and no holder to ask: the waiver.
+    h.input(Input::Switchover {
+        to: Some("a".into()),
+        allow_lag: true,
+    });
+    assert!(!h.find(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::SwitchoverRefused { .. })
+    )));
+    let from = h.now;
+    standby_until(&mut h, from + 1.5, &release);
+    assert!(acquiring(&h), "the waiver did not let it take the lock");
+    // Another node's name waives nothing.
+    let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(50)));
+    h.input(Input::Members(vec![candidate("b", Some(100), false)]));
+    look(&mut h, Some(release.clone()));
+    h.input(Input::Switchover {
+        to: Some("c".into()),
+        allow_lag: true,
+    });
+    let from = h.now;
+    standby_until(&mut h, from + 1.5, &release);
+    assert!(!acquiring(&h));
+}

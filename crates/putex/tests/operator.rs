@@ -691,3 +691,61 @@ fn operator_failback_after_the_hold_down_and_not_before() {
     assert_no_overlap(&events(&ev), &[], "");
     agents.clear();
 }
+
+#[test]
+fn operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holder() {
+    use crate::common::proxy::{Mode, Proxy};
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("events");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt
+        .block_on(Proxy::start(
+            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
+        ))
+        .unwrap();
+    // n1 and n2 direct; n3 through the proxy. n3 must not be the holder.
+    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &no_flags);
+    let flags = hooks(&ev);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    agents.push(start(fast(dir.path(), &proxy.url(), "svc", "n3", &flags)));
+    std::thread::sleep(R * 8);
+    let first = holder(&ev);
+    assert_ne!(first, "n3");
+    // The target is cut off just before the request: its member record
+    // still looks fresh, so the holder hands over to it. It never sees the
+    // release; after the hold D the others take it as an ordinary one.
+    proxy.set(Mode::Blackhole);
+    let o = run(&[
+        "switchover",
+        "svc",
+        "--to",
+        "n3",
+        "--wait",
+        "2s",
+        "--store",
+        &server.url,
+    ]);
+    assert!(matches!(o.status.code(), Some(1) | Some(5)), "{}", text(&o));
+    // Whether the holder handed over (the release sat unclaimed for D) or
+    // refused, one node holds the lock again within the bound.
+    std::thread::sleep(bound() * 3);
+    let s = starts(&ev);
+    let last = s.last().unwrap();
+    assert_ne!(
+        last.node,
+        "n3",
+        "the cut-off target started\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    let st = status_json(&server.url, "svc");
+    assert_eq!(st["state"], "active", "{st}");
+    assert_no_overlap(
+        &events(&ev),
+        &[],
+        &dump(&agents.iter().collect::<Vec<_>>(), &ev),
+    );
+    proxy.set(Mode::Pass);
+    agents.clear();
+}

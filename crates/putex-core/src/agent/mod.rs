@@ -495,6 +495,10 @@ struct Operator {
     /// O5: each preferred member's start of its unbroken readiness, as
     /// this node has heard it.
     preferred_since: Vec<(String, Instant)>,
+    /// O3: an operator let this standby take the lock over beyond
+    /// `--max-lag` (`putex switchover --to NODE --allow-lag` with no holder);
+    /// until it next acquires.
+    lag_waived: bool,
 }
 
 impl Agent {
@@ -555,6 +559,7 @@ impl Agent {
                 rejoin_retry_at: None,
                 failback_after: config.failback_after,
                 preferred_since: Vec::new(),
+                lag_waived: false,
             },
             outputs: VecDeque::new(),
         };

@@ -161,9 +161,10 @@ impl Agent {
             || (self.operator.priority > 0 && !self.operator.rejoin_needed)
     }
 
-    /// Whether this node is within `--max-lag`.
+    /// Whether this node is within `--max-lag` (or an operator waived it).
     pub(super) fn within_lag(&self) -> bool {
         self.mutations.is(Rule::IgnoreEligibility)
+            || self.operator.lag_waived
             || self.lag_beyond(self.operator.position).is_none()
     }
 
@@ -234,7 +235,10 @@ impl Agent {
                 }
             }
         }
-        if let Some(lag) = self.lag_beyond(self.operator.position) {
+        if let Some(lag) = self
+            .lag_beyond(self.operator.position)
+            .filter(|_| !self.operator.lag_waived)
+        {
             return Some(Blocker::Lagging(lag));
         }
         if let Some(r) = record.filter(|r| {
@@ -268,6 +272,10 @@ impl Agent {
                     why,
                 }));
         };
+        if self.role == Role::Standby && allow_lag && to.as_deref() == Some(&self.id.node) {
+            self.operator.lag_waived = true;
+            return;
+        }
         if self.role != Role::Active {
             return refuse(self, format!("this node is not active ({})", self.role));
         }

@@ -687,6 +687,7 @@ impl Agent {
             keeper: KeeperArm::NotArmed,
         });
         self.fail_streak = 0;
+        self.operator.lag_waived = false;
         self.set_role(Role::Confirming, reason, Some(token));
         // A foreign write newer than ours was already seen while the reply
         // was on its way: settle it with an own-writes read before

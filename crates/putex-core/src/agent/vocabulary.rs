@@ -213,8 +213,11 @@ pub enum Input {
     Position(Option<u64>),
     /// O1: hand the lock over to `to` (or, if `None`, the best eligible
     /// candidate): checked, then a graceful stop and a release that names
-    /// the target. Ignored unless active; refused with
-    /// [`Event::SwitchoverRefused`] when the target does not qualify.
+    /// the target. Refused with [`Event::SwitchoverRefused`] when the
+    /// target does not qualify or this node is not active — except on a
+    /// standby named as `to` with `allow_lag`: an operator's override of
+    /// `--max-lag` for a lock nobody may take (until it next acquires; the
+    /// staleness rules still hold).
     Switchover {
         /// The target node, or the best candidate.
         to: Option<String>,

@@ -200,7 +200,10 @@ pub(super) async fn control_feed(
     let mut from: Option<u64> = None;
     let mut current: Option<ControlRecord> = None;
     loop {
-        match store.watch(&key, from, timeout).await {
+        // A request seen a round late on the embedded store (whose watches
+        // poll) costs a round; polling it every 25 ms costs every agent CPU.
+        let poll = host.inner.settings.timing.renew();
+        match store.watch_slow(&key, from, timeout, poll).await {
             Ok(mut stream) => loop {
                 tokio::select! {
                     event = stream.next() => {
@@ -250,6 +253,20 @@ async fn feed(
     let Some(req) = &rec.switchover else {
         return true;
     };
+    // No holder: an override of --max-lag for the node it names.
+    let waiver = req.holder_instance.is_empty()
+        && req.allow_lag
+        && req.to.as_deref() == Some(host.inner.node.as_str());
+    if waiver && !handled.contains(&req.id) {
+        handled.insert(req.id.clone());
+        tracing::warn!(by = %req.by, "taking over beyond --max-lag, as an operator asked");
+        return inject
+            .send(Input::Switchover {
+                to: req.to.clone(),
+                allow_lag: true,
+            })
+            .is_ok();
+    }
     let ours = req.holder_instance == host.inner.instance && req.refused.is_none();
     if !ours || handled.contains(&req.id) {
         return true;

@@ -143,6 +143,8 @@ pub(super) struct Status {
     pub(super) tenure_open: bool,
     /// The other members' `--advertise` addresses, by node.
     pub(super) addrs: std::collections::HashMap<String, String>,
+    /// The active holder, as the member records say (`PUTEX_HOLDER`).
+    pub(super) active_holder: Option<String>,
 }
 
 pub(super) struct Inner {
@@ -264,8 +266,11 @@ impl AgentHost {
             token: token.or(st.token),
             previous: st.previous.clone(),
             stop: None,
-            holder: None,
-            holder_addr: None,
+            holder: st.active_holder.clone(),
+            holder_addr: st
+                .active_holder
+                .as_ref()
+                .and_then(|h| st.addrs.get(h).cloned()),
         }
     }
 
@@ -288,7 +293,12 @@ impl AgentHost {
             v: 1,
             node: self.inner.node.clone(),
             instance: self.inner.instance.clone(),
-            role: st.role_name(),
+            // O4: a standby that must rejoin first says so.
+            role: if st.rejoin_pending && st.role == Some(Role::Standby) {
+                "rejoining".into()
+            } else {
+                st.role_name()
+            },
             healthy: st.healthy,
             last_health: st.last_health.clone(),
             token: st.token.map(|t| t.to_string()),

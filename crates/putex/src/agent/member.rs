@@ -143,7 +143,8 @@ pub(super) async fn member_feed(
     let mut from: Option<u64> = None;
     let mut holder: Option<String> = None;
     loop {
-        match store.watch(&filter, from, timeout).await {
+        let poll = host.inner.settings.timing.renew();
+        match store.watch_slow(&filter, from, timeout, poll).await {
             Ok(mut stream) => loop {
                 tokio::select! {
                     event = stream.next() => {
@@ -198,6 +199,7 @@ pub(super) async fn member_feed(
                     .iter()
                     .find(|m| m.role == "active")
                     .map(|m| m.node.clone());
+                host.set(|st| st.active_holder.clone_from(&active));
                 if active.is_some() && active != holder {
                     holder = active;
                     if holder.as_deref() != Some(own.as_str()) {

@@ -149,13 +149,15 @@ pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
         None => Duration::ZERO,
         Some(at) => parse_at(at)?,
     };
-    let Some((_, holder)) = lock_record(&store, &lock)
-        .await?
-        .filter(|(_, r)| is_live(r))
-    else {
-        return Err(CliError::Other(format!(
-            "{lock} has no holder: nothing to switch over"
-        )));
+    let record = lock_record(&store, &lock).await?;
+    let Some((_, holder)) = record.filter(|(_, r)| is_live(r)) else {
+        return match (&args.to, args.allow_lag) {
+            (Some(to), true) => waive_lag(&store, &lock, to, args.wait).await,
+            _ => Err(CliError::Other(format!(
+                "{lock} has no holder: nothing to switch over (to let a node beyond \
+                 --max-lag take it over: --to NODE --allow-lag)"
+            ))),
+        };
     };
     if let Some(p) = &holder.paused {
         return Err(CliError::Other(format!(
@@ -223,6 +225,65 @@ pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
                 "switchover of {lock} not done within {} ({state}); the request is withdrawn",
                 humantime::format_duration(wait)
             ),
+        )),
+    }
+}
+
+/// No holder: lets `to` take the lock over beyond its `--max-lag` (once
+/// the record is stale by the usual rules) and waits for it to be active.
+async fn waive_lag(
+    store: &AnyStore,
+    lock: &Name,
+    to: &str,
+    wait: Option<Duration>,
+) -> Result<(), CliError> {
+    let id = crate::identity::instance_id();
+    let request = SwitchoverRequest {
+        id: id.clone(),
+        to: Some(to.to_owned()),
+        allow_lag: true,
+        holder: String::new(),
+        holder_instance: String::new(),
+        by: control::requester(),
+        at: now_text(),
+        delay_ms: 0,
+        refused: None,
+    };
+    control::modify(store, lock, STORE_TIMEOUT, |rec| {
+        rec.switchover = Some(request.clone());
+    })
+    .await
+    .map_err(store_error)?;
+    let started = Instant::now();
+    let deadline = started + wait.unwrap_or(Duration::from_secs(30));
+    let outcome = loop {
+        if let Some((e, r)) = lock_record(store, lock).await? {
+            if r.node == to && r.state == LockState::Active {
+                break Ok(e.token);
+            }
+        }
+        if Instant::now() >= deadline {
+            break Err(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let _ = control::modify(store, lock, STORE_TIMEOUT, |rec| {
+        if rec.switchover.as_ref().is_some_and(|r| r.id == id) {
+            rec.switchover = None;
+        }
+    })
+    .await;
+    match outcome {
+        Ok(token) => {
+            println!(
+                "{to} took {lock} over beyond its --max-lag in {} ms (token {token})",
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        Err(()) => Err(CliError::Exit(
+            TIMED_OUT,
+            format!("{to} has not taken {lock} over; the override is withdrawn"),
         )),
     }
 }

@@ -408,6 +408,25 @@ impl Store for AnyStore {
     }
 }
 
+impl AnyStore {
+    /// [`Store::watch`] for records that change about once a round: on the
+    /// embedded store, whose watches poll, it polls every `every` instead
+    /// of every 25 ms (each poll is a query on a connection of its own); on
+    /// the others it is the same push watch.
+    pub async fn watch_slow(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+        every: Duration,
+    ) -> Result<WatchStream, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.watch_polling(filter, from_revision, timeout, every).await,
+            other => other.watch(filter, from_revision, timeout).await,
+        }
+    }
+}
+
 /// Every record under `prefix` (ending in `.`) as of now:
 /// [`snapshot_synced`] with the marker `<prefix>=scan` — `=` is no name
 /// character, so the marker is never a lock, ticket or member.

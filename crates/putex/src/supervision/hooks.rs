@@ -23,8 +23,8 @@
 //! | `PUTEX_TOKEN` | the fencing token `epoch:revision`; set only when the node holds the lock |
 //! | `PUTEX_PREVIOUS` | the previous holder's node id; set only when known |
 //! | `PUTEX_STOP` | `startup`, `graceful` or `emergency`; deactivate hook only |
-//! | `PUTEX_HOLDER` | the node holding the lock; rejoin and follow hooks, when known |
-//! | `PUTEX_HOLDER_ADDR` | its `--advertise` address; rejoin and follow hooks, when it published one |
+//! | `PUTEX_HOLDER` | `putex run`: the active holder as the member records say, when known (the rejoin and follow hooks: the holder they are run for) |
+//! | `PUTEX_HOLDER_ADDR` | its `--advertise` address, when it published one |
 //!
 //! Each run has a timeout; at the timeout the hook and everything it started
 //! (its cgroup scope, or its process group and descendants) are killed.

@@ -686,6 +686,22 @@ impl Store for SqliteStore {
         from_revision: Option<u64>,
         timeout: Duration,
     ) -> Result<WatchStream, StoreError> {
+        self.watch_polling(filter, from_revision, timeout, WATCH_POLL)
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// [`Store::watch`], polling every `every` instead of [`WATCH_POLL`]:
+    /// for records that change once a round, where a change seen a round
+    /// late costs nothing (member and control records).
+    pub async fn watch_polling(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+        every: Duration,
+    ) -> Result<WatchStream, StoreError> {
         validate_filter(filter)?;
         // With no start revision, deliver every key's latest state first:
         // that is every row, in revision order.
@@ -755,7 +771,7 @@ impl Store for SqliteStore {
                         };
                         return Some((Ok(ev), (conn, filter, queue, last, false)));
                     }
-                    tokio::time::sleep(WATCH_POLL).await;
+                    tokio::time::sleep(every).await;
                     let f = filter.clone();
                     let polled = on_conn(
                         conn.clone(),
