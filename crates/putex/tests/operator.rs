@@ -2,7 +2,8 @@
 //! and `putex resume`, `--priority`, `--position`/`--max-lag`, `--rejoin`,
 //! `--advertise`/`--follow`, with real agents of the built binary on a real
 //! nats-server (the fast profile of `common/agent.rs`: R = 100 ms, F = 3,
-//! C = 1) and hooks that log every start and stop.
+//! C = 1) and hooks that log every start and stop. The switchover and the
+//! pause run on the embedded store too.
 //!
 //! Each guarantee is checked from both sides: the switchover happens (and
 //! fast) and a refused one disturbs nothing; a pause holds through a crash
@@ -72,10 +73,23 @@ fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
+    switchover_and_refusals(&server.url, &dir);
+}
+
+/// The same on the embedded store (its agents read requests once per R).
+#[test]
+fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing_on_the_embedded_store() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    switchover_and_refusals(&url, &dir);
+}
+
+fn switchover_and_refusals(url: &str, dir: &tempfile::TempDir) {
     let ev = dir.path().join("events");
     let sick = dir.path().join("sick");
     let check = format!("test ! -e {}-$PUTEX_NODE #", sick.display());
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|_| {
+    let mut agents = cluster(dir.path(), url, &["n1", "n2", "n3"], &|_| {
         vec!["--healthcheck".into(), check.clone()]
     });
     let ctx = || dump(&agents.iter().collect::<Vec<_>>(), &ev);
@@ -96,7 +110,7 @@ fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
         (target.as_str(), "not ready"),
         (first.as_str(), "already holds"),
     ] {
-        let o = run(&["switchover", "svc", "--to", to, "--store", &server.url]);
+        let o = run(&["switchover", "svc", "--to", to, "--store", url]);
         assert_eq!(o.status.code(), Some(1), "{to}: {}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stderr).contains(why),
@@ -110,14 +124,14 @@ fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
         "a refusal disturbed the holder\n{}",
         ctx()
     );
-    assert_eq!(status_json(&server.url, "svc")["holder"], first.as_str());
+    assert_eq!(status_json(url, "svc")["holder"], first.as_str());
 
     // To a named, healthy node: its service starts after the holder's
     // graceful stop, at once.
     std::fs::remove_file(format!("{}-{target}", sick.display())).unwrap();
     std::thread::sleep(R * 8);
     let asked = wall_ns();
-    let o = run(&["switchover", "svc", "--to", &target, "--store", &server.url]);
+    let o = run(&["switchover", "svc", "--to", &target, "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
     let s = starts(&ev);
     let started = s.last().unwrap();
@@ -140,15 +154,15 @@ fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
         "switchover took {took:?}\n{}",
         ctx()
     );
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     assert_eq!(st["holder"], target.as_str(), "{st}");
 
     // Without --to: the best candidate, someone other than the holder.
-    let o = run(&["switchover", "svc", "--store", &server.url]);
+    let o = run(&["switchover", "svc", "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
     assert_ne!(holder(&ev), target, "{}", ctx());
     let h = putex()
-        .args(["history", "svc", "--store", &server.url])
+        .args(["history", "svc", "--store", url])
         .output()
         .unwrap();
     let h = String::from_utf8_lossy(&h.stdout);
@@ -162,24 +176,31 @@ fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count
     let _serial = serial();
     let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
+    pause_through_a_crash(&server.url, &dir);
+}
+
+/// The same on the embedded store.
+#[test]
+fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count_on_the_embedded_store(
+) {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    pause_through_a_crash(&url, &dir);
+}
+
+fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
     let ev = dir.path().join("events");
     let sick = dir.path().join("sick");
     let check = format!("test ! -e {} #", sick.display());
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|_| {
+    let mut agents = cluster(dir.path(), url, &["n1", "n2", "n3"], &|_| {
         vec!["--healthcheck".into(), check.clone()]
     });
     let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
     let first = holder(&ev);
-    let o = run(&[
-        "pause",
-        "svc",
-        "--reason",
-        "kernel update",
-        "--store",
-        &server.url,
-    ]);
+    let o = run(&["pause", "svc", "--reason", "kernel update", "--store", url]);
     assert!(o.status.success(), "{}", text(&o));
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     assert!(
         st["paused"]
             .as_str()
@@ -211,7 +232,7 @@ fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count
         "took over a paused lock\n{}",
         ctx(&agents)
     );
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     assert_eq!(st["holder"], first.as_str(), "{st}");
     for m in st["members"].as_array().unwrap() {
         if m["role"] == "standby" {
@@ -222,18 +243,12 @@ fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count
     // A resume the dead holder cannot carry out times out (exit 5) and
     // leaves the pause; --force ends it, and a standby takes over W + G'
     // later — not before, and within the bound.
-    let o = run(&["resume", "svc", "--wait", "500ms", "--store", &server.url]);
+    let o = run(&["resume", "svc", "--wait", "500ms", "--store", url]);
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
     assert_eq!(starts(&ev).len(), 1);
     let forced = wall_ns();
     let o = run(&[
-        "resume",
-        "svc",
-        "--wait",
-        "300ms",
-        "--force",
-        "--store",
-        &server.url,
+        "resume", "svc", "--wait", "300ms", "--force", "--store", url,
     ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
