@@ -2026,3 +2026,25 @@ fn o3_an_operator_may_let_a_lagging_standby_take_an_unheld_lock() {
     standby_until(&mut h, from + 1.5, &release);
     assert!(!acquiring(&h));
 }
+
+#[test]
+fn o2_the_unpaused_record_is_written_even_while_checks_fail() {
+    // Resumed while a paused renewal is on its way and every check fails:
+    // health gates renewals, not the end of a pause. Without the unpaused
+    // record the paused one would outlive the tenure (nobody takes over).
+    let mut h = paused(holding());
+    h.advance_to(h.now + 1.0);
+    h.health(false);
+    let (renewal, op) = h.store();
+    assert!(written(&op).paused.is_some());
+    h.input(Input::Resume);
+    assert!(h.find(|o| matches!(o, Output::Event(putex_core::Event::Unpaused))));
+    h.reply(renewal, StoreOutcome::Written(Token::new(1, 10)));
+    let (id, op) = h.store();
+    assert_eq!(written(&op).paused, None, "the resume's own write");
+    h.reply(id, StoreOutcome::Written(Token::new(1, 11)));
+    // From here on, failed checks skip renewals again (H2).
+    h.advance_to(h.now + 1.0);
+    h.health(false);
+    assert!(!h.find(|o| matches!(o, Output::Store(_))));
+}

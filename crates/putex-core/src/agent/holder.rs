@@ -127,6 +127,8 @@ impl Agent {
                 self.extend(token, write, from);
                 if paused {
                     self.pause_landed();
+                } else {
+                    self.operator.unpause_pending = false;
                 }
             }
             StoreOutcome::Conflict => {
@@ -234,6 +236,8 @@ impl Agent {
                 self.extend(entry.token, u.write, u.sent);
                 if paused {
                     self.pause_landed();
+                } else {
+                    self.operator.unpause_pending = false;
                 }
                 if then_renew {
                     self.send_renew();
@@ -278,6 +282,7 @@ impl Agent {
         self.tenure = None;
         self.operator.handover_to = None;
         self.operator.pause = PauseState::Off;
+        self.operator.unpause_pending = false;
         // What a standby saw before this tenure is stale; judge afresh (S1).
         self.seen = None;
         self.probe = None;

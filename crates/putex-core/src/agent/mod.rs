@@ -499,6 +499,10 @@ struct Operator {
     /// `--max-lag` (`putex switchover --to NODE --allow-lag` with no holder);
     /// until it next acquires.
     lag_waived: bool,
+    /// O2: resumed, and the record without the pause has not landed yet:
+    /// it is written whatever the health checks say (they gate renewals,
+    /// not the end of a pause), or the paused record would outlive it.
+    unpause_pending: bool,
 }
 
 impl Agent {
@@ -560,6 +564,7 @@ impl Agent {
                 failback_after: config.failback_after,
                 preferred_since: Vec::new(),
                 lag_waived: false,
+                unpause_pending: false,
             },
             outputs: VecDeque::new(),
         };
@@ -1071,6 +1076,9 @@ impl Agent {
             }
         }
         if self.role == Role::Active {
+            if self.operator.unpause_pending {
+                self.renew_now();
+            }
             self.apply_pause();
             self.maybe_fail_back();
         }

@@ -468,6 +468,7 @@ impl Agent {
     /// and the next renewal writes the record without the pause.
     fn unpause(&mut self) {
         self.operator.pause = PauseState::Off;
+        self.operator.unpause_pending = true;
         self.active_fail_streak = 0;
         self.outputs.push_back(Output::Event(Event::Unpaused));
         self.renew_now();

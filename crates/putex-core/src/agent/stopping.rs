@@ -213,6 +213,7 @@ impl Agent {
         self.step_down_deadline = None;
         self.operator.handover_to = None;
         self.operator.pause = PauseState::Off;
+        self.operator.unpause_pending = false;
         if !std::mem::take(&mut self.keep_health) {
             self.ok_streak = 0;
         }
