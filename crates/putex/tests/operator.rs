@@ -246,10 +246,11 @@ fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
     let o = run(&["resume", "svc", "--wait", "500ms", "--store", url]);
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
     assert_eq!(starts(&ev).len(), 1);
-    let forced = wall_ns();
     let o = run(&[
         "resume", "svc", "--wait", "300ms", "--force", "--store", url,
     ]);
+    // The revocation landed just before the command returned.
+    let forced = wall_ns();
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         wait_for(bound() * 2, || starts(&ev).len() >= 2),
@@ -257,13 +258,13 @@ fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
         ctx(&agents)
     );
     let second = starts(&ev)[1].clone();
-    let after = Duration::from_nanos((second.ns - forced) as u64);
+    let after = Duration::from_nanos(second.ns.saturating_sub(forced) as u64);
     eprintln!(
         "takeover {after:?} after the forced resume (bound {:?})",
         bound()
     );
     assert!(
-        after >= R * 3,
+        after >= R * 3 - Duration::from_millis(30),
         "took over {after:?} after the resume, before W"
     );
     // With members reported the bound grows by D = 2 R (`putex check`).

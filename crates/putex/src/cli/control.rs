@@ -376,7 +376,9 @@ pub async fn pause(args: &PauseArgs) -> Result<(), CliError> {
     let deadline = Instant::now() + args.wait;
     loop {
         if let Some((_, r)) = lock_record(&store, &lock).await? {
-            if r.paused.is_some() && is_live(&r) {
+            // The record says so, and the holder knows it landed (its
+            // member record says paused once it disarmed its keeper).
+            if r.paused.is_some() && is_live(&r) && holder_knows(&store, &lock, &r.node).await {
                 println!(
                     "{lock} paused: {} holds it; nobody takes over, putex runs no hooks and stops \
                      nothing until `putex resume {lock}`",
@@ -398,6 +400,22 @@ pub async fn pause(args: &PauseArgs) -> Result<(), CliError> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether `node`'s member record says failover is paused: it has seen its
+/// paused record land and disarmed its keeper (O2).
+async fn holder_knows(store: &AnyStore, lock: &Name, node: &str) -> bool {
+    let Ok(node) = crate::store::NodeId::new(node.to_owned()) else {
+        return true; // a record putex did not write: the record alone
+    };
+    let Ok(Some(e)) = store
+        .get(&keys::member(lock, &node), ReadMode::Leader, STORE_TIMEOUT)
+        .await
+    else {
+        return false;
+    };
+    serde_json::from_slice::<crate::agent::member::MemberRecord>(&e.value)
+        .is_ok_and(|m| m.paused.is_some())
 }
 
 /// `putex resume`.
