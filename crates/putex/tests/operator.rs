@@ -133,6 +133,9 @@ fn switchover_and_refusals(url: &str, dir: &tempfile::TempDir) {
     let asked = wall_ns();
     let o = run(&["switchover", "svc", "--to", &target, "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
+    // The command returns once the record says active; the hook's line
+    // may come a moment later.
+    assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 2));
     let s = starts(&ev);
     let started = s.last().unwrap();
     assert_eq!(started.node, target, "{}", ctx());
@@ -160,6 +163,7 @@ fn switchover_and_refusals(url: &str, dir: &tempfile::TempDir) {
     // Without --to: the best candidate, someone other than the holder.
     let o = run(&["switchover", "svc", "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
+    assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 3));
     assert_ne!(holder(&ev), target, "{}", ctx());
     let h = putex()
         .args(["history", "svc", "--store", url])
@@ -622,6 +626,7 @@ fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
         &server.url,
     ]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 2));
     let s = starts(&ev);
     assert_eq!(s.len(), 2);
     let after = Duration::from_nanos((s[1].ns - asked) as u64);
@@ -669,6 +674,7 @@ fn operator_a_lagging_target_needs_allow_lag() {
         &server.url,
     ]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 2));
     assert_eq!(holder(&ev), other);
     agents.clear();
 }
