@@ -75,6 +75,17 @@ pub struct Pause {
     pub reason: String,
 }
 
+impl std::fmt::Display for Pause {
+    /// `by ops@db3: kernel update` (or `by ops@db3` without a reason).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "by {}", self.by)?;
+        if !self.reason.is_empty() {
+            write!(f, ": {}", self.reason)?;
+        }
+        Ok(())
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

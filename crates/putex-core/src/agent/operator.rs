@@ -54,6 +54,16 @@ impl Agent {
         }
     }
 
+    /// Active with the service up (its activation finished): what a pause,
+    /// a switchover and a failback start from.
+    fn service_up(&self) -> bool {
+        self.role == Role::Active
+            && matches!(
+                self.tenure.as_ref().map(|t| t.service),
+                Some(Service::Up { .. })
+            )
+    }
+
     /// Whether a renewal of ours should say the lock is paused.
     pub(super) fn renewal_pauses(&self) -> bool {
         self.operator.pause_to_write().is_some()
@@ -113,13 +123,7 @@ impl Agent {
     /// O5: hand back to a preferred member once its hold-down has passed;
     /// only through a switchover (O1), so every check of O1 applies.
     pub(super) fn maybe_fail_back(&mut self) {
-        if self.role != Role::Active || self.operator.pause != PauseState::Off {
-            return;
-        }
-        if !matches!(
-            self.tenure.as_ref().map(|t| t.service),
-            Some(Service::Up { .. })
-        ) {
+        if self.operator.pause != PauseState::Off || !self.service_up() {
             return;
         }
         let Some((to, due)) = self.failback_due() else {
@@ -282,10 +286,7 @@ impl Agent {
         if self.operator.pause != PauseState::Off {
             return refuse(self, "failover is paused".into());
         }
-        if !matches!(
-            self.tenure.as_ref().map(|t| t.service),
-            Some(Service::Up { .. })
-        ) {
+        if !self.service_up() {
             return refuse(self, "the service is still starting".into());
         }
         let target = match &to {
@@ -349,13 +350,7 @@ impl Agent {
     /// service is up (an activation under way finishes first, under the
     /// keeper).
     pub(super) fn apply_pause(&mut self) {
-        if self.role != Role::Active || self.operator.pause != PauseState::Off {
-            return;
-        }
-        if !matches!(
-            self.tenure.as_ref().map(|t| t.service),
-            Some(Service::Up { .. })
-        ) {
+        if self.operator.pause != PauseState::Off || !self.service_up() {
             return;
         }
         let Some(pause) = self.operator.pause_wanted.clone() else {

@@ -338,16 +338,7 @@ impl Agent {
                 r.state == LockState::Released && r.to.as_deref() == Some(self.id.node.as_str())
             });
         if handed_to_me {
-            return self.acquire(Acquire {
-                kind: AcquireKind::Handover,
-                owed_lease: self.timing.lease(),
-                owed_gap: Duration::ZERO,
-                previous,
-                evidence: None,
-                floor: None,
-                reused: false,
-                over: None,
-            });
+            return self.acquire_released(AcquireKind::Handover, previous);
         }
         // O3: beyond --max-lag this node takes nothing over.
         if !self.within_lag() {
@@ -404,17 +395,7 @@ impl Agent {
             return;
         }
         if released {
-            // S3: the previous holder proved it stopped.
-            return self.acquire(Acquire {
-                kind: AcquireKind::Released,
-                owed_lease: self.timing.lease(),
-                owed_gap: Duration::ZERO,
-                previous,
-                evidence: None,
-                floor: None,
-                reused: false,
-                over: None,
-            });
+            return self.acquire_released(AcquireKind::Released, previous);
         }
         // S1: held, revoked or unreadable — two witnesses of staleness.
         let w = self.wait_for(&seen);
@@ -488,6 +469,21 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// S3 (O1 for a handover): the previous holder proved it stopped, so
+    /// the tenure owes no gap.
+    fn acquire_released(&mut self, kind: AcquireKind, previous: Option<String>) {
+        self.acquire(Acquire {
+            kind,
+            owed_lease: self.timing.lease(),
+            owed_gap: Duration::ZERO,
+            previous,
+            evidence: None,
+            floor: None,
+            reused: false,
+            over: None,
+        });
     }
 
     /// S1 (b): does the store's clock agree that W has passed?

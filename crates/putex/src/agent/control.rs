@@ -190,12 +190,7 @@ pub(super) async fn control_feed(
 ) {
     let key = keys::control(&lock);
     let every = host.inner.settings.timing.renew() * 3;
-    let timeout = host
-        .inner
-        .settings
-        .timing
-        .store_timeout()
-        .max(Duration::from_secs(1));
+    let timeout = host.feed_timeout();
     let mut handled: HashSet<String> = HashSet::new();
     let mut from: Option<u64> = None;
     let mut current: Option<ControlRecord> = None;

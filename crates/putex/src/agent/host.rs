@@ -248,6 +248,16 @@ impl Status {
 }
 
 impl AgentHost {
+    /// The deadline of the member and control feeds' store calls: the
+    /// store timeout, at least 1 s (they are not on the lease's clock).
+    pub(super) fn feed_timeout(&self) -> Duration {
+        self.inner
+            .settings
+            .timing
+            .store_timeout()
+            .max(Duration::from_secs(1))
+    }
+
     /// The environment of the rejoin and follow hooks.
     pub(super) fn hook_env(&self, holder: Option<String>, addr: Option<String>) -> HookEnv {
         HookEnv {
@@ -309,13 +319,7 @@ impl AgentHost {
             ready: Some(st.ready()),
             blocker: st.blocker.as_ref().map(ToString::to_string),
             addr: self.inner.settings.operator.advertise.clone(),
-            paused: st.paused.as_ref().map(|p| {
-                if p.reason.is_empty() {
-                    format!("by {}", p.by)
-                } else {
-                    format!("by {}: {}", p.by, p.reason)
-                }
-            }),
+            paused: st.paused.as_ref().map(ToString::to_string),
         })
     }
 
@@ -749,11 +753,7 @@ impl Host for AgentHost {
                     st.token
                 });
                 self.inner.member_dirty.notify_one();
-                let why = if pause.reason.is_empty() {
-                    format!("failover paused by {} (O2)", pause.by)
-                } else {
-                    format!("failover paused by {}: {} (O2)", pause.by, pause.reason)
-                };
+                let why = format!("failover paused {pause} (O2)");
                 self.inner.history.operator("paused", why, token);
             }
             Event::Unpaused => {

@@ -132,12 +132,7 @@ pub(super) async fn member_feed(
 ) {
     let filter = keys::members_of(&lock);
     let every = host.inner.settings.timing.renew() * 3;
-    let timeout = host
-        .inner
-        .settings
-        .timing
-        .store_timeout()
-        .max(Duration::from_secs(1));
+    let timeout = host.feed_timeout();
     let own = host.inner.node.clone();
     let mut members: HashMap<String, (MemberRecord, StoreTime)> = HashMap::new();
     let mut from: Option<u64> = None;

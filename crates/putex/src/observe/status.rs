@@ -390,13 +390,7 @@ async fn record_status(
                 st.gap_ms = Some(r.gap_ms);
                 st.instance = Some(r.instance.clone());
                 let live = matches!(st.state.as_str(), "active" | "confirming");
-                st.paused = r.paused.as_ref().filter(|_| live).map(|p| {
-                    if p.reason.is_empty() {
-                        format!("by {}", p.by)
-                    } else {
-                        format!("by {}: {}", p.by, p.reason)
-                    }
-                });
+                st.paused = r.paused.as_ref().filter(|_| live).map(ToString::to_string);
                 st.handed_to = r.to.clone().filter(|_| st.state == "released");
                 // A paused record is never taken over (O2): not stale.
                 st.stale =
