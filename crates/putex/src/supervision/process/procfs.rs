@@ -59,22 +59,28 @@ impl ProcEntry {
 }
 
 /// Pids of live processes (other than this one) whose command line
-/// contains `needle`, e.g. a keeper's socket directory.
+/// contains `needle`, e.g. a keeper's socket directory. A child with its
+/// parent's very command line is left out: it is forked but not yet
+/// replaced by its program (a hook or service about to start).
 pub fn pids_matching(needle: &str) -> Vec<i32> {
     let me = std::process::id() as i32;
-    proc_table()
+    let matching: Vec<(ProcEntry, String)> = proc_table()
         .into_iter()
         .filter(|e| !e.is_dead() && e.pid != me)
-        .filter(|e| {
-            std::fs::read(format!("/proc/{}/cmdline", e.pid))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
+        .filter_map(|e| {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", e.pid)).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some((e, cmdline))
         })
-        .map(|e| e.pid)
+        .collect();
+    matching
+        .iter()
+        .filter(|(e, cmdline)| {
+            !matching
+                .iter()
+                .any(|(p, parent)| p.pid == e.ppid && parent == cmdline)
+        })
+        .map(|(e, _)| e.pid)
         .collect()
 }
 
