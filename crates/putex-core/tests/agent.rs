@@ -125,13 +125,15 @@ impl Harness {
 
     /// Moves time forward, waking the agent at every timeout on the way.
     fn advance_to(&mut self, t: f64) {
-        while let Some(next) = self.agent.poll_timeout() {
-            let next = next.as_nanos() as f64 / 1e9;
+        while let Some(due) = self.agent.poll_timeout() {
+            let next = due.as_nanos() as f64 / 1e9;
             if next > t {
                 break;
             }
             self.now = next.max(self.now);
-            self.agent.handle_timeout(at(self.now));
+            // The exact instant: a round trip through f64 can land a
+            // nanosecond early and wake the agent before anything is due.
+            self.agent.handle_timeout(due.max(at(self.now)));
             self.drain();
         }
         self.now = t;
@@ -1380,14 +1382,103 @@ fn s6_a_bucket_we_wrote_to_ourselves_is_no_re_created_bucket_afterwards() {
         h.out.retain(|o| !matches!(o, Output::Store(_)));
     }
     // The other side: a record of a newer incarnation still is a re-created
-    // bucket (S6), absent-like and taken at once.
+    // bucket (S6), absent-like: taken once it stayed unchanged for W.
     h.advance_to(start + 10.0);
-    answer(&mut h, &at_store(Token::new(3, 1), 99.0));
+    let recreated = at_store(Token::new(3, 1), 99.0);
+    answer(&mut h, &recreated);
+    standby_until(&mut h, start + 30.0, &recreated);
+    assert!(
+        h.now >= start + 10.0 + 10.2,
+        "taken {} s after",
+        h.now - start - 10.0
+    );
     let (_, op) = h.store();
     assert!(
         matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(3, 1)),
         "{op:?}"
     );
+}
+
+/// S6 for a re-created bucket, both sides. A node whose host state trusts
+/// an older incarnation (1:73) finds a record of a newer one (2:5). If it
+/// changes — a holder of the new incarnation renews it — it is a live
+/// record: never taken (before this, the newcomer took it at once and
+/// deposed a healthy holder, once per node that joined). If it stays
+/// unchanged for W, it is judged as absent: taken, and activated only after
+/// a further W + G'.
+#[test]
+fn s6_a_holder_of_a_re_created_bucket_is_not_deposed_by_a_newcomer() {
+    let record = |revision: u64| Entry {
+        value: holder(LockState::Active, 10_000).encode(),
+        token: Token::new(2, revision),
+        time: StoreTime {
+            era: 1,
+            nanos: (100.0 + revision as f64) as u64 * 1_000_000_000,
+        },
+    };
+    // Renewed every second: never taken in 40 s.
+    let mut h = Harness::with_highest("a", Token::new(1, 73));
+    let mut revision = 5;
+    look(&mut h, Some(record(revision)));
+    for _ in 0..40 {
+        assert!(
+            !acquiring(&h),
+            "a live record of the new incarnation taken: {:?}",
+            h.out
+        );
+        revision += 1;
+        h.input(Input::Watch(Some(record(revision))));
+        let next = h.now + 1.0;
+        standby_until(&mut h, next, &record(revision));
+    }
+    assert!(!acquiring(&h), "{:?}", h.out);
+
+    // Unchanged: not before W (10.2 s), then taken as absent.
+    let mut h = Harness::with_highest("a", Token::new(1, 73));
+    look(&mut h, Some(record(5)));
+    let first = h.now;
+    standby_until(&mut h, first + 30.0, &record(5));
+    assert!(
+        acquiring(&h),
+        "a dead record of the new incarnation never taken"
+    );
+    assert!(
+        h.now >= first + 10.2,
+        "taken {} s after it was first seen",
+        h.now - first
+    );
+    assert!(
+        h.now < first + 10.6,
+        "taken {} s after it was first seen",
+        h.now - first
+    );
+    let (id, op) = h.store();
+    assert!(
+        matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(2, 5)),
+        "{op:?}"
+    );
+    h.reply(id, StoreOutcome::Written(Token::new(2, 6)));
+    let taken = h.now;
+    let mut revision = 6;
+    let mut renew_until = |h: &mut Harness, t: f64| {
+        while h.now < t {
+            let next = (h.now + 0.5).min(t);
+            h.advance_to(next);
+            h.health(true);
+            while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+                let Output::Store(r) = h.out.remove(i) else {
+                    unreachable!()
+                };
+                revision += 1;
+                h.reply(r.id, StoreOutcome::Written(Token::new(2, revision)));
+            }
+        }
+    };
+    renew_until(&mut h, taken + 12.0);
+    assert_eq!(h.agent.role(), Role::Confirming);
+    assert!(!h.activated(), "activated before W + G' after taking it");
+    renew_until(&mut h, taken + 12.5);
+    assert!(h.activated(), "not active W + G' after taking it");
 }
 
 /// S6 refinement (w), deterministic: a standby swaps over a `released`
@@ -2047,4 +2138,161 @@ fn o2_the_unpaused_record_is_written_even_while_checks_fail() {
     h.advance_to(h.now + 1.0);
     h.health(false);
     assert!(!h.find(|o| matches!(o, Output::Store(_))));
+}
+
+// ----- O2: a paused holder restarted ------------------------------------------
+
+/// An agent started where an earlier instance (`a-i0`) ran: no keeper to
+/// adopt. It reads the record before it stops anything.
+fn restarted(node: &str) -> Harness {
+    let identity = Identity {
+        node: node.into(),
+        machine: format!("{node}-machine"),
+        instance: format!("{node}-i1"),
+    };
+    let config = AgentConfig {
+        supervised_stops: true,
+        previous: Some(putex_core::PreviousInstance {
+            instance: format!("{node}-i0"),
+            same_boot: false,
+            keeper_deadline: None,
+        }),
+        ..AgentConfig::new(identity, timing())
+    };
+    let mut h = Harness {
+        agent: Agent::new(config, at(100.0)),
+        now: 100.0,
+        out: Vec::new(),
+        auto_arm: true,
+        last_write: None,
+    };
+    h.drain();
+    h
+}
+
+/// The earlier instance's record: active, paused or not.
+fn own_record(node: &str, paused: bool) -> LockRecord {
+    LockRecord {
+        node: node.into(),
+        machine: format!("{node}-machine"),
+        instance: format!("{node}-i0"),
+        write: format!("{node}-i0-9"),
+        paused: paused.then(pause),
+        ..holder(LockState::Active, 10_000)
+    }
+}
+
+fn stops(h: &Harness) -> bool {
+    h.find(|o| matches!(o, Output::Stop { .. }))
+}
+
+/// O2, both sides: a holder restarted while paused takes its record back
+/// and stops nothing, through a store outage far longer than T; without the
+/// pause (or with another node's pause) the start-up stop runs (S5).
+#[test]
+fn o2_a_paused_holder_restarted_stops_nothing_and_keeps_the_pause() {
+    let mut h = restarted("a");
+    assert!(!stops(&h), "stopped before reading the record: {:?}", h.out);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(
+        id,
+        StoreOutcome::Read(Some(entry(&own_record("a", true), 40, 90.0))),
+    );
+    assert_eq!(h.agent.role(), Role::Active);
+    assert!(!stops(&h), "{:?}", h.out);
+    assert!(!h.activated(), "hooks ran while paused");
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Event(putex_core::Event::Transition {
+            reason: Reason::ResumedPaused,
+            ..
+        })
+    )));
+    assert!(h.agent.pause().is_some());
+    // The first renewal swaps the record over, still paused, as this instance.
+    let (id, op) = h.store();
+    let StoreOp::Update {
+        expected, value, ..
+    } = &op
+    else {
+        panic!("{op:?}")
+    };
+    assert_eq!(*expected, Token::new(1, 40));
+    let Observed::Record(r) = Observed::decode(value) else {
+        panic!()
+    };
+    assert_eq!(r.instance, "a-i1");
+    assert_eq!(r.paused, Some(pause()));
+    h.reply(id, StoreOutcome::Written(Token::new(1, 41)));
+    // The store goes away for a minute: still paused, still nothing stopped.
+    for second in 1..=60 {
+        h.advance_to(100.0 + f64::from(second));
+        h.health(false);
+        h.forget_store();
+    }
+    assert_eq!(h.agent.role(), Role::Active);
+    assert!(!stops(&h), "{:?}", h.out);
+    assert!(!h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Arm(_)))));
+
+    // The other side: not paused, or paused by another node: stopped first.
+    for record in [own_record("a", false), own_record("b", true)] {
+        let mut h = restarted("a");
+        let (id, _) = h.store();
+        h.reply(id, StoreOutcome::Read(Some(entry(&record, 40, 90.0))));
+        assert!(
+            h.find(|o| matches!(
+                o,
+                Output::Stop {
+                    kind: StopKind::Startup,
+                    ..
+                }
+            )),
+            "no start-up stop under {record:?}"
+        );
+        assert_eq!(h.agent.role(), Role::Starting);
+    }
+    // No answer from the store: nothing says it is ours and paused.
+    let mut h = restarted("a");
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Unknown);
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Stop {
+            kind: StopKind::Startup,
+            ..
+        }
+    )));
+}
+
+/// O2: the record changed between the read and the swap (an operator's
+/// forced resume): the swap conflicts, the node has lost, and the service
+/// it took back is stopped like any lost holder's.
+#[test]
+fn o2_a_paused_record_resumed_by_force_meanwhile_is_lost_and_stopped() {
+    let mut h = restarted("a");
+    let (id, _) = h.store();
+    h.reply(
+        id,
+        StoreOutcome::Read(Some(entry(&own_record("a", true), 40, 90.0))),
+    );
+    let (id, _) = h.store();
+    h.reply(id, StoreOutcome::Conflict);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+    h.reply(
+        id,
+        StoreOutcome::Read(Some(entry(&own_record("a", false), 42, 95.0))),
+    );
+    assert!(
+        h.find(|o| matches!(
+            o,
+            Output::Stop {
+                kind: StopKind::Emergency,
+                ..
+            }
+        )),
+        "{:?}",
+        h.out
+    );
 }

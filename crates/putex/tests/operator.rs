@@ -280,6 +280,103 @@ fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
     agents.clear();
 }
 
+/// O2 through a restart of putex itself (an upgrade, a crash, a reboot of
+/// the primary during maintenance): the restarted agent of a paused holder
+/// takes its record back and stops nothing; after a resume it holds on with
+/// no failover. The other side: unpaused, the same restart makes the
+/// start-up stop (S5).
+#[test]
+fn operator_a_paused_holder_restarted_stops_nothing() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    restart_while_paused(&server.url, &dir);
+}
+
+/// The same on the embedded store.
+#[test]
+fn operator_a_paused_holder_restarted_stops_nothing_on_the_embedded_store() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    restart_while_paused(&url, &dir);
+}
+
+fn restart_while_paused(url: &str, dir: &tempfile::TempDir) {
+    let ev = dir.path().join("events");
+    let mut agents = cluster(dir.path(), url, &["n1", "n2"], &no_flags);
+    let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
+    let first = holder(&ev);
+    let o = run(&[
+        "pause", "svc", "--reason", "upgrade", "--wait", "5s", "--store", url,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stops_of = |node: &str| {
+        events(&ev)
+            .into_iter()
+            .filter(|l| l.what == "stop" && l.node == node)
+            .count()
+    };
+    let stops_before = stops_of(&first);
+
+    // putex dies on the holder (agent and keeper) and starts again.
+    let i = agents.iter().position(|a| a.node() == first).unwrap();
+    let spec = agents[i].spec.clone();
+    // A crashed agent is dropped (its leftovers reaped) before the new one
+    // starts under the same keeper directory.
+    let restart = |agents: &mut Vec<Agent>| {
+        let mut old = agents.remove(i);
+        old.crash();
+        drop(old);
+        agents.insert(i, start(spec.clone()));
+    };
+    restart(&mut agents);
+    assert!(
+        wait_for(Duration::from_secs(5), || agents[i]
+            .log_text()
+            .contains("took back this node's paused record")),
+        "the restarted holder did not take its paused record back\n{}",
+        ctx(&agents)
+    );
+    std::thread::sleep(R * 10);
+    assert_eq!(
+        stops_of(&first),
+        stops_before,
+        "the restart stopped the paused service\n{}",
+        ctx(&agents)
+    );
+    let st = status_json(url, "svc");
+    assert_eq!(st["holder"], first.as_str(), "{st}");
+    assert!(
+        st["paused"].as_str().unwrap_or("").contains("upgrade"),
+        "{st}"
+    );
+
+    // Resumed: the same node holds on, nothing failed over or stopped.
+    let o = run(&["resume", "svc", "--wait", "5s", "--store", url]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::thread::sleep(bound() * 2);
+    assert_eq!(
+        starts(&ev).len(),
+        1,
+        "a failover after the resume\n{}",
+        ctx(&agents)
+    );
+    assert_eq!(stops_of(&first), stops_before, "{}", ctx(&agents));
+    let st = status_json(url, "svc");
+    assert_eq!(st["holder"], first.as_str(), "{st}");
+    assert!(st["paused"].is_null(), "{st}");
+
+    // The other side: unpaused, the same restart stops the service first.
+    restart(&mut agents);
+    assert!(
+        wait_for(Duration::from_secs(5), || stops_of(&first) > stops_before),
+        "an unpaused restart made no start-up stop\n{}",
+        ctx(&agents)
+    );
+    agents.clear();
+}
+
 #[test]
 fn operator_a_resumed_holder_stops_on_failed_checks_again() {
     let _serial = serial();

@@ -62,10 +62,16 @@ impl Agent {
                 if let StoreOutcome::Read(entry) = outcome {
                     if self.start_step == Some(StartStep::ReadForResume) {
                         self.resume_with_keeper(entry);
+                    } else if self.start_step == Some(StartStep::ReadForPause) {
+                        self.resume_paused(entry);
                     } else {
                         self.on_lock_seen(entry.clone(), true);
                         self.note_entry(entry.as_ref());
                     }
+                } else if self.start_step == Some(StartStep::ReadForPause) {
+                    // No answer: nothing says the lock is ours and paused.
+                    self.start_step = Some(StartStep::Deactivating);
+                    self.begin_stop(StopKind::Startup);
                 } else if self.start_step == Some(StartStep::ReadForResume) {
                     // Retry within the keeper's deadline; otherwise deactivate.
                     let deadline = self.now + self.timing.store_timeout();

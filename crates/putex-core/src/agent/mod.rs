@@ -283,6 +283,12 @@ struct Seen {
     first_seen: Instant,
     /// Seen as absent-like: absent, regressed (S6) or a new epoch.
     absent_like: bool,
+    /// A record of an epoch newer than any this host trusted (S6: the
+    /// bucket was re-created). It is judged as absent, but only once it
+    /// has stayed unchanged for W: a record that changes is renewed by a
+    /// holder of the new incarnation, and taking it would depose that
+    /// holder for nothing.
+    new_epoch: bool,
     /// When a leader read last showed this very record (revision and
     /// contents). A stale takeover needs one after the store-clock witness:
     /// a replica's old view of a revision the store has since lost and
@@ -370,6 +376,10 @@ struct StopRun {
 enum StartStep {
     /// Adopted keeper: read the record to resume.
     ReadForResume,
+    /// No keeper to adopt, but an earlier instance ran here: read the
+    /// record first, in case this node holds it paused (O2), before
+    /// stopping anything.
+    ReadForPause,
     /// Deactivate first.
     Deactivating,
 }
@@ -702,6 +712,9 @@ impl Agent {
         if adopt.is_some() {
             self.start_step = Some(StartStep::ReadForResume);
             self.send_lock(LockOp::LeaderPoll, self.now + self.timing.store_timeout());
+        } else if self.previous.is_some() {
+            self.start_step = Some(StartStep::ReadForPause);
+            self.send_lock(LockOp::LeaderPoll, self.now + self.timing.store_timeout());
         } else {
             self.start_step = Some(StartStep::Deactivating);
             self.begin_stop(StopKind::Startup);
@@ -712,6 +725,74 @@ impl Agent {
         self.start_step = None;
         self.set_role(Role::Standby, Reason::Started, None);
         self.next_round = self.now;
+    }
+
+    /// O2: called with the leader read made at start-up without a keeper to
+    /// adopt. A record of this node (and machine) that says failover is
+    /// paused is taken back without a start-up stop: nobody takes a paused
+    /// record over, the operator owns the service, and stopping it because
+    /// putex restarted (an upgrade, a crash, a reboot) is exactly what a
+    /// pause promises not to do. The first renewal swaps it over the read
+    /// revision, still paused; should the record have changed meanwhile (a
+    /// forced resume), that swap fails and the node loses, stopping the
+    /// service as any holder that lost would. Anything else: the start-up
+    /// stop (S5).
+    fn resume_paused(&mut self, entry: Option<Entry>) {
+        let ours = entry
+            .as_ref()
+            .and_then(|e| match Observed::decode(&e.value) {
+                Observed::Record(r)
+                    if r.node == self.id.node
+                        && r.machine == self.id.machine
+                        && r.state == LockState::Active =>
+                {
+                    r.paused
+                        .clone()
+                        .map(|pause| (e.token, r.write.clone(), pause))
+                }
+                _ => None,
+            });
+        let Some((token, write, pause)) = ours else {
+            self.start_step = Some(StartStep::Deactivating);
+            self.begin_stop(StopKind::Startup);
+            return;
+        };
+        self.note_token(token);
+        // No licence to hold: while paused none ends the tenure (O2); the
+        // first renewal that lands starts one for a later resume.
+        self.lease = Some(Lease {
+            token,
+            write,
+            sent: self.now,
+            licence_end: self.now,
+        });
+        self.tenure = Some(Tenure {
+            acquire: Acquire {
+                kind: AcquireKind::Resume,
+                owed_lease: self.timing.lease(),
+                owed_gap: self.timing.gap(),
+                previous: None,
+                evidence: None,
+                floor: None,
+                reused: false,
+                over: None,
+            },
+            activate_at: self.now,
+            floor: None,
+            active_token: Some(token),
+            service: Service::Up {
+                grace_until: self.now,
+            },
+            keeper: KeeperArm::NotArmed,
+        });
+        self.operator.pause = PauseState::Paused(pause.clone());
+        // The tenure goes on: nothing to rejoin (O4).
+        self.operator.rejoin_needed = false;
+        self.start_step = None;
+        self.previous = None;
+        self.set_role(Role::Active, Reason::ResumedPaused, Some(token));
+        self.outputs.push_back(Output::Event(Event::Paused(pause)));
+        self.renew_now();
     }
 
     /// Called with the leader read made at start-up when a keeper was adopted.
@@ -766,6 +847,17 @@ impl Agent {
                 // Resumed: the previous instance has no more say (S5).
                 self.previous = None;
                 self.set_role(Role::Active, Reason::Resumed, Some(token));
+                // O2: a paused record whose keeper was not disarmed yet (the
+                // agent died in between) stays paused, and the keeper lets go.
+                if let Some(pause) = record.paused.clone() {
+                    self.operator.pause = PauseState::Paused(pause.clone());
+                    if let Some(t) = self.tenure.as_mut() {
+                        t.keeper = KeeperArm::NotArmed;
+                    }
+                    self.outputs
+                        .push_back(Output::Keeper(KeeperCommand::Disarm));
+                    self.outputs.push_back(Output::Event(Event::Paused(pause)));
+                }
                 self.renew_now();
             }
             _ => {

@@ -255,6 +255,9 @@ impl Agent {
         if let Some(better) = self.outranked_by() {
             return Some(Blocker::Deferring(better.node.clone()));
         }
+        if let Some(due) = self.new_epoch_due(seen).filter(|due| self.now < *due) {
+            return Some(Blocker::Waiting(due.saturating_since(self.now)));
+        }
         let held = record.is_none_or(|r| r.state != LockState::Released);
         if held && !seen.absent_like {
             let due = seen.first_seen + self.wait_for(seen);

@@ -65,6 +65,7 @@ impl Agent {
             }
         }
         let mut absent_like = entry.is_none();
+        let mut new_epoch = false;
         if let Some(e) = &entry {
             match self.trusted {
                 Some(t) if e.token.epoch == t.epoch && e.token < t => {
@@ -85,8 +86,10 @@ impl Agent {
                 }
                 Some(t) if e.token.epoch < t.epoch => return, // an old incarnation, seen late
                 Some(t) if e.token.epoch > t.epoch => {
-                    // S6: a re-created bucket counts as an absent record.
+                    // S6: a re-created bucket counts as an absent record
+                    // (once it stays unchanged for W: `new_epoch_due`).
                     absent_like = true;
+                    new_epoch = true;
                     self.trusted = Some(e.token);
                 }
                 _ => self.trusted = Some(self.trusted.map_or(e.token, |t| t.max(e.token))),
@@ -122,6 +125,7 @@ impl Agent {
                 observed,
                 first_seen: self.now,
                 absent_like,
+                new_epoch,
                 leader_at: leader.then_some(self.now),
             });
             self.probe = None;
@@ -240,10 +244,16 @@ impl Agent {
     /// When the standby should look again at a stale-looking record.
     pub(super) fn staleness_due(&self) -> Option<Instant> {
         let seen = self.seen.as_ref()?;
-        if seen.absent_like || self.lock_op.is_some() || self.probe_op.is_some() {
+        if self.lock_op.is_some() || self.probe_op.is_some() {
             return None;
         }
         let defer = self.deferral();
+        if seen.absent_like {
+            return self
+                .new_epoch_due(seen)
+                .map(|t| t + defer)
+                .filter(|t| *t > self.now);
+        }
         if let Some(Observed::Record(r)) = &seen.observed {
             if is_paused(r) && !self.mutations.is(Rule::TakeoverWhilePaused) {
                 return None;
@@ -266,6 +276,21 @@ impl Agent {
             }
             _ => Some(a),
         }
+    }
+
+    /// When a record first seen in a new epoch may be judged as absent: once
+    /// it has stayed unchanged for W, T' being the larger of `--max-lease`
+    /// (else the own T) and what it advertises, as an absent record owes.
+    /// `None` for any other record.
+    pub(super) fn new_epoch_due(&self, seen: &Seen) -> Option<Instant> {
+        if !seen.new_epoch {
+            return None;
+        }
+        let lease = match seen.observed.as_ref().and_then(|o| o.record()) {
+            Some(r) => self.timing.lease_unknown().max(r.lease()),
+            None => self.timing.lease_unknown(),
+        };
+        Some(seen.first_seen + self.timing.staleness_wait(lease))
     }
 
     /// W for what we see: T' is the larger of ours and the advertised T, or
@@ -365,6 +390,12 @@ impl Agent {
         let defer = self.deferral();
         if seen.absent_like {
             if self.now < seen.first_seen + defer {
+                return;
+            }
+            if self
+                .new_epoch_due(&seen)
+                .is_some_and(|due| self.now < due + defer)
+            {
                 return;
             }
             // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
@@ -616,7 +647,7 @@ impl Agent {
         // holds the lock (S6, refinement (w)).
         let lost_newer = acquire.over.as_ref().is_some_and(|(t, _)| {
             self.foreign_seen
-                .is_some_and(|f| f.epoch == t.epoch && f > *t && f < token)
+                .is_some_and(|f| f.epoch == t.epoch && f > *t && f <= token)
         }) && !self.mutations.is(Rule::AcquireOverLostRecord);
         let reused = match (&acquire.over, &self.seen) {
             _ if ours_reused => Some(token),

@@ -231,6 +231,7 @@ impl Agent {
                     observed: Some(Observed::Record(written)),
                     first_seen: self.now,
                     absent_like: false,
+                    new_epoch: false,
                     leader_at: None,
                 })
             }
@@ -307,6 +308,12 @@ impl Agent {
             Role::Active => self.step_down(Reason::Shutdown),
             Role::Confirming => self.leave_confirming(Reason::Shutdown),
             Role::Standby => self.exit(ExitReason::Shutdown { released: false }),
+            // Still reading whether this node holds the lock paused: nothing
+            // says so yet, and S5 wants the service stopped before exiting.
+            Role::Starting if self.start_step == Some(StartStep::ReadForPause) => {
+                self.start_step = Some(StartStep::Deactivating);
+                self.begin_stop(StopKind::Startup);
+            }
             Role::Starting if self.stop.is_none() => {
                 self.exit(ExitReason::Shutdown { released: false })
             }

@@ -295,6 +295,10 @@ pub enum Reason {
     AcquiredAbsent,
     /// Took over the previous instance's record (S5).
     Resumed,
+    /// Took back this node's own paused record after a restart, without a
+    /// start-up stop: failover is paused and the operator owns the service
+    /// (O2).
+    ResumedPaused,
     /// The fencing gap passed.
     Activated,
     /// The licence ended without a newer successful write (H1).
@@ -407,6 +411,9 @@ impl fmt::Display for Reason {
                 f.write_str("no usable lock record (first use, or the store lost it: S4/S6)")
             }
             Reason::Resumed => f.write_str("resumed this host's previous tenure (S5)"),
+            Reason::ResumedPaused => f.write_str(
+                "took back this node's paused record after a restart; nothing stopped (O2)",
+            ),
             Reason::Activated => f.write_str("fencing gap passed (S2)"),
             Reason::LicenceEnded => f.write_str("licence ended without a newer renewal (H1)"),
             Reason::Lost(why) => write!(f, "lock lost: {why} (H3)"),

@@ -216,3 +216,19 @@ regression!(
     Profile::Operator,
     751
 );
+// Found by a 100,000-seed sweep once a live record of a re-created bucket
+// was no longer taken at once (S6 (z)), a safety failure of refinement (w).
+// Two standbys swapped over the same release; the first landed (4:187),
+// activated at once (S3) and the store rolled that write back. The second,
+// whose swap was still on its way, saw the first one's record at 4:187 by
+// watch, then its own record at 4:187, then its reply: 4:187. (w) counted a
+// foreign record only strictly between the replaced revision and ours, so
+// a foreign record at our very revision, hidden behind our own in the view,
+// went unnoticed and the second activated at once beside the first. Fixed:
+// a foreign record at our own revision counts too (the store handed it out
+// twice).
+regression!(
+    r23_a_foreign_record_at_our_own_revision_is_a_lost_write,
+    Profile::Chaos,
+    65435
+);

@@ -892,6 +892,11 @@ impl World {
             if *reason == Reason::Released {
                 host.tenure_open = false;
             }
+            // O2/O4: a paused tenure taken back after a restart went on; no
+            // one else held the lock meanwhile, so there is nothing to rejoin.
+            if *reason == Reason::ResumedPaused {
+                host.rejoin_pending = false;
+            }
             // (j) O5: a failback only after the target was ready for the
             // whole hold-down, as this node heard it.
             if let (Reason::Failback { to }, Some(hold)) = (reason, self.sc.failback_after) {
@@ -1189,14 +1194,18 @@ impl World {
             }
         };
         // (i) O2: a running service loses its keeper only to a pause that
-        // landed: the store holds a paused record of this tenure.
+        // landed: the store holds a paused record of this tenure (written
+        // by this instance, or by the earlier one whose tenure it resumed
+        // with the adopted keeper: the same node).
         if cmd == KeeperCommand::Disarm && host.running && host.stop.is_none() {
             let instance = host.instance.clone();
+            let node = format!("node{h}");
             let tenure = host.tenure_token;
             let landed = self.store.log.iter().rev().any(|a| {
                 tenure.is_none_or(|t| a.token >= t)
                     && matches!(Observed::decode(&a.value),
-                        Observed::Record(r) if r.instance == instance && r.paused.is_some())
+                        Observed::Record(r) if (r.instance == instance || r.node == node)
+                            && r.paused.is_some())
             });
             if !landed {
                 self.check.fail(

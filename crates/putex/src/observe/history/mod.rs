@@ -154,6 +154,7 @@ pub fn reason_code(reason: &Reason) -> &'static str {
         Reason::AcquiredStale { .. } => "acquired-stale",
         Reason::AcquiredAbsent => "acquired-absent",
         Reason::Resumed => "resumed",
+        Reason::ResumedPaused => "resumed-paused",
         Reason::Activated => "activated",
         Reason::LicenceEnded => "licence-ended",
         Reason::Lost(_) => "lost",

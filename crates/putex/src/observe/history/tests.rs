@@ -69,6 +69,7 @@ fn codes_are_distinct() {
         },
         Reason::AcquiredAbsent,
         Reason::Resumed,
+        Reason::ResumedPaused,
         Reason::Activated,
         Reason::LicenceEnded,
         Reason::Lost(putex_core::LossCause::Revoked),
