@@ -24,7 +24,9 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "putex", version, about, long_about, after_help = putex::cli::EXIT_CODES_HELP)]
 struct Cli {
-    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    /// More logging (-v debug, -vv trace; for one-shot commands such as
+    /// status, pause or lock, which log warnings only: -v info, -vv debug);
+    /// RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// Log format on stderr: `text`, or `json` (one object per line).
@@ -207,8 +209,19 @@ fn main() -> ExitCode {
         }
     };
     let format = cli.log_format;
-    if matches!(command, Command::Lock(_) | Command::Id(_)) {
-        // A critical section's stderr belongs to the script: warnings only.
+    if matches!(
+        command,
+        Command::Lock(_)
+            | Command::Id(_)
+            | Command::Status(_)
+            | Command::History(_)
+            | Command::Switchover(_)
+            | Command::Pause(_)
+            | Command::Resume(_)
+    ) {
+        // A critical section's stderr belongs to the script, and a one-shot
+        // command's to the person who ran it: warnings only (the store
+        // client's "connected" lines are noise there; -v brings them back).
         putex::cli::init_quiet_logging(cli.verbose, format);
     } else {
         putex::cli::init_logging(cli.verbose, format);
