@@ -2,8 +2,9 @@
 //! and `putex resume`, `--priority`, `--position`/`--max-lag`, `--rejoin`,
 //! `--advertise`/`--follow`, with real agents of the built binary on a real
 //! nats-server (the fast profile of `common/agent.rs`: R = 100 ms, F = 3,
-//! C = 1) and hooks that log every start and stop. The switchover and the
-//! pause run on the embedded store too.
+//! C = 1) and hooks that log every start and stop. Every test but the one
+//! that cuts a node off through a TCP proxy also runs on the embedded
+//! store (`both_stores!`).
 //!
 //! Each guarantee is checked from both sides: the switchover happens (and
 //! fast) and a refused one disturbs nothing; a pause holds through a crash
@@ -19,6 +20,28 @@ use crate::common::agent::{
     wait_for, wall_ns, Agent, R,
 };
 use crate::common::nats_server::NatsServer;
+
+/// A test on a real nats-server, and the same test on the embedded store:
+/// `$body(url, dir)` with a fresh temporary directory each.
+macro_rules! both_stores {
+    ($nats:ident, $sqlite:ident, $body:ident) => {
+        #[test]
+        fn $nats() {
+            let _serial = serial();
+            let server = NatsServer::start();
+            let dir = tempfile::tempdir().unwrap();
+            $body(&server.url, dir.path());
+        }
+
+        #[test]
+        fn $sqlite() {
+            let _serial = serial();
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("store.db").display());
+            $body(&url, dir.path());
+        }
+    };
+}
 
 fn run(args: &[&str]) -> Output {
     putex().args(args).output().expect("run putex")
@@ -377,15 +400,17 @@ fn restart_while_paused(url: &str, dir: &tempfile::TempDir) {
     agents.clear();
 }
 
-#[test]
-fn operator_a_resumed_holder_stops_on_failed_checks_again() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
-    let sick = dir.path().join("sick");
+both_stores!(
+    operator_a_resumed_holder_stops_on_failed_checks_again,
+    operator_a_resumed_holder_stops_on_failed_checks_again_on_the_embedded_store,
+    a_resumed_holder_stops_on_failed_checks_again
+);
+
+fn a_resumed_holder_stops_on_failed_checks_again(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let sick = dir.join("sick");
     let check = format!("test ! -e {} #", sick.display());
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &|_| {
+    let mut agents = cluster(dir, url, &["n1", "n2"], &|_| {
         vec![
             "--healthcheck".into(),
             check.clone(),
@@ -393,11 +418,11 @@ fn operator_a_resumed_holder_stops_on_failed_checks_again() {
             "2".into(),
         ]
     });
-    let o = run(&["pause", "svc", "--store", &server.url]);
+    let o = run(&["pause", "svc", "--store", url]);
     assert!(o.status.success(), "{}", text(&o));
     std::fs::write(&sick, "").unwrap();
     std::thread::sleep(R * 10);
-    let o = run(&["resume", "svc", "--store", &server.url]);
+    let o = run(&["resume", "svc", "--store", url]);
     assert!(o.status.success(), "{}", text(&o));
     // Resumed: every rule holds again. Within its start grace the failed
     // checks skip renewals (H2) and the licence ends (H1); afterwards K of
@@ -412,19 +437,21 @@ fn operator_a_resumed_holder_stops_on_failed_checks_again() {
     agents.clear();
 }
 
-#[test]
-fn operator_priority_zero_never_takes_over() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
-    let mut agents = cluster(dir.path(), &server.url, &["n1"], &no_flags);
+both_stores!(
+    operator_priority_zero_never_takes_over,
+    operator_priority_zero_never_takes_over_on_the_embedded_store,
+    priority_zero_never_takes_over
+);
+
+fn priority_zero_never_takes_over(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let mut agents = cluster(dir, url, &["n1"], &no_flags);
     let mut flags = hooks(&ev);
     flags.extend(["--priority".into(), "0".into()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    agents.push(start(fast(dir.path(), &server.url, "svc", "n2", &flags)));
+    agents.push(start(fast(dir, url, "svc", "n2", &flags)));
     std::thread::sleep(R * 8);
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     let n2 = st["members"]
         .as_array()
         .unwrap()
@@ -445,7 +472,7 @@ fn operator_priority_zero_never_takes_over() {
     let mut flags = hooks(&ev);
     flags.extend(["--priority".into(), "1".into()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    agents.push(start(fast(dir.path(), &server.url, "svc", "n3", &flags)));
+    agents.push(start(fast(dir, url, "svc", "n3", &flags)));
     assert!(
         wait_for(bound() * 4, || starts(&ev).len() >= 2),
         "nobody took over\n{}",
@@ -470,25 +497,27 @@ fn position_flags(dir: &Path, max_lag: Option<u64>) -> impl Fn(&str) -> Vec<Stri
     }
 }
 
-#[test]
-fn operator_the_most_advanced_standby_takes_over() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
+both_stores!(
+    operator_the_most_advanced_standby_takes_over,
+    operator_the_most_advanced_standby_takes_over_on_the_embedded_store,
+    the_most_advanced_standby_takes_over
+);
+
+fn the_most_advanced_standby_takes_over(url: &str, dir: &Path) {
+    let ev = dir.join("events");
     for n in ["n1", "n2", "n3"] {
-        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+        std::fs::write(dir.join(format!("pos-{n}")), "100").unwrap();
     }
-    let flags = position_flags(dir.path(), None);
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &flags);
+    let flags = position_flags(dir, None);
+    let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &flags);
     let first = holder(&ev);
     let others: Vec<&str> = ["n1", "n2", "n3"]
         .into_iter()
         .filter(|n| *n != first)
         .collect();
     // The lower node id is the more advanced: not the tie-break's pick.
-    std::fs::write(dir.path().join(format!("pos-{}", others[0])), "90").unwrap();
-    std::fs::write(dir.path().join(format!("pos-{}", others[1])), "50").unwrap();
+    std::fs::write(dir.join(format!("pos-{}", others[0])), "90").unwrap();
+    std::fs::write(dir.join(format!("pos-{}", others[1])), "50").unwrap();
     std::thread::sleep(R * 10);
     let crashed = {
         let i = agents.iter().position(|a| a.node() == first).unwrap();
@@ -509,23 +538,25 @@ fn operator_the_most_advanced_standby_takes_over() {
     agents.clear();
 }
 
-#[test]
-fn operator_beyond_max_lag_nobody_takes_over_and_status_says_why() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
+both_stores!(
+    operator_beyond_max_lag_nobody_takes_over_and_status_says_why,
+    operator_beyond_max_lag_nobody_takes_over_and_status_says_why_on_the_embedded_store,
+    beyond_max_lag_nobody_takes_over_and_status_says_why
+);
+
+fn beyond_max_lag_nobody_takes_over_and_status_says_why(url: &str, dir: &Path) {
+    let ev = dir.join("events");
     for n in ["n1", "n2", "n3"] {
-        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+        std::fs::write(dir.join(format!("pos-{n}")), "100").unwrap();
     }
-    let flags = position_flags(dir.path(), Some(5));
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &flags);
+    let flags = position_flags(dir, Some(5));
+    let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &flags);
     let first = holder(&ev);
     for n in ["n1", "n2", "n3"].into_iter().filter(|n| *n != first) {
-        std::fs::write(dir.path().join(format!("pos-{n}")), "80").unwrap();
+        std::fs::write(dir.join(format!("pos-{n}")), "80").unwrap();
     }
     std::thread::sleep(R * 10);
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     for m in st["members"].as_array().unwrap() {
         if m["role"] == "standby" {
             assert_eq!(m["lag"], 20, "{st}");
@@ -547,7 +578,7 @@ fn operator_beyond_max_lag_nobody_takes_over_and_status_says_why() {
     );
     // Caught up: taken over.
     for n in ["n1", "n2", "n3"].into_iter().filter(|n| *n != first) {
-        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+        std::fs::write(dir.join(format!("pos-{n}")), "100").unwrap();
     }
     assert!(
         wait_for(bound() * 4, || starts(&ev).len() >= 2),
@@ -557,13 +588,15 @@ fn operator_beyond_max_lag_nobody_takes_over_and_status_says_why() {
     agents.clear();
 }
 
-#[test]
-fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
-    let rejoins = dir.path().join("rejoins");
+both_stores!(
+    operator_a_crashed_holder_rejoins_before_it_may_take_over,
+    operator_a_crashed_holder_rejoins_before_it_may_take_over_on_the_embedded_store,
+    a_crashed_holder_rejoins_before_it_may_take_over
+);
+
+fn a_crashed_holder_rejoins_before_it_may_take_over(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let rejoins = dir.join("rejoins");
     let rejoin = |ok: bool| -> Vec<String> {
         vec![
             "--rejoin".into(),
@@ -574,11 +607,11 @@ fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
             ),
         ]
     };
-    let mut a = cluster(dir.path(), &server.url, &["n1"], &|_| rejoin(false));
+    let mut a = cluster(dir, url, &["n1"], &|_| rejoin(false));
     let mut flags = hooks(&ev);
     flags.extend(rejoin(true));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    a.push(start(fast(dir.path(), &server.url, "svc", "n2", &flags)));
+    a.push(start(fast(dir, url, "svc", "n2", &flags)));
     std::thread::sleep(R * 5);
     // n1 holds; its host crashes; n2 takes over.
     let crashed = a[0].crash();
@@ -593,7 +626,7 @@ fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
     // The old agent's drop kills what runs under its keeper directory:
     // gone before the new one starts there.
     drop(a.remove(0));
-    a.insert(0, start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    a.insert(0, start(fast(dir, url, "svc", "n1", &flags)));
     std::thread::sleep(R * 10);
     let crashed2 = a[1].crash();
     std::thread::sleep(bound() * 3);
@@ -608,7 +641,7 @@ fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
         ran.contains("n1 n2"),
         "rejoin hook not run against n2: {ran}"
     );
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     let n1 = st["members"]
         .as_array()
         .unwrap()
@@ -625,7 +658,7 @@ fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
     // The old agent's drop kills what runs under its keeper directory:
     // gone before the new one starts there.
     drop(a.remove(0));
-    a.insert(0, start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    a.insert(0, start(fast(dir, url, "svc", "n1", &flags)));
     assert!(
         wait_for(bound() * 4, || starts(&ev).len() >= 3),
         "a rejoined node did not take over\n{}",
@@ -639,15 +672,17 @@ fn operator_a_crashed_holder_rejoins_before_it_may_take_over() {
     a.clear();
 }
 
-#[test]
-fn operator_follow_runs_on_each_standby_with_the_new_holders_address() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
-    let follows = dir.path().join("follows");
+both_stores!(
+    operator_follow_runs_on_each_standby_with_the_new_holders_address,
+    operator_follow_runs_on_each_standby_with_the_new_holders_address_on_the_embedded_store,
+    follow_runs_on_each_standby_with_the_new_holders_address
+);
+
+fn follow_runs_on_each_standby_with_the_new_holders_address(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let follows = dir.join("follows");
     let f = follows.display().to_string();
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2", "n3"], &|n| {
+    let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &|n| {
         vec![
             "--advertise".into(),
             format!("{n}.example:5432"),
@@ -678,17 +713,19 @@ fn operator_follow_runs_on_each_standby_with_the_new_holders_address() {
     agents.clear();
 }
 
-#[test]
-fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &no_flags);
+both_stores!(
+    operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens,
+    operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens_on_the_embedded_store,
+    a_scheduled_switchover_waits_and_a_cancelled_one_never_happens
+);
+
+fn a_scheduled_switchover_waits_and_a_cancelled_one_never_happens(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let mut agents = cluster(dir, url, &["n1", "n2"], &no_flags);
     let first = holder(&ev);
     let other = if first == "n1" { "n2" } else { "n1" };
     // Scheduled 1.5 s out and withdrawn after 0.5 s: nothing moves.
-    let url = server.url.clone();
+    let url_s = url.to_owned();
     let other_s = other.to_string();
     let pending = std::thread::spawn(move || {
         run(&[
@@ -701,11 +738,11 @@ fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
             "--wait",
             "3s",
             "--store",
-            &url,
+            &url_s,
         ])
     });
     std::thread::sleep(Duration::from_millis(500));
-    let o = run(&["switchover", "svc", "--cancel", "--store", &server.url]);
+    let o = run(&["switchover", "svc", "--cancel", "--store", url]);
     assert!(o.status.success(), "{}", text(&o));
     let o = pending.join().unwrap();
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
@@ -720,7 +757,7 @@ fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
         "--at",
         "1s",
         "--store",
-        &server.url,
+        url,
     ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 2));
@@ -738,22 +775,24 @@ fn operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens() {
     agents.clear();
 }
 
-#[test]
-fn operator_a_lagging_target_needs_allow_lag() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
+both_stores!(
+    operator_a_lagging_target_needs_allow_lag,
+    operator_a_lagging_target_needs_allow_lag_on_the_embedded_store,
+    a_lagging_target_needs_allow_lag
+);
+
+fn a_lagging_target_needs_allow_lag(url: &str, dir: &Path) {
+    let ev = dir.join("events");
     for n in ["n1", "n2"] {
-        std::fs::write(dir.path().join(format!("pos-{n}")), "100").unwrap();
+        std::fs::write(dir.join(format!("pos-{n}")), "100").unwrap();
     }
-    let flags = position_flags(dir.path(), Some(5));
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &flags);
+    let flags = position_flags(dir, Some(5));
+    let mut agents = cluster(dir, url, &["n1", "n2"], &flags);
     let first = holder(&ev);
     let other = if first == "n1" { "n2" } else { "n1" };
-    std::fs::write(dir.path().join(format!("pos-{other}")), "50").unwrap();
+    std::fs::write(dir.join(format!("pos-{other}")), "50").unwrap();
     std::thread::sleep(R * 10);
-    let o = run(&["switchover", "svc", "--to", other, "--store", &server.url]);
+    let o = run(&["switchover", "svc", "--to", other, "--store", url]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("lagging"),
@@ -768,7 +807,7 @@ fn operator_a_lagging_target_needs_allow_lag() {
         other,
         "--allow-lag",
         "--store",
-        &server.url,
+        url,
     ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(wait_for(Duration::from_secs(2), || starts(&ev).len() >= 2));
@@ -776,21 +815,23 @@ fn operator_a_lagging_target_needs_allow_lag() {
     agents.clear();
 }
 
-#[test]
-fn operator_failback_after_the_hold_down_and_not_before() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
+both_stores!(
+    operator_failback_after_the_hold_down_and_not_before,
+    operator_failback_after_the_hold_down_and_not_before_on_the_embedded_store,
+    failback_after_the_hold_down_and_not_before
+);
+
+fn failback_after_the_hold_down_and_not_before(url: &str, dir: &Path) {
+    let ev = dir.join("events");
     // n2 (priority 1) holds; n1 (priority 2) joins later.
-    let mut agents = cluster(dir.path(), &server.url, &["n2"], &|_| {
+    let mut agents = cluster(dir, url, &["n2"], &|_| {
         vec!["--failback-after".into(), "1500ms".into()]
     });
     let mut flags = hooks(&ev);
     flags.extend(["--priority".into(), "2".into()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let joined = wall_ns();
-    agents.push(start(fast(dir.path(), &server.url, "svc", "n1", &flags)));
+    agents.push(start(fast(dir, url, "svc", "n1", &flags)));
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(starts(&ev).len(), 1, "failed back before the hold-down");
     assert!(
@@ -804,7 +845,7 @@ fn operator_failback_after_the_hold_down_and_not_before() {
     eprintln!("failback {after:?} after the preferred node started");
     assert!(after >= Duration::from_millis(1500), "{after:?}");
     let h = putex()
-        .args(["history", "svc", "--store", &server.url])
+        .args(["history", "svc", "--store", url])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&h.stdout).contains("failback to n1"));
