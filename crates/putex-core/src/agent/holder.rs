@@ -60,9 +60,13 @@ impl Agent {
             }
             LockOp::LeaderPoll => {
                 if let StoreOutcome::Read(entry) = outcome {
+                    // A start-up read: what it shows counts as seen (S6),
+                    // whatever follows (a later tenure's floor is above it).
                     if self.start_step == Some(StartStep::ReadForResume) {
+                        self.note_entry(entry.as_ref());
                         self.resume_with_keeper(entry);
                     } else if self.start_step == Some(StartStep::ReadForPause) {
+                        self.note_entry(entry.as_ref());
                         self.resume_paused(entry);
                     } else {
                         self.on_lock_seen(entry.clone(), true);

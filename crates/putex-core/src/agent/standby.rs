@@ -392,11 +392,32 @@ impl Agent {
             if self.now < seen.first_seen + defer {
                 return;
             }
-            if self
-                .new_epoch_due(&seen)
-                .is_some_and(|due| self.now < due + defer)
-            {
-                return;
+            if let Some(due) = self.new_epoch_due(&seen) {
+                if self.now < due + defer {
+                    return;
+                }
+                // S6 (z): a record of a re-created bucket unchanged for W
+                // since we first saw it: judged as absent, with that W
+                // already waited (S4 counted from the first sighting), so
+                // only G' is owed after the swap.
+                let (owed_lease, owed_gap) = match record {
+                    Some(r) => (
+                        self.timing.lease_unknown().max(r.lease()),
+                        self.timing.gap_unknown().max(r.gap()),
+                    ),
+                    None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
+                };
+                let unchanged_for = self.now.saturating_since(seen.first_seen);
+                return self.acquire(Acquire {
+                    kind: AcquireKind::Stale,
+                    owed_lease,
+                    owed_gap,
+                    previous,
+                    evidence: Some((unchanged_for, None)),
+                    floor: None,
+                    reused: false,
+                    over: None,
+                });
             }
             // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
             // (--max-gap or own G): a holder whose record is gone may not

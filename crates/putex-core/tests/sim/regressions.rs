@@ -232,3 +232,20 @@ regression!(
     Profile::Chaos,
     65435
 );
+// Found by a 150,000-seed sweep (seeds 100,000–249,999) of the session-14
+// core, a safety failure of S6 introduced the same day: the start-up read
+// that looks for this node's paused record (O2) did not count what it
+// showed as seen. After a rollback the node then activated on a token below
+// one it had read at start (1:105 after 1:106). Fixed: a start-up read's
+// entry is noted like any other (and so is the adopted keeper's read).
+regression!(r24_a_start_up_read_counts_as_seen, Profile::Chaos, 102841);
+// Found by the same sweep, a liveness failure of S6 (z) as first written: a
+// node first saw a re-created bucket's record after its holder had crashed,
+// waited W for it to change, then took it as absent and waited W + G' more:
+// past the failover bound. Fixed: the W already waited counts (S4 from the
+// first sighting), and only G' is owed after the swap.
+regression!(
+    r25_a_dead_record_of_a_re_created_bucket_owes_w_once,
+    Profile::Chaos,
+    191561
+);
