@@ -249,3 +249,15 @@ regression!(
     Profile::Chaos,
     191561
 );
+// A harness fault found by the 100,000-seed sweep of the session-14 core:
+// the operator's standing pause request, re-sent every round with a random
+// delay, reached the holder after the resume and paused it again; it then
+// crashed with its paused write on the way, and the liveness probe, opened
+// as the store still showed the unpaused record, waited for a takeover the
+// pause forbids. The harness now drops a request overtaken by a newer one
+// (the shell reads the control record in order).
+regression!(
+    r26_a_pause_request_overtaken_by_the_resume_is_stale,
+    Profile::Operator,
+    5747
+);

@@ -475,6 +475,17 @@ impl World {
                 }
                 self.drain(h);
             }
+            // The operator's standing request is read from the store, in
+            // order: one overtaken by a newer request on its way is stale
+            // (a pause arriving after the resume would pause again).
+            Ev::Deliver {
+                input: Input::Pause(_),
+                ..
+            } if !self.pausing => {}
+            Ev::Deliver {
+                input: Input::Resume,
+                ..
+            } if self.pausing => {}
             Ev::Deliver { h, gen, input } => self.deliver(h, gen, input),
             Ev::Arrive { h, gen, id, op } => {
                 if self.hosts[h].store_lost_until > self.now {
@@ -523,7 +534,17 @@ impl World {
             Ev::Jump { h, delta } => self.jump(h, delta),
             Ev::Fault => self.inject(),
             Ev::Probe => self.probe(),
-            Ev::LivenessDeadline { id } => self.check.liveness_deadline(id, self.now),
+            Ev::LivenessDeadline { id } => {
+                // Why nothing happened, for the replay log.
+                for h in 0..self.hosts.len() {
+                    let why = self.hosts[h]
+                        .agent
+                        .as_ref()
+                        .map(|a| (a.role(), a.blocker()));
+                    self.log(|| format!("h{h} at the liveness deadline: {why:?}"));
+                }
+                self.check.liveness_deadline(id, self.now)
+            }
             Ev::Members => self.members(),
             Ev::Resume => self.resume(),
         }
