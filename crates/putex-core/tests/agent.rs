@@ -71,16 +71,17 @@ impl Harness {
 
     /// An agent with a supervised keeper, configured further by `set`.
     fn configured(node: &str, set: impl FnOnce(&mut AgentConfig)) -> Harness {
-        let identity = Identity {
-            node: node.into(),
-            machine: format!("{node}-machine"),
-            instance: format!("{node}-i1"),
-        };
-        let mut config = AgentConfig {
-            supervised_stops: true,
-            ..AgentConfig::new(identity, timing())
-        };
+        let mut config = config_for(node);
         set(&mut config);
+        let mut h = Harness::started(config);
+        // S5: the service is made sure to be stopped first.
+        h.answer_stop(StopKind::Startup, true);
+        assert_eq!(h.agent.role(), Role::Standby);
+        h
+    }
+
+    /// An agent of `config` started at 100 s, its first outputs collected.
+    fn started(config: AgentConfig) -> Harness {
         let mut h = Harness {
             agent: Agent::new(config, at(100.0)),
             now: 100.0,
@@ -89,9 +90,6 @@ impl Harness {
             last_write: None,
         };
         h.drain();
-        // S5: the service is made sure to be stopped first.
-        h.answer_stop(StopKind::Startup, true);
-        assert_eq!(h.agent.role(), Role::Standby);
         h
     }
 
@@ -202,6 +200,20 @@ impl Harness {
 
     fn activated(&self) -> bool {
         self.find(|o| matches!(o, Output::Fence { .. }))
+    }
+}
+
+/// Node `node` (instance `NODE-i1` on `NODE-machine`) with a supervised
+/// keeper and the default timing.
+fn config_for(node: &str) -> AgentConfig {
+    let identity = Identity {
+        node: node.into(),
+        machine: format!("{node}-machine"),
+        instance: format!("{node}-i1"),
+    };
+    AgentConfig {
+        supervised_stops: true,
+        ..AgentConfig::new(identity, timing())
     }
 }
 
@@ -2145,29 +2157,14 @@ fn o2_the_unpaused_record_is_written_even_while_checks_fail() {
 /// An agent started where an earlier instance (`a-i0`) ran: no keeper to
 /// adopt. It reads the record before it stops anything.
 fn restarted(node: &str) -> Harness {
-    let identity = Identity {
-        node: node.into(),
-        machine: format!("{node}-machine"),
-        instance: format!("{node}-i1"),
-    };
-    let config = AgentConfig {
-        supervised_stops: true,
+    Harness::started(AgentConfig {
         previous: Some(putex_core::PreviousInstance {
             instance: format!("{node}-i0"),
             same_boot: false,
             keeper_deadline: None,
         }),
-        ..AgentConfig::new(identity, timing())
-    };
-    let mut h = Harness {
-        agent: Agent::new(config, at(100.0)),
-        now: 100.0,
-        out: Vec::new(),
-        auto_arm: true,
-        last_write: None,
-    };
-    h.drain();
-    h
+        ..config_for(node)
+    })
 }
 
 /// The earlier instance's record: active, paused or not.

@@ -91,28 +91,17 @@ fn no_flags(_: &str) -> Vec<String> {
     Vec::new()
 }
 
-#[test]
-fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    switchover_and_refusals(&server.url, &dir);
-}
+both_stores!(
+    operator_switchover_to_a_named_node_and_refusals_that_change_nothing,
+    operator_switchover_to_a_named_node_and_refusals_that_change_nothing_on_the_embedded_store,
+    switchover_and_refusals
+);
 
-/// The same on the embedded store (its agents read requests once per R).
-#[test]
-fn operator_switchover_to_a_named_node_and_refusals_that_change_nothing_on_the_embedded_store() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    switchover_and_refusals(&url, &dir);
-}
-
-fn switchover_and_refusals(url: &str, dir: &tempfile::TempDir) {
-    let ev = dir.path().join("events");
-    let sick = dir.path().join("sick");
+fn switchover_and_refusals(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let sick = dir.join("sick");
     let check = format!("test ! -e {}-$PUTEX_NODE #", sick.display());
-    let mut agents = cluster(dir.path(), url, &["n1", "n2", "n3"], &|_| {
+    let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &|_| {
         vec!["--healthcheck".into(), check.clone()]
     });
     let ctx = || dump(&agents.iter().collect::<Vec<_>>(), &ev);
@@ -198,29 +187,17 @@ fn switchover_and_refusals(url: &str, dir: &tempfile::TempDir) {
     agents.clear();
 }
 
-#[test]
-fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    pause_through_a_crash(&server.url, &dir);
-}
+both_stores!(
+    operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count,
+    operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count_on_the_embedded_store,
+    pause_through_a_crash
+);
 
-/// The same on the embedded store.
-#[test]
-fn operator_a_pause_holds_through_a_crash_until_resume_and_health_does_not_count_on_the_embedded_store(
-) {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    pause_through_a_crash(&url, &dir);
-}
-
-fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
-    let ev = dir.path().join("events");
-    let sick = dir.path().join("sick");
+fn pause_through_a_crash(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let sick = dir.join("sick");
     let check = format!("test ! -e {} #", sick.display());
-    let mut agents = cluster(dir.path(), url, &["n1", "n2", "n3"], &|_| {
+    let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &|_| {
         vec!["--healthcheck".into(), check.clone()]
     });
     let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
@@ -303,31 +280,20 @@ fn pause_through_a_crash(url: &str, dir: &tempfile::TempDir) {
     agents.clear();
 }
 
-/// O2 through a restart of putex itself (an upgrade, a crash, a reboot of
-/// the primary during maintenance): the restarted agent of a paused holder
-/// takes its record back and stops nothing; after a resume it holds on with
-/// no failover. The other side: unpaused, the same restart makes the
-/// start-up stop (S5).
-#[test]
-fn operator_a_paused_holder_restarted_stops_nothing() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    restart_while_paused(&server.url, &dir);
-}
+// O2 through a restart of putex itself (an upgrade, a crash, a reboot of
+// the primary during maintenance): the restarted agent of a paused holder
+// takes its record back and stops nothing; after a resume it holds on with
+// no failover. The other side: unpaused, the same restart makes the
+// start-up stop (S5).
+both_stores!(
+    operator_a_paused_holder_restarted_stops_nothing,
+    operator_a_paused_holder_restarted_stops_nothing_on_the_embedded_store,
+    restart_while_paused
+);
 
-/// The same on the embedded store.
-#[test]
-fn operator_a_paused_holder_restarted_stops_nothing_on_the_embedded_store() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("store.db").display());
-    restart_while_paused(&url, &dir);
-}
-
-fn restart_while_paused(url: &str, dir: &tempfile::TempDir) {
-    let ev = dir.path().join("events");
-    let mut agents = cluster(dir.path(), url, &["n1", "n2"], &no_flags);
+fn restart_while_paused(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let mut agents = cluster(dir, url, &["n1", "n2"], &no_flags);
     let ctx = |agents: &[Agent]| dump(&agents.iter().collect::<Vec<_>>(), &ev);
     let first = holder(&ev);
     let o = run(&[

@@ -757,42 +757,56 @@ impl Agent {
             self.begin_stop(StopKind::Startup);
             return;
         };
-        self.note_token(token);
         // No licence to hold: while paused none ends the tenure (O2); the
         // first renewal that lands starts one for a later resume.
-        self.lease = Some(Lease {
+        let lease = Lease {
             token,
             write,
             sent: self.now,
             licence_end: self.now,
-        });
+        };
+        self.take_back(lease, KeeperArm::NotArmed);
+        // The tenure goes on: nothing to rejoin (O4).
+        self.operator.rejoin_needed = false;
+        self.set_role(Role::Active, Reason::ResumedPaused, Some(token));
+        self.enter_paused(pause, false);
+        self.renew_now();
+    }
+
+    /// S5/O2: this host's earlier tenure, found on record, goes on under
+    /// this instance with the service up, on `lease`, the keeper holding
+    /// `keeper`; the earlier instance has no more say.
+    fn take_back(&mut self, lease: Lease, keeper: KeeperArm) {
+        let token = lease.token;
+        self.note_token(token);
+        self.lease = Some(lease);
         self.tenure = Some(Tenure {
-            acquire: Acquire {
-                kind: AcquireKind::Resume,
-                owed_lease: self.timing.lease(),
-                owed_gap: self.timing.gap(),
-                previous: None,
-                evidence: None,
-                floor: None,
-                reused: false,
-                over: None,
-            },
+            acquire: self.resume_acquire(),
             activate_at: self.now,
             floor: None,
             active_token: Some(token),
             service: Service::Up {
                 grace_until: self.now,
             },
-            keeper: KeeperArm::NotArmed,
+            keeper,
         });
-        self.operator.pause = PauseState::Paused(pause.clone());
-        // The tenure goes on: nothing to rejoin (O4).
-        self.operator.rejoin_needed = false;
         self.start_step = None;
         self.previous = None;
-        self.set_role(Role::Active, Reason::ResumedPaused, Some(token));
-        self.outputs.push_back(Output::Event(Event::Paused(pause)));
-        self.renew_now();
+    }
+
+    /// An acquisition that resumes this host's earlier tenure (S5): it owes
+    /// the own T and G, nothing more.
+    fn resume_acquire(&self) -> Acquire {
+        Acquire {
+            kind: AcquireKind::Resume,
+            owed_lease: self.timing.lease(),
+            owed_gap: self.timing.gap(),
+            previous: None,
+            evidence: None,
+            floor: None,
+            reused: false,
+            over: None,
+        }
     }
 
     /// Called with the leader read made at start-up when a keeper was adopted.
@@ -817,46 +831,18 @@ impl Agent {
         match ours {
             Some((token, record)) if self.now < deadline => {
                 // The service kept running under the keeper: carry on renewing.
-                self.note_token(token);
-                self.lease = Some(Lease {
+                let lease = Lease {
                     token,
-                    write: record.write.clone(),
+                    write: record.write,
                     sent: deadline - self.timing.lease(),
                     licence_end: deadline,
-                });
-                self.tenure = Some(Tenure {
-                    acquire: Acquire {
-                        kind: AcquireKind::Resume,
-                        owed_lease: self.timing.lease(),
-                        owed_gap: self.timing.gap(),
-                        previous: None,
-                        evidence: None,
-                        floor: None,
-                        reused: false,
-                        over: None,
-                    },
-                    activate_at: self.now,
-                    floor: None,
-                    active_token: Some(token),
-                    service: Service::Up {
-                        grace_until: self.now,
-                    },
-                    keeper: KeeperArm::Armed { until: deadline },
-                });
-                self.start_step = None;
-                // Resumed: the previous instance has no more say (S5).
-                self.previous = None;
+                };
+                self.take_back(lease, KeeperArm::Armed { until: deadline });
                 self.set_role(Role::Active, Reason::Resumed, Some(token));
                 // O2: a paused record whose keeper was not disarmed yet (the
                 // agent died in between) stays paused, and the keeper lets go.
-                if let Some(pause) = record.paused.clone() {
-                    self.operator.pause = PauseState::Paused(pause.clone());
-                    if let Some(t) = self.tenure.as_mut() {
-                        t.keeper = KeeperArm::NotArmed;
-                    }
-                    self.outputs
-                        .push_back(Output::Keeper(KeeperCommand::Disarm));
-                    self.outputs.push_back(Output::Event(Event::Paused(pause)));
+                if let Some(pause) = record.paused {
+                    self.enter_paused(pause, true);
                 }
                 self.renew_now();
             }

@@ -373,12 +373,21 @@ impl Agent {
             return;
         };
         let pause = pause.clone();
+        self.enter_paused(pause, true);
+    }
+
+    /// Failover is paused from here (O2): the keeper holds no deadline
+    /// (`disarm` tells it to let go of one it may hold) and every view
+    /// hears of the pause.
+    pub(super) fn enter_paused(&mut self, pause: Pause, disarm: bool) {
         self.operator.pause = PauseState::Paused(pause.clone());
         if let Some(t) = self.tenure.as_mut() {
             t.keeper = KeeperArm::NotArmed;
         }
-        self.outputs
-            .push_back(Output::Keeper(KeeperCommand::Disarm));
+        if disarm {
+            self.outputs
+                .push_back(Output::Keeper(KeeperCommand::Disarm));
+        }
         self.outputs.push_back(Output::Event(Event::Paused(pause)));
     }
 

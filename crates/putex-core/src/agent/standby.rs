@@ -229,16 +229,8 @@ impl Agent {
         if !resumable || self.lock_op.is_some() {
             return;
         }
-        self.acquire(Acquire {
-            kind: AcquireKind::Resume,
-            owed_lease: self.timing.lease(),
-            owed_gap: self.timing.gap(),
-            previous: None,
-            evidence: None,
-            floor: None,
-            reused: false,
-            over: None,
-        });
+        let acquire = self.resume_acquire();
+        self.acquire(acquire);
     }
 
     /// When the standby should look again at a stale-looking record.
@@ -286,11 +278,21 @@ impl Agent {
         if !seen.new_epoch {
             return None;
         }
-        let lease = match seen.observed.as_ref().and_then(|o| o.record()) {
-            Some(r) => self.timing.lease_unknown().max(r.lease()),
-            None => self.timing.lease_unknown(),
-        };
+        let (lease, _) = self.absent_owed(seen);
         Some(seen.first_seen + self.timing.staleness_wait(lease))
+    }
+
+    /// What taking an absent-like record owes (S4/S6): T' = `--max-lease`
+    /// (else the own T) and G' = `--max-gap` (else the own G), or what a
+    /// record that survived advertises if larger, as for any taker.
+    fn absent_owed(&self, seen: &Seen) -> (Duration, Duration) {
+        match seen.observed.as_ref().and_then(|o| o.record()) {
+            Some(r) => (
+                self.timing.lease_unknown().max(r.lease()),
+                self.timing.gap_unknown().max(r.gap()),
+            ),
+            None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
+        }
     }
 
     /// W for what we see: T' is the larger of ours and the advertised T, or
@@ -400,13 +402,7 @@ impl Agent {
                 // since we first saw it: judged as absent, with that W
                 // already waited (S4 counted from the first sighting), so
                 // only G' is owed after the swap.
-                let (owed_lease, owed_gap) = match record {
-                    Some(r) => (
-                        self.timing.lease_unknown().max(r.lease()),
-                        self.timing.gap_unknown().max(r.gap()),
-                    ),
-                    None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
-                };
+                let (owed_lease, owed_gap) = self.absent_owed(&seen);
                 let unchanged_for = self.now.saturating_since(seen.first_seen);
                 return self.acquire(Acquire {
                     kind: AcquireKind::Stale,
@@ -419,17 +415,9 @@ impl Agent {
                     over: None,
                 });
             }
-            // S4/S6: take it, then wait W (T' = --max-lease or own T) + G'
-            // (--max-gap or own G): a holder whose record is gone may not
-            // know it yet. A record that survived a regression still
-            // advertises timing: use the larger values, as for any taker.
-            let (owed_lease, owed_gap) = match seen.observed.as_ref().and_then(|o| o.record()) {
-                Some(r) => (
-                    self.timing.lease_unknown().max(r.lease()),
-                    self.timing.gap_unknown().max(r.gap()),
-                ),
-                None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
-            };
+            // S4/S6: take it, then wait W + G' (`absent_owed`): a holder
+            // whose record is gone may not know it yet.
+            let (owed_lease, owed_gap) = self.absent_owed(&seen);
             return self.acquire(Acquire {
                 kind: AcquireKind::Absent,
                 owed_lease,
