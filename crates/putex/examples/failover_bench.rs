@@ -212,8 +212,13 @@ fn main() {
         let next = bench.wait_starts(before + 1, Duration::from_secs(5));
         assert_eq!(next.node, target, "the switchover went elsewhere");
         let took = ns_between(asked, next.ns);
+        let stopped = events(&bench.events)
+            .into_iter()
+            .find(|l| l.what == "stop" && l.node == active && l.ns >= asked)
+            .map(|l| format!(" (its deactivate hook at {:?})", ns_between(asked, l.ns)))
+            .unwrap_or_default();
         println!(
-            "switchover {:>2}: {active} → {target} active {took:?} after the command started",
+            "switchover {:>2}: {active} → {target} active {took:?} after the command started{stopped}",
             i + 1
         );
         switchovers.push(took);

@@ -42,9 +42,12 @@ use std::time::Duration;
 use putex_core::agent::{HealthMode, StopKind};
 use putex_core::Token;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::net::unix::pipe;
 use tokio::process::Command;
 
-use crate::supervision::process::{self, CgroupRoot, Exit, Tree};
+use crate::supervision::process::{
+    self, Cgroup, CgroupRoot, DirectChild, Exit, Output, SpawnError, Tree,
+};
 
 /// How long output is still read after a hook exited (a background process
 /// it started may hold the pipes open forever).
@@ -301,7 +304,7 @@ impl HookRunner {
         timeout: Duration,
     ) -> Result<HookOutcome, HookError> {
         let name = hook.kind.name();
-        let mut argv = hook.argv(arg);
+        let argv = hook.argv(arg);
         let scope = self.cgroup.as_ref().and_then(|root| {
             let n = SCOPE_SEQ.fetch_add(1, Ordering::Relaxed);
             let scope_name = format!("putex-hook-{name}-{}-{n}", std::process::id());
@@ -309,59 +312,37 @@ impl HookRunner {
                 .map_err(|e| tracing::warn!(hook = name, error = %e, "no cgroup scope for hook"))
                 .ok()
         });
-        if let Some(cg) = &scope {
-            argv = process::wrap_in_cgroup(cg, &argv);
-        }
-        let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(env.vars(hook.kind));
+        let vars = env.vars(hook.kind);
         let started = std::time::Instant::now();
-        let mut child = cmd.spawn().map_err(|source| {
-            if let Some(cg) = &scope {
-                let _ = cg.remove();
+        let (mut child, streams) = match spawn(scope.as_ref(), argv, &vars) {
+            Ok(running) => running,
+            Err(source) => {
+                if let Some(cg) = &scope {
+                    let _ = cg.remove();
+                }
+                return Err(HookError::Spawn { hook: name, source });
             }
-            HookError::Spawn { hook: name, source }
-        })?;
-        let pid = child.id().map_or(0, |p| p as i32);
-        process::claim(pid);
+        };
         let tree = match &scope {
             Some(cg) => Tree::Cgroup(cg.clone()),
-            None => Tree::Pids { root: pid },
+            None => Tree::Pids { root: child.pid() },
         };
-        let out = child
-            .stdout
-            .take()
-            .map(|s| tokio::spawn(log_lines(name, "stdout", s)));
-        let err = child
-            .stderr
-            .take()
-            .map(|s| tokio::spawn(log_lines(name, "stderr", s)));
+        let readers: Vec<_> = streams
+            .into_iter()
+            .map(|(stream, r)| tokio::spawn(log_lines(name, stream, r)))
+            .collect();
 
         let (status, tree_gone) = tokio::select! {
-            r = child.wait() => {
-                let exit = r.map(Exit::from_std).unwrap_or(Exit { code: None, signal: None });
-                (HookStatus::Exited(exit), true)
-            }
+            exit = child.wait() => (HookStatus::Exited(exit), true),
             () = tokio::time::sleep(timeout) => {
                 tree.kill();
-                let _ = child.wait().await;
+                child.wait().await;
                 let gone = tree.wait_empty(KILL_WAIT, true).await;
                 (HookStatus::TimedOut, gone)
             }
         };
         let duration = started.elapsed();
-        process::unclaim(pid);
-        for task in [out, err].into_iter().flatten() {
+        for task in readers {
             if tokio::time::timeout(DRAIN, async { task.await.ok() })
                 .await
                 .is_err()
@@ -403,7 +384,98 @@ impl HookRunner {
     }
 }
 
-async fn log_lines(hook: &'static str, stream: &'static str, r: impl AsyncRead + Unpin) {
+/// A hook's output stream, read line by line into the log.
+type Stream = Box<dyn AsyncRead + Unpin + Send>;
+
+/// A started hook: created in its scope, or started by tokio (no scope, or a
+/// kernel without `clone3(CLONE_INTO_CGROUP)`: the wrapper moves it in).
+enum Running {
+    Direct(DirectChild),
+    Tokio(tokio::process::Child, i32),
+}
+
+impl Running {
+    fn pid(&self) -> i32 {
+        match self {
+            Running::Direct(c) => c.pid(),
+            Running::Tokio(_, pid) => *pid,
+        }
+    }
+
+    /// Waits for the hook's own process (not its tree) to end.
+    async fn wait(&mut self) -> Exit {
+        let unknown = Exit {
+            code: None,
+            signal: None,
+        };
+        match self {
+            Running::Direct(c) => c.wait().await.unwrap_or(unknown),
+            Running::Tokio(c, pid) => {
+                let exit = c.wait().await.map(Exit::from_std).unwrap_or(unknown);
+                process::unclaim(*pid);
+                exit
+            }
+        }
+    }
+}
+
+/// Starts `argv` with this process's environment minus every `PUTEX_*`
+/// variable plus `vars`, in a process group of its own, in `scope` if given;
+/// its pid is claimed (see [`process::claim`]).
+fn spawn(
+    scope: Option<&Cgroup>,
+    mut argv: Vec<OsString>,
+    vars: &[(&'static str, String)],
+) -> std::io::Result<(Running, Vec<(&'static str, Stream)>)> {
+    if let Some(cg) = scope {
+        let env = process::child_environment(
+            |k| k.as_encoded_bytes().starts_with(b"PUTEX_"),
+            vars.iter().cloned(),
+        );
+        match process::spawn_into(cg, &argv, &env, Output::Pipe, Output::Pipe, true) {
+            Ok(child) => {
+                let mut streams: Vec<(&'static str, Stream)> = Vec::new();
+                for (name, fd) in [("stdout", child.stdout), ("stderr", child.stderr)] {
+                    if let Some(fd) = fd {
+                        streams.push((name, Box::new(pipe::Receiver::from_owned_fd(fd)?)));
+                    }
+                }
+                return Ok((
+                    Running::Direct(DirectChild::new(child.pid, child.pidfd)?),
+                    streams,
+                ));
+            }
+            Err(SpawnError::Failed(e)) => return Err(e),
+            Err(SpawnError::Unsupported(_)) => argv = process::wrap_in_cgroup(cg, &argv),
+        }
+    }
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("PUTEX_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(vars.iter().cloned());
+    let mut child = cmd.spawn()?;
+    let pid = child.id().map_or(0, |p| p as i32);
+    process::claim(pid);
+    let mut streams: Vec<(&'static str, Stream)> = Vec::new();
+    if let Some(s) = child.stdout.take() {
+        streams.push(("stdout", Box::new(s)));
+    }
+    if let Some(s) = child.stderr.take() {
+        streams.push(("stderr", Box::new(s)));
+    }
+    Ok((Running::Tokio(child, pid), streams))
+}
+
+async fn log_lines(hook: &'static str, stream: &'static str, r: Stream) {
     let mut lines = BufReader::new(r).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(hook, stream, "{line}");

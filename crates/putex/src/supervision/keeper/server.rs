@@ -97,6 +97,58 @@ fn kalarm(lock: &str, msg: &str) {
     eprintln!("putex keeper[{lock}]: {msg}");
 }
 
+/// Starts the service's `argv` with this process's environment plus `env`,
+/// stdin from `/dev/null`, stdout and stderr to the keeper's stderr, in a
+/// process group of its own, in `scope` if given. Never waited for through a
+/// handle: the reaper collects it. Returns its pid.
+fn spawn_child(
+    scope: Option<&process::Cgroup>,
+    mut argv: Vec<OsString>,
+    env: Vec<(String, String)>,
+) -> io::Result<i32> {
+    let stderr_copy = || io::stderr().as_fd().try_clone_to_owned();
+    if let Some(cg) = scope {
+        let environment = process::child_environment(|_| false, env.iter().cloned());
+        let output = |what: &str| match stderr_copy() {
+            Ok(fd) => process::Output::Fd(fd),
+            Err(e) => {
+                tracing::warn!(error = %e, "child {what} goes to /dev/null");
+                process::Output::Null
+            }
+        };
+        match process::spawn_into(
+            cg,
+            &argv,
+            &environment,
+            output("stdout"),
+            output("stderr"),
+            false,
+        ) {
+            Ok(child) => return Ok(child.pid),
+            Err(process::SpawnError::Failed(e)) => return Err(e),
+            Err(process::SpawnError::Unsupported(_)) => argv = process::wrap_in_cgroup(cg, &argv),
+        }
+    }
+    let out = |what: &str| -> Stdio {
+        match stderr_copy() {
+            Ok(fd) => Stdio::from(fd),
+            Err(e) => {
+                tracing::warn!(error = %e, "child {what} goes to /dev/null");
+                Stdio::null()
+            }
+        }
+    };
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(out("stdout"))
+        .stderr(out("stderr"));
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // Never waited through the handle: the reaper collects it.
+    Ok(cmd.spawn()?.id() as i32)
+}
+
 /// A `timerfd` on `CLOCK_BOOTTIME` with an absolute expiry. A thread of its
 /// own blocks reading it and reports each expiry on a channel; setting the
 /// timer from the event loop changes what that read waits for.
@@ -608,42 +660,20 @@ impl State {
         {
             let _ = cg.remove();
         }
-        let mut argv: Vec<OsString> = argv.into_iter().map(OsString::from).collect();
-        let mut scope = None;
-        if let Some(root) = &self.cgroup_root {
+        let argv: Vec<OsString> = argv.into_iter().map(OsString::from).collect();
+        let scope = self.cgroup_root.as_ref().and_then(|root| {
             let name = format!("putex-{}-{}", self.opts.lock, self.me);
-            match root.create(&name) {
-                Ok(cg) => {
-                    argv = process::wrap_in_cgroup(&cg, &argv);
-                    scope = Some(cg);
-                }
-                Err(e) => klog(
-                    &self.opts.lock,
-                    &format!("no cgroup scope ({e}); using the subreaper"),
-                ),
-            }
-        }
-        let out = |what: &str| -> Stdio {
-            match io::stderr().as_fd().try_clone_to_owned() {
-                Ok(fd) => Stdio::from(fd),
-                Err(e) => {
-                    tracing::warn!(error = %e, "child {what} goes to /dev/null");
-                    Stdio::null()
-                }
-            }
-        };
-        let mut cmd = std::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..])
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(out("stdout"))
-            .stderr(out("stderr"));
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        match cmd.spawn() {
-            Ok(child) => {
-                // Never waited through `child`: the reaper collects it.
-                let pid = child.id() as i32;
-                drop(child);
+            root.create(&name)
+                .map_err(|e| {
+                    klog(
+                        &self.opts.lock,
+                        &format!("no cgroup scope ({e}); using the subreaper"),
+                    )
+                })
+                .ok()
+        });
+        match spawn_child(scope.as_ref(), argv.clone(), env) {
+            Ok(pid) => {
                 let tree = match scope {
                     Some(cg) => Tree::Cgroup(cg),
                     None => Tree::Subreaper { reaper: self.me },

@@ -17,10 +17,12 @@
 //!   walking parent links in `/proc`. Each tree also runs in its own process
 //!   group.
 //!
-//! A process is put into a scope before it runs anything: it is started as
-//! `/bin/sh -c 'echo $$ >"$0" || exit 125; exec "$@"' <scope>/cgroup.procs
-//! ARGV…`, which moves itself and then `exec`s the real command under the same
-//! pid ([`wrap_in_cgroup`]). No process-wide state of the caller changes.
+//! A process is in its scope before it runs anything: it is created there by
+//! `clone3(CLONE_INTO_CGROUP)` ([`spawn_into`], Linux ≥ 5.7), or, on older
+//! kernels, started as `/bin/sh -c 'echo $$ >"$0" || exit 125; exec "$@"'
+//! <scope>/cgroup.procs ARGV…`, which moves itself and then `exec`s the real
+//! command under the same pid ([`wrap_in_cgroup`]; the move costs an RCU grace
+//! period, milliseconds). No process-wide state of the caller changes.
 //!
 //! Reaping: the keeper, as a subreaper, inherits zombies it never spawned;
 //! [`reap_orphans`] collects them without stealing the exit status of a child
@@ -43,12 +45,14 @@ use serde::{Deserialize, Serialize};
 mod cgroup;
 mod procfs;
 mod snapshot;
+mod spawn;
 #[cfg(test)]
 mod tests;
 
 pub use cgroup::{cgroup2_mount, unified_cgroup_path, wrap_in_cgroup, Cgroup, CgroupRoot};
 pub use procfs::{descendants, pids_matching, proc_entry, proc_table, ProcEntry, ProcId};
 pub use snapshot::{TreeInfo, TreeSnapshot};
+pub use spawn::{child_environment, spawn_into, DirectChild, Output, SpawnError, Spawned};
 
 /// How often a stop looks whether the tree is empty yet.
 const POLL: Duration = Duration::from_millis(2);
