@@ -150,11 +150,25 @@ pub async fn modify(
     store: &AnyStore,
     lock: &Name,
     timeout: Duration,
+    change: impl FnMut(&mut ControlRecord),
+) -> Result<ControlRecord, ControlError> {
+    modify_from(store, lock, timeout, None, change).await
+}
+
+/// [`modify`], starting from `first`, a read the caller made already.
+pub async fn modify_from(
+    store: &AnyStore,
+    lock: &Name,
+    timeout: Duration,
+    mut first: Option<(Option<Token>, ControlRecord)>,
     mut change: impl FnMut(&mut ControlRecord),
 ) -> Result<ControlRecord, ControlError> {
     let key = keys::control(lock);
     for _ in 0..20 {
-        let (token, mut rec) = read(store, lock, timeout).await?;
+        let (token, mut rec) = match first.take() {
+            Some(read) => read,
+            None => read(store, lock, timeout).await?,
+        };
         rec.v = CONTROL_VERSION;
         change(&mut rec);
         let bytes = serde_json::to_vec(&rec).expect("a control record serialises");

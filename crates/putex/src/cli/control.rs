@@ -149,7 +149,12 @@ pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
         None => Duration::ZERO,
         Some(at) => parse_at(at)?,
     };
-    let record = lock_record(&store, &lock).await?;
+    // Both at once: the command's round trips are on the switchover's path.
+    let (record, control_read) = tokio::join!(
+        lock_record(&store, &lock),
+        control::read(&store, &lock, STORE_TIMEOUT)
+    );
+    let record = record?;
     let Some((_, holder)) = record.filter(|(_, r)| is_live(r)) else {
         return match (&args.to, args.allow_lag) {
             (Some(to), true) => waive_lag(&store, &lock, to, args.wait).await,
@@ -184,7 +189,8 @@ pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
         refused: None,
     };
     let started = Instant::now();
-    control::modify(&store, &lock, STORE_TIMEOUT, |rec| {
+    let control_read = control_read.map_err(store_error)?;
+    control::modify_from(&store, &lock, STORE_TIMEOUT, Some(control_read), |rec| {
         rec.switchover = Some(request.clone());
     })
     .await

@@ -71,14 +71,21 @@ impl NatsStore {
         }
         let epoch_stale = Arc::new(AtomicBool::new(false));
         let stale = epoch_stale.clone();
+        // The first connection is the one `open` reads the epoch over.
+        let connected_before = Arc::new(AtomicBool::new(false));
         opts = opts
             .name("putex")
             .connection_timeout(Duration::from_secs(5))
             .event_callback(move |ev| {
                 let stale = stale.clone();
+                let connected_before = connected_before.clone();
                 async move {
                     match ev {
-                        async_nats::Event::Connected => stale.store(true, Ordering::SeqCst),
+                        async_nats::Event::Connected => {
+                            if connected_before.swap(true, Ordering::SeqCst) {
+                                stale.store(true, Ordering::SeqCst)
+                            }
+                        }
                         async_nats::Event::Disconnected => {
                             tracing::warn!("NATS connection lost; reconnecting")
                         }
