@@ -138,6 +138,8 @@ pub struct AgentSpec {
     /// default) or leaves the service to the caller (the chaos suite, whose
     /// judge must see a service that outlives its keeper).
     pub reap_services: bool,
+    /// The user (uid, gid) the agent runs as; `None`: this process's.
+    pub user: Option<(u32, u32)>,
 }
 
 impl AgentSpec {
@@ -155,6 +157,7 @@ impl AgentSpec {
             log_dir: dir.to_path_buf(),
             retry_pause: Duration::ZERO,
             reap_services: true,
+            user: None,
         }
     }
 
@@ -201,6 +204,13 @@ impl AgentSpec {
         self
     }
 
+    /// Runs the agent (and so its keeper and hooks) as `user` (uid, gid),
+    /// e.g. PostgreSQL's; `None` changes nothing.
+    pub fn run_as(mut self, user: Option<(u32, u32)>) -> AgentSpec {
+        self.user = user;
+        self
+    }
+
     /// Pauses `pause` × n (at most 5 × `pause`) before the n-th new start
     /// after a slow-store refusal, so that a slow patch of the machine can
     /// pass.
@@ -230,7 +240,12 @@ impl Agent {
         let log = spec
             .log_dir
             .join(format!("{}-{}.log", spec.node, wall_ns()));
-        let child = putex_command(&spec.putex)
+        let mut cmd = putex_command(&spec.putex);
+        if let Some((uid, gid)) = spec.user {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
             .args(["run", "--lock", &spec.lock, "--store", &spec.url])
             .args(["--node", &spec.node])
             .arg("--keeper-dir")

@@ -10,6 +10,10 @@
 //!   temporary storage — one JetStream server, one configured by a file, or
 //!   a 3-node cluster — stopped and cleaned up on drop. A missing binary
 //!   fails with the command that installs it; nothing is ever skipped.
+//! - [`postgres`]: a real PostgreSQL streaming-replication cluster
+//!   (`initdb`, `pg_basebackup -R`) on ephemeral loopback ports, run as the
+//!   `postgres` user under root, and a writer that records every
+//!   acknowledged commit.
 //! - [`proxy`]: a TCP proxy between a client and its server that loses,
 //!   holds, delays or resets traffic on command (partitions without
 //!   touching the host's network).
@@ -24,6 +28,7 @@ pub mod agent;
 pub mod bench;
 pub mod check;
 pub mod nats_server;
+pub mod postgres;
 pub mod procfs;
 pub mod proxy;
 pub mod watch_failures;

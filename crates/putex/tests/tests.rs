@@ -13,6 +13,7 @@ mod id_pool;
 mod lease;
 mod lock;
 mod operator;
+mod postgres;
 mod serve;
 mod store_auth;
 mod store_contract;

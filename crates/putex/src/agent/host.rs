@@ -167,6 +167,9 @@ pub(super) struct Inner {
     pub(super) stops: watch::Sender<u64>,
     /// Wakes the member-record writer.
     pub(super) member_dirty: Notify,
+    /// Held while the rejoin or a follow hook runs: they never overlap (both
+    /// resynchronise the same service with the holder).
+    pub(super) resync: tokio::sync::Mutex<()>,
     /// Wakes the state-file writer.
     pub(super) state_dirty: Notify,
     /// Writes the transition records (`putex history`); never waited for.
@@ -603,6 +606,7 @@ impl Host for AgentHost {
         env.holder = holder;
         let inner = self.inner.clone();
         async move {
+            let _resync = inner.resync.lock().await;
             tracing::info!(holder = ?env.holder, "rejoining: running the rejoin hook (O4)");
             let timeout = clock::until(deadline);
             Self::run_hook(&inner, HookKind::Rejoin, &cmd, &env, None, timeout).await
@@ -774,8 +778,16 @@ impl Host for AgentHost {
             }
             Event::Rejoined => {
                 tracing::info!("rejoin hook succeeded: eligible again (O4)");
-                self.set(|st| st.rejoin_pending = false);
+                let holder = self.set(|st| {
+                    st.rejoin_pending = false;
+                    st.active_holder.clone()
+                });
                 self.inner.member_dirty.notify_one();
+                // A follow deferred while rejoining, or a holder that changed
+                // meanwhile: follow whoever holds it now.
+                if holder.is_some() && holder.as_deref() != Some(self.inner.node.as_str()) {
+                    super::member::follow(self, holder);
+                }
             }
         }
     }

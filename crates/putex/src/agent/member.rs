@@ -240,20 +240,33 @@ fn fresh_members(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Vec<Me
 }
 
 /// `--follow`: the active holder changed to `holder` (not this node).
-fn follow(host: &AgentHost, holder: Option<String>) {
+///
+/// Follows run one at a time and never beside the rejoin hook (O4): a node
+/// still to rejoin follows nobody (the rejoin's success follows the holder
+/// of that moment), and a follow overtaken by a newer holder is dropped.
+pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
     let Some(cmd) = host.inner.settings.operator.follow.clone() else {
         return;
     };
-    let addr = holder
-        .as_ref()
-        .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
-    let env = host.hook_env(holder, addr);
-    let inner = host.inner.clone();
+    let host = host.clone();
     let timeout = host.inner.settings.timing.activate_timeout();
     tokio::spawn(
         async move {
+            let _resync = host.inner.resync.lock().await;
+            let (pending, current) = host.set(|st| (st.rejoin_pending, st.active_holder.clone()));
+            if pending {
+                tracing::info!(holder = ?holder, "not following yet: rejoining first (O4)");
+                return;
+            }
+            if current.is_some() && current != holder {
+                return;
+            }
+            let addr = holder
+                .as_ref()
+                .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
+            let env = host.hook_env(holder, addr);
             tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
-            AgentHost::run_hook(&inner, HookKind::Follow, &cmd, &env, None, timeout).await;
+            AgentHost::run_hook(&host.inner, HookKind::Follow, &cmd, &env, None, timeout).await;
         }
         .in_current_span(),
     );

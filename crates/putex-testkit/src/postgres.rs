@@ -1,0 +1,520 @@
+//! Real PostgreSQL for end-to-end tests: a streaming-replication cluster
+//! made with `initdb` and `pg_basebackup -R` in a temporary directory, on
+//! ephemeral loopback ports, and a writer that records every acknowledged
+//! commit.
+//!
+//! PostgreSQL refuses to run as root, so when the tests run as root every
+//! PostgreSQL program — and the `putex run` agents that run its hooks
+//! ([`PgCluster::user`]) — runs as the `postgres` user that Debian's
+//! `postgresql` package creates; the cluster's directory is given to that
+//! user. The programs are `$PUTEX_PG_BIN`, else the newest
+//! `/usr/lib/postgresql/*/bin`, else the directory of `pg_ctl` on `PATH`.
+//! A missing PostgreSQL fails the test with the command that installs it
+//! (`scripts/install-postgresql`); nothing is skipped.
+//!
+//! The cluster's nodes are created stopped: the agents start them through
+//! the recipe's hooks (`packaging/postgresql/putex-pg`): the first holder
+//! starts `n1` as the primary, the others follow it as replicas.
+//! Dropping the cluster stops every server (`immediate`) and removes it.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::agent::wall_ns;
+
+/// The directory of PostgreSQL's programs, or a panic saying how to install
+/// them.
+pub fn pg_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PUTEX_PG_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            p.join("initdb").is_file(),
+            "PUTEX_PG_BIN={} has no initdb; run scripts/install-postgresql",
+            p.display()
+        );
+        return p;
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    if let Some((_, bin)) = found.pop() {
+        return bin;
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("pg_ctl").is_file() && dir.join("initdb").is_file() {
+                return dir;
+            }
+        }
+    }
+    panic!(
+        "PostgreSQL not found (looked at $PUTEX_PG_BIN, /usr/lib/postgresql/*/bin and PATH). \
+         Install it with scripts/install-postgresql (Debian's postgresql package), \
+         or point PUTEX_PG_BIN at the directory of initdb and pg_ctl"
+    );
+}
+
+/// The recipe's hook script, `packaging/postgresql/putex-pg`.
+pub fn putex_pg_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/postgresql/putex-pg")
+}
+
+/// The user (uid, gid) PostgreSQL and its agents run as: `postgres` when
+/// this process is root, nobody else otherwise (`None`).
+pub fn pg_user() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    match nix::unistd::User::from_name("postgres") {
+        Ok(Some(u)) => Some((u.uid.as_raw(), u.gid.as_raw())),
+        _ => panic!(
+            "the tests run as root and PostgreSQL refuses root, but there is no postgres user: \
+             install Debian's postgresql package (scripts/install-postgresql), which creates it"
+        ),
+    }
+}
+
+/// A free loopback port (free when asked; the caller binds it soon after).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One PostgreSQL server of a [`PgCluster`].
+#[derive(Clone, Debug)]
+pub struct PgNode {
+    /// Its node id for putex (`n1`, `n2`, …).
+    pub name: String,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its data directory.
+    pub data: PathBuf,
+    /// The recipe's configuration file for it.
+    pub conf: PathBuf,
+}
+
+impl PgNode {
+    /// `--advertise`: how the other nodes reach it.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// A primary and its replicas, created stopped.
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    /// PostgreSQL's programs.
+    pub bin: PathBuf,
+    /// The nodes; `n1` is the first primary.
+    pub nodes: Vec<PgNode>,
+    /// Who runs PostgreSQL and the agents (see [`pg_user`]).
+    pub user: Option<(u32, u32)>,
+    sock: PathBuf,
+}
+
+/// The settings every node gets (its port comes with `pg_ctl -o`, since
+/// `pg_basebackup` copies this file).
+const SETTINGS: &str = "
+listen_addresses = '127.0.0.1'
+wal_log_hints = on
+wal_keep_size = '256MB'
+max_wal_senders = 10
+max_connections = 40
+shared_buffers = '16MB'
+# Process crashes are tested, not machine crashes: fsync buys nothing here.
+fsync = off
+wal_receiver_status_interval = '1s'
+wal_retrieve_retry_interval = '200ms'
+";
+
+impl PgCluster {
+    /// `n` nodes: `n1` made by `initdb`, the others by `pg_basebackup -R`
+    /// from it, all stopped. `sync`: the recipe's synchronous mode.
+    pub fn create(n: usize, sync: bool) -> PgCluster {
+        let bin = pg_bin();
+        let user = pg_user();
+        let dir = tempfile::Builder::new()
+            .prefix("putex-pg-")
+            .tempdir()
+            .expect("temp dir");
+        let sock = dir.path().join("sock");
+        std::fs::create_dir(&sock).expect("socket dir");
+        if let Some((uid, gid)) = user {
+            for p in [dir.path(), sock.as_path()] {
+                nix::unistd::chown(
+                    p,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .expect("give the cluster's directory to postgres");
+            }
+        }
+        let nodes: Vec<PgNode> = (1..=n)
+            .map(|i| PgNode {
+                name: format!("n{i}"),
+                port: free_port(),
+                data: dir.path().join(format!("n{i}")),
+                conf: dir.path().join(format!("n{i}.conf")),
+            })
+            .collect();
+        let cluster = PgCluster {
+            dir,
+            bin,
+            nodes,
+            user,
+            sock,
+        };
+        cluster.build(sync);
+        cluster
+    }
+
+    fn build(&self, sync: bool) {
+        let first = &self.nodes[0];
+        self.ok(self
+            .pg("initdb")
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "-D",
+            ])
+            .arg(&first.data));
+        let conf = format!(
+            "{SETTINGS}unix_socket_directories = '{}'\n",
+            self.sock.display()
+        );
+        append(&first.data.join("postgresql.conf"), &conf);
+        append(
+            &first.data.join("pg_hba.conf"),
+            "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n",
+        );
+        self.pg_ctl_start(first);
+        self.sql(0, "create role replicator replication login")
+            .expect("create the replication role");
+        for node in &self.nodes[1..] {
+            self.ok(self
+                .pg("pg_basebackup")
+                .args(["-h", "127.0.0.1", "-p", &first.port.to_string()])
+                .args(["-U", "replicator", "-X", "stream", "-c", "fast", "-R", "-D"])
+                .arg(&node.data));
+        }
+        self.ok(self
+            .pg("pg_ctl")
+            .args(["stop", "-m", "fast", "-w", "-D"])
+            .arg(&first.data));
+        for node in &self.nodes {
+            let text = format!(
+                "PGDATA='{}'\nPGBIN='{}'\nPGHOST='{}'\nPGPORT={}\nPGCTL_OPTS='-p {}'\n\
+                 SYNC={}\nPROMOTE_TIMEOUT=10\nSTOP_TIMEOUT=10\nEMERGENCY_FAST=1\nEMERGENCY_IMMEDIATE=1\n",
+                node.data.display(),
+                self.bin.display(),
+                self.sock.display(),
+                node.port,
+                node.port,
+                if sync { "on" } else { "off" },
+            );
+            std::fs::write(&node.conf, text).expect("write the recipe's config");
+        }
+    }
+
+    fn pg_ctl_start(&self, node: &PgNode) {
+        self.ok(self
+            .pg("pg_ctl")
+            .args(["start", "-w", "-o", &format!("-p {}", node.port), "-l"])
+            .arg(node.data.with_extension("log"))
+            .arg("-D")
+            .arg(&node.data));
+    }
+
+    /// The cluster's directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A command for one of PostgreSQL's programs, run as the cluster's user.
+    pub fn pg(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(program));
+        self.as_user(&mut cmd);
+        cmd
+    }
+
+    /// Makes `cmd` run as the cluster's user, with the cluster's directory as
+    /// its home.
+    pub fn as_user(&self, cmd: &mut Command) {
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.env("HOME", self.dir.path());
+    }
+
+    fn ok(&self, cmd: &mut Command) {
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        assert!(out.status.success(), "{cmd:?} failed:\n{}", text(&out));
+    }
+
+    /// Runs `sql` on node `i` over its socket; the rows, one per line.
+    pub fn sql(&self, i: usize, sql: &str) -> Result<String, String> {
+        let out = self
+            .pg("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", &self.sock.display().to_string()])
+            .args([
+                "-p",
+                &self.nodes[i].port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .args(["-c", sql])
+            .env("PGCONNECT_TIMEOUT", "2")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(text(&out))
+        }
+    }
+
+    /// Whether node `i` runs and is a primary (`Some(true)`), a replica
+    /// (`Some(false)`), or does not answer (`None`).
+    pub fn is_primary(&self, i: usize) -> Option<bool> {
+        self.sql(i, "select pg_is_in_recovery()")
+            .ok()
+            .map(|r| r == "f")
+    }
+
+    /// The index of the node with this name.
+    pub fn index(&self, name: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// The postmaster's pid of node `i`, if it runs.
+    pub fn postmaster(&self, i: usize) -> Option<i32> {
+        let text = std::fs::read_to_string(self.nodes[i].data.join("postmaster.pid")).ok()?;
+        let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+        crate::agent::start_time(pid).map(|_| pid)
+    }
+
+    /// SIGKILLs node `i`'s postmaster and every process it started: the
+    /// server's part of a host crash.
+    pub fn kill_server(&self, i: usize) {
+        if let Some(pid) = self.postmaster(i) {
+            let tree = crate::agent::descendants(pid);
+            crate::agent::sigkill(pid);
+            for p in tree {
+                crate::agent::sigkill(p);
+            }
+        }
+    }
+
+    /// The `putex run` flags of the recipe for node `i`: every hook,
+    /// `--advertise` and `--position`.
+    pub fn hook_flags(&self, i: usize) -> Vec<String> {
+        let script = putex_pg_script();
+        let hook = |cmd: &str| {
+            format!(
+                "sh {} -c {} {cmd}",
+                script.display(),
+                self.nodes[i].conf.display()
+            )
+        };
+        vec![
+            "--advertise".into(),
+            self.nodes[i].addr(),
+            "--healthcheck".into(),
+            hook("health"),
+            "--position".into(),
+            hook("position"),
+            "--activate".into(),
+            hook("activate"),
+            "--deactivate".into(),
+            hook("deactivate"),
+            "--follow".into(),
+            hook("follow"),
+            "--rejoin".into(),
+            hook("rejoin"),
+        ]
+    }
+
+    /// A libpq connection string that finds the primary among all nodes
+    /// (`target_session_attrs=read-write`).
+    pub fn primary_conninfo(&self) -> String {
+        let hosts = vec!["127.0.0.1"; self.nodes.len()].join(",");
+        let ports: Vec<String> = self.nodes.iter().map(|n| n.port.to_string()).collect();
+        format!(
+            "host={hosts} port={} user=postgres dbname=postgres \
+             target_session_attrs=read-write connect_timeout=1",
+            ports.join(",")
+        )
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        for (i, node) in self.nodes.iter().enumerate() {
+            let _ = self
+                .pg("pg_ctl")
+                .args(["stop", "-m", "immediate", "-w", "-t", "5", "-D"])
+                .arg(&node.data)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            self.kill_server(i);
+        }
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.write_all(text.as_bytes()).expect("append");
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One write the [`Writer`] had acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// The sequence number it inserted.
+    pub seq: i64,
+    /// The port of the server that acknowledged it.
+    pub port: u16,
+    /// When the acknowledgement arrived (wall-clock ns).
+    pub ns: u128,
+}
+
+/// A client inserting sequence numbers into table `putex_writes` through a
+/// connection string that finds the primary, recording each acknowledged
+/// commit; on any error it reconnects (every 20 ms) and goes on with the
+/// next number. Its own thread and runtime, so sync tests can use it.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Creates the table on node 0 of `cluster` if needed (it must be the
+    /// primary then) and starts writing through `conninfo`.
+    pub fn start(conninfo: String) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let (s, a) = (stop.clone(), acks.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(write_loop(conninfo, s, a));
+        });
+        Writer {
+            stop,
+            acks,
+            thread: Some(thread),
+        }
+    }
+
+    /// The acknowledged writes so far.
+    pub fn acks(&self) -> Vec<Ack> {
+        self.acks.lock().unwrap().clone()
+    }
+
+    /// Stops writing; every acknowledged write.
+    pub fn stop(mut self) -> Vec<Ack> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.acks()
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn write_loop(conninfo: String, stop: Arc<AtomicBool>, acks: Arc<Mutex<Vec<Ack>>>) {
+    const CALL: Duration = Duration::from_secs(2);
+    let mut seq: i64 = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let connected = tokio::time::timeout(
+            CALL,
+            tokio_postgres::connect(&conninfo, tokio_postgres::NoTls),
+        )
+        .await;
+        let Ok(Ok((client, connection))) = connected else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let conn = tokio::spawn(connection);
+        let ready = client
+            .batch_execute("create table if not exists putex_writes (seq bigint primary key)")
+            .await;
+        if ready.is_ok() {
+            while !stop.load(Ordering::SeqCst) {
+                seq += 1;
+                let row = tokio::time::timeout(
+                    CALL,
+                    client.query_one(
+                        "insert into putex_writes values ($1) returning inet_server_port()",
+                        &[&seq],
+                    ),
+                )
+                .await;
+                match row {
+                    Ok(Ok(row)) => {
+                        let port: i32 = row.get(0);
+                        acks.lock().unwrap().push(Ack {
+                            seq,
+                            port: port as u16,
+                            ns: wall_ns(),
+                        });
+                    }
+                    _ => break,
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        conn.abort();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,307 @@
+//! PostgreSQL high availability end to end: three real PostgreSQL servers
+//! (`initdb`, `pg_basebackup -R`), a real nats-server, one `putex run` agent
+//! per server with the recipe's hooks (`packaging/postgresql/putex-pg`), and
+//! a writer inserting sequence numbers through a connection string that
+//! finds the primary (`target_session_attrs=read-write`), recording every
+//! acknowledged commit (`putex_testkit::postgres`).
+//!
+//! Both sides of each guarantee: the new primary takes writes (and how soon,
+//! as the writer sees it), and no acknowledged commit is lost or acknowledged
+//! by two primaries; the old primary stops, and comes back as a replica of
+//! the new one without a manual step.
+
+use std::time::{Duration, Instant};
+
+use putex_testkit::postgres::{Ack, PgCluster, Writer};
+
+use crate::common::agent::{fast, putex, serial, start, wait_for, wall_ns, Agent};
+use crate::common::nats_server::NatsServer;
+
+/// The timing of the PostgreSQL tests: every R each node runs `psql` twice
+/// (health check and position), so R is 500 ms rather than 100 ms.
+const TIMING: [&str; 8] = [
+    "--renew",
+    "500ms",
+    "--failures",
+    "3",
+    "--confirm",
+    "1",
+    "--healthcheck-timeout",
+    "250ms",
+];
+
+/// The agent of node `i` with the recipe's hooks and `extra` flags, run as
+/// PostgreSQL's user.
+fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
+    let mut args: Vec<String> = TIMING.iter().map(|s| s.to_string()).collect();
+    args.extend(pg.hook_flags(i));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let spec = fast(pg.dir(), url, "pg", &pg.nodes[i].name, &args)
+        .env(&[("HOME", pg.dir().display().to_string())])
+        .run_as(pg.user);
+    start(spec)
+}
+
+/// Starts every node's agent: `n1` first, until it is the primary, then the
+/// others, until both stream from it.
+fn cluster(url: &str, pg: &PgCluster, extra: &[&str]) -> Vec<Agent> {
+    let mut agents = vec![agent(url, pg, 0, extra)];
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
+        "n1 did not become the primary:\n{}",
+        logs(&agents)
+    );
+    for i in 1..pg.nodes.len() {
+        agents.push(agent(url, pg, i, extra));
+    }
+    assert!(
+        wait_for(Duration::from_secs(30), || streaming_from(pg, 0).len()
+            == pg.nodes.len() - 1),
+        "the replicas do not stream from n1 ({:?}):\n{}",
+        streaming_from(pg, 0),
+        logs(&agents)
+    );
+    agents
+}
+
+/// The replicas streaming from node `i` (their application names: node ids).
+fn streaming_from(pg: &PgCluster, i: usize) -> Vec<String> {
+    pg.sql(
+        i,
+        "select application_name from pg_stat_replication where state = 'streaming' order by 1",
+    )
+    .map(|s| s.lines().map(str::to_owned).collect())
+    .unwrap_or_default()
+}
+
+fn logs(agents: &[Agent]) -> String {
+    agents
+        .iter()
+        .map(|a| format!("--- {}:\n{}", a.node(), a.log_text()))
+        .collect()
+}
+
+/// Waits until the writer has `n` more acknowledged writes.
+fn wait_acks(w: &Writer, n: usize, within: Duration) -> bool {
+    let have = w.acks().len();
+    wait_for(within, || w.acks().len() >= have + n)
+}
+
+/// The acknowledged sequence numbers missing on node `i`.
+fn lost(pg: &PgCluster, i: usize, acks: &[Ack]) -> Vec<i64> {
+    let rows = pg
+        .sql(i, "select seq from putex_writes order by seq")
+        .expect("read the writes");
+    let have: std::collections::HashSet<i64> =
+        rows.lines().filter_map(|l| l.parse().ok()).collect();
+    acks.iter()
+        .map(|a| a.seq)
+        .filter(|s| !have.contains(s))
+        .collect()
+}
+
+/// No write was acknowledged by a server after a later-acknowledged write of
+/// another: the writes of each primary form one run (never two primaries
+/// acknowledging in turn).
+fn one_primary_at_a_time(acks: &[Ack]) -> Vec<u16> {
+    let mut runs: Vec<u16> = Vec::new();
+    for a in acks {
+        if runs.last() != Some(&a.port) {
+            assert!(
+                !runs.contains(&a.port),
+                "server {} acknowledged writes again after another primary did: {runs:?} then {}",
+                a.port,
+                a.port
+            );
+            runs.push(a.port);
+        }
+    }
+    runs
+}
+
+/// The write gap around the first change of primary: last ack of the old,
+/// first ack of the new.
+fn write_gap(acks: &[Ack]) -> Option<Duration> {
+    acks.windows(2)
+        .find(|w| w[0].port != w[1].port)
+        .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[test]
+fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let pg = PgCluster::create(3, false);
+    let agents = cluster(&server.url, &pg, &[]);
+    let writer = Writer::start(pg.primary_conninfo());
+    assert!(
+        wait_acks(&writer, 100, Duration::from_secs(20)),
+        "no writes"
+    );
+
+    let asked = Instant::now();
+    let out = putex()
+        .args(["switchover", "pg", "--to", "n2", "--store", &server.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "switchover: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        logs(&agents)
+    );
+    let took = asked.elapsed();
+    let n2 = pg.nodes[1].port;
+    assert!(
+        wait_for(Duration::from_secs(10), || writer
+            .acks()
+            .iter()
+            .any(|a| a.port == n2)),
+        "no write reached n2:\n{}",
+        logs(&agents)
+    );
+    // The old primary follows the new one, with no manual step.
+    assert!(
+        wait_for(Duration::from_secs(30), || streaming_from(&pg, 1)
+            == ["n1", "n3"]),
+        "n1 and n3 do not stream from n2 ({:?}):\n{}",
+        streaming_from(&pg, 1),
+        logs(&agents)
+    );
+    assert_eq!(pg.is_primary(0), Some(false), "n1 is not a replica");
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+    let acks = writer.stop();
+    let runs = one_primary_at_a_time(&acks);
+    assert_eq!(runs, [pg.nodes[0].port, n2], "the writes' primaries");
+    let gap = write_gap(&acks).unwrap();
+    eprintln!(
+        "switchover n1 → n2: command {:.0} ms; writes unavailable {:.0} ms (last ack on n1 → first on n2); {} writes acknowledged",
+        ms(took),
+        ms(gap),
+        acks.len()
+    );
+    assert_eq!(
+        lost(&pg, 1, &acks),
+        Vec::<i64>::new(),
+        "acknowledged writes lost"
+    );
+    // The acknowledged writes reached the old primary too, as a replica.
+    let last = acks.last().unwrap().seq;
+    assert!(
+        wait_for(Duration::from_secs(10), || pg
+            .sql(
+                0,
+                &format!("select count(*) from putex_writes where seq = {last}")
+            )
+            .is_ok_and(|c| c == "1")),
+        "n1 does not replay n2's writes"
+    );
+}
+
+/// Crash of the primary's host (postmaster, agent and keeper SIGKILLed
+/// together): a replica is promoted and takes writes within the bound;
+/// then the old primary's agent restarts, rewinds it and follows the new
+/// primary — never a second primary.
+fn crash_case(sync: bool) {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let pg = PgCluster::create(3, sync);
+    let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
+    let mut agents = cluster(&server.url, &pg, extra);
+    let writer = Writer::start(pg.primary_conninfo());
+    assert!(
+        wait_acks(&writer, 200, Duration::from_secs(20)),
+        "no writes"
+    );
+
+    let crashed = wall_ns();
+    agents[0].crash();
+    pg.kill_server(0);
+    let new_primary = |acks: &[Ack]| acks.iter().find(|a| a.port != pg.nodes[0].port).copied();
+    assert!(
+        wait_for(Duration::from_secs(30), || new_primary(&writer.acks())
+            .is_some()),
+        "no replica took writes after the crash:\n{}",
+        logs(&agents)
+    );
+    let first = new_primary(&writer.acks()).unwrap();
+    let failover = Duration::from_nanos((first.ns - crashed) as u64);
+    let promoted = pg.nodes.iter().position(|n| n.port == first.port).unwrap();
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+
+    // The old primary comes back as a replica of the new one: rewound first.
+    // (The crashed agent's handle goes first: dropping it kills whatever
+    // runs with its keeper directory, a new agent included.)
+    drop(agents.remove(0));
+    agents.insert(0, agent(&server.url, &pg, 0, extra));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut following = false;
+    while Instant::now() < deadline {
+        assert_ne!(
+            pg.is_primary(0),
+            Some(true),
+            "the old primary runs as a primary again:\n{}",
+            logs(&agents)
+        );
+        if streaming_from(&pg, promoted).contains(&"n1".to_owned()) {
+            following = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        following,
+        "the old primary does not follow {}:\n{}",
+        pg.nodes[promoted].name,
+        logs(&agents)
+    );
+    assert!(
+        agents[0].log_text().contains("pg_rewind"),
+        "the old primary was not rewound:\n{}",
+        agents[0].log_text()
+    );
+    let acks = writer.stop();
+    one_primary_at_a_time(&acks);
+    let lost = lost(&pg, promoted, &acks);
+    eprintln!(
+        "crash of n1 ({} mode): {} promoted; first write on it {:.0} ms after the crash; \
+         {} of {} acknowledged writes lost",
+        if sync { "synchronous" } else { "asynchronous" },
+        pg.nodes[promoted].name,
+        ms(failover),
+        lost.len(),
+        acks.len()
+    );
+    if std::env::var_os("PUTEX_PG_LOGS").is_some() {
+        eprintln!("{}", logs(&agents));
+    }
+    if sync {
+        assert_eq!(
+            lost,
+            Vec::<i64>::new(),
+            "synchronous mode lost acknowledged commits"
+        );
+    }
+    // W + G' (about 2.4 s at R = 500 ms, F = 3) plus the promotion.
+    assert!(
+        failover < Duration::from_secs(6),
+        "failover took {failover:?}:\n{}",
+        logs(&agents)
+    );
+}
+
+#[test]
+fn postgres_crash_of_the_primary_host_synchronous_loses_no_acknowledged_commit() {
+    crash_case(true);
+}
+
+#[test]
+fn postgres_crash_of_the_primary_host_asynchronous() {
+    crash_case(false);
+}
