@@ -431,9 +431,16 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Creates the table on node 0 of `cluster` if needed (it must be the
-    /// primary then) and starts writing through `conninfo`.
+    /// Starts writing 1, 2, 3, … through `conninfo` (creating the table on
+    /// the first server it reaches, if needed).
     pub fn start(conninfo: String) -> Writer {
+        Writer::start_after(conninfo, 0)
+    }
+
+    /// The same, writing `after + 1`, `after + 2`, …: writers pinned to
+    /// different servers need ranges of their own, or the second primary's
+    /// writer would collide with the rows the first one replicated to it.
+    pub fn start_after(conninfo: String, after: i64) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(Mutex::new(Vec::new()));
         let (s, a) = (stop.clone(), acks.clone());
@@ -442,7 +449,7 @@ impl Writer {
                 .enable_all()
                 .build()
                 .expect("a runtime");
-            rt.block_on(write_loop(conninfo, s, a));
+            rt.block_on(write_loop(conninfo, after, s, a));
         });
         Writer {
             stop,
@@ -472,9 +479,14 @@ impl Drop for Writer {
     }
 }
 
-async fn write_loop(conninfo: String, stop: Arc<AtomicBool>, acks: Arc<Mutex<Vec<Ack>>>) {
+async fn write_loop(
+    conninfo: String,
+    after: i64,
+    stop: Arc<AtomicBool>,
+    acks: Arc<Mutex<Vec<Ack>>>,
+) {
     const CALL: Duration = Duration::from_secs(2);
-    let mut seq: i64 = 0;
+    let mut seq: i64 = after;
     while !stop.load(Ordering::SeqCst) {
         let connected = tokio::time::timeout(
             CALL,

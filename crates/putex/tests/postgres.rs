@@ -305,3 +305,217 @@ fn postgres_crash_of_the_primary_host_synchronous_loses_no_acknowledged_commit()
 fn postgres_crash_of_the_primary_host_asynchronous() {
     crash_case(false);
 }
+
+/// O2 with PostgreSQL: paused, the primary's server is restarted by hand
+/// (its health checks fail meanwhile) and nobody takes over; resumed, the
+/// same primary goes on, and failover works again.
+#[test]
+fn postgres_pause_restart_the_primary_resume_and_no_failover() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let pg = PgCluster::create(3, false);
+    let agents = cluster(&server.url, &pg, &[]);
+    let writer = Writer::start(pg.primary_conninfo());
+    assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
+    let ctl = |args: &[&str]| {
+        let out = putex()
+            .args(args)
+            .args(["--store", &server.url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "putex {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            logs(&agents)
+        );
+    };
+    ctl(&["pause", "pg", "--reason", "restart PostgreSQL"]);
+    let n1 = &pg.nodes[0];
+    let restarted = pg
+        .pg("pg_ctl")
+        .args([
+            "restart",
+            "-m",
+            "fast",
+            "-w",
+            "-o",
+            &format!("-p {}", n1.port),
+            "-D",
+        ])
+        .arg(&n1.data)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(restarted.success());
+    // Well past the crash failover bound (2.03 s) and K failed checks.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(pg.is_primary(0), Some(true), "n1 is no longer the primary");
+    for i in 1..3 {
+        assert_eq!(
+            pg.is_primary(i),
+            Some(false),
+            "{} was promoted",
+            pg.nodes[i].name
+        );
+    }
+    ctl(&["resume", "pg"]);
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+    let acks = writer.stop();
+    assert_eq!(
+        one_primary_at_a_time(&acks),
+        [n1.port],
+        "writes went elsewhere:\n{}",
+        logs(&agents)
+    );
+    assert!(
+        !logs(&agents).contains("putex-pg deactivate: pg_ctl stop"),
+        "putex stopped PostgreSQL while paused:\n{}",
+        logs(&agents)
+    );
+}
+
+/// O3 with PostgreSQL: a replica whose replay is paused lags by more than
+/// `--max-lag` and is not promoted when the primary crashes, however long
+/// the lock stays unheld; once its replay resumes and catches up, it is.
+#[test]
+fn postgres_a_lagging_replica_is_not_promoted_until_it_catches_up() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let pg = PgCluster::create(2, false);
+    let mut agents = cluster(&server.url, &pg, &["--max-lag", "65536"]);
+    pg.sql(1, "select pg_wal_replay_pause()").unwrap();
+    let writer = Writer::start(pg.primary_conninfo());
+    // Well over --max-lag of WAL that n2 receives but does not replay.
+    pg.sql(
+        0,
+        "create table putex_ballast as select g, repeat('x', 200) as pad from generate_series(1, 20000) g",
+    )
+    .unwrap();
+    assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
+    std::thread::sleep(Duration::from_secs(1)); // positions published
+    let acked = writer.stop();
+    agents[0].crash();
+    pg.kill_server(0);
+    std::thread::sleep(Duration::from_secs(6)); // three times B
+    assert_eq!(
+        pg.is_primary(1),
+        Some(false),
+        "the lagging replica was promoted:\n{}",
+        logs(&agents)
+    );
+    let status = crate::common::agent::status_json(&server.url, "pg").to_string();
+    assert!(
+        status.contains("lagging"),
+        "status does not say why: {status}"
+    );
+    pg.sql(1, "select pg_wal_replay_resume()").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(15), || pg.is_primary(1) == Some(true)),
+        "the caught-up replica was not promoted:\n{}",
+        logs(&agents)
+    );
+    assert_eq!(
+        lost(&pg, 1, &acked),
+        Vec::<i64>::new(),
+        "acknowledged writes lost"
+    );
+}
+
+/// The primary cut off from the store (its agent's connection blackholed
+/// by a TCP proxy): its keeper stops PostgreSQL at the licence's end, before
+/// the replica is promoted — checked from writers pinned to each server:
+/// the last write n1 acknowledged comes before the first n2 acknowledged.
+#[test]
+fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promoted() {
+    use crate::common::proxy::{Mode, Proxy};
+    let _serial = serial();
+    let server = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt
+        .block_on(Proxy::start(
+            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
+        ))
+        .unwrap();
+    let pg = PgCluster::create(2, false);
+    let mut agents = vec![agent(&proxy.url(), &pg, 0, &[])];
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
+        "n1 did not become the primary:\n{}",
+        logs(&agents)
+    );
+    agents.push(agent(&server.url, &pg, 1, &[]));
+    assert!(
+        wait_for(Duration::from_secs(30), || streaming_from(&pg, 0) == ["n2"]),
+        "n2 does not stream from n1:\n{}",
+        logs(&agents)
+    );
+    let pinned = |i: usize| {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres \
+             target_session_attrs=read-write connect_timeout=1",
+            pg.nodes[i].port
+        )
+    };
+    let on_n1 = Writer::start(pinned(0));
+    let on_n2 = Writer::start_after(pinned(1), 1_000_000_000);
+    assert!(
+        wait_acks(&on_n1, 50, Duration::from_secs(20)),
+        "no writes on n1"
+    );
+    let cut = wall_ns();
+    proxy.set(Mode::Blackhole);
+    assert!(
+        wait_for(Duration::from_secs(20), || !on_n2.acks().is_empty()),
+        "n2 never took writes:\n{}",
+        logs(&agents)
+    );
+    assert!(wait_acks(&on_n2, 20, Duration::from_secs(10)));
+    let (n1_acks, n2_acks) = (on_n1.stop(), on_n2.stop());
+    let last_n1 = n1_acks.last().unwrap().ns;
+    let first_n2 = n2_acks.first().unwrap().ns;
+    eprintln!(
+        "cut off at 0: n1's last write acknowledged at {:.0} ms, n2's first at {:.0} ms",
+        ms(Duration::from_nanos((last_n1 - cut) as u64)),
+        ms(Duration::from_nanos((first_n2 - cut) as u64))
+    );
+    if std::env::var_os("PUTEX_PG_LOGS").is_some() {
+        eprintln!("{}", logs(&agents));
+    }
+    assert!(
+        last_n1 < first_n2,
+        "two primaries acknowledged writes: n1 until {last_n1}, n2 from {first_n2}:\n{}",
+        logs(&agents)
+    );
+    assert_eq!(pg.is_primary(0), None, "n1's server still runs");
+    proxy.set(Mode::Pass);
+}
+
+/// `packaging/postgresql/demo`, as a newcomer runs it, with this build.
+#[test]
+fn postgres_the_demo_runs_and_shows_the_failover_and_the_rejoin() {
+    let _serial = serial();
+    let demo = putex_testkit::postgres::putex_pg_script().with_file_name("demo");
+    let out = std::process::Command::new(demo)
+        .env("PUTEX", crate::common::agent::putex_bin())
+        .env("PGBIN", putex_testkit::postgres::pg_bin())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "promoted; first write acknowledged on it",
+        "streams from",
+        "pg_rewind",
+        "0 of them missing",
+    ] {
+        assert!(
+            text.contains(line),
+            "the demo did not say {line:?}:\n{text}"
+        );
+    }
+}

@@ -243,30 +243,44 @@ fn fresh_members(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Vec<Me
 ///
 /// Follows run one at a time and never beside the rejoin hook (O4): a node
 /// still to rejoin follows nobody (the rejoin's success follows the holder
-/// of that moment), and a follow overtaken by a newer holder is dropped.
+/// of that moment), and a follow overtaken by a newer holder is dropped. A
+/// follow that fails is run again every T while the holder stays the same
+/// (the holder may still be starting its service, a network may be down).
 pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
     let Some(cmd) = host.inner.settings.operator.follow.clone() else {
         return;
     };
     let host = host.clone();
     let timeout = host.inner.settings.timing.activate_timeout();
+    let again = host.inner.settings.timing.lease();
     tokio::spawn(
         async move {
-            let _resync = host.inner.resync.lock().await;
-            let (pending, current) = host.set(|st| (st.rejoin_pending, st.active_holder.clone()));
-            if pending {
-                tracing::info!(holder = ?holder, "not following yet: rejoining first (O4)");
-                return;
+            loop {
+                {
+                    let _resync = host.inner.resync.lock().await;
+                    let (pending, current) =
+                        host.set(|st| (st.rejoin_pending, st.active_holder.clone()));
+                    if pending {
+                        tracing::info!(holder = ?holder, "not following yet: rejoining first (O4)");
+                        return;
+                    }
+                    if current.is_some() && current != holder {
+                        return;
+                    }
+                    let addr = holder
+                        .as_ref()
+                        .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
+                    let env = host.hook_env(holder.clone(), addr);
+                    tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
+                    if AgentHost::run_hook(&host.inner, HookKind::Follow, &cmd, &env, None, timeout)
+                        .await
+                    {
+                        return;
+                    }
+                }
+                tracing::warn!(holder = ?holder, again = ?again, "the follow hook failed; trying again");
+                tokio::time::sleep(again).await;
             }
-            if current.is_some() && current != holder {
-                return;
-            }
-            let addr = holder
-                .as_ref()
-                .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
-            let env = host.hook_env(holder, addr);
-            tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
-            AgentHost::run_hook(&host.inner, HookKind::Follow, &cmd, &env, None, timeout).await;
         }
         .in_current_span(),
     );
