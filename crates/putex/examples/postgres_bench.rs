@@ -1,0 +1,313 @@
+//! The putex half of the side-by-side PostgreSQL HA benchmark
+//! (`scripts/bench-postgres` runs it beside `scripts/bench-patroni` and
+//! prints the table of `docs/postgresql.md`). Not a test: it prints figures.
+//!
+//! ```text
+//! cargo run --release -p putex --example postgres_bench -- [--runs N]
+//!     [--putex PATH] [--fast] [--json FILE]
+//! ```
+//!
+//! Three PostgreSQL servers (`putex_testkit::postgres`: `initdb`,
+//! `pg_basebackup -R`, the settings the Patroni side uses too), a
+//! single-node nats-server, one `putex run` per server with the recipe's
+//! hooks (`packaging/postgresql/putex-pg`) at the timing `docs/postgresql.md`
+//! recommends for a NATS cluster (R = 1 s, F = 5, C = 2; `--fast`: R = 500 ms,
+//! F = 3, C = 1), `--max-lag 16MB`, and a writer inserting sequence numbers
+//! through a `target_session_attrs=read-write` string, 2 ms apart, recording
+//! every acknowledged commit. `--runs` times each:
+//!
+//! - **crash failover as the writer sees it**: the primary's agent, keeper
+//!   and postmaster (with its children) SIGKILLed together → the first
+//!   acknowledged write on another server; the crashed node's agent is then
+//!   started again and the run waits until it streams from the new primary
+//!   (it rewinds first);
+//! - **switchover write unavailability**: `putex switchover pg --to NODE` →
+//!   the gap between the last acknowledgement on the old primary and the
+//!   first on the new one;
+//! - **acknowledged commits lost** after each event;
+//! - **idle cost**, once, writer stopped: VmRSS and CPU of the primary's and
+//!   a replica's agent over 10 s, alone and with the hooks it ran (`psql`
+//!   twice per R: the health check and the position).
+//!
+//! `--json FILE` writes the keys `scripts/bench-patroni` writes:
+//! `crash_failover_ms`, `switchover_unavailable_ms`, `lost`, `idle`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use putex_testkit::agent::{wait_for, wall_ns, Agent, AgentSpec};
+use putex_testkit::nats_server::NatsServer;
+use putex_testkit::postgres::{Ack, PgCluster, Writer};
+use putex_testkit::procfs::{cpu_ticks, cpu_ticks_with_children, rss_kb};
+
+#[derive(clap::Parser)]
+#[command(
+    name = "postgres_bench",
+    about = "putex running three real PostgreSQL servers: crash failover, switchover, loss, idle cost"
+)]
+struct Args {
+    /// Crash failovers and switchovers to measure, each.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The putex binary (default: the one built beside this example).
+    #[arg(long)]
+    putex: Option<PathBuf>,
+    /// R = 500 ms, F = 3, C = 1 instead of R = 1 s, F = 5, C = 2.
+    #[arg(long)]
+    fast: bool,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Bench {
+    putex: PathBuf,
+    url: String,
+    pg: PgCluster,
+    timing: Vec<&'static str>,
+    agents: Vec<Option<Agent>>,
+}
+
+impl Bench {
+    fn start(&mut self, i: usize) {
+        let mut args: Vec<String> = self.timing.iter().map(|s| s.to_string()).collect();
+        args.extend(["--max-lag".into(), "16777216".into()]);
+        args.extend(self.pg.hook_flags(i));
+        let spec = AgentSpec::new(
+            &self.putex,
+            &self.url,
+            "pg",
+            &self.pg.nodes[i].name,
+            self.pg.dir(),
+        )
+        .args(&args)
+        .env(&[("HOME", self.pg.dir().display().to_string())])
+        .run_as(self.pg.user);
+        self.agents[i] = None;
+        self.agents[i] = Some(Agent::start(spec).expect("start putex run"));
+    }
+
+    fn primary(&self) -> Option<usize> {
+        (0..3).find(|&i| self.pg.is_primary(i) == Some(true))
+    }
+
+    fn streaming_from(&self, i: usize) -> usize {
+        self.pg
+            .sql(
+                i,
+                "select count(*) from pg_stat_replication where state = 'streaming'",
+            )
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits for one primary with both replicas streaming from it.
+    fn steady(&self) -> usize {
+        let mut primary = None;
+        let ok = wait_for(Duration::from_secs(60), || {
+            primary = self.primary();
+            primary.is_some_and(|p| self.streaming_from(p) == 2)
+        });
+        if !ok {
+            for a in self.agents.iter().flatten() {
+                eprintln!("--- {}:\n{}", a.node(), a.log_text());
+            }
+            panic!("the cluster did not settle");
+        }
+        primary.unwrap()
+    }
+
+    fn lost(&self, on: usize, acks: &[Ack]) -> usize {
+        let rows = self
+            .pg
+            .sql(on, "select seq from putex_writes")
+            .unwrap_or_default();
+        let have: std::collections::HashSet<i64> =
+            rows.lines().filter_map(|l| l.parse().ok()).collect();
+        acks.iter().filter(|a| !have.contains(&a.seq)).count()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
+}
+
+fn main() {
+    let args: Args = clap::Parser::parse();
+    let putex = args.putex.clone().unwrap_or_else(|| {
+        putex_testkit::bench::putex_beside_me().unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        })
+    });
+    let server = NatsServer::start();
+    let timing: Vec<&'static str> = if args.fast {
+        vec!["--renew", "500ms", "--failures", "3", "--confirm", "1"]
+    } else {
+        vec!["--renew", "1s", "--failures", "5", "--confirm", "2"]
+    };
+    let mut timing = timing;
+    timing.extend(["--healthcheck-timeout", "250ms"]);
+    let mut b = Bench {
+        putex,
+        url: server.url.clone(),
+        pg: PgCluster::create(3, false),
+        timing,
+        agents: vec![None, None, None],
+    };
+    b.start(0);
+    assert!(
+        wait_for(Duration::from_secs(60), || b.pg.is_primary(0) == Some(true)),
+        "n1 did not become the primary"
+    );
+    b.start(1);
+    b.start(2);
+    b.steady();
+    let writer = Writer::start(b.pg.primary_conninfo());
+    assert!(
+        wait_for(Duration::from_secs(30), || writer.acks().len() > 100),
+        "no writes"
+    );
+
+    let mut crashes = Vec::new();
+    let mut switchovers = Vec::new();
+    let mut lost = Vec::new();
+    for run in 1..=args.runs {
+        // Crash of the primary's host.
+        let p = b.steady();
+        std::thread::sleep(Duration::from_secs(2));
+        let before = writer.acks().len();
+        let port = b.pg.nodes[p].port;
+        let crashed = wall_ns();
+        if let Some(a) = b.agents[p].as_mut() {
+            a.crash();
+        }
+        b.pg.kill_server(p);
+        let mut first = None;
+        wait_for(Duration::from_secs(120), || {
+            first = writer.acks()[before..]
+                .iter()
+                .find(|a| a.port != port)
+                .copied();
+            first.is_some()
+        });
+        let first = first.expect("no failover");
+        let took = Duration::from_nanos((first.ns - crashed) as u64);
+        let to =
+            b.pg.nodes
+                .iter()
+                .position(|n| n.port == first.port)
+                .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let l = b.lost(to, &writer.acks());
+        println!(
+            "crash {run}: {} → {}: first write on the new primary {:.0} ms after the crash; {l} acknowledged writes lost",
+            b.pg.nodes[p].name, b.pg.nodes[to].name, ms(took)
+        );
+        crashes.push(ms(took));
+        lost.push(l);
+        let back = Instant::now();
+        b.agents[p] = None;
+        b.start(p);
+        b.steady();
+        println!(
+            "  {} streams from {} again {:.1} s after its agent restarted",
+            b.pg.nodes[p].name,
+            b.pg.nodes[to].name,
+            back.elapsed().as_secs_f64()
+        );
+
+        // Switchover to a replica.
+        let p = b.steady();
+        std::thread::sleep(Duration::from_secs(2));
+        let target = (p + 1) % 3;
+        let before = writer.acks().len();
+        let out = Command::new(&b.putex)
+            .args(["switchover", "pg", "--to", &b.pg.nodes[target].name])
+            .args(["--store", &b.url])
+            .output()
+            .expect("putex switchover");
+        assert!(
+            out.status.success(),
+            "switchover: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tport = b.pg.nodes[target].port;
+        assert!(
+            wait_for(Duration::from_secs(30), || writer.acks()[before..]
+                .iter()
+                .any(|a| a.port == tport)),
+            "no write reached the switchover's target"
+        );
+        let acks = writer.acks();
+        let gap = acks[before.saturating_sub(1)..]
+            .windows(2)
+            .find(|w| w[0].port != w[1].port)
+            .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
+            .expect("a change of primary");
+        std::thread::sleep(Duration::from_millis(500));
+        let l = b.lost(target, &writer.acks());
+        println!(
+            "switchover {run}: {} → {}: writes unavailable {:.0} ms; {l} acknowledged writes lost",
+            b.pg.nodes[p].name,
+            b.pg.nodes[target].name,
+            ms(gap)
+        );
+        switchovers.push(ms(gap));
+        lost.push(l);
+    }
+    let acked = writer.stop().len();
+
+    // Idle cost, writer stopped.
+    let p = b.steady();
+    let replica = (p + 1) % 3;
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = |i: usize| b.agents[i].as_ref().map_or(0, |a| a.pid());
+    let (pp, rp) = (pid(p), pid(replica));
+    let start = [
+        cpu_ticks(pp),
+        cpu_ticks_with_children(pp),
+        cpu_ticks(rp),
+        cpu_ticks_with_children(rp),
+    ];
+    let window = Duration::from_secs(10);
+    std::thread::sleep(window);
+    let end = [
+        cpu_ticks(pp),
+        cpu_ticks_with_children(pp),
+        cpu_ticks(rp),
+        cpu_ticks_with_children(rp),
+    ];
+    // USER_HZ is 100 on Linux: a tick is 10 ms.
+    let pct = |k: usize| (end[k] - start[k]) as f64 * 10.0 / window.as_millis() as f64 * 100.0;
+    let idle = serde_json::json!({
+        "primary_agent": {"rss_mb": rss_kb(pp) as f64 / 1024.0, "cpu_pct": pct(0), "cpu_pct_with_hooks": pct(1)},
+        "replica_agent": {"rss_mb": rss_kb(rp) as f64 / 1024.0, "cpu_pct": pct(2), "cpu_pct_with_hooks": pct(3)},
+    });
+    println!("idle, 10 s: {idle}");
+    let med = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "putex (R = {}): crash failover median {:.0} ms, switchover unavailability median {:.0} ms, {} of {acked} acknowledged writes lost",
+        b.timing[1],
+        med(&crashes),
+        med(&switchovers),
+        lost.iter().sum::<usize>()
+    );
+    if let Some(path) = args.json {
+        let j = serde_json::json!({
+            "crash_failover_ms": crashes,
+            "switchover_unavailable_ms": switchovers,
+            "lost": lost,
+            "acknowledged": acked,
+            "idle": idle,
+            "settings": {"timing": b.timing, "max_lag": 16777216},
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap()).expect("write --json");
+    }
+}
