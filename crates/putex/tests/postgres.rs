@@ -205,7 +205,9 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
 }
 
 /// Crash of the primary's host (postmaster, agent and keeper SIGKILLed
-/// together): a replica is promoted and takes writes within the bound;
+/// together) while n3 lags (it stopped receiving): the most advanced
+/// replica, n2, is promoted and takes writes within the bound, and n3
+/// follows it;
 /// then the old primary's agent restarts, rewinds it and follows the new
 /// primary — never a second primary.
 fn crash_case(sync: bool) {
@@ -219,6 +221,20 @@ fn crash_case(sync: bool) {
         wait_acks(&writer, 200, Duration::from_secs(20)),
         "no writes"
     );
+    // n3 stops receiving (its primary_conninfo points nowhere): n2 is the
+    // most advanced replica when n1 crashes, and must be the one promoted.
+    pg.sql(
+        2,
+        "alter system set primary_conninfo = 'host=127.0.0.1 port=1'",
+    )
+    .unwrap();
+    pg.sql(2, "select pg_reload_conf()").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || streaming_from(&pg, 0) == ["n2"]),
+        "n3 still streams"
+    );
+    assert!(wait_acks(&writer, 200, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(1200)); // positions published
 
     let crashed = wall_ns();
     agents[0].crash();
@@ -233,6 +249,19 @@ fn crash_case(sync: bool) {
     let first = new_primary(&writer.acks()).unwrap();
     let failover = Duration::from_nanos((first.ns - crashed) as u64);
     let promoted = pg.nodes.iter().position(|n| n.port == first.port).unwrap();
+    assert_eq!(
+        pg.nodes[promoted].name,
+        "n2",
+        "not the most advanced replica was promoted:\n{}",
+        logs(&agents)
+    );
+    // n3 follows the new primary (its follow hook re-points it).
+    assert!(
+        wait_for(Duration::from_secs(20), || streaming_from(&pg, promoted)
+            .contains(&"n3".to_owned())),
+        "n3 does not follow n2:\n{}",
+        logs(&agents)
+    );
     assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
 
     // The old primary comes back as a replica of the new one: rewound first.
@@ -288,9 +317,12 @@ fn crash_case(sync: bool) {
             "synchronous mode lost acknowledged commits"
         );
     }
-    // W + G' (about 2.4 s at R = 500 ms, F = 3) plus the promotion.
+    // W + G' (about 2.4 s at R = 500 ms, F = 3) plus the promotion; in
+    // synchronous mode a commit also waits for a replica to attach to the
+    // new primary (n3 re-pointed by its follow, or n1 rejoined).
+    let limit = Duration::from_secs(if sync { 10 } else { 6 });
     assert!(
-        failover < Duration::from_secs(6),
+        failover < limit,
         "failover took {failover:?}:\n{}",
         logs(&agents)
     );
