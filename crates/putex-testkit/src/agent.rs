@@ -111,6 +111,17 @@ pub fn putex_command(putex: &Path) -> Command {
     cmd
 }
 
+/// A finished command's exit status, stdout and stderr, for a failure
+/// message.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// How to start one `putex run`.
 #[derive(Clone, Debug)]
 pub struct AgentSpec {

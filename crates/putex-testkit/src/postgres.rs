@@ -20,12 +20,12 @@
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::agent::wall_ns;
+use crate::agent::{output_text, wall_ns, AgentSpec};
 
 /// The directory of PostgreSQL's programs, or a panic saying how to install
 /// them.
@@ -270,7 +270,11 @@ impl PgCluster {
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        assert!(out.status.success(), "{cmd:?} failed:\n{}", text(&out));
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed:\n{}",
+            output_text(&out)
+        );
     }
 
     /// Runs `sql` on node `i` over its socket; the rows, one per line.
@@ -295,7 +299,7 @@ impl PgCluster {
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         } else {
-            Err(text(&out))
+            Err(output_text(&out))
         }
     }
 
@@ -363,6 +367,41 @@ impl PgCluster {
         ]
     }
 
+    /// `putex run` for node `i` of lock `pg` with every hook of the recipe
+    /// ([`PgCluster::hook_flags`]), its keeper directory and log in the
+    /// cluster's directory, run as the cluster's user with that directory
+    /// as its home; timing and other flags are the caller's.
+    pub fn agent_spec(&self, putex: &Path, url: &str, i: usize) -> AgentSpec {
+        AgentSpec::new(putex, url, "pg", &self.nodes[i].name, self.dir())
+            .args(&self.hook_flags(i))
+            .env(&[("HOME", self.dir().display().to_string())])
+            .run_as(self.user)
+    }
+
+    /// The replicas streaming from node `i` (their application names: the
+    /// node ids), sorted; none if it does not answer.
+    pub fn streaming_from(&self, i: usize) -> Vec<String> {
+        self.sql(
+            i,
+            "select application_name from pg_stat_replication where state = 'streaming' order by 1",
+        )
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+    }
+
+    /// The acknowledged sequence numbers missing from node `i`'s
+    /// `putex_writes`.
+    pub fn missing(&self, i: usize, acks: &[Ack]) -> Result<Vec<i64>, String> {
+        let rows = self.sql(i, "select seq from putex_writes")?;
+        let have: std::collections::HashSet<i64> =
+            rows.lines().filter_map(|l| l.parse().ok()).collect();
+        Ok(acks
+            .iter()
+            .map(|a| a.seq)
+            .filter(|s| !have.contains(s))
+            .collect())
+    }
+
     /// A libpq connection string that finds the primary among all nodes
     /// (`target_session_attrs=read-write`).
     pub fn primary_conninfo(&self) -> String {
@@ -400,15 +439,6 @@ fn append(path: &Path, text: &str) {
     f.write_all(text.as_bytes()).expect("append");
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// One write the [`Writer`] had acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ack {
@@ -418,6 +448,15 @@ pub struct Ack {
     pub port: u16,
     /// When the acknowledgement arrived (wall-clock ns).
     pub ns: u128,
+}
+
+/// How long writes were unavailable around the first change of primary in
+/// `acks`: from the old primary's last acknowledgement to the new one's
+/// first.
+pub fn write_gap(acks: &[Ack]) -> Option<Duration> {
+    acks.windows(2)
+        .find(|w| w[0].port != w[1].port)
+        .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
 }
 
 /// A client inserting sequence numbers into table `putex_writes` through a

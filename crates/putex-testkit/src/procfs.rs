@@ -29,33 +29,32 @@ pub fn rss_kb(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-/// A process's CPU time (utime + stime), in clock ticks; 0 if it is gone.
-pub fn cpu_ticks(pid: i32) -> u64 {
+/// The sum of `/proc/PID/stat` fields `fields` (0 = the state, the field
+/// after the command), in clock ticks; 0 if the process is gone.
+fn stat_ticks(pid: i32, fields: std::ops::Range<usize>) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             let rest = s[s.rfind(')')? + 1..].to_owned();
             let f: Vec<&str> = rest.split_whitespace().collect();
-            // After the command: state is field 3, utime 14, stime 15.
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            fields
+                .map(|i| f.get(i)?.parse::<u64>().ok())
+                .sum::<Option<u64>>()
         })
         .unwrap_or(0)
+}
+
+/// A process's CPU time (utime + stime, stat fields 14 and 15), in clock
+/// ticks; 0 if it is gone.
+pub fn cpu_ticks(pid: i32) -> u64 {
+    stat_ticks(pid, 11..13)
 }
 
 /// A process's CPU time with that of its children it waited for (utime +
 /// stime + cutime + cstime), in clock ticks: an agent with the hooks it
 /// ran. 0 if it is gone.
 pub fn cpu_ticks_with_children(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s[s.rfind(')')? + 1..].to_owned();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            (11..15)
-                .map(|i| f.get(i)?.parse::<u64>().ok())
-                .sum::<Option<u64>>()
-        })
-        .unwrap_or(0)
+    stat_ticks(pid, 11..15)
 }
 
 /// The CPU's model name (`/proc/cpuinfo`), or `unknown CPU`.

@@ -36,9 +36,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use putex_testkit::agent::{wait_for, wall_ns, Agent, AgentSpec};
+use putex_testkit::agent::{wait_for, wall_ns, Agent};
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::postgres::{Ack, PgCluster, Writer};
+use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
 use putex_testkit::procfs::{cpu_ticks, cpu_ticks_with_children, rss_kb};
 
 #[derive(clap::Parser)]
@@ -71,19 +71,11 @@ struct Bench {
 
 impl Bench {
     fn start(&mut self, i: usize) {
-        let mut args: Vec<String> = self.timing.iter().map(|s| s.to_string()).collect();
-        args.extend(["--max-lag".into(), "16777216".into()]);
-        args.extend(self.pg.hook_flags(i));
-        let spec = AgentSpec::new(
-            &self.putex,
-            &self.url,
-            "pg",
-            &self.pg.nodes[i].name,
-            self.pg.dir(),
-        )
-        .args(&args)
-        .env(&[("HOME", self.pg.dir().display().to_string())])
-        .run_as(self.pg.user);
+        let spec = self
+            .pg
+            .agent_spec(&self.putex, &self.url, i)
+            .args(&self.timing)
+            .args(&["--max-lag", "16777216"]);
         self.agents[i] = None;
         self.agents[i] = Some(Agent::start(spec).expect("start putex run"));
     }
@@ -92,23 +84,12 @@ impl Bench {
         (0..3).find(|&i| self.pg.is_primary(i) == Some(true))
     }
 
-    fn streaming_from(&self, i: usize) -> usize {
-        self.pg
-            .sql(
-                i,
-                "select count(*) from pg_stat_replication where state = 'streaming'",
-            )
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0)
-    }
-
     /// Waits for one primary with both replicas streaming from it.
     fn steady(&self) -> usize {
         let mut primary = None;
         let ok = wait_for(Duration::from_secs(60), || {
             primary = self.primary();
-            primary.is_some_and(|p| self.streaming_from(p) == 2)
+            primary.is_some_and(|p| self.pg.streaming_from(p).len() == 2)
         });
         if !ok {
             for a in self.agents.iter().flatten() {
@@ -120,13 +101,7 @@ impl Bench {
     }
 
     fn lost(&self, on: usize, acks: &[Ack]) -> usize {
-        let rows = self
-            .pg
-            .sql(on, "select seq from putex_writes")
-            .unwrap_or_default();
-        let have: std::collections::HashSet<i64> =
-            rows.lines().filter_map(|l| l.parse().ok()).collect();
-        acks.iter().filter(|a| !have.contains(&a.seq)).count()
+        self.pg.missing(on, acks).map_or(acks.len(), |m| m.len())
     }
 }
 
@@ -242,11 +217,7 @@ fn main() {
             "no write reached the switchover's target"
         );
         let acks = writer.acks();
-        let gap = acks[before.saturating_sub(1)..]
-            .windows(2)
-            .find(|w| w[0].port != w[1].port)
-            .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
-            .expect("a change of primary");
+        let gap = write_gap(&acks[before.saturating_sub(1)..]).expect("a change of primary");
         std::thread::sleep(Duration::from_millis(500));
         let l = b.lost(target, &writer.acks());
         println!(

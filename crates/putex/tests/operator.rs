@@ -20,6 +20,7 @@ use crate::common::agent::{
     wait_for, wall_ns, Agent, R,
 };
 use crate::common::nats_server::NatsServer;
+use putex_testkit::agent::output_text as text;
 
 /// A test on a real nats-server, and the same test on the embedded store:
 /// `$body(url, dir)` with a fresh temporary directory each.
@@ -45,15 +46,6 @@ macro_rules! both_stores {
 
 fn run(args: &[&str]) -> Output {
     putex().args(args).output().expect("run putex")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Starts `nodes` with the hooks and `extra` flags; waits for one active.

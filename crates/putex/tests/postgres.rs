@@ -12,9 +12,9 @@
 
 use std::time::{Duration, Instant};
 
-use putex_testkit::postgres::{Ack, PgCluster, Writer};
+use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
 
-use crate::common::agent::{fast, putex, serial, start, wait_for, wall_ns, Agent};
+use crate::common::agent::{putex, putex_bin, serial, start, wait_for, wall_ns, Agent};
 use crate::common::nats_server::NatsServer;
 
 /// The timing of the PostgreSQL tests: every R each node runs `psql` twice
@@ -33,13 +33,11 @@ const TIMING: [&str; 8] = [
 /// The agent of node `i` with the recipe's hooks and `extra` flags, run as
 /// PostgreSQL's user.
 fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
-    let mut args: Vec<String> = TIMING.iter().map(|s| s.to_string()).collect();
-    args.extend(pg.hook_flags(i));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let spec = fast(pg.dir(), url, "pg", &pg.nodes[i].name, &args)
-        .env(&[("HOME", pg.dir().display().to_string())])
-        .run_as(pg.user);
+    let spec = pg
+        .agent_spec(putex_bin(), url, i)
+        .args(&TIMING)
+        .args(extra)
+        .default_flag("--stop-timeout", "2s");
     start(spec)
 }
 
@@ -56,23 +54,13 @@ fn cluster(url: &str, pg: &PgCluster, extra: &[&str]) -> Vec<Agent> {
         agents.push(agent(url, pg, i, extra));
     }
     assert!(
-        wait_for(Duration::from_secs(30), || streaming_from(pg, 0).len()
+        wait_for(Duration::from_secs(30), || pg.streaming_from(0).len()
             == pg.nodes.len() - 1),
         "the replicas do not stream from n1 ({:?}):\n{}",
-        streaming_from(pg, 0),
+        pg.streaming_from(0),
         logs(&agents)
     );
     agents
-}
-
-/// The replicas streaming from node `i` (their application names: node ids).
-fn streaming_from(pg: &PgCluster, i: usize) -> Vec<String> {
-    pg.sql(
-        i,
-        "select application_name from pg_stat_replication where state = 'streaming' order by 1",
-    )
-    .map(|s| s.lines().map(str::to_owned).collect())
-    .unwrap_or_default()
 }
 
 fn logs(agents: &[Agent]) -> String {
@@ -90,15 +78,7 @@ fn wait_acks(w: &Writer, n: usize, within: Duration) -> bool {
 
 /// The acknowledged sequence numbers missing on node `i`.
 fn lost(pg: &PgCluster, i: usize, acks: &[Ack]) -> Vec<i64> {
-    let rows = pg
-        .sql(i, "select seq from putex_writes order by seq")
-        .expect("read the writes");
-    let have: std::collections::HashSet<i64> =
-        rows.lines().filter_map(|l| l.parse().ok()).collect();
-    acks.iter()
-        .map(|a| a.seq)
-        .filter(|s| !have.contains(s))
-        .collect()
+    pg.missing(i, acks).expect("read the writes")
 }
 
 /// No write was acknowledged by a server after a later-acknowledged write of
@@ -118,14 +98,6 @@ fn one_primary_at_a_time(acks: &[Ack]) -> Vec<u16> {
         }
     }
     runs
-}
-
-/// The write gap around the first change of primary: last ack of the old,
-/// first ack of the new.
-fn write_gap(acks: &[Ack]) -> Option<Duration> {
-    acks.windows(2)
-        .find(|w| w[0].port != w[1].port)
-        .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -168,10 +140,10 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
     );
     // The old primary follows the new one, with no manual step.
     assert!(
-        wait_for(Duration::from_secs(30), || streaming_from(&pg, 1)
+        wait_for(Duration::from_secs(30), || pg.streaming_from(1)
             == ["n1", "n3"]),
         "n1 and n3 do not stream from n2 ({:?}):\n{}",
-        streaming_from(&pg, 1),
+        pg.streaming_from(1),
         logs(&agents)
     );
     assert_eq!(pg.is_primary(0), Some(false), "n1 is not a replica");
@@ -230,7 +202,7 @@ fn crash_case(sync: bool) {
     .unwrap();
     pg.sql(2, "select pg_reload_conf()").unwrap();
     assert!(
-        wait_for(Duration::from_secs(10), || streaming_from(&pg, 0) == ["n2"]),
+        wait_for(Duration::from_secs(10), || pg.streaming_from(0) == ["n2"]),
         "n3 still streams"
     );
     assert!(wait_acks(&writer, 200, Duration::from_secs(20)));
@@ -257,7 +229,8 @@ fn crash_case(sync: bool) {
     );
     // n3 follows the new primary (its follow hook re-points it).
     assert!(
-        wait_for(Duration::from_secs(20), || streaming_from(&pg, promoted)
+        wait_for(Duration::from_secs(20), || pg
+            .streaming_from(promoted)
             .contains(&"n3".to_owned())),
         "n3 does not follow n2:\n{}",
         logs(&agents)
@@ -278,7 +251,7 @@ fn crash_case(sync: bool) {
             "the old primary runs as a primary again:\n{}",
             logs(&agents)
         );
-        if streaming_from(&pg, promoted).contains(&"n1".to_owned()) {
+        if pg.streaming_from(promoted).contains(&"n1".to_owned()) {
             following = true;
             break;
         }
@@ -478,7 +451,7 @@ fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promote
     );
     agents.push(agent(&server.url, &pg, 1, &[]));
     assert!(
-        wait_for(Duration::from_secs(30), || streaming_from(&pg, 0) == ["n2"]),
+        wait_for(Duration::from_secs(30), || pg.streaming_from(0) == ["n2"]),
         "n2 does not stream from n1:\n{}",
         logs(&agents)
     );

@@ -427,11 +427,11 @@ fn spawn(
     mut argv: Vec<OsString>,
     vars: &[(&'static str, String)],
 ) -> std::io::Result<(Running, Vec<(&'static str, Stream)>)> {
+    let env = process::child_environment(
+        |k| k.as_encoded_bytes().starts_with(b"PUTEX_"),
+        vars.iter().cloned(),
+    );
     if let Some(cg) = scope {
-        let env = process::child_environment(
-            |k| k.as_encoded_bytes().starts_with(b"PUTEX_"),
-            vars.iter().cloned(),
-        );
         match process::spawn_into(cg, &argv, &env, Output::Pipe, Output::Pipe, true) {
             Ok(child) => {
                 let mut streams: Vec<(&'static str, Stream)> = Vec::new();
@@ -455,13 +455,9 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("PUTEX_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.envs(vars.iter().cloned());
+        .kill_on_drop(true)
+        .env_clear()
+        .envs(env);
     let mut child = cmd.spawn()?;
     let pid = child.id().map_or(0, |p| p as i32);
     process::claim(pid);

@@ -107,8 +107,8 @@ fn spawn_child(
     env: Vec<(String, String)>,
 ) -> io::Result<i32> {
     let stderr_copy = || io::stderr().as_fd().try_clone_to_owned();
+    let environment = process::child_environment(|_| false, env);
     if let Some(cg) = scope {
-        let environment = process::child_environment(|_| false, env.iter().cloned());
         let output = |what: &str| match stderr_copy() {
             Ok(fd) => process::Output::Fd(fd),
             Err(e) => {
@@ -140,7 +140,8 @@ fn spawn_child(
     };
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
-        .envs(env)
+        .env_clear()
+        .envs(environment)
         .stdin(Stdio::null())
         .stdout(out("stdout"))
         .stderr(out("stderr"));
