@@ -326,6 +326,14 @@ impl PgCluster {
         crate::agent::start_time(pid).map(|_| pid)
     }
 
+    /// Stops node `i`'s server with a fast shutdown, as an operator would.
+    pub fn stop_server(&self, i: usize) {
+        let mut cmd = self.pg("pg_ctl");
+        cmd.args(["stop", "-m", "fast", "-w", "-D"])
+            .arg(&self.nodes[i].data);
+        self.ok(&mut cmd);
+    }
+
     /// SIGKILLs node `i`'s postmaster and every process it started: the
     /// server's part of a host crash.
     pub fn kill_server(&self, i: usize) {

@@ -311,6 +311,108 @@ fn postgres_crash_of_the_primary_host_asynchronous() {
     crash_case(false);
 }
 
+/// An asynchronous replica ahead of the one promoted: n3 (`--priority 0`, a
+/// reporting replica that never takes over) received WAL that n2 never had
+/// when n1 crashed. It cannot stream from n2's new timeline as it is; its
+/// follow sees the fork, stops it, rewinds it against n2 and starts it as
+/// n2's replica — with n2's data, not the writes only it had received.
+/// `stopped`: n3's server is stopped before the crash (its follow starts it,
+/// and it replays the WAL n2 never had before it is found out).
+fn ahead_case(stopped: bool) {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let pg = PgCluster::create(3, false);
+    let mut agents = vec![agent(&server.url, &pg, 0, &[])];
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
+        "n1 did not become the primary:\n{}",
+        logs(&agents)
+    );
+    agents.push(agent(&server.url, &pg, 1, &[]));
+    agents.push(agent(&server.url, &pg, 2, &["--priority", "0"]));
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.streaming_from(0).len() == 2),
+        "the replicas do not stream from n1:\n{}",
+        logs(&agents)
+    );
+    let writer = Writer::start(pg.primary_conninfo());
+    assert!(
+        wait_acks(&writer, 100, Duration::from_secs(20)),
+        "no writes"
+    );
+    // n2 stops receiving; n3 goes on receiving what n2 will never have.
+    pg.sql(
+        1,
+        "alter system set primary_conninfo = 'host=127.0.0.1 port=1'",
+    )
+    .unwrap();
+    pg.sql(1, "select pg_reload_conf()").unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || pg.streaming_from(0) == ["n3"]),
+        "n2 still streams"
+    );
+    assert!(wait_acks(&writer, 200, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(1200)); // positions published
+    if stopped {
+        pg.stop_server(2);
+    }
+    agents[0].crash();
+    pg.kill_server(0);
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.is_primary(1) == Some(true)),
+        "n2 was not promoted:\n{}",
+        logs(&agents)
+    );
+    // (n2 lists n3 as streaming for a moment even while it cannot follow:
+    // it sends the old timeline's WAL up to the fork. The follow hook's own
+    // word is that it streams n2's timeline.)
+    assert!(
+        wait_for(Duration::from_secs(40), || agents[2]
+            .log_text()
+            .contains("streaming its timeline 2")),
+        "n3 does not follow n2:\n{}",
+        logs(&agents)
+    );
+    let n3 = agents[2].log_text();
+    assert!(
+        n3.contains("never had") && n3.contains("pg_rewind: "),
+        "n3 was not rewound:\n{n3}"
+    );
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+    let acks = writer.stop();
+    one_primary_at_a_time(&acks);
+    // n3 has exactly n2's rows once it replayed n2's last write.
+    let on_n2: Vec<Ack> = acks
+        .iter()
+        .filter(|a| a.port == pg.nodes[1].port)
+        .copied()
+        .collect();
+    assert!(
+        wait_for(Duration::from_secs(10), || lost(&pg, 2, &on_n2).is_empty()),
+        "n3 lacks writes of n2"
+    );
+    let rows = |i: usize| {
+        pg.sql(i, "select seq from putex_writes order by seq")
+            .unwrap()
+    };
+    assert_eq!(rows(2), rows(1), "n3's data is not n2's");
+    eprintln!(
+        "n3 ({}) ahead of n2 by {} acknowledged writes, rewound and following",
+        if stopped { "stopped" } else { "running" },
+        lost(&pg, 1, &acks).len()
+    );
+}
+
+#[test]
+fn postgres_a_running_replica_ahead_of_the_promoted_one_is_rewound_and_follows() {
+    ahead_case(false);
+}
+
+#[test]
+fn postgres_a_stopped_replica_ahead_of_the_promoted_one_is_rewound_and_follows() {
+    ahead_case(true);
+}
+
 /// O2 with PostgreSQL: paused, the primary's server is restarted by hand
 /// (its health checks fail meanwhile) and nobody takes over; resumed, the
 /// same primary goes on, and failover works again.
