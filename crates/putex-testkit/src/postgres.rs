@@ -125,6 +125,8 @@ pub struct PgCluster {
     /// Who runs PostgreSQL and the agents (see [`pg_user`]).
     pub user: Option<(u32, u32)>,
     sock: PathBuf,
+    /// Where [`PgCluster::use_systemctl_stand_in`] put its `systemctl`.
+    stand_in: Option<PathBuf>,
 }
 
 /// The settings every node gets (its port comes with `pg_ctl -o`, since
@@ -178,6 +180,7 @@ impl PgCluster {
             nodes,
             user,
             sock,
+            stand_in: None,
         };
         cluster.build(sync);
         cluster
@@ -326,6 +329,54 @@ impl PgCluster {
         crate::agent::start_time(pid).map(|_| pid)
     }
 
+    /// Runs every node's server as the systemd unit `putex-pg@NODE` of the
+    /// recipe's `SERVICE` setting — through a `systemctl` stand-in (no
+    /// systemd in a test): `start` and `stop` (a fast shutdown, waited for)
+    /// as the unit would, each call logged in `systemctl.log`
+    /// ([`PgCluster::systemctl_calls`]). Agents get it first on `PATH`.
+    pub fn use_systemctl_stand_in(&mut self) {
+        let bin = self.dir().join("stand-in");
+        std::fs::create_dir_all(&bin).expect("stand-in dir");
+        let dir = self.dir().display().to_string();
+        let script = format!(
+            "#!/bin/sh\n\
+             # systemctl stand-in for the tests: start|stop putex-pg@NODE\n\
+             echo \"$*\" >>'{dir}/systemctl.log'\n\
+             . '{dir}/'\"${{2#putex-pg@}}\".conf\n\
+             case $1 in\n\
+             start) exec \"$PGBIN/pg_ctl\" start -D \"$PGDATA\" -w -l \"$PGDATA/service.log\" -o \"$PGCTL_OPTS\" >/dev/null ;;\n\
+             stop) exec \"$PGBIN/pg_ctl\" stop -D \"$PGDATA\" -m fast -w -t 600 >/dev/null ;;\n\
+             *) echo \"systemctl stand-in: $1 is not supported\" >&2; exit 1 ;;\n\
+             esac\n"
+        );
+        let path = bin.join("systemctl");
+        std::fs::write(&path, script).expect("write the systemctl stand-in");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod the stand-in");
+        std::fs::write(self.dir().join("systemctl.log"), "").expect("systemctl.log");
+        if let Some((uid, gid)) = self.user {
+            nix::unistd::chown(
+                &self.dir().join("systemctl.log"),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("give systemctl.log to postgres");
+        }
+        for node in &self.nodes {
+            append(&node.conf, &format!("SERVICE=putex-pg@{}\n", node.name));
+        }
+        self.stand_in = Some(bin);
+    }
+
+    /// The `systemctl` calls so far (one line each: `stop putex-pg@n1`).
+    pub fn systemctl_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir().join("systemctl.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Stops node `i`'s server with a fast shutdown, as an operator would.
     pub fn stop_server(&self, i: usize) {
         let mut cmd = self.pg("pg_ctl");
@@ -378,12 +429,18 @@ impl PgCluster {
     /// `putex run` for node `i` of lock `pg` with every hook of the recipe
     /// ([`PgCluster::hook_flags`]), its keeper directory and log in the
     /// cluster's directory, run as the cluster's user with that directory
-    /// as its home; timing and other flags are the caller's.
+    /// as its home (and the `systemctl` stand-in first on `PATH` when in
+    /// use); timing and other flags are the caller's.
     pub fn agent_spec(&self, putex: &Path, url: &str, i: usize) -> AgentSpec {
-        AgentSpec::new(putex, url, "pg", &self.nodes[i].name, self.dir())
+        let mut spec = AgentSpec::new(putex, url, "pg", &self.nodes[i].name, self.dir())
             .args(&self.hook_flags(i))
             .env(&[("HOME", self.dir().display().to_string())])
-            .run_as(self.user)
+            .run_as(self.user);
+        if let Some(bin) = &self.stand_in {
+            let path = std::env::var("PATH").unwrap_or_default();
+            spec = spec.env(&[("PATH", format!("{}:{path}", bin.display()))]);
+        }
+        spec
     }
 
     /// The replicas streaming from node `i` (their application names: the

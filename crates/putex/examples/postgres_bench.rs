@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p putex --example postgres_bench -- [--runs N]
-//!     [--putex PATH] [--fast] [--json FILE]
+//!     [--putex PATH] [--fast] [--synchronous] [--json FILE]
 //! ```
 //!
 //! Three PostgreSQL servers (`putex_testkit::postgres`: `initdb`,
@@ -12,7 +12,8 @@
 //! single-node nats-server, one `putex run` per server with the recipe's
 //! hooks (`packaging/postgresql/putex-pg`) at the timing `docs/postgresql.md`
 //! recommends for a NATS cluster (R = 1 s, F = 5, C = 2; `--fast`: R = 500 ms,
-//! F = 3, C = 1), `--max-lag 16MB`, and a writer inserting sequence numbers
+//! F = 3, C = 1), `--max-lag 16MB` (`--synchronous`: the recipe's
+//! synchronous mode, `SYNC=on`, and `--max-lag 0`), and a writer inserting sequence numbers
 //! through a `target_session_attrs=read-write` string, 2 ms apart, recording
 //! every acknowledged commit. `--runs` times each:
 //!
@@ -56,6 +57,10 @@ struct Args {
     /// R = 500 ms, F = 3, C = 1 instead of R = 1 s, F = 5, C = 2.
     #[arg(long)]
     fast: bool,
+    /// The recipe's synchronous mode (`SYNC=on`; `--max-lag 0`: only a
+    /// replica holding every acknowledged commit is eligible).
+    #[arg(long)]
+    synchronous: bool,
     /// Also write the figures as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -66,6 +71,7 @@ struct Bench {
     url: String,
     pg: PgCluster,
     timing: Vec<&'static str>,
+    max_lag: &'static str,
     agents: Vec<Option<Agent>>,
 }
 
@@ -75,7 +81,7 @@ impl Bench {
             .pg
             .agent_spec(&self.putex, &self.url, i)
             .args(&self.timing)
-            .args(&["--max-lag", "16777216"]);
+            .args(&["--max-lag", self.max_lag]);
         self.agents[i] = None;
         self.agents[i] = Some(Agent::start(spec).expect("start putex run"));
     }
@@ -128,8 +134,9 @@ fn main() {
     let mut b = Bench {
         putex,
         url: server.url.clone(),
-        pg: PgCluster::create(3, false),
+        pg: PgCluster::create(3, args.synchronous),
         timing,
+        max_lag: if args.synchronous { "0" } else { "16777216" },
         agents: vec![None, None, None],
     };
     b.start(0);
@@ -277,7 +284,7 @@ fn main() {
             "lost": lost,
             "acknowledged": acked,
             "idle": idle,
-            "settings": {"timing": b.timing, "max_lag": 16777216},
+            "settings": {"timing": b.timing, "max_lag": b.max_lag, "synchronous": args.synchronous},
         });
         std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap()).expect("write --json");
     }

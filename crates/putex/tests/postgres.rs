@@ -33,12 +33,11 @@ const TIMING: [&str; 8] = [
 /// The agent of node `i` with the recipe's hooks and `extra` flags, run as
 /// PostgreSQL's user.
 fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
-    let spec = pg
-        .agent_spec(putex_bin(), url, i)
-        .args(&TIMING)
-        .args(extra)
-        .default_flag("--stop-timeout", "2s");
-    start(spec)
+    let mut spec = pg.agent_spec(putex_bin(), url, i).args(extra);
+    for flag in TIMING.chunks(2) {
+        spec = spec.default_flag(flag[0], flag[1]);
+    }
+    start(spec.default_flag("--stop-timeout", "2s"))
 }
 
 /// Starts every node's agent: `n1` first, until it is the primary, then the
@@ -106,9 +105,24 @@ fn ms(d: Duration) -> f64 {
 
 #[test]
 fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
+    switchover_case(false);
+}
+
+/// The same with every server run as a systemd unit (the recipe's
+/// `SERVICE`, through a `systemctl` stand-in): the recipe starts and stops
+/// them with `systemctl`, never behind the unit's back.
+#[test]
+fn postgres_switchover_with_postgresql_run_as_a_systemd_unit() {
+    switchover_case(true);
+}
+
+fn switchover_case(service: bool) {
     let _serial = serial();
     let server = NatsServer::start();
-    let pg = PgCluster::create(3, false);
+    let mut pg = PgCluster::create(3, false);
+    if service {
+        pg.use_systemctl_stand_in();
+    }
     let agents = cluster(&server.url, &pg, &[]);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(
@@ -174,6 +188,19 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
             .is_ok_and(|c| c == "1")),
         "n1 does not replay n2's writes"
     );
+    if service {
+        // n1 started as the primary, the replicas to follow it; n1 stopped
+        // for the switchover and started again as n2's replica.
+        let calls = pg.systemctl_calls();
+        let count = |call: &str| calls.iter().filter(|c| *c == call).count();
+        assert!(
+            count("start putex-pg@n1") >= 2
+                && count("stop putex-pg@n1") >= 1
+                && count("start putex-pg@n2") >= 1
+                && count("start putex-pg@n3") >= 1,
+            "systemctl calls: {calls:?}"
+        );
+    }
 }
 
 /// Crash of the primary's host (postmaster, agent and keeper SIGKILLed
@@ -535,6 +562,23 @@ fn postgres_a_lagging_replica_is_not_promoted_until_it_catches_up() {
 /// the last write n1 acknowledged comes before the first n2 acknowledged.
 #[test]
 fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promoted() {
+    cut_off_case(false);
+}
+
+/// The same with a wedged primary: its postmaster is SIGSTOPped as it is
+/// cut off, so neither a fast nor an immediate shutdown can stop it, while
+/// the writer's backend goes on committing. The recipe's emergency stop
+/// escalates to SIGKILL of the postmaster and its children, within G
+/// (`--confirm 8`: 4 s; `--emergency-timeout 3s` covers 1 s fast, 1 s
+/// immediate, the kill) — the backend's last commit still comes before the
+/// replica's first. The servers run as systemd units (the `systemctl`
+/// stand-in), so the fast step is a `systemctl stop` that never returns.
+#[test]
+fn postgres_a_wedged_primary_cut_off_is_killed_before_a_replica_is_promoted() {
+    cut_off_case(true);
+}
+
+fn cut_off_case(wedged: bool) {
     use crate::common::proxy::{Mode, Proxy};
     let _serial = serial();
     let server = NatsServer::start();
@@ -544,14 +588,23 @@ fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promote
             format!("127.0.0.1:{}", server.port()).parse().unwrap(),
         ))
         .unwrap();
-    let pg = PgCluster::create(2, false);
-    let mut agents = vec![agent(&proxy.url(), &pg, 0, &[])];
+    let mut pg = PgCluster::create(2, false);
+    if wedged {
+        // Its fast step goes through `timeout 1 systemctl stop`.
+        pg.use_systemctl_stand_in();
+    }
+    let extra: &[&str] = if wedged {
+        &["--confirm", "8", "--emergency-timeout", "3s"]
+    } else {
+        &[]
+    };
+    let mut agents = vec![agent(&proxy.url(), &pg, 0, extra)];
     assert!(
         wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
         "n1 did not become the primary:\n{}",
         logs(&agents)
     );
-    agents.push(agent(&server.url, &pg, 1, &[]));
+    agents.push(agent(&server.url, &pg, 1, extra));
     assert!(
         wait_for(Duration::from_secs(30), || pg.streaming_from(0) == ["n2"]),
         "n2 does not stream from n1:\n{}",
@@ -572,6 +625,14 @@ fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promote
     );
     let cut = wall_ns();
     proxy.set(Mode::Blackhole);
+    let postmaster = pg.postmaster(0).expect("n1's postmaster");
+    if wedged {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(postmaster),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
     assert!(
         wait_for(Duration::from_secs(20), || !on_n2.acks().is_empty()),
         "n2 never took writes:\n{}",
@@ -595,6 +656,19 @@ fn postgres_the_primary_cut_off_from_the_store_stops_before_a_replica_is_promote
         logs(&agents)
     );
     assert_eq!(pg.is_primary(0), None, "n1's server still runs");
+    if wedged {
+        let n1 = agents[0].log_text();
+        assert!(
+            n1.contains("SIGKILL to the postmaster"),
+            "the emergency stop did not escalate to SIGKILL:\n{n1}"
+        );
+        // Gone, or a zombie nobody reaped yet (killed all the same).
+        let stat = std::fs::read_to_string(format!("/proc/{postmaster}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "n1's postmaster survived: {stat}"
+        );
+    }
     proxy.set(Mode::Pass);
 }
 

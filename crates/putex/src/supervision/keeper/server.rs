@@ -32,6 +32,7 @@ pub struct KeeperOptions {
 /// single-threaded runtime.
 pub fn run_keeper(opts: KeeperOptions) -> Result<(), KeeperError> {
     QUIET.store(opts.quiet, Ordering::Relaxed);
+    log_hooks_to_stderr();
     let _ = nix::unistd::setsid();
     let _ = nix::sys::prctl::set_name(c"putex-keeper");
     if let Err(e) = process::set_oom_score_adj(-1000) {
@@ -77,6 +78,23 @@ fn ignore_stop_signals(lock: &str) -> Result<(), KeeperError> {
         });
     }
     Ok(())
+}
+
+/// The deactivate hooks the keeper runs itself (the stop at the licence's
+/// deadline, above all) log their output and fate through `tracing`, as in
+/// the agent: here those events — and only those; the keeper's own
+/// messages are [`klog`]'s — go to stderr, the agent's journal, in the
+/// agent's text format. Without it the emergency stop's every step would
+/// be lost.
+fn log_hooks_to_stderr() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "off,putex::supervision::hooks=info",
+        ))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(false)
+        .try_init();
 }
 
 /// Set by `--quiet`: routine messages ([`klog`]) go to the log only;
