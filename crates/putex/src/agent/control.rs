@@ -209,10 +209,7 @@ pub(super) async fn control_feed(
     let mut from: Option<u64> = None;
     let mut current: Option<ControlRecord> = None;
     loop {
-        // A request seen a round late on the embedded store (whose watches
-        // poll) costs a round; polling it every 25 ms costs every agent CPU.
-        let poll = host.inner.settings.timing.renew();
-        match store.watch_slow(&key, from, timeout, poll).await {
+        match store.watch(&key, from, timeout).await {
             Ok(mut stream) => loop {
                 tokio::select! {
                     event = stream.next() => {

@@ -138,8 +138,7 @@ pub(super) async fn member_feed(
     let mut from: Option<u64> = None;
     let mut holder: Option<String> = None;
     loop {
-        let poll = host.inner.settings.timing.renew();
-        match store.watch_slow(&filter, from, timeout, poll).await {
+        match store.watch(&filter, from, timeout).await {
             Ok(mut stream) => loop {
                 tokio::select! {
                     event = stream.next() => {

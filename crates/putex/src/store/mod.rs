@@ -40,6 +40,7 @@ use std::time::Duration;
 
 pub use putex_core::store::{Entry, StoreTime, Token};
 
+mod hub;
 pub mod keys;
 pub(crate) mod measure;
 pub mod memory;
@@ -409,20 +410,13 @@ impl Store for AnyStore {
 }
 
 impl AnyStore {
-    /// [`Store::watch`] for records that change about once a round: on the
-    /// embedded store, whose watches poll, it polls every `every` instead
-    /// of every 25 ms (each poll is a query on a connection of its own); on
-    /// the others it is the same push watch.
-    pub async fn watch_slow(
-        &self,
-        filter: &str,
-        from_revision: Option<u64>,
-        timeout: Duration,
-        every: Duration,
-    ) -> Result<WatchStream, StoreError> {
+    /// How many watches this handle serves: they all share its one change
+    /// feed (the memory store, for tests, gives each its own).
+    pub fn watches(&self) -> usize {
         match self {
-            AnyStore::Sqlite(s) => s.watch_polling(filter, from_revision, timeout, every).await,
-            other => other.watch(filter, from_revision, timeout).await,
+            AnyStore::Nats(s) => s.watches(),
+            AnyStore::Sqlite(s) => s.watches(),
+            AnyStore::Memory(_) => 0,
         }
     }
 }

@@ -1043,3 +1043,97 @@ async fn store_sqlite_database_deleted_but_its_wal_left() {
     assert!(fresh.epoch() > t.epoch);
     fresh.create("lock.pg", b"new holder", T).await.unwrap();
 }
+
+/// 10,000 watches on one handle, one key each, all served by the handle's
+/// one feed: every watch sees its key's initial state, then its own change
+/// and no other key's; deleting re-delivers to the right watch. (Threads,
+/// open files and CPU per lease count are `scale_bench`'s: other tests share
+/// this process.)
+async fn ten_thousand_watches(s: &AnyStore, tag: &str) {
+    const N: usize = 10_000;
+    let key = |i: usize| format!("lock.w{tag}{i}");
+    // Half the keys exist before their watch starts.
+    let mut tokens = Vec::new();
+    for i in 0..N / 2 {
+        tokens.push(s.create(&key(i), b"before", T).await.unwrap());
+    }
+    let mut watches = Vec::with_capacity(N);
+    for i in 0..N {
+        watches.push(s.watch(&key(i), None, T).await.unwrap());
+    }
+    assert_eq!(s.watches(), N, "the handle's feed serves every watch");
+    // The initial state of the keys that existed.
+    for (i, w) in watches.iter_mut().enumerate().take(N / 2) {
+        let e = next_event(w).await.unwrap();
+        assert_eq!(
+            (e.key.as_str(), e.revision),
+            (key(i).as_str(), tokens[i].revision)
+        );
+    }
+    // A change to every key, then a delete of every tenth.
+    let mut written = Vec::new();
+    for i in 0..N {
+        let t = match tokens.get(i) {
+            Some(&before) => s.update(&key(i), b"after", before, T).await.unwrap(),
+            None => s.create(&key(i), b"after", T).await.unwrap(),
+        };
+        written.push(t);
+    }
+    for i in (0..N).step_by(10) {
+        s.delete(&key(i), written[i], T).await.unwrap();
+    }
+    for (i, w) in watches.iter_mut().enumerate() {
+        let e = next_event(w).await.unwrap();
+        assert_eq!(e.key, key(i), "watch {i} got another key's event");
+        assert_eq!(e.revision, written[i].revision);
+        assert_eq!(e.entry.unwrap().value, b"after");
+        if i % 10 == 0 {
+            let d = next_event(w).await.unwrap();
+            assert!(d.entry.is_none() && d.revision > written[i].revision);
+        }
+    }
+    drop(watches);
+    assert_eq!(s.watches(), 0, "dropped watches leave the feed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_ten_thousand_watches_share_one_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = AnyStore::from(
+        SqliteStore::open(dir.path().join("store.db"))
+            .await
+            .unwrap(),
+    );
+    ten_thousand_watches(&s, "s").await;
+}
+
+/// On NATS the 10,000 watches also cost the bucket's stream no consumer
+/// each: one for the handle's feed (nats-server allows 1,000 per stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_ten_thousand_watches_share_one_consumer() {
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let js = async_nats::jetstream::new(n.client().clone());
+    let consumers = || async {
+        js.get_stream("KV_putex")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .consumer_count
+    };
+    ten_thousand_watches(&s, "n").await;
+    assert!(
+        consumers().await <= 1,
+        "consumers on the bucket's stream: {}",
+        consumers().await
+    );
+    let keys: Vec<String> = (0..2_000).map(|i| format!("lock.more{i}")).collect();
+    let _w: Vec<_> = futures::future::join_all(keys.iter().map(|k| s.watch(k, None, T))).await;
+    assert!(consumers().await <= 1, "more watches, more consumers");
+}

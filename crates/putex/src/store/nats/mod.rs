@@ -35,6 +35,7 @@ use async_nats::jetstream::{self, kv, stream::StorageType};
 use async_nats::{HeaderMap, ServerAddr};
 use futures::StreamExt;
 
+use super::hub::Hub;
 use super::keys::{validate_filter, validate_key};
 use super::url::{NatsAuth, NatsConfig};
 use super::{
@@ -92,6 +93,12 @@ struct Inner {
     epoch: AtomicU64,
     /// Set after a reconnect: re-read the epoch before the next operation.
     epoch_stale: Arc<AtomicBool>,
+    /// Every watch on this handle, fed by one ordered consumer over the
+    /// whole bucket ([`feed`]).
+    hub: Arc<Hub>,
+    /// Held while a feed starts; holds the feed's stop (dropped with the
+    /// handle, it ends the feed and removes its consumer).
+    starting: tokio::sync::Mutex<Option<tokio_util::sync::DropGuard>>,
 }
 
 impl fmt::Debug for NatsStore {
@@ -435,95 +442,268 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<WatchStream, StoreError> {
         validate_filter(filter)?;
+        with_deadline(Op::Watch, filter, timeout, async {
+            let subscription = loop {
+                if let Some(s) = self.inner.hub.subscribe(filter) {
+                    break s;
+                }
+                self.start_feed(filter).await?;
+            };
+            // The catch-up, read after the subscription began (from the
+            // stream leader: a lagging replica could miss what the feed
+            // delivered before). The feed's copies of it are dropped.
+            let after = from_revision.map_or(0, |r| r.saturating_sub(1));
+            let (catch_up, upto) = if filter.is_empty() || filter.ends_with('.') {
+                self.read_changes(filter, from_revision).await?
+            } else {
+                self.read_last(filter).await?
+            };
+            let catch_up = catch_up
+                .into_iter()
+                .filter(|e| e.revision > after)
+                .collect();
+            Ok(subscription.into_stream(catch_up, upto.max(after)))
+        })
+        .await
+    }
+}
+
+impl NatsStore {
+    /// How many watches this handle's feed serves (all of them share one
+    /// JetStream consumer).
+    pub fn watches(&self) -> usize {
+        self.inner.hub.watches()
+    }
+
+    /// The key's last message (a delete marker included) as a watch event,
+    /// and its revision (0 when the key never existed).
+    async fn read_last(&self, key: &str) -> Result<(Vec<WatchEvent>, u64), StoreError> {
+        let subject = format!("{}{key}", self.inner.kv.prefix);
+        use jetstream::stream::LastRawMessageErrorKind as K;
+        match self
+            .inner
+            .kv
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(m) => {
+                let deleted =
+                    is_delete_marker(m.headers.get(KV_OPERATION).map(|v| v.as_str()), None);
+                let event = self.event(
+                    key.to_owned(),
+                    m.sequence,
+                    nanos!(m.time),
+                    deleted,
+                    m.payload.to_vec(),
+                );
+                Ok((vec![event], m.sequence))
+            }
+            Err(e) if e.kind() == K::NoMessageFound => Ok((vec![], 0)),
+            Err(e) => Err(StoreError::unknown(Op::Watch, key, e)),
+        }
+    }
+
+    /// The changes under a prefix (`""`: all) — the latest of every key, or
+    /// those from `from_revision` — read by a consumer of their own until it
+    /// has caught up, and the last revision read. Prefix watches are few
+    /// (members and control records of an agent); the consumer is removed
+    /// as soon as it has been read.
+    async fn read_changes(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+    ) -> Result<(Vec<WatchEvent>, u64), StoreError> {
         let kv = &self.inner.kv;
-        let prefix = kv.prefix.clone();
-        let subject = format!("{prefix}{}", nats_filter(filter));
-        // The watch's consumer is built here rather than by
-        // `kv.watch_with_history`, to remove it when the watch is dropped:
-        // an ephemeral consumer otherwise outlives its watch by its
-        // inactive threshold (30 s, fixed by async-nats for ordered
-        // consumers), and a stream allows 1,000 consumers (nats-server's
-        // default), so a bucket seeing more than ~33 watches a second (each
-        // lease acquisition and queue ticket starts one) would run out.
         let deliver_policy = match from_revision {
             None => jetstream::consumer::DeliverPolicy::LastPerSubject,
             Some(r) => jetstream::consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: r.max(1),
             },
         };
-        let messages = with_deadline(Op::Watch, filter, timeout, async {
-            let consumer = kv
-                .stream
-                .create_consumer(jetstream::consumer::push::OrderedConfig {
-                    deliver_subject: self.inner.client.new_inbox(),
-                    description: Some("putex watch".to_string()),
-                    filter_subject: subject,
-                    replay_policy: jetstream::consumer::ReplayPolicy::Instant,
-                    deliver_policy,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-            let name = consumer.cached_info().name.clone();
-            let messages = consumer
-                .messages()
-                .await
-                .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-            Ok((messages, name))
-        })
-        .await?;
-        let (messages, name) = messages;
+        let consumer = kv
+            .stream
+            .create_consumer(jetstream::consumer::push::OrderedConfig {
+                deliver_subject: self.inner.client.new_inbox(),
+                description: Some("putex watch catch-up".to_string()),
+                filter_subject: format!("{}{}", kv.prefix, nats_filter(filter)),
+                replay_policy: jetstream::consumer::ReplayPolicy::Instant,
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+        let _remove = RemoveConsumerOnDrop {
+            stream: kv.stream.clone(),
+            name: consumer.cached_info().name.clone(),
+        };
+        let mut events = Vec::new();
+        let mut upto = 0;
+        if consumer.cached_info().num_pending == 0 {
+            return Ok((events, upto));
+        }
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+            let (event, pending) = self.message_event(&message, filter)?;
+            upto = event.revision;
+            events.push(event);
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok((events, upto))
+    }
+
+    /// Starts the handle's watch feed unless one runs: an ordered consumer
+    /// over every key of the bucket, from now on, whose messages a task
+    /// hands to the hub.
+    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
+        let mut stop = self.inner.starting.lock().await;
+        if self.inner.hub.is_live() {
+            return Ok(());
+        }
+        let kv = &self.inner.kv;
+        let consumer = kv
+            .stream
+            .create_consumer(jetstream::consumer::push::OrderedConfig {
+                deliver_subject: self.inner.client.new_inbox(),
+                description: Some("putex watch feed".to_string()),
+                filter_subject: format!("{}>", kv.prefix),
+                replay_policy: jetstream::consumer::ReplayPolicy::Instant,
+                deliver_policy: jetstream::consumer::DeliverPolicy::New,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
         let remove = RemoveConsumerOnDrop {
             stream: kv.stream.clone(),
-            name,
+            name: consumer.cached_info().name.clone(),
         };
-        let store = self.clone();
-        let filter = filter.to_owned();
-        let stream = messages.map(move |item| {
-            let _owns = &remove;
-            let message = item.map_err(|e| StoreError::unknown(Op::Watch, &filter, e))?;
-            let info = message
-                .info()
-                .map_err(|e| StoreError::unknown(Op::Watch, &filter, e))?;
-            let time = StoreTime {
-                era: NATS_ERA,
-                nanos: nanos!(info.published),
-            };
-            let revision = info.stream_sequence;
-            let deleted = message
-                .headers
-                .as_ref()
-                .and_then(|h| {
-                    h.get("KV-Operation")
-                        .map(|op| op.as_str() != "PUT")
-                        .or_else(|| h.get("Nats-Marker-Reason").map(|_| true))
-                })
-                .unwrap_or(false);
-            let key = message
-                .subject
-                .strip_prefix(prefix.as_str())
-                .unwrap_or(message.subject.as_str())
-                .to_owned();
-            let entry = (!deleted).then(|| Entry {
-                value: message.payload.to_vec(),
-                token: store.token(revision),
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+        let token = tokio_util::sync::CancellationToken::new();
+        *stop = Some(token.clone().drop_guard());
+        tokio::spawn(feed(
+            std::sync::Arc::downgrade(&self.inner.hub),
+            self.clone_weak(),
+            messages,
+            remove,
+            token,
+        ));
+        self.inner.hub.revive();
+        Ok(())
+    }
+
+    fn clone_weak(&self) -> std::sync::Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// A consumer's message as a watch event, and how many messages the
+    /// consumer still had pending after it.
+    fn message_event(
+        &self,
+        message: &jetstream::Message,
+        filter: &str,
+    ) -> Result<(WatchEvent, u64), StoreError> {
+        let info = message
+            .info()
+            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+        let headers = message.headers.as_ref();
+        let deleted = is_delete_marker(
+            headers
+                .and_then(|h| h.get(KV_OPERATION))
+                .map(|v| v.as_str()),
+            headers
+                .and_then(|h| h.get("Nats-Marker-Reason"))
+                .map(|v| v.as_str()),
+        );
+        let key = message
+            .subject
+            .strip_prefix(self.inner.kv.prefix.as_str())
+            .unwrap_or(message.subject.as_str())
+            .to_owned();
+        let event = self.event(
+            key,
+            info.stream_sequence,
+            nanos!(info.published),
+            deleted,
+            message.payload.to_vec(),
+        );
+        Ok((event, info.pending))
+    }
+
+    fn event(
+        &self,
+        key: String,
+        revision: u64,
+        nanos: u64,
+        deleted: bool,
+        value: Vec<u8>,
+    ) -> WatchEvent {
+        let time = StoreTime {
+            era: NATS_ERA,
+            nanos,
+        };
+        WatchEvent {
+            key,
+            entry: (!deleted).then(|| Entry {
+                value,
+                token: self.token(revision),
                 time,
-            });
-            Ok(WatchEvent {
-                key,
-                entry,
-                revision,
-                time,
-            })
-        });
-        // End the stream after its first error: the caller re-establishes it.
-        let mut done = false;
-        let stream = stream.take_while(move |item| {
-            let go = !done;
-            done = item.is_err();
-            futures::future::ready(go)
-        });
-        Ok(Box::pin(stream))
+            }),
+            revision,
+            time,
+        }
+    }
+}
+
+/// Whether a message is a delete: a `KV-Operation` other than `PUT`, or a
+/// server marker (a purge, a removed message).
+fn is_delete_marker(operation: Option<&str>, marker_reason: Option<&str>) -> bool {
+    match operation {
+        Some(op) => op != "PUT",
+        None => marker_reason.is_some(),
+    }
+}
+
+/// The feed of one handle: every message of the bucket, handed to the hub.
+/// Ends (removing its consumer) when the handle is gone; on an error it
+/// fails every watch, and the next watch starts a new feed.
+async fn feed(
+    hub: std::sync::Weak<Hub>,
+    store: std::sync::Weak<Inner>,
+    mut messages: jetstream::consumer::push::Ordered,
+    _remove: RemoveConsumerOnDrop,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            next = messages.next() => next,
+            () = stop.cancelled() => return,
+        };
+        let (Some(hub), Some(inner)) = (hub.upgrade(), store.upgrade()) else {
+            return;
+        };
+        let store = NatsStore { inner };
+        let failed = match next {
+            Some(Ok(message)) => match store.message_event(&message, "") {
+                Ok((event, _)) => {
+                    hub.dispatch(&event);
+                    continue;
+                }
+                Err(e) => e,
+            },
+            Some(Err(e)) => StoreError::unknown(Op::Watch, "", e),
+            None => StoreError::unknown(Op::Watch, "", "the watch feed ended"),
+        };
+        hub.fail(|| failed.clone());
+        return;
     }
 }
 

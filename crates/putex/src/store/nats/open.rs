@@ -162,6 +162,8 @@ impl NatsStore {
                 subject_prefix,
                 epoch: AtomicU64::new(epoch),
                 epoch_stale,
+                hub: super::Hub::new(),
+                starting: tokio::sync::Mutex::new(None),
             }),
         })
     }

@@ -48,14 +48,18 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::hub::Hub;
 use super::keys::{filter_matches, validate_filter, validate_key};
 use super::{
     boot_time_now, wall_nanos, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime,
     Token, WatchEvent, WatchStream,
 };
 
-/// How often a watch polls for new revisions.
-pub const WATCH_POLL: Duration = Duration::from_millis(25);
+/// How often the watch feed reads new revisions when nothing told it of a
+/// change: a write through this handle wakes it at once, another process's
+/// write through inotify on the `-wal` file; this poll is the fallback
+/// (a file system without inotify, an event lost).
+pub const WATCH_POLL: Duration = Duration::from_millis(100);
 /// How long a call waits for another process's write lock inside SQLite.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -69,10 +73,16 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     epoch: u64,
-    /// The connection for reads and writes; watches open their own.
+    /// The connection for reads and writes; the watch feed opens its own.
     conn: Arc<Mutex<Connection>>,
     /// The files the connection opened, checked around every call.
     files: Arc<Files>,
+    /// Every watch on this handle, fed by one poller ([`feed`]).
+    hub: Arc<Hub>,
+    /// Held while a feed starts, so that only one does.
+    starting: tokio::sync::Mutex<()>,
+    /// Woken by this handle's own writes: the feed reads them at once.
+    written: Arc<tokio::sync::Notify>,
 }
 
 /// Why the store's files are not (or no longer) the ones to use.
@@ -368,6 +378,9 @@ impl SqliteStore {
                 epoch: from_i64(epoch),
                 conn: Arc::new(Mutex::new(conn)),
                 files: Arc::new(files),
+                hub: Hub::new(),
+                starting: tokio::sync::Mutex::new(()),
+                written: Arc::new(tokio::sync::Notify::new()),
             }),
         })
     }
@@ -439,51 +452,56 @@ impl SqliteStore {
         let epoch = self.inner.epoch;
         let k = key.to_owned();
         let value = value.map(<[u8]>::to_vec);
-        self.blocking(op, key, timeout, move |conn| {
-            let e = |err| sql_err(op, &k, err);
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(e)?;
-            let current: Option<(i64, bool)> = tx
-                .query_row(
-                    "SELECT revision, value IS NULL FROM kv WHERE key = ?1",
-                    [&k],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(e)?;
-            let live = current
-                .filter(|(_, deleted)| !deleted)
-                .map(|(rev, _)| from_i64(rev));
-            let ok = match expect {
-                Expect::Anything => true,
-                Expect::Absent => live.is_none(),
-                Expect::At(rev) => live == Some(rev),
-            };
-            if !ok {
-                return Err(StoreError::conflict(op, &k));
-            }
-            let revision: i64 = tx
+        let written = self
+            .blocking(op, key, timeout, move |conn| {
+                let e = |err| sql_err(op, &k, err);
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(e)?;
+                let current: Option<(i64, bool)> = tx
+                    .query_row(
+                        "SELECT revision, value IS NULL FROM kv WHERE key = ?1",
+                        [&k],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(e)?;
+                let live = current
+                    .filter(|(_, deleted)| !deleted)
+                    .map(|(rev, _)| from_i64(rev));
+                let ok = match expect {
+                    Expect::Anything => true,
+                    Expect::Absent => live.is_none(),
+                    Expect::At(rev) => live == Some(rev),
+                };
+                if !ok {
+                    return Err(StoreError::conflict(op, &k));
+                }
+                let revision: i64 = tx
                 .query_row(
                     "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
                     [],
                     |r| r.get(0),
                 )
                 .map_err(e)?;
-            // Read the clock inside the transaction: writers are serialised,
-            // so store time moves forward with the revision.
-            let now = boot_time_now();
-            tx.execute(
-                "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
+                // Read the clock inside the transaction: writers are serialised,
+                // so store time moves forward with the revision.
+                let now = boot_time_now();
+                tx.execute(
+                    "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value,
                      revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
-                params![k, value, revision, to_i64(now.era), to_i64(now.nanos)],
-            )
-            .map_err(e)?;
-            tx.commit().map_err(e)?;
-            Ok(Token::new(epoch, from_i64(revision)))
-        })
-        .await
+                    params![k, value, revision, to_i64(now.era), to_i64(now.nanos)],
+                )
+                .map_err(e)?;
+                tx.commit().map_err(e)?;
+                Ok(Token::new(epoch, from_i64(revision)))
+            })
+            .await;
+        if written.is_ok() {
+            self.inner.written.notify_one();
+        }
+        written
     }
 }
 
@@ -529,6 +547,13 @@ async fn on_conn<T: Send + 'static>(
     .await
 }
 
+/// The newest revision committed.
+fn newest_revision(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT revision FROM counter WHERE id = 0")?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .map(from_i64)
+}
+
 /// Every row above revision `after` that `filter` selects, in order, and
 /// the newest revision committed when they were read: a watch goes on from
 /// there, so that rows other keys changed are never scanned again (with many
@@ -537,10 +562,7 @@ async fn on_conn<T: Send + 'static>(
 /// writing transaction, so no row at or below that revision can appear
 /// later.
 fn rows_since(conn: &Connection, after: u64, filter: &str) -> rusqlite::Result<(Vec<Row>, u64)> {
-    let upto: u64 = conn
-        .prepare_cached("SELECT revision FROM counter WHERE id = 0")?
-        .query_row([], |r| r.get::<_, i64>(0))
-        .map(from_i64)?;
+    let upto = newest_revision(conn)?;
     if upto <= after {
         return Ok((Vec::new(), after));
     }
@@ -686,27 +708,45 @@ impl Store for SqliteStore {
         from_revision: Option<u64>,
         timeout: Duration,
     ) -> Result<WatchStream, StoreError> {
-        self.watch_polling(filter, from_revision, timeout, WATCH_POLL)
-            .await
+        validate_filter(filter)?;
+        let subscription = loop {
+            if let Some(s) = self.inner.hub.subscribe(filter) {
+                break s;
+            }
+            self.start_feed(filter, timeout).await?;
+        };
+        // The catch-up, read after the subscription began: with no start
+        // revision every key's latest state (every row), else the rows at
+        // or above it. The feed's copies of them are dropped.
+        let after = from_revision.map_or(0, |r| r.saturating_sub(1));
+        let f = filter.to_owned();
+        let (rows, upto) = self
+            .blocking(Op::Watch, filter, timeout, move |conn| {
+                rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+            })
+            .await?;
+        let epoch = self.inner.epoch;
+        let catch_up = rows.into_iter().map(|r| row_event(epoch, r)).collect();
+        Ok(subscription.into_stream(catch_up, upto.max(after)))
     }
 }
 
 impl SqliteStore {
-    /// [`Store::watch`], polling every `every` instead of [`WATCH_POLL`]:
-    /// for records that change once a round, where a change seen a round
-    /// late costs nothing (member and control records).
-    pub async fn watch_polling(
-        &self,
-        filter: &str,
-        from_revision: Option<u64>,
-        timeout: Duration,
-        every: Duration,
-    ) -> Result<WatchStream, StoreError> {
-        validate_filter(filter)?;
-        // With no start revision, deliver every key's latest state first:
-        // that is every row, in revision order.
-        let after = from_revision.map_or(0, |r| r.saturating_sub(1));
-        // A connection of its own, so polling never queues behind writes.
+    /// How many watches this handle's feed serves (all of them share one
+    /// connection and one poller).
+    pub fn watches(&self) -> usize {
+        self.inner.hub.watches()
+    }
+
+    /// Starts the handle's watch feed unless one runs: a read-only
+    /// connection of its own (so that reading never queues behind writes)
+    /// and a task that reads every row above the last revision it read
+    /// whenever a write may have happened, handing each to the hub.
+    async fn start_feed(&self, filter: &str, timeout: Duration) -> Result<(), StoreError> {
+        let _one = self.inner.starting.lock().await;
+        if self.inner.hub.is_live() {
+            return Ok(());
+        }
         let path = self.inner.path.clone();
         let f = filter.to_owned();
         let conn = Arc::new(Mutex::new(
@@ -723,77 +763,130 @@ impl SqliteStore {
             .map_err(|e| StoreError::unknown(Op::Watch, &f, e))?
             .map_err(|e| sql_err(Op::Watch, &f, e))?,
         ));
-        // The checks after each query also make sure that the connection
-        // opened the handle's file, not one that took its name since.
+        // Where the feed starts: every watch taken from now on reads its
+        // catch-up after this, so nothing at or below it is needed.
         let files = self.inner.files.clone();
-        let (first, last) = on_conn(
+        let last = on_conn(
             conn.clone(),
             Op::Watch,
             filter,
             timeout,
-            checked(files.clone(), Op::Watch, filter, move |conn| {
-                rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+            checked(files.clone(), Op::Watch, filter, move |c| {
+                newest_revision(c).map_err(|e| sql_err(Op::Watch, "", e))
             }),
         )
         .await?;
-        let epoch = self.inner.epoch;
-        let state = (
+        let wal = wal_changes(&self.inner.path);
+        tokio::spawn(feed(
+            Arc::downgrade(&self.inner.hub),
             conn,
-            filter.to_owned(),
-            first.into_iter().collect(),
+            files,
+            self.inner.epoch,
             last,
-            false,
-        );
-        let stream = futures::stream::unfold(state, move |state| {
-            let files = files.clone();
-            async move {
-                let (conn, filter, mut queue, mut last, failed): (
-                    Arc<Mutex<Connection>>,
-                    String,
-                    std::collections::VecDeque<Row>,
-                    u64,
-                    bool,
-                ) = state;
-                if failed {
-                    return None;
+            self.inner.written.clone(),
+            wal,
+        ));
+        self.inner.hub.revive();
+        Ok(())
+    }
+}
+
+/// A watch event of a row.
+fn row_event(epoch: u64, (key, value, revision, time): Row) -> WatchEvent {
+    WatchEvent {
+        key,
+        entry: value.map(|value| Entry {
+            value,
+            token: Token::new(epoch, revision),
+            time,
+        }),
+        revision,
+        time,
+    }
+}
+
+/// The feed of one handle: reads the rows above `last` when this handle
+/// wrote, when the `-wal` file changed (another process wrote), or every
+/// [`WATCH_POLL`], and hands them to the hub in revision order. Ends when
+/// the handle is gone; on an error (the file replaced, unreadable) it
+/// fails every watch, and the next watch starts a new feed.
+async fn feed(
+    hub: std::sync::Weak<Hub>,
+    conn: Arc<Mutex<Connection>>,
+    files: Arc<Files>,
+    epoch: u64,
+    mut last: u64,
+    written: Arc<tokio::sync::Notify>,
+    mut wal: Option<WalChanges>,
+) {
+    loop {
+        tokio::select! {
+            _ = written.notified() => {}
+            _ = tokio::time::sleep(WATCH_POLL) => {}
+            () = async {
+                match wal.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
                 }
-                loop {
-                    if let Some((key, value, revision, time)) = queue.pop_front() {
-                        let ev = WatchEvent {
-                            key,
-                            entry: value.map(|value| Entry {
-                                value,
-                                token: Token::new(epoch, revision),
-                                time,
-                            }),
-                            revision,
-                            time,
-                        };
-                        return Some((Ok(ev), (conn, filter, queue, last, false)));
-                    }
-                    tokio::time::sleep(every).await;
-                    let f = filter.clone();
-                    let polled = on_conn(
-                        conn.clone(),
-                        Op::Watch,
-                        &filter,
-                        BUSY_TIMEOUT * 2,
-                        checked(files.clone(), Op::Watch, &filter, move |c| {
-                            rows_since(c, last, &f).map_err(|e| sql_err(Op::Watch, &f, e))
-                        }),
-                    )
-                    .await;
-                    match polled {
-                        Ok((rows, upto)) => {
-                            last = upto;
-                            queue.extend(rows);
-                        }
-                        Err(e) => return Some((Err(e), (conn, filter, queue, last, true))),
-                    }
+            } => {}
+        }
+        let Some(hub) = hub.upgrade() else { return };
+        let polled = on_conn(
+            conn.clone(),
+            Op::Watch,
+            "",
+            BUSY_TIMEOUT * 2,
+            checked(files.clone(), Op::Watch, "", move |c| {
+                rows_since(c, last, "").map_err(|e| sql_err(Op::Watch, "", e))
+            }),
+        )
+        .await;
+        match polled {
+            Ok((rows, upto)) => {
+                for row in rows {
+                    hub.dispatch(&row_event(epoch, row));
                 }
+                last = upto;
             }
-        });
-        Ok(Box::pin(stream))
+            Err(e) => {
+                hub.fail(|| e.clone());
+                return;
+            }
+        }
+    }
+}
+
+/// Changes to the store's `-wal` file (every commit of every process
+/// writes it), through inotify.
+struct WalChanges(inotify::EventStream<[u8; 1024]>);
+
+/// Inotify on `<db>-wal`, or `None` where it cannot be had (the feed then
+/// polls only).
+fn wal_changes(db: &Path) -> Option<WalChanges> {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    let watch = || -> std::io::Result<WalChanges> {
+        let fd = inotify::Inotify::init()?;
+        fd.watches()
+            .add(Path::new(&wal), inotify::WatchMask::MODIFY)?;
+        Ok(WalChanges(fd.into_event_stream([0; 1024])?))
+    };
+    watch()
+        .map_err(
+            |e| tracing::debug!(error = %e, "no inotify on the store's -wal file; watches poll"),
+        )
+        .ok()
+}
+
+impl WalChanges {
+    /// Waits for the next change; after an inotify failure, forever (the
+    /// feed's poll goes on).
+    async fn changed(&mut self) {
+        use futures::StreamExt;
+        match self.0.next().await {
+            Some(Ok(_)) => {}
+            _ => std::future::pending().await,
+        }
     }
 }
 
