@@ -206,8 +206,19 @@ fn main() {
         std::thread::sleep(Duration::from_secs(2));
         let target = (p + 1) % 3;
         let before = writer.acks().len();
+        // In synchronous mode with --max-lag 0 a target under load is
+        // always some bytes behind the position published a moment
+        // before, and the switchover would be refused: --allow-lag. The old
+        // primary's fast shutdown sends the target the rest before it
+        // releases; the lost-commit check below holds it to that.
+        let allow_lag: &[&str] = if args.synchronous {
+            &["--allow-lag"]
+        } else {
+            &[]
+        };
         let out = Command::new(&b.putex)
             .args(["switchover", "pg", "--to", &b.pg.nodes[target].name])
+            .args(allow_lag)
             .args(["--store", &b.url])
             .output()
             .expect("putex switchover");

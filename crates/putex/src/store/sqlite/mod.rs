@@ -45,8 +45,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use tokio::sync::Mutex;
 
 use super::hub::Hub;
 use super::keys::{filter_matches, validate_filter, validate_key};
@@ -527,7 +527,10 @@ fn checked<T>(
 }
 
 /// Runs blocking work on `conn` in the blocking pool, within the deadline.
-/// On expiry the work goes on (and may commit); the caller hears Unknown.
+/// The connection is taken first, so calls queued behind one another wait
+/// as futures, not as blocked threads: a thousand leases renewing at once
+/// hold one thread, not a thousand. On expiry the work goes on (and may
+/// commit) if it started; the caller hears Unknown either way.
 async fn on_conn<T: Send + 'static>(
     conn: Arc<Mutex<Connection>>,
     op: Op,
@@ -535,13 +538,11 @@ async fn on_conn<T: Send + 'static>(
     timeout: Duration,
     f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    let task = tokio::task::spawn_blocking(move || {
-        let mut conn = conn.lock();
-        f(&mut conn)
-    });
     let key_owned = key.to_owned();
     with_deadline(op, key, timeout, async move {
-        task.await
+        let mut conn = conn.lock_owned().await;
+        tokio::task::spawn_blocking(move || f(&mut conn))
+            .await
             .map_err(|e| StoreError::unknown(op, &key_owned, format_args!("task: {e}")))?
     })
     .await
