@@ -29,6 +29,12 @@
 //! - `flock FILE true` (util-linux).
 //! - `etcdctl lock NAME true` against a local single-member etcd, when
 //!   `etcd` and `etcdctl` are on `PATH`.
+//! - **A semaphore at its limit**: 16 `putex lock SEM --limit 4 -- CMD`
+//!   processes started at once on each store (default timing; the name
+//!   used once first), CMD holding its slot 100 ms and logging when it
+//!   started and ended. Reported: the total time from the first start to
+//!   the last exit against the ideal ⌈16/4⌉ × 100 ms, and the most CMDs
+//!   ever running at once (never more than 4; 4 while waiters remain).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -75,7 +81,21 @@ fn main() {
     let mut table = Table::default();
     let rows = {
         let nats = NatsServer::start();
-        whole_process(&mut table, args.putex, dir.path(), &nats.url, runs)
+        whole_process(&mut table, args.putex.clone(), dir.path(), &nats.url, runs)
+    };
+
+    let semaphore = match args.putex.clone().or_else(find_putex) {
+        Some(bin) => {
+            let nats = NatsServer::start();
+            let sqlite_url = format!("sqlite://{}", dir.path().join("sem.db").display());
+            [("nats", nats.url.clone()), ("sqlite", sqlite_url)]
+                .into_iter()
+                .map(|(store, url)| {
+                    semaphore_at_its_limit(&mut table, &bin, dir.path(), store, &url)
+                })
+                .collect()
+        }
+        None => Vec::new(),
     };
 
     print_summary(&machine, started, &table);
@@ -87,6 +107,7 @@ fn main() {
                 "process_runs": runs,
                 "nats_server": machine.nats_version,
                 "process": rows,
+                "semaphore": semaphore,
             }),
         );
     }
@@ -237,6 +258,104 @@ fn whole_process(
     }
     println!();
     rows
+}
+
+/// 16 clients of a semaphore of 4 slots, each holding its slot 100 ms,
+/// started at once: how long until all are done against the ideal, and
+/// how many ran at once (from CMD's own start and end times).
+fn semaphore_at_its_limit(
+    table: &mut Table,
+    putex: &Path,
+    dir: &Path,
+    store: &str,
+    url: &str,
+) -> serde_json::Value {
+    const CLIENTS: usize = 16;
+    const SLOTS: usize = 4;
+    const HOLD_MS: u64 = 100;
+    let log = dir.join(format!("sem-{store}.log"));
+    let cmd = |extra: &[&str], hold: &str| {
+        let mut c = Command::new(putex);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+                c.env_remove(k);
+            }
+        }
+        c.env("PUTEX_KEEPER_DIR", dir.join("keepers"))
+            .args(["lock", "sembench", "--limit", "4", "--store", url])
+            .args(extra)
+            .args(["--", "sh", "-c"])
+            .arg(format!(
+                "echo \"+ $(date +%s%N)\" >>'{l}'; sleep {hold}; echo \"- $(date +%s%N)\" >>'{l}'",
+                l = log.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    };
+    // First use of the name waits W + G (S4): the fast profile, untimed.
+    if let Err(e) = run_once(cmd(&putex_testkit::bench::FAST, "0")) {
+        println!("semaphore first use ({store}): {e}");
+    }
+    let _ = std::fs::remove_file(&log);
+    let started = Instant::now();
+    let children: Vec<Child> = (0..CLIENTS)
+        .map(|_| cmd(&[], "0.1").spawn().expect("start putex lock"))
+        .collect();
+    let mut failed = 0;
+    for c in children {
+        let out = c.wait_with_output().expect("wait for putex lock");
+        if !out.status.success() {
+            failed += 1;
+            println!(
+                "semaphore client failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    let total = started.elapsed();
+    // The most CMDs running at once, from their own start and end lines.
+    let mut events: Vec<(u128, i32)> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (sign, t) = l.split_once(' ')?;
+            Some((t.trim().parse().ok()?, if sign == "+" { 1 } else { -1 }))
+        })
+        .collect();
+    events.sort();
+    let (mut inside, mut most) = (0, 0);
+    for (_, d) in &events {
+        inside += d;
+        most = most.max(inside);
+    }
+    let ran = events.iter().filter(|(_, d)| *d == 1).count();
+    let ideal = Duration::from_millis(CLIENTS.div_ceil(SLOTS) as u64 * HOLD_MS);
+    let r = ratio(total, ideal);
+    let figure = format!(
+        "{:.0} ms for {ran} of {CLIENTS} clients ({failed} failed); at most {most} inside",
+        ms_f(total)
+    );
+    let vs = format!(
+        "{r:.2}× the ideal {:.0} ms; target ≤ 1.15×: {}; never more than {SLOTS} inside: {}",
+        ms_f(ideal),
+        if r <= 1.15 { "met" } else { "MISSED" },
+        if most <= SLOTS as i32 { "yes" } else { "NO" }
+    );
+    println!("semaphore, {SLOTS} slots, {CLIENTS} clients holding {HOLD_MS} ms ({store}): {figure}; {vs}");
+    table.push(
+        "semaphore: 16 `putex lock --limit 4` clients holding 100 ms, started at once",
+        store,
+        figure,
+        vs,
+    );
+    serde_json::json!({
+        "store": store, "clients": CLIENTS, "slots": SLOTS, "hold_ms": HOLD_MS,
+        "total_ms": ms_f(total), "ideal_ms": ms_f(ideal), "ratio": r,
+        "most_inside": most, "ran": ran, "failed": failed,
+    })
 }
 
 /// One command timed over several rounds.

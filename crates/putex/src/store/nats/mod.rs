@@ -514,29 +514,15 @@ impl NatsStore {
         filter: &str,
         from_revision: Option<u64>,
     ) -> Result<(Vec<WatchEvent>, u64), StoreError> {
-        let kv = &self.inner.kv;
         let deliver_policy = match from_revision {
             None => jetstream::consumer::DeliverPolicy::LastPerSubject,
             Some(r) => jetstream::consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: r.max(1),
             },
         };
-        let consumer = kv
-            .stream
-            .create_consumer(jetstream::consumer::push::OrderedConfig {
-                deliver_subject: self.inner.client.new_inbox(),
-                description: Some("putex watch catch-up".to_string()),
-                filter_subject: format!("{}{}", kv.prefix, nats_filter(filter)),
-                replay_policy: jetstream::consumer::ReplayPolicy::Instant,
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        let _remove = RemoveConsumerOnDrop {
-            stream: kv.stream.clone(),
-            name: consumer.cached_info().name.clone(),
-        };
+        let (consumer, _remove) = self
+            .ordered_consumer("putex watch catch-up", filter, filter, deliver_policy)
+            .await?;
         let mut events = Vec::new();
         let mut upto = 0;
         if consumer.cached_info().num_pending == 0 {
@@ -558,23 +544,30 @@ impl NatsStore {
         Ok((events, upto))
     }
 
-    /// Starts the handle's watch feed unless one runs: an ordered consumer
-    /// over every key of the bucket, from now on, whose messages a task
-    /// hands to the hub.
-    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
-        let mut stop = self.inner.starting.lock().await;
-        if self.inner.hub.is_live() {
-            return Ok(());
-        }
+    /// An ordered push consumer over the keys `selects` (a watch filter),
+    /// removed when the returned guard is dropped; errors name `filter`.
+    async fn ordered_consumer(
+        &self,
+        description: &str,
+        selects: &str,
+        filter: &str,
+        deliver_policy: jetstream::consumer::DeliverPolicy,
+    ) -> Result<
+        (
+            jetstream::consumer::Consumer<jetstream::consumer::push::OrderedConfig>,
+            RemoveConsumerOnDrop,
+        ),
+        StoreError,
+    > {
         let kv = &self.inner.kv;
         let consumer = kv
             .stream
             .create_consumer(jetstream::consumer::push::OrderedConfig {
                 deliver_subject: self.inner.client.new_inbox(),
-                description: Some("putex watch feed".to_string()),
-                filter_subject: format!("{}>", kv.prefix),
+                description: Some(description.to_owned()),
+                filter_subject: format!("{}{}", kv.prefix, nats_filter(selects)),
                 replay_policy: jetstream::consumer::ReplayPolicy::Instant,
-                deliver_policy: jetstream::consumer::DeliverPolicy::New,
+                deliver_policy,
                 ..Default::default()
             })
             .await
@@ -583,6 +576,25 @@ impl NatsStore {
             stream: kv.stream.clone(),
             name: consumer.cached_info().name.clone(),
         };
+        Ok((consumer, remove))
+    }
+
+    /// Starts the handle's watch feed unless one runs: an ordered consumer
+    /// over every key of the bucket, from now on, whose messages a task
+    /// hands to the hub.
+    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
+        let mut stop = self.inner.starting.lock().await;
+        if self.inner.hub.is_live() {
+            return Ok(());
+        }
+        let (consumer, remove) = self
+            .ordered_consumer(
+                "putex watch feed",
+                "",
+                filter,
+                jetstream::consumer::DeliverPolicy::New,
+            )
+            .await?;
         let messages = consumer
             .messages()
             .await
