@@ -438,8 +438,12 @@ pub async fn read_prefix(
 /// `marker` (a key under `filter`, unconditionally) and reads the watch's
 /// initial delivery up to the marker. Every backend delivers in revision
 /// order, so every key last written before the marker has been seen by
-/// then. Returns the entries (without the marker and delete markers) and
-/// the marker's store time: the store's "now".
+/// then — but a key written again after the marker (a member renewing)
+/// comes after it, its older state coalesced away, so the marker is
+/// written a second time once the first is seen, and the read goes on to
+/// that: it comes after the watch's whole first read. Returns the entries
+/// (without the marker and delete markers) and the second marker's store
+/// time: the store's "now".
 ///
 /// Fails with [`StoreError::Unknown`] when the marker does not arrive within
 /// `timeout`.
@@ -455,11 +459,11 @@ pub async fn snapshot_synced(
         "{marker} not under {filter}"
     );
     let deadline = tokio::time::Instant::now() + timeout;
-    let mark = store
-        .put(marker, br#"{"v":1,"kind":"scan"}"#, timeout)
-        .await?;
+    const SCAN: &[u8] = br#"{"v":1,"kind":"scan"}"#;
+    let mark = store.put(marker, SCAN, timeout).await?;
     let mut w = store.watch(filter, None, timeout).await?;
     let mut latest = std::collections::BTreeMap::new();
+    let mut second: Option<u64> = None;
     loop {
         let ev = match tokio::time::timeout_at(deadline, w.next()).await {
             Ok(Some(Ok(ev))) => ev,
@@ -468,8 +472,17 @@ pub async fn snapshot_synced(
             Err(_) => return Err(StoreError::timed_out(Op::Watch, filter, timeout)),
         };
         if ev.key == marker {
-            if ev.revision >= mark.revision {
-                return Ok((latest, ev.time));
+            match second {
+                // The first marker: every key that had not changed since
+                // came before it. A key that changed after it (a member
+                // renewing) comes after it, in the watch's first read, its
+                // older state coalesced away: written now, a second marker
+                // comes after that first read, so after those keys too.
+                None if ev.revision >= mark.revision => {
+                    second = Some(store.put(marker, SCAN, timeout).await?.revision);
+                }
+                Some(r) if ev.revision >= r => return Ok((latest, ev.time)),
+                _ => {}
             }
             continue;
         }

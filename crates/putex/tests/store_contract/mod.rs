@@ -1137,3 +1137,47 @@ async fn store_nats_ten_thousand_watches_share_one_consumer() {
     let _w: Vec<_> = futures::future::join_all(keys.iter().map(|k| s.watch(k, None, T))).await;
     assert!(consumers().await <= 1, "more watches, more consumers");
 }
+
+/// A snapshot of a prefix misses no key, even one written again and again
+/// while the snapshot is taken (a member renewing: its state before the
+/// snapshot's marker is coalesced into one after it).
+async fn snapshots_miss_no_busy_key(s: &AnyStore) {
+    s.put("member.snap.quiet", b"q", T).await.unwrap();
+    let busy = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            loop {
+                s.put("member.snap.busy", b"b", T).await.unwrap();
+            }
+        })
+    };
+    for _ in 0..30 {
+        let got = putex::store::read_prefix(s, "member.snap.", T)
+            .await
+            .unwrap();
+        let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            keys.contains(&"member.snap.busy") && keys.contains(&"member.snap.quiet"),
+            "{keys:?}"
+        );
+    }
+    busy.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_sqlite_snapshots_miss_no_busy_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = AnyStore::from(
+        SqliteStore::open(dir.path().join("store.db"))
+            .await
+            .unwrap(),
+    );
+    snapshots_miss_no_busy_key(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_snapshots_miss_no_busy_key() {
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    snapshots_miss_no_busy_key(&s).await;
+}
