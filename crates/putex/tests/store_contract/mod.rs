@@ -1140,19 +1140,22 @@ async fn store_nats_ten_thousand_watches_share_one_consumer() {
 
 /// A snapshot of a prefix misses no key, even one written again and again
 /// while the snapshot is taken (a member renewing: its state before the
-/// snapshot's marker is coalesced into one after it).
+/// snapshot's marker is coalesced into one after it). Here every 10 ms.
 async fn snapshots_miss_no_busy_key(s: &AnyStore) {
     s.put("member.snap.quiet", b"q", T).await.unwrap();
     let busy = {
         let s = s.clone();
         tokio::spawn(async move {
+            // Far more often than any member renews (once per R).
             loop {
                 s.put("member.snap.busy", b"b", T).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
     };
     for _ in 0..30 {
-        let got = putex::store::read_prefix(s, "member.snap.", T)
+        // A generous deadline: the whole suite runs beside it.
+        let got = putex::store::read_prefix(s, "member.snap.", T * 6)
             .await
             .unwrap();
         let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();

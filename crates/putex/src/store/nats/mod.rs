@@ -525,7 +525,12 @@ impl NatsStore {
             .await?;
         let mut events = Vec::new();
         let mut upto = 0;
-        if consumer.cached_info().num_pending == 0 {
+        // What the consumer had to deliver when it was made: read that
+        // much, not "until nothing is pending" — under a key written
+        // without pause something always is. What comes after is the
+        // feed's.
+        let mut left = consumer.cached_info().num_pending;
+        if left == 0 {
             return Ok((events, upto));
         }
         let mut messages = consumer
@@ -537,7 +542,8 @@ impl NatsStore {
             let (event, pending) = self.message_event(&message, filter)?;
             upto = event.revision;
             events.push(event);
-            if pending == 0 {
+            left -= 1;
+            if left == 0 || pending == 0 {
                 break;
             }
         }
