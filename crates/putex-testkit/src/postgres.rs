@@ -391,6 +391,17 @@ impl PgCluster {
             .collect()
     }
 
+    /// Node `i`, a replica, stops receiving WAL: its `primary_conninfo`
+    /// points nowhere (reloaded, not restarted).
+    pub fn stop_receiving(&self, i: usize) {
+        self.sql(
+            i,
+            "alter system set primary_conninfo = 'host=127.0.0.1 port=1'",
+        )
+        .and_then(|_| self.sql(i, "select pg_reload_conf()"))
+        .unwrap_or_else(|e| panic!("{}: {e}", self.nodes[i].name));
+    }
+
     /// Stops node `i`'s server with a fast shutdown, as an operator would.
     pub fn stop_server(&self, i: usize) {
         let mut cmd = self.pg("pg_ctl");
