@@ -18,15 +18,36 @@ pub fn load_average() -> String {
 
 /// A process's resident set (`VmRSS`), in kB; 0 if it is gone.
 pub fn rss_kb(pid: i32) -> u64 {
+    status_kb(pid, "VmRSS:")
+}
+
+/// A process's peak resident set (`VmHWM`), in kB; 0 if it is gone.
+pub fn peak_rss_kb(pid: i32) -> u64 {
+    status_kb(pid, "VmHWM:")
+}
+
+/// A `kB` line of `/proc/PID/status`; 0 if the process is gone.
+fn status_kb(pid: i32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
+pub fn clock_ticks() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100)
 }
 
 /// The sum of `/proc/PID/stat` fields `fields` (0 = the state, the field

@@ -60,7 +60,7 @@ use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
 use putex_testkit::bench::lock::{consumers, revision};
 use putex_testkit::bench::{verdict, FAST};
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::procfs::{cpu_model, cpu_ticks, load_average, num_cpus, rss_kb};
+use putex_testkit::procfs::{clock_ticks, cpu_model, cpu_ticks, load_average, num_cpus, rss_kb};
 use putex_testkit::watch_failures::WatchFailures;
 
 /// How long the agents' CPU time is sampled once they are all up.
@@ -869,17 +869,6 @@ fn pct_of(d: Duration, of: Duration) -> f64 {
 
 fn ns_between(a: u128, b: u128) -> Duration {
     Duration::from_nanos(u64::try_from(b.saturating_sub(a)).unwrap_or(u64::MAX))
-}
-
-/// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
-fn clock_ticks() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .filter(|t| *t > 0)
-        .unwrap_or(100)
 }
 
 /// The whole machine from `/proc/stat`: (busy, total) clock ticks.

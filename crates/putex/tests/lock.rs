@@ -1195,6 +1195,148 @@ fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
     });
 }
 
+/// Issue 18: a long line costs the store little. The waiters of one name
+/// in one process share one view of the line; the first `admit + NEAR`
+/// refresh their tickets every R and say so, the rest every
+/// `IDLE_REFRESH` with the place from which they promise R again
+/// (`near_at`). Both sides: the turns still pass in order as holders
+/// leave, and a ticket that made that promise and then went silent (its
+/// waiter died far back in line) is skipped, and swept, within expiry(R)
+/// of coming near the front — not after expiry(IDLE_REFRESH), 31 s.
+#[test]
+fn a_long_line_refreshes_only_its_front_and_skips_a_dead_waiter_far_back() {
+    use putex::locks::queue::{expiry, Ticket, TicketRecord, Waiter, IDLE_REFRESH, NEAR};
+    use putex::store::{AnyStore, MemoryStore, ReadMode, Store};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = AnyStore::from(MemoryStore::new());
+        let renew = Duration::from_millis(100);
+        let t = Duration::from_secs(1);
+        let name: putex::store::Name = "line".parse().unwrap();
+        let waiter = |i: usize| Waiter {
+            name: name.clone(),
+            node: "n1".parse().unwrap(),
+            instance: format!("w{i:02}").parse().unwrap(),
+            renew,
+            store_timeout: t,
+            title: None,
+            asked: None,
+            patience: t,
+        };
+        let mut line = Vec::new();
+        for i in 0..3 {
+            line.push(Ticket::join(store.clone(), waiter(i)).await.unwrap());
+        }
+        // A waiter of another process that died far back in line: its
+        // ticket says "every 10 s until I am 4th".
+        let dead_key = putex::store::keys::ticket(&name, &"dead".parse().unwrap());
+        let mut dead = TicketRecord {
+            v: 1,
+            node: "n2".into(),
+            instance: "dead".into(),
+            arrival: 0,
+            renew_ms: IDLE_REFRESH.as_millis() as u64,
+            pid: 1,
+            title: None,
+            wait_ms: None,
+            lifetime_ms: None,
+            near_at: Some(1 + NEAR as u64),
+            near_renew_ms: Some(renew.as_millis() as u64),
+        };
+        let token = store.create(&dead_key, b"{}", t).await.unwrap();
+        dead.arrival = token.revision;
+        store
+            .update(&dead_key, &serde_json::to_vec(&dead).unwrap(), token, t)
+            .await
+            .unwrap();
+        for i in 3..12 {
+            line.push(Ticket::join(store.clone(), waiter(i)).await.unwrap());
+        }
+        let turns = |line: &[Ticket]| line.iter().map(|t| *t.turn().borrow()).collect::<Vec<_>>();
+        let record = |i: usize| {
+            let store = store.clone();
+            let key = putex::store::keys::ticket(&name, &format!("w{i:02}").parse().unwrap());
+            async move {
+                let e = store
+                    .get(&key, ReadMode::Leader, t)
+                    .await
+                    .unwrap()
+                    .expect("ticket");
+                serde_json::from_slice::<TicketRecord>(&e.value).unwrap()
+            }
+        };
+        // The dead ticket is 4th: skipped within expiry(R) (1.3 s) and
+        // swept by the first waiter (every second).
+        let started = Instant::now();
+        while store
+            .get(&dead_key, ReadMode::Leader, t)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            assert!(
+                started.elapsed() < expiry(renew) + Duration::from_secs(3),
+                "the dead ticket far back is still there after {:?}",
+                started.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!("dead ticket swept after {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The front (w00 holds, w01..w03 next) refreshes every R; the rest
+        // every 10 s, promising R from the 4th place.
+        for i in 0..12 {
+            let r = record(i).await;
+            if i < 1 + NEAR {
+                assert_eq!((r.renew_ms, r.near_at), (100, None), "w{i:02}: {r:?}");
+            } else {
+                assert_eq!(
+                    r.renew_ms,
+                    IDLE_REFRESH.as_millis() as u64,
+                    "w{i:02}: {r:?}"
+                );
+                assert_eq!(r.near_at, Some(1 + NEAR as u64), "w{i:02}: {r:?}");
+            }
+        }
+        let mut expect = vec![false; 12];
+        expect[0] = true;
+        assert_eq!(turns(&line), expect);
+        // The turns pass in order as holders leave; a waiter that comes
+        // near refreshes every R again at once.
+        for i in 0..8 {
+            line.remove(0).leave().await;
+            let next = line[0].turn();
+            let started = Instant::now();
+            while !*next.borrow() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(2),
+                    "w{:02} got no turn",
+                    i + 1
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(
+                turns(&line)[1..].iter().all(|t| !t),
+                "only one turn at a time"
+            );
+            let near = i + 1 + NEAR;
+            if near < 12 {
+                let started = Instant::now();
+                while record(near).await.near_at.is_some() {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(1),
+                        "w{near:02} stays slow"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        for t in line {
+            t.leave().await;
+        }
+    });
+}
+
 /// A program other than putex runs a critical section as a library
 /// (`putex::locks::section::run`): the keeper is the putex binary, given as
 /// `keeper_exe`, since this test binary cannot be one. CMD runs under the

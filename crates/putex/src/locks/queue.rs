@@ -24,13 +24,29 @@
 //!
 //! Holders that do not queue (`putex run` agents, the lease library) still
 //! compete directly; the queue orders the waiters that use it.
+//!
+//! **At scale.** The waiters of one name in one process (a gateway with a
+//! thousand requests in line) share one view of the line: one watch of the
+//! queue's keys, kept in arrival order, and a walk of its first few live
+//! tickets after each change — not a copy of the line per waiter, sorted
+//! on every refresh of every ticket. And only the waiters near the front
+//! refresh every R: one further back than [`NEAR`] places behind those
+//! admitted refreshes every [`IDLE_REFRESH`] and says so in its ticket
+//! ([`TicketRecord::near_at`]), so a long line costs the store a write per
+//! waiter every 10 s, not every R. Such a ticket promises to refresh at R
+//! again once it is within `near_at` of the front; one that does not keep
+//! that promise within [`expiry`] of R (its waiter died far back in line)
+//! is skipped as dead, so a dead waiter holds the line up no longer than
+//! one near the front would.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError, Token};
@@ -53,6 +69,16 @@ pub struct TicketRecord {
     /// What the waiter wants the lock for (`--title`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// While the waiter is far back in line: the place (counted from 0 among
+    /// the live tickets) from which it refreshes every
+    /// [`near_renew_ms`](Self::near_renew_ms) again; until then it
+    /// refreshes every `renew_ms`. Absent: it refreshes every `renew_ms`
+    /// wherever it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_at: Option<u64>,
+    /// With [`near_at`](Self::near_at): the refresh interval near the front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near_renew_ms: Option<u64>,
     /// How long the waiter waits, in milliseconds (HTTP requests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
@@ -70,6 +96,15 @@ fn millis(d: Duration) -> u64 {
 pub fn expiry(renew: Duration) -> Duration {
     renew * 3 + Duration::from_secs(1)
 }
+
+/// How many places behind the admitted ones a waiter still refreshes its
+/// ticket every R (the next few in line: a dead one among them is skipped
+/// within [`expiry`] of R).
+pub const NEAR: usize = 3;
+
+/// How often a waiter further back in line refreshes its ticket (R when R
+/// is longer).
+pub const IDLE_REFRESH: Duration = Duration::from_secs(10);
 
 /// A place in a lock's queue, refreshed in the background until
 /// [`Ticket::leave`] (or drop, which leaves it to expire).
@@ -122,7 +157,6 @@ impl Ticket {
         admit: usize,
     ) -> Result<Ticket, StoreError> {
         let key = keys::ticket(&waiter.name, &waiter.instance);
-        let filter = keys::queue_of(&waiter.name);
         let mut record = TicketRecord {
             v: 1,
             node: waiter.node.to_string(),
@@ -133,22 +167,18 @@ impl Ticket {
             title: waiter.title.clone(),
             wait_ms: waiter.asked.map(|(w, _)| millis(w)),
             lifetime_ms: waiter.asked.map(|(_, l)| millis(l)),
+            near_at: None,
+            near_renew_ms: None,
         };
         let give_up = tokio::time::Instant::now() + waiter.patience;
         let token = create_ticket(&store, &key, &mut record, waiter.store_timeout, give_up).await?;
         let arrival = record.arrival;
         let (turn_tx, turn) = watch::channel(false);
         let (leave_tx, leave_rx) = oneshot::channel();
+        let admit = admit.max(1);
+        let member = Line::join(&store, &waiter, &key, admit);
         let task = tokio::spawn(keep(
-            store,
-            waiter,
-            key,
-            filter,
-            record,
-            token,
-            admit.max(1),
-            turn_tx,
-            leave_rx,
+            store, waiter, key, record, token, admit, member, turn_tx, leave_rx,
         ));
         Ok(Ticket {
             arrival,
@@ -239,77 +269,65 @@ async fn create_ticket(
     }
 }
 
-/// One ticket as an observer sees it.
-struct Seen {
-    record: Option<TicketRecord>,
-    token: Token,
-    changed: tokio::time::Instant,
-}
-
+/// Keeps our ticket: refreshes it — every R near the front of the line,
+/// every [`IDLE_REFRESH`] further back, and at once when it comes near —
+/// passes our turn on from the line's view, and removes the ticket when we
+/// leave.
 #[allow(clippy::too_many_arguments)]
 async fn keep(
     store: AnyStore,
     waiter: Waiter,
     key: String,
-    filter: String,
-    record: TicketRecord,
+    mut record: TicketRecord,
     mut token: Token,
     admit: usize,
+    mut member: Member,
     turn: watch::Sender<bool>,
     mut leave: oneshot::Receiver<()>,
 ) {
     let timeout = waiter.store_timeout;
-    let mut tickets: HashMap<String, Seen> = HashMap::new();
-    let mut refresh = tokio::time::interval(waiter.renew);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut watch: Option<crate::store::WatchStream> = None;
-    let mut from: Option<u64> = None;
+    let fast = waiter.renew;
+    let idle = fast.max(IDLE_REFRESH);
+    // The ticket as created says "every R".
+    let mut written_near = true;
+    let mut next = tokio::time::Instant::now() + fast;
+    let mut open = true;
     loop {
-        if watch.is_none() {
-            match store.watch(&filter, from, timeout).await {
-                Ok(w) => watch = Some(w),
-                Err(e) => tracing::debug!(error = %e, "queue watch failed; retrying"),
-            }
-        }
         tokio::select! {
             _ = &mut leave => break,
-            _ = refresh.tick() => {
-                let value = serde_json::to_vec(&record).expect("a ticket serialises");
-                match store.put(&key, &value, timeout).await {
-                    Ok(t) => token = t,
-                    Err(e) => tracing::debug!(error = %e, "ticket refresh failed"),
+            () = tokio::time::sleep_until(next) => {}
+            changed = member.place.changed(), if open => {
+                if changed.is_err() {
+                    // The view is gone (it never ends while we are in it):
+                    // refresh every R and stay out of turn.
+                    open = false;
+                    turn.send_if_modified(|t| std::mem::replace(t, false));
+                    continue;
                 }
-                sweep(&store, &mut tickets, &key, timeout).await;
-            }
-            ev = async { watch.as_mut().expect("set above").next().await }, if watch.is_some() => {
-                match ev {
-                    Some(Ok(ev)) => {
-                        from = Some(ev.revision + 1);
-                        match ev.entry {
-                            Some(Entry { value, token, .. }) => {
-                                let record = serde_json::from_slice::<TicketRecord>(&value).ok();
-                                tickets.insert(ev.key, Seen {
-                                    record,
-                                    token,
-                                    changed: tokio::time::Instant::now(),
-                                });
-                            }
-                            None => {
-                                tickets.remove(&ev.key);
-                            }
-                        }
-                    }
-                    _ => {
-                        watch = None;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
+                let place = *member.place.borrow_and_update();
+                turn.send_if_modified(|t| std::mem::replace(t, place.turn) != place.turn);
+                // Come near the front while refreshing slowly: at once.
+                if !place.near || written_near {
+                    continue;
                 }
             }
         }
-        let ours = ahead_of(&tickets, &key).is_some_and(|n| n < admit);
-        turn.send_if_modified(|t| std::mem::replace(t, ours) != ours);
+        let near = !open || member.place.borrow().near;
+        record.renew_ms = millis(if near { fast } else { idle });
+        record.near_at = (!near).then_some((admit + NEAR) as u64);
+        record.near_renew_ms = (!near).then(|| millis(fast));
+        let value = serde_json::to_vec(&record).expect("a ticket serialises");
+        match store.put(&key, &value, timeout).await {
+            Ok(t) => {
+                token = t;
+                written_near = near;
+            }
+            Err(e) => tracing::debug!(error = %e, "ticket refresh failed"),
+        }
+        next = tokio::time::Instant::now() + if written_near { fast } else { idle };
     }
     turn.send_replace(false);
+    drop(member);
     remove_ticket(&store, &key, token, &waiter).await;
 }
 
@@ -350,62 +368,330 @@ async fn remove_ticket(store: &AnyStore, key: &str, mut token: Token, waiter: &W
     }
 }
 
-/// The live tickets, in line: lowest arrival, then instance id.
-fn live_line(tickets: &HashMap<String, Seen>) -> Vec<&str> {
-    let now = tokio::time::Instant::now();
-    let mut line: Vec<(u64, &str, &str)> = tickets
-        .iter()
-        .filter_map(|(k, s)| {
-            let r = s.record.as_ref()?;
-            let alive = now.duration_since(s.changed) < expiry(Duration::from_millis(r.renew_ms));
-            alive.then_some((r.arrival, r.instance.as_str(), k.as_str()))
-        })
-        .collect();
-    line.sort_unstable();
-    line.into_iter().map(|(_, _, k)| k).collect()
+/// Where a waiter stands, as its process's view of the line sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    /// Among the first `admit` live tickets.
+    turn: bool,
+    /// Among the first `admit + NEAR` (or not seen yet): refresh every R.
+    near: bool,
 }
 
-/// How many live tickets are ahead of `ours`; `None` while ours is not
-/// among the live ones (not seen yet, or expired).
-fn ahead_of(tickets: &HashMap<String, Seen>, ours: &str) -> Option<usize> {
-    live_line(tickets).iter().position(|k| *k == ours)
+/// A waiter's membership in its process's view of a line; dropping it
+/// leaves the view.
+struct Member {
+    place: watch::Receiver<Place>,
+    key: String,
+    view: Arc<ViewHandle>,
 }
 
-/// The key of the first live ticket.
-fn first_live(tickets: &HashMap<String, Seen>) -> Option<String> {
-    live_line(tickets).first().map(|k| (*k).to_owned())
-}
-
-/// Removes the expired (and unreadable) tickets of others, when we are the
-/// first live waiter: keeps the queue short without anyone in charge.
-async fn sweep(
-    store: &AnyStore,
-    tickets: &mut HashMap<String, Seen>,
-    ours: &str,
-    timeout: Duration,
-) {
-    if first_live(tickets).as_deref() != Some(ours) {
-        return;
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.view.commands.send(Command::Leave(self.key.clone()));
     }
-    let now = tokio::time::Instant::now();
-    let dead: Vec<(String, Token)> = tickets
-        .iter()
-        .filter(|(k, s)| {
-            k.as_str() != ours
-                && match &s.record {
-                    Some(r) => {
-                        now.duration_since(s.changed) >= expiry(Duration::from_millis(r.renew_ms))
-                    }
-                    // Garbage under the queue prefix: removed after a while.
-                    None => now.duration_since(s.changed) >= expiry(Duration::from_secs(10)),
+}
+
+/// A view of one line, shared by the waiters of one process (per store
+/// handle and name); its task ends when the last one leaves.
+struct ViewHandle {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+enum Command {
+    Join {
+        key: String,
+        admit: usize,
+        place: watch::Sender<Place>,
+    },
+    Leave(String),
+}
+
+/// A view's key: the store handle ([`AnyStore::handle_id`]) and the name.
+type ViewKey = (usize, String);
+
+/// The views of this process.
+static VIEWS: LazyLock<Mutex<HashMap<ViewKey, Weak<ViewHandle>>>> = LazyLock::new(Default::default);
+
+/// One ticket as an observer sees it.
+struct Seen {
+    record: Option<TicketRecord>,
+    token: Token,
+    /// When we saw it written last.
+    changed: tokio::time::Instant,
+    /// Its place in [`Line::order`], when it has a record.
+    order: Option<(u64, String, String)>,
+    /// Since when a ticket refreshing slowly has been near enough the front
+    /// that it promised to refresh every R (reset by each write).
+    near_since: Option<tokio::time::Instant>,
+}
+
+impl Seen {
+    /// Whether its waiter is taken to be alive at `now`.
+    fn alive(&self, now: tokio::time::Instant) -> bool {
+        self.deadline().is_some_and(|d| now < d)
+    }
+
+    /// When it stops counting as alive unless written again.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        let r = self.record.as_ref()?;
+        let quiet = self.changed + expiry(Duration::from_millis(r.renew_ms));
+        let broken = self
+            .near_since
+            .zip(r.near_renew_ms)
+            .map(|(since, fast)| since + expiry(Duration::from_millis(fast)));
+        Some(broken.map_or(quiet, |b| b.min(quiet)))
+    }
+}
+
+/// A line as one process sees it: every ticket, in order, and the waiters
+/// of this process in it.
+struct Line {
+    tickets: HashMap<String, Seen>,
+    /// The tickets with a record: lowest arrival, then instance id, then key.
+    order: BTreeSet<(u64, String, String)>,
+    members: HashMap<String, (usize, watch::Sender<Place>)>,
+    /// The members whose place says turn or near.
+    flagged: HashSet<String>,
+}
+
+impl Line {
+    /// Joins the view of `waiter.name`'s line on this store handle (made
+    /// when it is the first), as the ticket `key`.
+    fn join(store: &AnyStore, waiter: &Waiter, key: &str, admit: usize) -> Member {
+        let view = {
+            let mut views = VIEWS.lock();
+            views.retain(|_, v| v.strong_count() > 0);
+            let id = (store.handle_id(), waiter.name.to_string());
+            match views.get(&id).and_then(Weak::upgrade) {
+                Some(v) => v,
+                None => {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let v = Arc::new(ViewHandle { commands: tx });
+                    views.insert(id, Arc::downgrade(&v));
+                    tokio::spawn(watch_line(
+                        store.clone(),
+                        keys::queue_of(&waiter.name),
+                        waiter.store_timeout,
+                        rx,
+                    ));
+                    v
                 }
-        })
-        .map(|(k, s)| (k.clone(), s.token))
-        .collect();
-    for (k, t) in dead {
-        if store.delete(&k, t, timeout).await.is_ok() {
-            tracing::debug!(ticket = %k, "removed an expired ticket");
-            tickets.remove(&k);
+            }
+        };
+        let unseen = Place {
+            turn: false,
+            near: true,
+        };
+        let (tx, place) = watch::channel(unseen);
+        let _ = view.commands.send(Command::Join {
+            key: key.to_owned(),
+            admit,
+            place: tx,
+        });
+        Member {
+            place,
+            key: key.to_owned(),
+            view,
         }
+    }
+
+    fn seen(&mut self, key: String, entry: Option<Entry>) {
+        let old = self.tickets.remove(&key);
+        if let Some(o) = old.and_then(|o| o.order) {
+            self.order.remove(&o);
+        }
+        let Some(Entry { value, token, .. }) = entry else {
+            return;
+        };
+        let record = serde_json::from_slice::<TicketRecord>(&value).ok();
+        let order = record
+            .as_ref()
+            .map(|r| (r.arrival, r.instance.clone(), key.clone()));
+        if let Some(o) = &order {
+            self.order.insert(o.clone());
+        }
+        self.tickets.insert(
+            key,
+            Seen {
+                record,
+                token,
+                changed: tokio::time::Instant::now(),
+                order,
+                near_since: None,
+            },
+        );
+    }
+
+    /// Walks the front of the line and tells our waiters where they stand;
+    /// returns when that may change without a write (a ticket in front
+    /// expiring).
+    fn settle(&mut self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let window = self
+            .members
+            .values()
+            .map(|(admit, _)| admit + NEAR)
+            .max()
+            .unwrap_or(0);
+        let mut next: Option<tokio::time::Instant> = None;
+        let mut flagged = HashSet::new();
+        let mut at = 0usize;
+        for (_, _, key) in &self.order {
+            if at >= window {
+                break;
+            }
+            let Some(seen) = self.tickets.get_mut(key) else {
+                continue;
+            };
+            if let Some(r) = &seen.record {
+                if seen.near_since.is_none() && r.near_at.is_some_and(|n| (at as u64) < n) {
+                    seen.near_since = Some(now);
+                }
+            }
+            if !seen.alive(now) {
+                continue;
+            }
+            next = match (next, seen.deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some((admit, tx)) = self.members.get(key) {
+                let place = Place {
+                    turn: at < *admit,
+                    near: at < admit + NEAR,
+                };
+                tx.send_if_modified(|p| std::mem::replace(p, place) != place);
+                if place.turn || place.near {
+                    flagged.insert(key.clone());
+                }
+            }
+            at += 1;
+        }
+        for key in self.flagged.drain() {
+            if flagged.contains(&key) {
+                continue;
+            }
+            if let Some((_, tx)) = self.members.get(&key) {
+                // Not seen yet: near (it refreshes every R) until it is.
+                let near = !self.tickets.contains_key(&key);
+                let place = Place { turn: false, near };
+                tx.send_if_modified(|p| std::mem::replace(p, place) != place);
+                if near {
+                    flagged.insert(key);
+                }
+            }
+        }
+        self.flagged = flagged;
+        next
+    }
+
+    /// The expired (and unreadable) tickets of other waiters, when one of
+    /// ours is first in line: they are removed, keeping the line short
+    /// without anyone in charge.
+    fn dead(&self) -> Vec<(String, Token)> {
+        let now = tokio::time::Instant::now();
+        let first = self
+            .order
+            .iter()
+            .map(|(_, _, k)| k)
+            .find(|k| self.tickets.get(*k).is_some_and(|s| s.alive(now)));
+        if !first.is_some_and(|k| self.members.contains_key(k)) {
+            return Vec::new();
+        }
+        self.tickets
+            .iter()
+            .filter(|(k, s)| {
+                !self.members.contains_key(*k)
+                    && match &s.record {
+                        Some(_) => !s.alive(now),
+                        // Garbage under the queue prefix: removed after a while.
+                        None => now.duration_since(s.changed) >= expiry(Duration::from_secs(10)),
+                    }
+            })
+            .map(|(k, s)| (k.clone(), s.token))
+            .collect()
+    }
+}
+
+/// The task of one view: watches the line's keys, tells the waiters in it
+/// where they stand, and sweeps dead tickets while one of ours is first.
+async fn watch_line(
+    store: AnyStore,
+    filter: String,
+    timeout: Duration,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut line = Line {
+        tickets: HashMap::new(),
+        order: BTreeSet::new(),
+        members: HashMap::new(),
+        flagged: HashSet::new(),
+    };
+    let mut watch: Option<crate::store::WatchStream> = None;
+    let mut from: Option<u64> = None;
+    let mut next: Option<tokio::time::Instant> = None;
+    let mut sweep = tokio::time::interval(Duration::from_secs(1));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let sweeping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    loop {
+        if watch.is_none() {
+            match store.watch(&filter, from, timeout).await {
+                Ok(w) => watch = Some(w),
+                Err(e) => {
+                    tracing::debug!(error = %e, "queue watch failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => break,
+                Some(Command::Join { key, admit, place }) => {
+                    line.flagged.insert(key.clone());
+                    line.members.insert(key, (admit, place));
+                }
+                Some(Command::Leave(key)) => {
+                    line.members.remove(&key);
+                    line.flagged.remove(&key);
+                }
+            },
+            ev = async { watch.as_mut().expect("set").next().await }, if watch.is_some() => {
+                let mut ev = ev;
+                // Take every change already delivered before the walk.
+                loop {
+                    match ev {
+                        Some(Ok(e)) => {
+                            from = Some(e.revision + 1);
+                            line.seen(e.key, e.entry);
+                        }
+                        _ => {
+                            watch = None;
+                            break;
+                        }
+                    }
+                    match watch.as_mut().and_then(|w| w.next().now_or_never()) {
+                        Some(more) => ev = more,
+                        None => break,
+                    }
+                }
+            }
+            () = async { tokio::time::sleep_until(next.expect("set")).await }, if next.is_some() => {}
+            _ = sweep.tick() => {
+                let dead = line.dead();
+                if !dead.is_empty() && !sweeping.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let store = store.clone();
+                    let sweeping = sweeping.clone();
+                    tokio::spawn(async move {
+                        for (k, t) in dead {
+                            if store.delete(&k, t, timeout).await.is_ok() {
+                                tracing::debug!(ticket = %k, "removed an expired ticket");
+                            }
+                        }
+                        sweeping.store(false, std::sync::atomic::Ordering::SeqCst);
+                    });
+                }
+            }
+        }
+        next = line.settle();
     }
 }

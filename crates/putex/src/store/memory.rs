@@ -94,6 +94,12 @@ enum Expect {
 }
 
 impl MemoryStore {
+    /// What tells this handle apart from every other open one (its clones
+    /// included, which share it): the address of what they share.
+    pub(crate) fn handle_id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// A new, empty store; its epoch is the current wall-clock time.
     pub fn new() -> Self {
         Self::with_clock(Arc::new(boot_time_now))

@@ -410,6 +410,16 @@ impl Store for AnyStore {
 }
 
 impl AnyStore {
+    /// What tells this handle apart from every other open one; its clones
+    /// share it (and its change feed).
+    pub(crate) fn handle_id(&self) -> usize {
+        match self {
+            AnyStore::Nats(s) => s.handle_id(),
+            AnyStore::Sqlite(s) => s.handle_id(),
+            AnyStore::Memory(s) => s.handle_id(),
+        }
+    }
+
     /// How many watches this handle serves: they all share its one change
     /// feed (the memory store, for tests, gives each its own).
     pub fn watches(&self) -> usize {

@@ -113,9 +113,10 @@ fn ticket() -> impl Strategy<Value = TicketRecord> + Clone {
         prop::option::of(text()),
         prop::option::of(millis()),
         prop::option::of(millis()),
+        prop::option::of((any::<u64>(), millis())),
     )
         .prop_map(
-            |((node, instance), arrival, renew_ms, pid, title, wait_ms, lifetime_ms)| {
+            |((node, instance), arrival, renew_ms, pid, title, wait_ms, lifetime_ms, near)| {
                 TicketRecord {
                     v: 1,
                     node,
@@ -126,6 +127,8 @@ fn ticket() -> impl Strategy<Value = TicketRecord> + Clone {
                     title,
                     wait_ms,
                     lifetime_ms,
+                    near_at: near.map(|n| n.0),
+                    near_renew_ms: near.map(|n| n.1),
                 }
             },
         )

@@ -172,6 +172,12 @@ fn publish_error(op: Op, key: &str, e: &jetstream::context::PublishError) -> Sto
 }
 
 impl NatsStore {
+    /// What tells this handle apart from every other open one (its clones
+    /// included, which share it): the address of what they share.
+    pub(crate) fn handle_id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// The KV bucket's name (`bucket=` of the store URL); JetStream keeps
     /// it in the stream `KV_<name>`.
     pub fn bucket_name(&self) -> &str {

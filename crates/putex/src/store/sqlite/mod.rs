@@ -285,6 +285,12 @@ fn from_i64(v: i64) -> u64 {
 }
 
 impl SqliteStore {
+    /// What tells this handle apart from every other open one (its clones
+    /// included, which share it): the address of what they share.
+    pub(crate) fn handle_id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Opens (creating if needed) the store in `path`, and its directory.
     pub async fn open(path: PathBuf) -> Result<SqliteStore, StoreError> {
         tokio::task::spawn_blocking(move || Self::open_blocking(path))
