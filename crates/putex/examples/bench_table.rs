@@ -1,6 +1,6 @@
 //! The whole performance table: reads the JSON figures that `scripts/bench`
 //! collects from `failover_bench`, `lock_cost`, `lock_process`,
-//! `lock_contention` and `scale_bench` (their `--json FILE` option) and
+//! `lock_contention`, `scale_bench` and `gateway_load` (their `--json FILE` option) and
 //! prints one Markdown table with every figure, its target and a ratio or
 //! verdict. Not a test.
 //!
@@ -10,8 +10,8 @@
 //! ```
 //!
 //! `DIR` holds `failover-nats.json`, `failover-sqlite.json`,
-//! `lock-cost.json`, `lock-process.json`, `lock-contention.json` and
-//! `scale-*.json`; a missing file (its bench failed) shows as a row that
+//! `lock-cost.json`, `lock-process.json`, `lock-contention.json`,
+//! `scale-*.json` and `gateway.json`; a missing file (its bench failed) shows as a row that
 //! says so, with the bench's log `DIR/<name>.log`.
 
 use std::path::{Path, PathBuf};
@@ -60,6 +60,7 @@ fn main() {
     failover(&dir, &mut t);
     locks(&dir, &mut t);
     scale(&dir, &mut t);
+    gateway(&dir, &mut t);
 
     println!("## scripts/bench ({mode}): the whole table\n");
     println!("{}\n", machine(nats.as_deref(), load_start, seconds, build));
@@ -581,6 +582,86 @@ fn short_refusal(s: &str) -> String {
 
 // ---------------------------------------------------------------------------
 // The table.
+
+fn gateway(dir: &Path, t: &mut Table) {
+    let Some(g) = read(dir, "gateway") else {
+        t.missing("gateway (`putex serve`) under load", "both", dir, "gateway");
+        return;
+    };
+    for store in ["nats", "sqlite"] {
+        let f = &g[store];
+        if f.is_null() {
+            continue;
+        }
+        let waiters = num(f, "waiters");
+        let served = num(f, "waiters_served");
+        let in_order = f["waiters_in_order"].as_bool().unwrap_or(false);
+        let peak = num(f, "peak_rss_mb");
+        let sound = num(f, "lost") == 0.0 && num(f, "violations") == 0.0;
+        t.row(
+            &format!("gateway: {waiters:.0} requests waiting on one resource"),
+            store,
+            format!(
+                "{served:.0} of {waiters:.0} served in {:.1} s (hand-off {} / p99 {}), {}; gateway RSS {:.0} MB \
+                 all waiting, peak {peak:.0} MB; CPU {:.0} % while serving",
+                num(f, "waiters_s"),
+                ms(num(f, "waiters_handoff_p50_ms")),
+                ms(num(f, "waiters_handoff_p99_ms")),
+                if in_order { "in the listed order" } else { "NOT in the listed order" },
+                num(f, "waiters_rss_mb"),
+                num(f, "waiters_cpu_pct"),
+            ),
+            "all served in order, none lost; RSS ≤ 100 MB".into(),
+            format!(
+                "**{}**",
+                verdict(served == waiters && in_order && sound && peak <= 100.0)
+            ),
+        );
+        let p99 = num(f, "spread_acquire_p99_ms");
+        t.row(
+            "gateway: 200 acquire + release/s over 100 resources (open loop)",
+            store,
+            format!(
+                "acquire {} / p99 {}, release {} / p99 {}; gateway CPU {:.0} %",
+                ms(num(f, "spread_acquire_p50_ms")),
+                ms(p99),
+                ms(num(f, "spread_release_p50_ms")),
+                ms(num(f, "spread_release_p99_ms")),
+                num(f, "spread_cpu_pct"),
+            ),
+            if store == "nats" {
+                "acquire p99 ≤ 20 ms".into()
+            } else {
+                "(no target)".into()
+            },
+            if store == "nats" {
+                format!("{:.2}× — **{}**", p99 / 20.0, verdict(p99 <= 20.0))
+            } else {
+                String::new()
+            },
+        );
+        t.row(
+            "gateway: 50 clients in a loop on one resource",
+            store,
+            format!(
+                "{:.0} grants/s, acquire {} / p99 {}; grants per client {:.0}–{:.0}; gateway CPU {:.0} %",
+                num(f, "hammer_grants_per_s"),
+                ms(num(f, "hammer_acquire_p50_ms")),
+                ms(num(f, "hammer_acquire_p99_ms")),
+                num(f, "hammer_min"),
+                num(f, "hammer_max"),
+                num(f, "hammer_cpu_pct"),
+            ),
+            "none lost, never two holders, tokens increase".into(),
+            format!(
+                "**{}** ({:.0} lost, {:.0} violations over all three)",
+                verdict(sound),
+                num(f, "lost"),
+                num(f, "violations")
+            ),
+        );
+    }
+}
 
 #[derive(Default)]
 struct Table {

@@ -129,7 +129,7 @@ fn main() {
             Ok(f) => {
                 f.rows(store, args.waiters, &mut table);
                 failed |= !f.violations.is_empty();
-                figures.insert(store.to_owned(), f.json());
+                figures.insert(store.to_owned(), f.json(args.waiters));
             }
             Err(e) => {
                 println!("{store}: FAILED: {e}");
@@ -186,6 +186,7 @@ impl Gateway {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
+            .envs(std::env::var_os("MALLOC_ARENA_MAX").map(|v| ("MALLOC_ARENA_MAX", v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -435,8 +436,9 @@ impl Figures {
         );
     }
 
-    fn json(&self) -> Value {
+    fn json(&self, waiters: usize) -> Value {
         json!({
+            "waiters": waiters,
             "waiters_rss_mb": self.waiters_rss_kb as f64 / 1024.0,
             "peak_rss_mb": self.peak_rss_kb as f64 / 1024.0,
             "waiters_served": self.waiters_served,

@@ -211,6 +211,7 @@ impl ServeArgs {
 /// `putex serve`.
 pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
     let settings = args.settings()?;
+    raise_open_files();
     let shutdown = Shutdown::new();
     shutdown
         .on_signals()
@@ -234,6 +235,22 @@ pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
             tracing::warn!("second signal: stopping at once");
             Ok(())
         }
+    }
+}
+
+/// Lifts the soft limit on open files to the hard one: every waiting
+/// request holds a connection, and the common soft limit of 1,024 would
+/// refuse connections at about a thousand waiters (the hard limit is what
+/// the operator allows; systemd's default is 524,288).
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit"),
+        },
+        Ok((soft, _)) => tracing::debug!(limit = soft, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-file limit"),
     }
 }
 

@@ -358,7 +358,7 @@ pub async fn serve(
     };
     let result = match &app.options.tls {
         None => {
-            let server = axum::serve(listener, router)
+            let server = axum::serve(listener, router.into_make_service())
                 .with_graceful_shutdown(token.clone().cancelled_owned());
             tokio::select! {
                 r = server => r,
@@ -371,7 +371,7 @@ pub async fn serve(
         Some(tls) => {
             let listener =
                 tls::TlsListener::new(listener, tls, token.clone()).map_err(HttpError::Serve)?;
-            let server = axum::serve(listener, router)
+            let server = axum::serve(listener, router.into_make_service())
                 .with_graceful_shutdown(token.clone().cancelled_owned());
             tokio::select! {
                 r = server => r,

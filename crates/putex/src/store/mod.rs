@@ -339,12 +339,18 @@ impl From<NatsStore> for AnyStore {
     }
 }
 
+/// Calls the backend. Its future is boxed: a backend's call (NATS's above
+/// all) is kilobytes of state, and every future that awaits a store call
+/// would otherwise carry it inline for its whole life — a thousand waiting
+/// gateway requests or ten thousand leases, each holding a driver whose
+/// state machine is as large as its largest store call. One allocation per
+/// call is nothing beside a round trip.
 macro_rules! delegate {
     ($self:ident, $s:ident => $call:expr) => {
         match $self {
-            AnyStore::Nats($s) => $call.await,
-            AnyStore::Sqlite($s) => $call.await,
-            AnyStore::Memory($s) => $call.await,
+            AnyStore::Nats($s) => Box::pin($call).await,
+            AnyStore::Sqlite($s) => Box::pin($call).await,
+            AnyStore::Memory($s) => Box::pin($call).await,
         }
     };
 }

@@ -64,7 +64,11 @@ pub(crate) struct HistoryWriter {
 struct WriterInner {
     cfg: WriterConfig,
     seq: AtomicU64,
-    tx: mpsc::Sender<Msg>,
+    store: AnyStore,
+    /// The queue to the writing task, started with the first record: a
+    /// host that never changes role (a request waiting in line at a
+    /// gateway, one of a thousand) costs no task.
+    tx: std::sync::OnceLock<mpsc::Sender<Msg>>,
 }
 
 impl std::fmt::Debug for HistoryWriter {
@@ -77,17 +81,30 @@ impl std::fmt::Debug for HistoryWriter {
 }
 
 impl HistoryWriter {
-    /// Starts the writer's task on the current tokio runtime.
+    /// A writer whose task starts, on the current tokio runtime, with its
+    /// first record.
     pub fn spawn(store: AnyStore, cfg: WriterConfig) -> HistoryWriter {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write_loop(store, cfg.clone(), rx));
         HistoryWriter {
             inner: Arc::new(WriterInner {
                 cfg,
                 seq: AtomicU64::new(0),
-                tx,
+                store,
+                tx: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// The queue to the writing task, which it starts the first time.
+    fn queue(&self) -> &mpsc::Sender<Msg> {
+        self.inner.tx.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tokio::spawn(write_loop(
+                self.inner.store.clone(),
+                self.inner.cfg.clone(),
+                rx,
+            ));
+            tx
+        })
     }
 
     /// The record of a transition, stamped now with the next sequence
@@ -139,7 +156,7 @@ impl HistoryWriter {
     /// Queues a record for writing. Never blocks: a full queue drops it
     /// with a warning.
     pub fn send(&self, record: TransitionRecord) {
-        if let Err(e) = self.inner.tx.try_send(Msg::Write(Box::new(record))) {
+        if let Err(e) = self.queue().try_send(Msg::Write(Box::new(record))) {
             tracing::warn!(error = %e, "transition record dropped: the history queue is full or closed");
         }
     }
@@ -178,9 +195,13 @@ impl HistoryWriter {
     /// Waits until every record queued so far was written or given up on,
     /// or `within` passed, whichever comes first.
     pub async fn flush(&self, within: Duration) {
+        // Nothing was ever queued: nothing to wait for.
+        let Some(queue) = self.inner.tx.get() else {
+            return;
+        };
         let (tx, rx) = oneshot::channel();
         let work = async {
-            if self.inner.tx.send(Msg::Flush(tx)).await.is_ok() {
+            if queue.send(Msg::Flush(tx)).await.is_ok() {
                 let _ = rx.await;
             }
         };
