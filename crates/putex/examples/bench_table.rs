@@ -390,7 +390,7 @@ fn lock_contention(l: &Value, t: &mut Table) {
             &format!(
                 "contended: {waiters:.0} waiters on one lock in one process, R=100ms ({})",
                 match variant {
-                    "queue" => "fair queue `Ticket` + `Lease::acquire`",
+                    "queue" => "fair queue `Ticket` + a standing `Lock`",
                     "lock" => "a standing `Lock` per waiter",
                     _ => "`Lease::acquire`",
                 }

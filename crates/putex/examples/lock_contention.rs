@@ -16,8 +16,9 @@
 //! other task holds it and that the fencing token increased, release — for
 //! a fixed time with the fast profile (R = 100 ms, F = 3, C = 1), three
 //! ways: a one-shot `Lease::acquire` per turn, one standing [`Lock`] per
-//! task, and the fair queue ([`Ticket`]: join, wait for the turn, acquire,
-//! release, leave). It prints acquisitions per second (and those that went
+//! task, and the fair queue ([`Ticket`]: join, wait for the turn, acquire
+//! with a standing [`Lock`] whose machine already watches the record — as
+//! `putex lock` does, ready before its turn — release, leave). It prints acquisitions per second (and those that went
 //! to another task than the previous holder), per-task counts, the wait of
 //! each acquisition, and when watches started to fail.
 //!
@@ -154,7 +155,8 @@ enum Mode {
     Lease,
     /// One standing [`Lock`] per task.
     Lock,
-    /// A fair-queue [`Ticket`], then a one-shot `Lease`.
+    /// A fair-queue [`Ticket`] per acquisition, with one standing [`Lock`]
+    /// per task (ready before its turn).
     Queue,
 }
 
@@ -163,7 +165,7 @@ impl Mode {
         match self {
             Mode::Lease => "Lease::acquire",
             Mode::Lock => "Lock::acquire",
-            Mode::Queue => "Ticket queue + Lease",
+            Mode::Queue => "Ticket queue + standing Lock",
         }
     }
 
@@ -205,7 +207,7 @@ async fn contend(
         tasks.push(tokio::spawn(async move {
             let node = format!("waiter-{i}");
             let mut held = Vec::new();
-            let mut lock = (mode == Mode::Lock).then(|| {
+            let mut lock = matches!(mode, Mode::Lock | Mode::Queue).then(|| {
                 Lock::new(
                     store.clone(),
                     LeaseOptions::new(LOCK, &node, timing.clone()).unwrap(),
@@ -285,15 +287,23 @@ async fn contend(
                 assert!(still, "lease lost inside the critical section");
                 holders.fetch_sub(1, Ordering::SeqCst);
                 held.push((held_at, held_at - t0));
-                let released = match (lease, &mut lock) {
-                    (Some(lease), _) => lease.release().await,
-                    (None, Some(lock)) => lock.release().await,
-                    (None, None) => unreachable!("a lease or a lock"),
+                // Out of line while releasing, not after: the next in
+                // line, told its turn, finds the release on its way (the
+                // queue only orders; the record decides).
+                let release = async {
+                    match (lease, &mut lock) {
+                        (Some(lease), _) => lease.release().await,
+                        (None, Some(lock)) => lock.release().await,
+                        (None, None) => unreachable!("a lease or a lock"),
+                    }
                 };
+                let leave = async {
+                    if let Some(t) = ticket {
+                        t.leave().await;
+                    }
+                };
+                let (released, ()) = tokio::join!(release, leave);
                 assert!(released.expect("release"), "released");
-                if let Some(t) = ticket {
-                    t.leave().await;
-                }
             }
             if let Some(lock) = lock {
                 lock.close().await.expect("close");

@@ -87,6 +87,20 @@ pub struct TicketRecord {
     pub lifetime_ms: Option<u64>,
 }
 
+impl TicketRecord {
+    /// The ticket an entry holds, `None` for garbage. A ticket's place in
+    /// line is the revision of its creation, written into the record by
+    /// its first refresh: a record that still says 0 is the create itself,
+    /// and its revision is the place.
+    pub fn from_entry(entry: &Entry) -> Option<TicketRecord> {
+        let mut record = serde_json::from_slice::<TicketRecord>(&entry.value).ok()?;
+        if record.arrival == 0 {
+            record.arrival = entry.token.revision;
+        }
+        Some(record)
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -256,16 +270,11 @@ async fn create_ticket(
             }
         };
         let Some(token) = created else { continue };
+        // The create's revision is the place in line; the record says 0
+        // until the first refresh writes it ([`TicketRecord::from_entry`]
+        // reads the revision meanwhile): no second write on joining.
         record.arrival = token.revision;
-        let value = serde_json::to_vec(&*record).expect("a ticket serialises");
-        // The arrival is written into the record for readers that see only
-        // a later refresh (an adopted create still says 0, which would
-        // put us first in line); failing here is harmless, the next
-        // refresh writes it.
-        return Ok(store
-            .update(key, &value, token, timeout)
-            .await
-            .unwrap_or(token));
+        return Ok(token);
     }
 }
 
@@ -500,10 +509,11 @@ impl Line {
         if let Some(o) = old.and_then(|o| o.order) {
             self.order.remove(&o);
         }
-        let Some(Entry { value, token, .. }) = entry else {
+        let Some(entry) = entry else {
             return;
         };
-        let record = serde_json::from_slice::<TicketRecord>(&value).ok();
+        let record = TicketRecord::from_entry(&entry);
+        let token = entry.token;
         let order = record
             .as_ref()
             .map(|r| (r.arrival, r.instance.clone(), key.clone()));

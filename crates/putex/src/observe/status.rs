@@ -211,7 +211,7 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
     let line = keys::queue_of(lock);
     let mut waiting = Vec::new();
     for (_, e) in snapshot(store, &line, timeout).await? {
-        let Ok(t) = serde_json::from_slice::<crate::locks::queue::TicketRecord>(&e.value) else {
+        let Some(t) = crate::locks::queue::TicketRecord::from_entry(&e) else {
             continue;
         };
         let refreshed_ago_ms = age(now, e.time);

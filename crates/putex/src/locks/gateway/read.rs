@@ -73,7 +73,7 @@ impl Gateway {
             .store
             .get(&keys::ticket(resource, uid), ReadMode::Any, t)
             .await?
-            .and_then(|e| serde_json::from_slice::<TicketRecord>(&e.value).ok());
+            .and_then(|e| TicketRecord::from_entry(&e));
         let Some(ticket) = ticket else {
             return Ok(None);
         };
@@ -163,7 +163,7 @@ impl Gateway {
             .read_prefix(&keys::queue_of(resource))
             .await?
             .into_iter()
-            .filter_map(|(_, e)| serde_json::from_slice::<TicketRecord>(&e.value).ok())
+            .filter_map(|(_, e)| TicketRecord::from_entry(&e))
             .filter(|r| r.lifetime_ms.is_some() && r.arrival > cancelled)
             .collect();
         waiting.sort_by_key(|r| r.arrival);
@@ -186,7 +186,7 @@ impl Gateway {
         }
         let mut cancelled = HashMap::new();
         for (key, entry) in self.read_prefix(keys::QUEUE_PREFIX).await? {
-            let Ok(ticket) = serde_json::from_slice::<TicketRecord>(&entry.value) else {
+            let Some(ticket) = TicketRecord::from_entry(&entry) else {
                 continue;
             };
             let Some(name) = key[keys::QUEUE_PREFIX.len()..]
