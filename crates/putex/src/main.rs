@@ -237,6 +237,9 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return CliError::Other(format!("cannot start the runtime: {e}")).report(),
     };
+    // A critical section is over once its lock is given back: nothing left
+    // in the runtime is worth a moment of the script's time.
+    let one_shot = matches!(command, Command::Lock(_));
     let result = runtime.block_on(async {
         match command {
             Command::Run(a) => putex::cli::run::run(&a).await,
@@ -261,8 +264,14 @@ fn main() -> ExitCode {
             }
         }
     });
-    // Hooks, watches and timers may still be pending; do not wait for them.
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    // Hooks, watches and timers may still be pending; do not wait for them
+    // (`putex lock` awaited all it needs: the release, the keeper's
+    // shutdown, the ticket's removal, the history).
+    if one_shot {
+        runtime.shutdown_background();
+    } else {
+        runtime.shutdown_timeout(Duration::from_millis(100));
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(),

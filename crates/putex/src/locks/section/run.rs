@@ -65,7 +65,7 @@ pub async fn run(
         None => std::env::current_exe()
             .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?,
     };
-    let (mut keeper, _) = KeeperClient::spawn_or_adopt(&KeeperConfig {
+    let keeper_config = KeeperConfig {
         exe,
         socket: crate::supervision::keeper::socket_path(
             &opts.keeper_dir,
@@ -79,9 +79,44 @@ pub async fn run(
         emergency_timeout: timing.emergency_timeout(),
         cgroup: opts.cgroup,
         quiet: true,
-    })
-    .await
-    .map_err(|e| SectionError::Keeper(e.to_string()))?;
+    };
+    // The keeper starts (a process of its own: a few milliseconds) while
+    // we join the fair queue (not for --no-wait, which never waits behind
+    // anyone).
+    let join_queue = async {
+        if opts.wait == Wait::No || !opts.queue {
+            return Ok(None);
+        }
+        let waiter = Waiter {
+            name: opts.name.clone(),
+            node: opts.node.clone(),
+            instance: instance.clone(),
+            renew: timing.renew(),
+            store_timeout: timing.store_timeout(),
+            title: opts.title.clone(),
+            asked: None,
+            patience: setup_deadline.saturating_duration_since(tokio::time::Instant::now()),
+        };
+        // One waiter per slot may try at once: with N slots free and N
+        // waiters, N run.
+        Ticket::join_admitting(store.clone(), waiter, keys.len())
+            .await
+            .map(Some)
+    };
+    let (keeper, ticket) = tokio::join!(KeeperClient::spawn_or_adopt(&keeper_config), join_queue);
+    let (mut keeper, ticket) = match (keeper, ticket) {
+        (Ok((keeper, _)), Ok(ticket)) => (keeper, ticket),
+        (Err(e), ticket) => {
+            if let Ok(Some(t)) = ticket {
+                t.leave().await;
+            }
+            return Err(SectionError::Keeper(e.to_string()));
+        }
+        (Ok((keeper, _)), Err(e)) => {
+            let _ = keeper.shutdown().await;
+            return Err(e.into());
+        }
+    };
     let mut keeper_events = keeper.take_events();
     // Set once the keeper is gone: its event channel is read no more.
     let mut keeper_gone = false;
@@ -101,24 +136,6 @@ pub async fn run(
         ),
     });
 
-    // The fair queue (not for --no-wait, which never waits behind anyone).
-    let ticket = if opts.wait == Wait::No || !opts.queue {
-        None
-    } else {
-        let waiter = Waiter {
-            name: opts.name.clone(),
-            node: opts.node.clone(),
-            instance: instance.clone(),
-            renew: timing.renew(),
-            store_timeout: timing.store_timeout(),
-            title: opts.title.clone(),
-            asked: None,
-            patience: setup_deadline.saturating_duration_since(tokio::time::Instant::now()),
-        };
-        // One waiter per slot may try at once: with N slots free and N
-        // waiters, N run.
-        Some(Ticket::join_admitting(store.clone(), waiter, keys.len()).await?)
-    };
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
 
     // One agent per slot.
@@ -270,14 +287,24 @@ pub async fn run(
             },
         }
     }
-    if let Some(t) = ticket {
-        t.leave().await;
-    }
+    // The lock is given back: out of line, the keeper told to go, the
+    // history written — all at once, each a round trip of its own.
     let st = std::mem::take(&mut *shared.lock());
-    if keeper.shutdown().await.is_err() {
-        tracing::debug!("the keeper stays until its tree is gone");
-    }
-    shared.history.flush(Duration::from_secs(2)).await;
+    let leave = async {
+        if let Some(t) = ticket {
+            t.leave().await;
+        }
+    };
+    let shutdown = async {
+        if keeper.shutdown().await.is_err() {
+            tracing::debug!("the keeper stays until its tree is gone");
+        }
+    };
+    tokio::join!(
+        leave,
+        shutdown,
+        shared.history.flush(Duration::from_secs(2))
+    );
     match section.conclude(st, opts.max_duration) {
         Conclusion::Outcome(outcome) => Ok(outcome),
         Conclusion::Error(e) => Err(e),
