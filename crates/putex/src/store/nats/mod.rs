@@ -453,14 +453,17 @@ impl Store for NatsStore {
                 if let Some(s) = self.inner.hub.subscribe(filter) {
                     break s;
                 }
-                self.start_feed(filter).await?;
+                // Boxed, as the prefix catch-up below: they are large and
+                // rare, and a single-key watch (one per lease) should not
+                // carry their state while it reads its key.
+                Box::pin(self.start_feed(filter)).await?;
             };
             // The catch-up, read after the subscription began (from the
             // stream leader: a lagging replica could miss what the feed
             // delivered before). The feed's copies of it are dropped.
             let after = from_revision.map_or(0, |r| r.saturating_sub(1));
             let (catch_up, upto) = if filter.is_empty() || filter.ends_with('.') {
-                self.read_changes(filter, from_revision).await?
+                Box::pin(self.read_changes(filter, from_revision)).await?
             } else {
                 self.read_last(filter).await?
             };
