@@ -560,9 +560,9 @@ fn scale(dir: &Path, t: &mut Table) {
         );
     }
     t.note(
-        "Scale: `scale_bench`. The 1,000 leases share one store handle and have one \
-         watch each (on NATS a JetStream consumer, on SQLite a read-only connection polled \
-         every 25 ms). The agents run on this one machine, each with its keeper and a \
+        "Scale: `scale_bench`. The 1,000 leases share one store handle, and their watches \
+         its one change feed (on NATS one ordered consumer, on SQLite one connection woken \
+         by writes). The agents run on this one machine, each with its keeper and a \
          health check (`true`) every R, started one after another; agent CPU excludes the \
          hook processes, the machine figure includes everything on it.",
     );
@@ -661,6 +661,12 @@ fn gateway(dir: &Path, t: &mut Table) {
             ),
         );
     }
+    t.note(
+        "Gateway: `gateway_load`. One `putex serve` per store, driven over `/v1/` from one \
+         process on the same machine (the load generator, the gateway and nats-server share \
+         its cores); every grant is checked from the answers: none lost, never two holders \
+         of a resource, tokens increasing.",
+    );
 }
 
 #[derive(Default)]
