@@ -65,6 +65,14 @@ const HAMMER_CLIENTS: usize = 50;
 /// The most a single request may take before the bench calls it lost.
 const REQUEST_LIMIT: Duration = Duration::from_secs(120);
 
+/// Which stores to run on.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Stores {
+    Nats,
+    Sqlite,
+    Both,
+}
+
 /// The lock gateway (`putex serve`) under load: waiters on one resource,
 /// acquire + release spread over 100 resources, 50 clients on one.
 #[derive(Parser)]
@@ -73,9 +81,9 @@ struct Args {
     /// A shorter run: 5 s phases instead of 10 s
     #[arg(long)]
     quick: bool,
-    /// The stores to run on: nats, sqlite or both
-    #[arg(long, default_value = "both")]
-    store: String,
+    /// The stores to run on
+    #[arg(long, value_enum, default_value_t = Stores::Both)]
+    store: Stores,
     /// Requests waiting on one resource in phase 1
     #[arg(long, default_value_t = 1000)]
     waiters: usize,
@@ -89,14 +97,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let stores: Vec<&str> = match args.store.as_str() {
-        "both" => vec!["nats", "sqlite"],
-        "nats" => vec!["nats"],
-        "sqlite" => vec!["sqlite"],
-        other => {
-            eprintln!("--store: unknown store {other:?} (nats, sqlite or both)");
-            std::process::exit(2);
-        }
+    let stores: &[&str] = match args.store {
+        Stores::Both => &["nats", "sqlite"],
+        Stores::Nats => &["nats"],
+        Stores::Sqlite => &["sqlite"],
     };
     let putex = args.putex.clone().unwrap_or_else(|| {
         putex_testkit::bench::putex_beside_me().unwrap_or_else(|e| {
@@ -104,7 +108,8 @@ fn main() {
             std::process::exit(1)
         })
     });
-    raise_open_files();
+    // A thousand requests in flight are a thousand sockets.
+    putex::cli::serve::raise_open_files();
     let started = Instant::now();
     let machine = preamble("a fresh single-node server per store");
     let phase = Duration::from_secs(if args.quick { 5 } else { 10 });
@@ -112,7 +117,7 @@ fn main() {
     let mut table = Table::default();
     let mut figures = serde_json::Map::new();
     let mut failed = false;
-    for store in stores {
+    for &store in stores {
         let dir = tempfile::tempdir().expect("temp dir");
         let nats = (store == "nats").then(NatsServer::start);
         let url = match &nats {
@@ -148,15 +153,6 @@ fn main() {
     if failed {
         eprintln!("gateway_load: FAILED (see above)");
         std::process::exit(1);
-    }
-}
-
-/// Lifts this process's open-file limit to its hard limit: a thousand
-/// requests in flight are a thousand sockets.
-fn raise_open_files() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }
 

@@ -241,8 +241,9 @@ pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
 /// Lifts the soft limit on open files to the hard one: every waiting
 /// request holds a connection, and the common soft limit of 1,024 would
 /// refuse connections at about a thousand waiters (the hard limit is what
-/// the operator allows; systemd's default is 524,288).
-fn raise_open_files() {
+/// the operator allows; systemd's default is 524,288). Also for load
+/// generators of the gateway.
+pub fn raise_open_files() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
