@@ -421,20 +421,27 @@ type ViewKey = (usize, String);
 /// The views of this process.
 static VIEWS: LazyLock<Mutex<HashMap<ViewKey, Weak<ViewHandle>>>> = LazyLock::new(Default::default);
 
+/// A ticket's place in line: arrival, instance id, key.
+type InLine = (u64, String, String);
+
 /// One ticket as an observer sees it.
 struct Seen {
     record: Option<TicketRecord>,
     token: Token,
     /// When we saw it written last.
     changed: tokio::time::Instant,
-    /// Its place in [`Line::order`], when it has a record.
-    order: Option<(u64, String, String)>,
     /// Since when a ticket refreshing slowly has been near enough the front
     /// that it promised to refresh every R (reset by each write).
     near_since: Option<tokio::time::Instant>,
 }
 
 impl Seen {
+    /// Its place in [`Line::order`], when it has a record.
+    fn in_line(&self, key: &str) -> Option<InLine> {
+        let r = self.record.as_ref()?;
+        Some((r.arrival, r.instance.clone(), key.to_owned()))
+    }
+
     /// Whether its waiter is taken to be alive at `now`.
     fn alive(&self, now: tokio::time::Instant) -> bool {
         self.deadline().is_some_and(|d| now < d)
@@ -457,7 +464,7 @@ impl Seen {
 struct Line {
     tickets: HashMap<String, Seen>,
     /// The tickets with a record: lowest arrival, then instance id, then key.
-    order: BTreeSet<(u64, String, String)>,
+    order: BTreeSet<InLine>,
     members: HashMap<String, (usize, watch::Sender<Place>)>,
     /// The members whose place says turn or near.
     flagged: HashSet<String>,
@@ -505,31 +512,22 @@ impl Line {
     }
 
     fn seen(&mut self, key: String, entry: Option<Entry>) {
-        let old = self.tickets.remove(&key);
-        if let Some(o) = old.and_then(|o| o.order) {
-            self.order.remove(&o);
+        if let Some(place) = self.tickets.remove(&key).and_then(|o| o.in_line(&key)) {
+            self.order.remove(&place);
         }
         let Some(entry) = entry else {
             return;
         };
-        let record = TicketRecord::from_entry(&entry);
-        let token = entry.token;
-        let order = record
-            .as_ref()
-            .map(|r| (r.arrival, r.instance.clone(), key.clone()));
-        if let Some(o) = &order {
-            self.order.insert(o.clone());
+        let seen = Seen {
+            record: TicketRecord::from_entry(&entry),
+            token: entry.token,
+            changed: tokio::time::Instant::now(),
+            near_since: None,
+        };
+        if let Some(place) = seen.in_line(&key) {
+            self.order.insert(place);
         }
-        self.tickets.insert(
-            key,
-            Seen {
-                record,
-                token,
-                changed: tokio::time::Instant::now(),
-                order,
-                near_since: None,
-            },
-        );
+        self.tickets.insert(key, seen);
     }
 
     /// Walks the front of the line and tells our waiters where they stand;
