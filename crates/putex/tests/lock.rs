@@ -1337,6 +1337,85 @@ fn a_long_line_refreshes_only_its_front_and_skips_a_dead_waiter_far_back() {
     });
 }
 
+/// Issue 18, found in review: a waiter coming near the front whose "every
+/// R again" refresh fails (a busy store) tries again at R, not after the
+/// idle 10 s — else every view would take it for dead 3R + 1 s later and
+/// let those behind it go first. The other side: a waiter still far back
+/// keeps refreshing slowly.
+#[test]
+fn a_waiter_whose_coming_near_refresh_fails_tries_again_at_r() {
+    use putex::locks::queue::{Ticket, TicketRecord, Waiter, NEAR};
+    use putex::store::memory::Fault;
+    use putex::store::{AnyStore, MemoryStore, ReadMode, Store};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mem = MemoryStore::new();
+        let store = AnyStore::from(mem.clone());
+        let t = Duration::from_secs(1);
+        let name: putex::store::Name = "busy-line".parse().unwrap();
+        let key = |i: usize| putex::store::keys::ticket(&name, &format!("w{i}").parse().unwrap());
+        let mut line = Vec::new();
+        for i in 0..(NEAR + 3) {
+            let waiter = Waiter {
+                name: name.clone(),
+                node: "n1".parse().unwrap(),
+                instance: format!("w{i}").parse().unwrap(),
+                renew: Duration::from_millis(100),
+                store_timeout: Duration::from_millis(200),
+                title: None,
+                asked: None,
+                patience: t,
+            };
+            line.push(Ticket::join(store.clone(), waiter).await.unwrap());
+        }
+        let near_at = |i: usize| {
+            let store = store.clone();
+            let key = key(i);
+            async move {
+                let e = store
+                    .get(&key, ReadMode::Leader, t)
+                    .await
+                    .unwrap()
+                    .expect("ticket");
+                TicketRecord::from_entry(&e).unwrap().near_at
+            }
+        };
+        // w4 and w5 are far back (1 holder + NEAR): they go slow.
+        let started = Instant::now();
+        while near_at(NEAR + 1).await.is_none() || near_at(NEAR + 2).await.is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the far waiters stay fast"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // w4's next write stalls; then it comes near.
+        mem.inject_on(&key(NEAR + 1), Fault::Stall);
+        line.remove(0).leave().await;
+        let started = Instant::now();
+        while near_at(NEAR + 1).await.is_some() {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "w{} did not write 'every R' again within 2 s of a failed refresh",
+                NEAR + 1
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "near again after {:?} (one write stalled 200 ms)",
+            started.elapsed()
+        );
+        assert!(
+            near_at(NEAR + 2).await.is_some(),
+            "w{} is still far back",
+            NEAR + 2
+        );
+        for t in line {
+            t.leave().await;
+        }
+    });
+}
+
 /// A program other than putex runs a critical section as a library
 /// (`putex::locks::section::run`): the keeper is the putex binary, given as
 /// `keeper_exe`, since this test binary cannot be one. CMD runs under the

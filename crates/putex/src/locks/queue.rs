@@ -300,17 +300,18 @@ async fn keep(
     // The ticket as created says "every R".
     let mut written_near = true;
     let mut next = tokio::time::Instant::now() + fast;
-    let mut open = true;
     loop {
         tokio::select! {
             _ = &mut leave => break,
             () = tokio::time::sleep_until(next) => {}
-            changed = member.place.changed(), if open => {
+            changed = member.place.changed() => {
                 if changed.is_err() {
-                    // The view is gone (it never ends while we are in it):
-                    // refresh every R and stay out of turn.
-                    open = false;
-                    turn.send_if_modified(|t| std::mem::replace(t, false));
+                    // The line's view ended under us (its task panicked, or
+                    // the runtime that ran it stopped): join a new one —
+                    // after a pause, so that a view that cannot run is not
+                    // made again in a loop.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    member = Line::join(&store, &waiter, &key, admit);
                     continue;
                 }
                 let place = *member.place.borrow_and_update();
@@ -321,19 +322,25 @@ async fn keep(
                 }
             }
         }
-        let near = !open || member.place.borrow().near;
+        let near = member.place.borrow().near;
         record.renew_ms = millis(if near { fast } else { idle });
         record.near_at = (!near).then_some((admit + NEAR) as u64);
         record.near_renew_ms = (!near).then(|| millis(fast));
         let value = serde_json::to_vec(&record).expect("a ticket serialises");
-        match store.put(&key, &value, timeout).await {
+        let slow = match store.put(&key, &value, timeout).await {
             Ok(t) => {
                 token = t;
                 written_near = near;
+                !near
             }
-            Err(e) => tracing::debug!(error = %e, "ticket refresh failed"),
-        }
-        next = tokio::time::Instant::now() + if written_near { fast } else { idle };
+            // Tried again at R: the ticket in the store may promise R (it
+            // said so, or this write was to say so on coming near).
+            Err(e) => {
+                tracing::debug!(error = %e, "ticket refresh failed");
+                false
+            }
+        };
+        next = tokio::time::Instant::now() + if slow { idle } else { fast };
     }
     turn.send_replace(false);
     drop(member);
@@ -478,7 +485,12 @@ impl Line {
             let mut views = VIEWS.lock();
             views.retain(|_, v| v.strong_count() > 0);
             let id = (store.handle_id(), waiter.name.to_string());
-            match views.get(&id).and_then(Weak::upgrade) {
+            // A view whose task ended (see `keep`) is replaced.
+            match views
+                .get(&id)
+                .and_then(Weak::upgrade)
+                .filter(|v| !v.commands.is_closed())
+            {
                 Some(v) => v,
                 None => {
                     let (tx, rx) = mpsc::unbounded_channel();
@@ -681,6 +693,11 @@ async fn watch_line(
                         Some(more) => ev = more,
                         None => break,
                     }
+                }
+                if watch.is_none() {
+                    // Ended or failed: watched again from `from`, after a
+                    // pause (a watch that dies at once is no busy loop).
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
             () = async { tokio::time::sleep_until(next.expect("set")).await }, if next.is_some() => {}
