@@ -546,8 +546,22 @@ impl Timing {
     /// `store_round_trip` is the typical store round trip (measured, or the
     /// store deadline as an upper bound).
     pub fn timeline(&self, store_round_trip: Duration) -> Timeline {
+        self.timeline_on(store_round_trip, Duration::ZERO)
+    }
+
+    /// [`Timing::timeline`] on a store whose clock reads in steps of
+    /// `store_clock_step` (etcd's lease TTL: whole seconds; zero for NATS
+    /// and the embedded store). The store-clock witness (S1 b) then agrees
+    /// up to two steps late (a record's stamp rounded up, the probe's
+    /// down), and the standby probes again once per R until it does.
+    pub fn timeline_on(&self, store_round_trip: Duration, store_clock_step: Duration) -> Timeline {
         let wait = self.staleness_wait(self.lease());
-        let crash_failover = wait + self.gap() + store_round_trip * 3;
+        let witness_delay = if store_clock_step.is_zero() {
+            Duration::ZERO
+        } else {
+            store_clock_step * 2 + self.renew()
+        };
+        let crash_failover = wait + witness_delay + self.gap() + store_round_trip * 3;
         Timeline {
             renew: self.renew(),
             lease: self.lease(),
@@ -559,6 +573,7 @@ impl Timing {
             emergency_timeout: self.emergency_timeout(),
             absent_wait: self.staleness_wait(self.lease_unknown()) + self.gap_unknown(),
             store_round_trip,
+            witness_delay,
             crash_failover,
             survives_missed: self.config.failures - 2,
             drift_percent: f64::from(self.drift().ppm()) / 10_000.0,
@@ -595,7 +610,11 @@ pub struct Timeline {
     pub absent_wait: Duration,
     /// The store round trip assumed.
     pub store_round_trip: Duration,
-    /// Worst-case crash failover B ≈ W + G' + three store round trips.
+    /// How much later than W the store's clock can agree (S1 b), on a store
+    /// whose clock reads in steps (etcd); zero elsewhere.
+    pub witness_delay: Duration,
+    /// Worst-case crash failover B ≈ W + G' + three store round trips (+
+    /// the witness delay).
     pub crash_failover: Duration,
     /// Missed renewals in a row the holder survives (F−2).
     pub survives_missed: u32,
@@ -636,13 +655,30 @@ impl fmt::Display for Timeline {
             ms(self.emergency_budget),
             ms(self.emergency_timeout)
         )?;
-        writeln!(
-            f,
-            "worst-case crash failover ≈ W + G' + three store round trips = {} \
-             (round trip assumed {})",
-            ms(self.crash_failover),
-            ms(self.store_round_trip)
-        )?;
+        if self.witness_delay.is_zero() {
+            writeln!(
+                f,
+                "worst-case crash failover ≈ W + G' + three store round trips = {} \
+                 (round trip assumed {})",
+                ms(self.crash_failover),
+                ms(self.store_round_trip)
+            )?;
+        } else {
+            writeln!(
+                f,
+                "the store's clock reads in whole seconds (etcd): it agrees that W has passed \
+                 up to {} later (two steps and a probe every R)",
+                ms(self.witness_delay)
+            )?;
+            writeln!(
+                f,
+                "worst-case crash failover ≈ W + {} + G' + three store round trips = {} \
+                 (round trip assumed {})",
+                ms(self.witness_delay),
+                ms(self.crash_failover),
+                ms(self.store_round_trip)
+            )?;
+        }
         write!(
             f,
             "first use of a lock name (no record yet) waits {} before activating",

@@ -6,6 +6,12 @@
 //!   drop) and the hook lines they write.
 //! - [`bench`](mod@bench): the benchmarks' report helpers and lock fixtures.
 //! - [`check`]: reading `putex check`'s output (the failover bound B).
+//! - [`etcd_server`]: a real etcd on free loopback ports with temporary
+//!   data — one member (optionally with password authentication, a user
+//!   limited to a prefix, TLS and client certificates) or an n-member
+//!   cluster, whose members can be killed, paused and restarted — killed
+//!   and cleaned up on drop, and etcdctl against it. A missing binary fails
+//!   with the command that installs it; nothing is ever skipped.
 //! - [`nats_server`]: a real nats-server on ephemeral loopback ports with
 //!   temporary storage — one JetStream server, one configured by a file, or
 //!   a 3-node cluster — stopped and cleaned up on drop. A missing binary
@@ -27,6 +33,7 @@
 pub mod agent;
 pub mod bench;
 pub mod check;
+pub mod etcd_server;
 pub mod nats_server;
 pub mod postgres;
 pub mod procfs;

@@ -185,7 +185,7 @@ impl Drop for NatsServer {
 }
 
 /// Whether every thread under `/proc/<pid>/task` is stopped (state `T`).
-fn all_stopped(tasks: &Path) -> bool {
+pub(crate) fn all_stopped(tasks: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(tasks) else {
         return false;
     };

@@ -94,7 +94,7 @@ pub fn pg_user() -> Option<(u32, u32)> {
 /// client — may be given an ephemeral port as its own source port in the
 /// meantime, and the server's bind then fails for as long as that
 /// connection lives (seen: a replica that could not start in 30 s).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     // Processes running tests side by side start at different places.
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);

@@ -9,7 +9,7 @@
 //!     [--load-start "1.0 1.0 1.0"] [--seconds N] [--build-seconds N] [--nats-server PATH]
 //! ```
 //!
-//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`,
+//! `DIR` holds `failover-nats.json`, `failover-sqlite.json`, `failover-etcd.json`,
 //! `lock-cost.json`, `lock-process.json`, `lock-contention.json`,
 //! `scale-*.json` and `gateway.json`; a missing file (its bench failed) shows as a row that
 //! says so, with the bench's log `DIR/<name>.log`.
@@ -77,7 +77,7 @@ fn main() {
 // Sections.
 
 fn failover(dir: &Path, t: &mut Table) {
-    for store in ["nats", "sqlite"] {
+    for store in ["nats", "sqlite", "etcd"] {
         let name = format!("failover-{store}");
         let Some(f) = read(dir, &name) else {
             t.missing("crash failover and clean handover", store, dir, &name);

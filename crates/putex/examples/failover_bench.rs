@@ -4,14 +4,16 @@
 //!
 //! ```text
 //! cargo run --release -p putex --example failover_bench -- [--runs N] [--putex PATH]
-//!     [--store nats|sqlite] [--json FILE]
+//!     [--store nats|sqlite|etcd] [--json FILE]
 //! ```
 //!
 //! It starts a single-node nats-server on a loopback port (the binary is
 //! `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else `nats-server` on
 //! `PATH`; `scripts/install-nats-server` installs it) — or, with `--store
 //! sqlite`, gives every agent the same embedded SQLite file in a temporary
-//! directory — and three agents with
+//! directory, or with `--store etcd` a single etcd member (`$PUTEX_ETCD`,
+//! else `.tools/bin/etcd`; `scripts/install-etcd`), whose bound B is longer
+//! by the store clock's steps — and three agents with
 //! the fast profile (R = 100 ms, F = 3, C = 1) in hook mode. The hooks
 //! append `start NODE NS TOKEN` and `stop NODE NS KIND` lines (wall-clock
 //! nanoseconds from `date +%s%N`) to a file:
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use putex_testkit::agent::{events, hooks, starts, wall_ns, Agent, AgentSpec, Line};
 use putex_testkit::bench::{verdict, FAST};
+use putex_testkit::etcd_server::EtcdServer;
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::procfs::{cpu_ticks, num_cpus, rss_kb};
 
@@ -51,6 +54,8 @@ enum StoreKind {
     Nats,
     /// One embedded SQLite file for every agent.
     Sqlite,
+    /// A single etcd member on a loopback port.
+    Etcd,
 }
 
 #[derive(clap::Parser)]
@@ -80,18 +85,19 @@ fn main() {
         store,
         json,
     } = clap::Parser::parse();
-    let sqlite = store == StoreKind::Sqlite;
     let putex_bin = putex_bin.unwrap_or_else(find_putex);
     let dir = tempfile::tempdir().expect("temp dir");
-    let nats = (!sqlite).then(NatsServer::start);
-    let url = match &nats {
-        Some(n) => n.url.clone(),
-        None => format!("sqlite://{}", dir.path().join("store.db").display()),
+    let nats = (store == StoreKind::Nats).then(NatsServer::start);
+    let etcd = (store == StoreKind::Etcd).then(EtcdServer::start);
+    let url = match (&nats, &etcd) {
+        (Some(n), _) => n.url.clone(),
+        (_, Some(e)) => format!("etcd://{}", e.endpoint()),
+        _ => format!("sqlite://{}", dir.path().join("store.db").display()),
     };
-    let store_label = if sqlite {
-        "embedded SQLite store (one file, every agent)"
-    } else {
-        "single-node nats-server"
+    let (store_label, store_name) = match store {
+        StoreKind::Sqlite => ("embedded SQLite store (one file, every agent)", "sqlite"),
+        StoreKind::Nats => ("single-node nats-server", "nats"),
+        StoreKind::Etcd => ("single-member etcd", "etcd"),
     };
     println!("putex: {}", putex_bin.display());
     match &nats {
@@ -287,7 +293,7 @@ fn main() {
         let all = |v: &[Duration]| v.iter().map(|d| ms(*d)).collect::<Vec<_>>();
         let figures = serde_json::json!({
             "bench": "failover",
-            "store": if sqlite { "sqlite" } else { "nats" },
+            "store": store_name,
             "runs": runs,
             "profile": FAST.join(" "),
             "bound_ms": ms(bound),

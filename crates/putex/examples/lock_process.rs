@@ -157,6 +157,29 @@ fn whole_process(
         }
         None => println!("flock (util-linux) not available; skipped"),
     }
+    // etcd first: `putex lock` runs on it too, beside `etcdctl lock`.
+    let mut etcd_missing = None;
+    let mut etcd_endpoint = None;
+    let etcd = match start_etcd(dir) {
+        Ok((server, endpoint, etcdctl)) => {
+            etcd_endpoint = Some(endpoint.clone());
+            entries.push(Proc::new(
+                "process: `etcdctl lock NAME true`",
+                "etcd",
+                move || {
+                    let mut c = Command::new(&etcdctl);
+                    c.args(["--endpoints", &endpoint, "lock", CLI_LOCK, "true"]);
+                    c
+                },
+            ));
+            Some(server)
+        }
+        Err(e) => {
+            println!("{e}");
+            etcd_missing = Some(e);
+            None
+        }
+    };
     if let Some(bin) = &putex_bin {
         let b = bin.clone();
         entries.push(Proc::new(
@@ -169,7 +192,13 @@ fn whole_process(
             },
         ));
         let sqlite_url = format!("sqlite://{}", dir.join("cli.db").display());
-        for (label, url) in [("nats", nats_url.to_owned()), ("sqlite", sqlite_url)] {
+        let etcd_url = etcd_endpoint.map(|e| format!("etcd://{}", e.trim_start_matches("http://")));
+        let stores = [
+            Some(("nats", nats_url.to_owned())),
+            Some(("sqlite", sqlite_url)),
+            etcd_url.map(|u| ("etcd", u)),
+        ];
+        for (label, url) in stores.into_iter().flatten() {
             let lock = putex_lock(bin, &url, &dir.join("keepers"));
             // First use of the name waits W + G (S4): take it with the fast
             // profile, so that the default-timing runs start from a
@@ -189,26 +218,6 @@ fn whole_process(
             ));
         }
     }
-    let mut etcd_missing = None;
-    let etcd = match start_etcd(dir) {
-        Ok((server, endpoint, etcdctl)) => {
-            entries.push(Proc::new(
-                "process: `etcdctl lock NAME true`",
-                "etcd",
-                move || {
-                    let mut c = Command::new(&etcdctl);
-                    c.args(["--endpoints", &endpoint, "lock", CLI_LOCK, "true"]);
-                    c
-                },
-            ));
-            Some(server)
-        }
-        Err(e) => {
-            println!("{e}");
-            etcd_missing = Some(e);
-            None
-        }
-    };
     // One untimed run of each, then the rounds.
     for round in 0..=runs {
         for e in entries.iter_mut().filter(|e| e.error.is_none()) {

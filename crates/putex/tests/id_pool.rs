@@ -401,6 +401,19 @@ async fn id_pool_nats() {
     eprintln!("nats suite: {:?}", started.elapsed());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn id_pool_etcd() {
+    let server = crate::common::etcd_server::EtcdServer::start();
+    let url = StoreUrl::parse(&format!("etcd://{}", server.endpoint())).unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        handles.push(AnyStore::open(&url).await.unwrap());
+    }
+    let started = Instant::now();
+    suite(&handles).await;
+    eprintln!("etcd suite: {:?}", started.elapsed());
+}
+
 // ---------------------------------------------------------------------------
 // The binary.
 

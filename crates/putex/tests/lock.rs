@@ -1,5 +1,5 @@
-//! `putex lock` end to end: the built binary against a real nats-server and
-//! the embedded SQLite store — mutual exclusion, fencing tokens, exit codes,
+//! `putex lock` end to end: the built binary against a real nats-server, a
+//! real etcd and the embedded SQLite store — mutual exclusion, fencing tokens, exit codes,
 //! faults (a holder cut off, frozen or killed), `--max-duration`,
 //! `--once-per`, semaphores and bad input.
 //!
@@ -14,6 +14,7 @@ use nix::unistd::Pid;
 use putex::store::{keys, AnyStore, SqliteStore, Store};
 
 use crate::common::agent::{putex, putex_json, serial, KillOnDrop};
+use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 use crate::common::proxy::{Mode, Proxy};
 
@@ -34,6 +35,13 @@ impl Env {
         Env {
             dir: tempfile::tempdir().unwrap(),
             url: server.url.clone(),
+        }
+    }
+
+    fn etcd(server: &EtcdServer) -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+            url: format!("etcd://{}", server.endpoint()),
         }
     }
 
@@ -176,6 +184,12 @@ fn eight_clients_count_exactly_on_nats() {
 #[test]
 fn eight_clients_count_exactly_on_sqlite() {
     counter_is_exact(&Env::sqlite());
+}
+
+#[test]
+fn eight_clients_count_exactly_on_etcd() {
+    let server = EtcdServer::start();
+    counter_is_exact(&Env::etcd(&server));
 }
 
 #[test]
@@ -442,6 +456,12 @@ fn semaphore_admits_two_on_sqlite() {
     semaphore_admits_two(&Env::sqlite());
 }
 
+#[test]
+fn semaphore_admits_two_on_etcd() {
+    let server = EtcdServer::start();
+    semaphore_admits_two(&Env::etcd(&server));
+}
+
 /// The most sections inside at once, from the `+ NS` / `- NS` lines that
 /// [`inside`] sections append to `$D/ev` (a section's `-` is written before
 /// its release, the next one's `+` after its acquisition: the wall-clock
@@ -552,6 +572,13 @@ fn semaphore_runs_n_at_once_on_sqlite() {
     semaphore_runs_n_at_once(&Env::sqlite(), 4, 8, 1.5, "3s");
 }
 
+#[test]
+fn semaphore_runs_n_at_once_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    semaphore_runs_n_at_once(&Env::etcd(&server), 2, 6, 1.0, "1s");
+}
+
 /// A lone first client of a fresh semaphore creates every slot (one agent
 /// per slot) while it waits out the absent records (S4), but keeps only
 /// one: the others are given back when that wait ends, so a second client
@@ -597,6 +624,13 @@ fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_nats() {
     let _serial = serial();
     let server = NatsServer::start();
     a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::nats(&server));
+}
+
+#[test]
+fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::etcd(&server));
 }
 
 /// Clients of a fresh name started at once, half with `--limit 1`, half
@@ -666,6 +700,12 @@ fn disagreeing_limits_never_overlap_on_sqlite() {
 fn disagreeing_limits_never_overlap_on_nats() {
     let server = NatsServer::start();
     disagreeing_limits_never_overlap(&Env::nats(&server));
+}
+
+#[test]
+fn disagreeing_limits_never_overlap_on_etcd() {
+    let server = EtcdServer::start();
+    disagreeing_limits_never_overlap(&Env::etcd(&server));
 }
 
 /// The lock is lost between CMD's run and its record: CMD logs its run,
@@ -909,7 +949,17 @@ fn times(env: &Env) -> Vec<(String, String, u128)> {
 fn waiters_take_turns_in_arrival_order_within_milliseconds() {
     let _serial = serial();
     let server = NatsServer::start();
-    let env = Env::nats(&server);
+    waiters_take_turns(&Env::nats(&server));
+}
+
+#[test]
+fn waiters_take_turns_in_arrival_order_within_milliseconds_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    waiters_take_turns(&Env::etcd(&server));
+}
+
+fn waiters_take_turns(env: &Env) {
     assert_eq!(code(env.lock("fair", &[], "true")), 0);
     let mut children = vec![env.lock("fair", &[], &timed("h", 1.5)).spawn().unwrap()];
     env.wait_for_lines("times", 1, Duration::from_secs(10));
@@ -920,7 +970,7 @@ fn waiters_take_turns_in_arrival_order_within_milliseconds() {
     for mut c in children {
         assert_eq!(wait_exit(&mut c, Duration::from_secs(30)), Some(0));
     }
-    let t = times(&env);
+    let t = times(env);
     let order: Vec<&str> = t
         .iter()
         .map(|(k, n, _)| if k == "start" { n.as_str() } else { "" })

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::rustls;
 
 use crate::common::agent::putex;
+use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
 const MAX_LIFETIME: Duration = Duration::from_secs(60);
@@ -105,6 +106,12 @@ impl Drop for Served {
 
 async fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
     AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap())
+}
+
+async fn etcd(server: &EtcdServer) -> AnyStore {
+    AnyStore::open(&StoreUrl::parse(&format!("etcd://{}", server.endpoint())).unwrap())
+        .await
+        .unwrap()
 }
 
 async fn nats(server: &NatsServer) -> AnyStore {
@@ -521,7 +528,17 @@ async fn rdlm_first_use_of_a_name_is_granted_within_the_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_waiters_take_turns_and_four_resources_run_in_parallel() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
+    four_waiters_and_four_resources(sqlite(&dir).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_waiters_take_turns_and_four_resources_run_in_parallel_etcd() {
+    let server = EtcdServer::start();
+    four_waiters_and_four_resources(etcd(&server).await).await;
+}
+
+async fn four_waiters_and_four_resources(store: AnyStore) {
+    let s = Arc::new(Served::start(store, "gw1", HttpOptions::default()).await);
     let c = client();
 
     // Four resources at once: all four held at the same time.
@@ -1537,6 +1554,12 @@ async fn rdlm_admin_deletes_free_http_locks_at_once_nats() {
     rdlm_admin_deletes_free_http_locks_at_once(nats(&server).await).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_admin_deletes_free_http_locks_at_once_etcd() {
+    let server = EtcdServer::start();
+    rdlm_admin_deletes_free_http_locks_at_once(etcd(&server).await).await;
+}
+
 /// A `201` that takes long to reach its client (a slow network, a slow
 /// client socket): the client counts its lifetime from the moment it
 /// receives it, so the next holder must not start before then + lifetime.
@@ -1847,6 +1870,12 @@ async fn v1_force_frees_and_revoke_revokes_an_http_lock_sqlite() {
 async fn v1_force_frees_and_revoke_revokes_an_http_lock_nats() {
     let server = NatsServer::start();
     v1_force_frees_and_revoke_revokes_an_http_lock(nats(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_force_frees_and_revoke_revokes_an_http_lock_etcd() {
+    let server = EtcdServer::start();
+    v1_force_frees_and_revoke_revokes_an_http_lock(etcd(&server).await).await;
 }
 
 /// A `putex lock` holder watches its record and may still be running:

@@ -56,8 +56,10 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
         Human(t.healthcheck_timeout()),
         Human(t.store_timeout()),
     );
+    let mut clock_step = Duration::ZERO;
     let rtt = match open_store(&settings).await {
         Ok(store) => {
+            clock_step = store.clock_step();
             let m = measure_store(
                 &store,
                 &settings.node,
@@ -86,7 +88,7 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
         println!("warning: {w}");
     }
     println!();
-    let timeline = t.timeline(rtt);
+    let timeline = t.timeline_on(rtt, clock_step);
     println!("{timeline}");
     // O3: a node a better candidate outranks acts D later; a switchover's
     // release is its target's alone for D.

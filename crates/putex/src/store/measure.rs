@@ -101,8 +101,8 @@ async fn measure_once(
     })
 }
 
-/// The bucket's replica count: NATS from the stream's configuration, 1 for
-/// the embedded and memory stores.
+/// The bucket's replica count: NATS from the stream's configuration, etcd
+/// its cluster's voting members, 1 for the embedded and memory stores.
 async fn replicas(store: &AnyStore) -> usize {
     match store {
         AnyStore::Nats(n) => {
@@ -115,6 +115,13 @@ async fn replicas(store: &AnyStore) -> usize {
                 }
             }
         }
+        AnyStore::Etcd(e) => match e.members().await {
+            Ok(n) => n.max(1),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot list the etcd cluster's members; assuming 3");
+                3
+            }
+        },
         _ => 1,
     }
 }

@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | NATS JetStream KV | production: one bucket shared by every host | [`nats`] |
 //! | SQLite file | the zero-setup default: processes on one machine | [`sqlite`] |
+//! | etcd | production, where an etcd cluster already runs | [`etcd`] |
 //! | memory | tests: handles in one process, with fault injection | [`memory`] |
 //!
 //! Callers hold an [`AnyStore`], opened from a store URL ([`StoreUrl`]), and
@@ -40,6 +41,7 @@ use std::time::Duration;
 
 pub use putex_core::store::{Entry, StoreTime, Token};
 
+pub mod etcd;
 mod hub;
 pub mod keys;
 pub(crate) mod measure;
@@ -50,6 +52,7 @@ pub mod sqlite;
 pub mod url;
 
 pub use self::url::StoreUrl;
+pub use etcd::EtcdStore;
 pub use measure::MeasureError;
 pub use memory::MemoryStore;
 pub use names::{Name, NameError, NodeId};
@@ -221,6 +224,15 @@ pub trait Store: Send + Sync {
     /// re-created bucket (S6). Cheap: no store round trip.
     fn epoch(&self) -> u64;
 
+    /// Whether this store's times say when this handle first *saw* a write
+    /// rather than when the store applied it (etcd, whose keys carry no
+    /// time: [`etcd`]). Such times are safe for S1 (b) but say little about
+    /// records written long before: history durations then use the
+    /// writers' own clocks.
+    fn times_are_first_seen(&self) -> bool {
+        false
+    }
+
     /// Reads a record; `None` when it is absent or deleted.
     fn get(
         &self,
@@ -292,6 +304,8 @@ pub enum AnyStore {
     Nats(NatsStore),
     /// The embedded SQLite store (`sqlite:` or `sqlite:///abs/path.db`).
     Sqlite(SqliteStore),
+    /// etcd (`etcd://…`).
+    Etcd(EtcdStore),
     /// The in-process store (`memory:`).
     Memory(MemoryStore),
 }
@@ -302,6 +316,7 @@ impl AnyStore {
         Ok(match url {
             StoreUrl::Nats(cfg) => AnyStore::Nats(NatsStore::open(cfg).await?),
             StoreUrl::Sqlite { path } => AnyStore::Sqlite(SqliteStore::open(path.clone()).await?),
+            StoreUrl::Etcd(cfg) => AnyStore::Etcd(EtcdStore::open(cfg).await?),
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
         })
     }
@@ -311,11 +326,12 @@ impl AnyStore {
         AnyStore::open(&StoreUrl::from_env()?).await
     }
 
-    /// The backend's name, for logs: `nats`, `sqlite` or `memory`.
+    /// The backend's name, for logs: `nats`, `sqlite`, `etcd` or `memory`.
     pub fn kind(&self) -> &'static str {
         match self {
             AnyStore::Nats(_) => "nats",
             AnyStore::Sqlite(_) => "sqlite",
+            AnyStore::Etcd(_) => "etcd",
             AnyStore::Memory(_) => "memory",
         }
     }
@@ -330,6 +346,12 @@ impl From<MemoryStore> for AnyStore {
 impl From<SqliteStore> for AnyStore {
     fn from(s: SqliteStore) -> Self {
         AnyStore::Sqlite(s)
+    }
+}
+
+impl From<EtcdStore> for AnyStore {
+    fn from(s: EtcdStore) -> Self {
+        AnyStore::Etcd(s)
     }
 }
 
@@ -350,16 +372,22 @@ macro_rules! delegate {
         match $self {
             AnyStore::Nats($s) => Box::pin($call).await,
             AnyStore::Sqlite($s) => Box::pin($call).await,
+            AnyStore::Etcd($s) => Box::pin($call).await,
             AnyStore::Memory($s) => Box::pin($call).await,
         }
     };
 }
 
 impl Store for AnyStore {
+    fn times_are_first_seen(&self) -> bool {
+        matches!(self, AnyStore::Etcd(_))
+    }
+
     fn epoch(&self) -> u64 {
         match self {
             AnyStore::Nats(s) => s.epoch(),
             AnyStore::Sqlite(s) => s.epoch(),
+            AnyStore::Etcd(s) => s.epoch(),
             AnyStore::Memory(s) => s.epoch(),
         }
     }
@@ -422,7 +450,18 @@ impl AnyStore {
         match self {
             AnyStore::Nats(s) => s.handle_id(),
             AnyStore::Sqlite(s) => s.handle_id(),
+            AnyStore::Etcd(s) => s.handle_id(),
             AnyStore::Memory(s) => s.handle_id(),
+        }
+    }
+
+    /// The step in which the store's clock reads: whole seconds on etcd
+    /// (a lease's TTL, see [`etcd`]), zero (fine enough) elsewhere. The
+    /// store-clock witness (S1 b) can agree up to two steps late.
+    pub fn clock_step(&self) -> Duration {
+        match self {
+            AnyStore::Etcd(_) => etcd::CLOCK_STEP,
+            _ => Duration::ZERO,
         }
     }
 
@@ -432,6 +471,7 @@ impl AnyStore {
         match self {
             AnyStore::Nats(s) => s.watches(),
             AnyStore::Sqlite(s) => s.watches(),
+            AnyStore::Etcd(s) => s.watches(),
             AnyStore::Memory(_) => 0,
         }
     }
@@ -542,7 +582,7 @@ pub(crate) fn boot_era() -> u64 {
     })
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);

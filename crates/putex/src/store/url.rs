@@ -7,6 +7,7 @@
 //! | `sqlite:///abs/path.db` | the embedded store in that file |
 //! | `nats://host:port[,host2:port...][?options]` | NATS JetStream KV |
 //! | `tls://host:port[...]` | the same, TLS required |
+//! | `etcd://host:port[,host2:port...][?options]` | etcd (v3 API) |
 //! | `memory:` | an in-process store (tests) |
 //!
 //! NATS options (query keys): `bucket` (default `putex`), `replicas`
@@ -16,6 +17,11 @@
 //! password may also come as `nats://user:password@host:port`, a token as
 //! `nats://token@host:port` (user-info without a colon, as the NATS clients
 //! read it). Values are percent-decoded.
+//!
+//! etcd options: `prefix` (default `putex`: records live under `putex/`),
+//! `user` and `password` (or `etcd://user:password@host`), `tls=true`,
+//! `tls_ca`, `tls_cert` and `tls_key` (client certificate authentication;
+//! any of the three implies TLS). The port defaults to 2379.
 //!
 //! Environment ([`StoreUrl::from_env`]): `PUTEX_STORE` is the URL; without
 //! it `NATS_URL` (a NATS server list) selects NATS; without either the
@@ -30,6 +36,11 @@ use super::StoreError;
 /// A NATS URL that works, shown in error messages.
 pub const NATS_EXAMPLE: &str =
     "nats://10.0.0.1:4222,10.0.0.2:4222,10.0.0.3:4222?bucket=putex&replicas=3&creds=/etc/putex/nats.creds";
+/// An etcd URL that works, shown in error messages.
+pub const ETCD_EXAMPLE: &str =
+    "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379?prefix=putex&tls_ca=/etc/putex/etcd-ca.pem";
+/// The key prefix an etcd URL without `prefix=` names.
+pub const DEFAULT_ETCD_PREFIX: &str = "putex";
 /// An SQLite URL that works, shown in error messages.
 pub const SQLITE_EXAMPLE: &str = "sqlite:///var/lib/putex/store.db";
 
@@ -49,8 +60,25 @@ pub enum StoreUrl {
         /// [`default_sqlite_path`] for a bare `sqlite:`.
         path: PathBuf,
     },
+    /// etcd, through its v3 gRPC API.
+    Etcd(EtcdConfig),
     /// An in-process store, private to this handle and its clones.
     Memory,
+}
+
+/// How to reach an etcd cluster.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct EtcdConfig {
+    /// `host:port` of each member to try.
+    pub endpoints: Vec<String>,
+    /// The key prefix (`prefix=`, default [`DEFAULT_ETCD_PREFIX`]): every
+    /// record is stored under `<prefix>/`.
+    pub prefix: String,
+    /// User and password (etcd's password authentication), if any.
+    pub user: Option<(String, String)>,
+    /// TLS: the same settings as NATS's (`tls=true`, `tls_ca`, `tls_cert`,
+    /// `tls_key`); a client certificate authenticates as its common name.
+    pub tls: NatsTls,
 }
 
 /// How to reach a NATS bucket.
@@ -203,7 +231,7 @@ impl StoreUrl {
         let Some((scheme, rest)) = url.split_once(':') else {
             return Err(bad(
                 url,
-                "it has no scheme (sqlite:, nats://, tls:// or memory:)",
+                "it has no scheme (sqlite:, nats://, tls://, etcd:// or memory:)",
                 NATS_EXAMPLE,
             ));
         };
@@ -212,15 +240,18 @@ impl StoreUrl {
             "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
             "memory" => Err(bad(url, "memory: takes nothing after the colon", "memory:")),
             "nats" | "tls" => parse_nats(url, scheme, rest),
+            "etcd" => parse_etcd(url, rest),
             other if is_scheme(other) => Err(bad(
                 url,
-                format_args!("unknown scheme {other:?} (use sqlite:, nats://, tls:// or memory:)"),
+                format_args!(
+                    "unknown scheme {other:?} (use sqlite:, nats://, tls://, etcd:// or memory:)"
+                ),
                 NATS_EXAMPLE,
             )),
             // Not a scheme at all (it may hold a secret: `user:pass@host`).
             _ => Err(bad(
                 url,
-                "it has no scheme (sqlite:, nats://, tls:// or memory:)",
+                "it has no scheme (sqlite:, nats://, tls://, etcd:// or memory:)",
                 NATS_EXAMPLE,
             )),
         }
@@ -318,35 +349,7 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
         Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
         None => (None, authority),
     };
-    let mut servers = Vec::new();
-    for host in hosts.split(',') {
-        let host = host.trim();
-        if host.is_empty() {
-            return Err(bad(url, "missing host", NATS_EXAMPLE));
-        }
-        let (name, port) = match host.rsplit_once(':') {
-            Some((n, p)) => (n, Some(p)),
-            None => (host, None),
-        };
-        if name.is_empty() {
-            return Err(bad(
-                url,
-                format_args!("missing host in {host:?}"),
-                NATS_EXAMPLE,
-            ));
-        }
-        let port = match port {
-            None => 4222,
-            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-                bad(
-                    url,
-                    format_args!("bad port {p:?} in {host:?}"),
-                    NATS_EXAMPLE,
-                )
-            })?,
-        };
-        servers.push(format!("{name}:{port}"));
-    }
+    let servers = host_list(url, hosts, 4222, NATS_EXAMPLE)?;
 
     let mut cfg = NatsConfig {
         servers,
@@ -472,6 +475,142 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
     Ok(StoreUrl::Nats(cfg))
 }
 
+/// `host[:port],…` as `host:port` strings, `default_port` where none is given.
+fn host_list(
+    url: &str,
+    hosts: &str,
+    default_port: u16,
+    example: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut servers = Vec::new();
+    for host in hosts.split(',') {
+        let host = host.trim();
+        if host.is_empty() {
+            return Err(bad(url, "missing host", example));
+        }
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        };
+        if name.is_empty() {
+            return Err(bad(url, format_args!("missing host in {host:?}"), example));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad(url, format_args!("bad port {p:?} in {host:?}"), example))?,
+        };
+        servers.push(format!("{name}:{port}"));
+    }
+    Ok(servers)
+}
+
+const ETCD_KEYS: &str = "prefix, user, password, tls, tls_ca, tls_cert, tls_key";
+
+fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(bad(url, "expected // after the scheme", ETCD_EXAMPLE));
+    };
+    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = authority.strip_suffix('/').unwrap_or(authority);
+    if authority.contains('/') {
+        return Err(bad(
+            url,
+            "an etcd URL has no path (name the key prefix with prefix=)",
+            ETCD_EXAMPLE,
+        ));
+    }
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+        None => (None, authority),
+    };
+    let mut cfg = EtcdConfig {
+        endpoints: host_list(url, hosts, 2379, ETCD_EXAMPLE)?,
+        prefix: DEFAULT_ETCD_PREFIX.to_owned(),
+        user: None,
+        tls: NatsTls::default(),
+    };
+    let (mut user, mut password) = (None, None);
+    if let Some(info) = userinfo {
+        let Some((u, p)) = info.split_once(':') else {
+            return Err(bad(
+                url,
+                "etcd credentials are user:password (etcd has no tokens)",
+                ETCD_EXAMPLE,
+            ));
+        };
+        user = Some(percent_decode(url, u)?);
+        password = Some(percent_decode(url, p)?);
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(url, v)?;
+        if v.is_empty() && k != "password" {
+            return Err(bad(
+                url,
+                format_args!("option {k:?} has no value"),
+                ETCD_EXAMPLE,
+            ));
+        }
+        match k {
+            "prefix" => {
+                let p = v.trim_matches('/');
+                let fine = !p.is_empty()
+                    && p.split('/').all(|part| {
+                        !part.is_empty()
+                            && part
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                    });
+                if !fine {
+                    return Err(bad(
+                        url,
+                        format_args!(
+                            "prefix {v:?}: one or more /-separated parts of A-Z a-z 0-9 _ - ."
+                        ),
+                        ETCD_EXAMPLE,
+                    ));
+                }
+                cfg.prefix = p.to_owned();
+            }
+            "user" => user = Some(v),
+            "password" => password = Some(v),
+            "tls" => {
+                cfg.tls.required = match v.as_str() {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err(bad(url, "tls must be true or false", ETCD_EXAMPLE)),
+                }
+            }
+            "tls_ca" => cfg.tls.ca = Some(PathBuf::from(v)),
+            "tls_cert" => cfg.tls.cert = Some(PathBuf::from(v)),
+            "tls_key" => cfg.tls.key = Some(PathBuf::from(v)),
+            other => {
+                return Err(bad(
+                    url,
+                    format_args!("unknown option {other:?} (known: {ETCD_KEYS})"),
+                    ETCD_EXAMPLE,
+                ))
+            }
+        }
+    }
+    match (user, password) {
+        (Some(user), password) => cfg.user = Some((user, password.unwrap_or_default())),
+        (None, Some(_)) => return Err(bad(url, "password without user", ETCD_EXAMPLE)),
+        (None, None) => {}
+    }
+    if cfg.tls.cert.is_some() != cfg.tls.key.is_some() {
+        return Err(bad(url, "tls_cert and tls_key go together", ETCD_EXAMPLE));
+    }
+    if cfg.tls.ca.is_some() || cfg.tls.cert.is_some() {
+        cfg.tls.required = true;
+    }
+    Ok(StoreUrl::Etcd(cfg))
+}
+
 fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
     // percent-encoding passes a malformed escape through as text; a URL with
     // one is refused instead (a typo in a password must not become part of it).
@@ -494,6 +633,16 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite { path } => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Etcd(c) => {
+                write!(f, "etcd://{}?prefix={}", c.endpoints.join(","), c.prefix)?;
+                if let Some((user, _)) = &c.user {
+                    write!(f, "&user={user}&password=***")?;
+                }
+                if c.tls.required {
+                    f.write_str("&tls=true")?;
+                }
+                Ok(())
+            }
             StoreUrl::Nats(c) => {
                 let scheme = if c.tls.required { "tls" } else { "nats" };
                 write!(f, "{scheme}://{}?bucket={}", c.servers.join(","), c.bucket)?;
@@ -615,6 +764,44 @@ mod tests {
         assert!(!msg.contains("hunter2"), "{msg}");
         let shown = StoreUrl::parse("nats://u:hunter2@h").unwrap().to_string();
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn etcd_urls() {
+        let StoreUrl::Etcd(c) = StoreUrl::parse("etcd://a:1,b,c:3?prefix=/svc/locks/").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(c.endpoints, ["a:1", "b:2379", "c:3"]);
+        assert_eq!(c.prefix, "svc/locks");
+        assert_eq!(c.user, None);
+        assert!(!c.tls.required);
+        let StoreUrl::Etcd(c) =
+            StoreUrl::parse("etcd://u:p%40ss@h?tls_ca=/ca.pem&tls_cert=/c&tls_key=/k").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(c.user, Some(("u".into(), "p@ss".into())));
+        assert!(c.tls.required);
+        assert_eq!(c.prefix, "putex");
+        let shown = StoreUrl::Etcd(c).to_string();
+        assert!(!shown.contains("p@ss"), "{shown}");
+        for (url, what) in [
+            ("etcd://h?bucket=x", "unknown option \"bucket\""),
+            ("etcd://h?prefix=a//b", "prefix"),
+            ("etcd://h?prefix=a*b", "prefix"),
+            ("etcd://tok@h", "user:password"),
+            ("etcd://h/x", "no path"),
+            ("etcd://h?tls_key=/k", "tls_cert and tls_key go together"),
+            ("etcd://h?password=x", "password without user"),
+            ("etcd://h:0", "bad port"),
+        ] {
+            let msg = err(url);
+            assert!(msg.contains(what), "{url}: {msg}");
+            assert!(msg.contains("for example \"etcd://"), "{url}: {msg}");
+        }
+        let msg = err("etcd://u:hunter2@h?bogus=1");
+        assert!(!msg.contains("hunter2"), "{msg}");
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub const R: Duration = Duration::from_millis(100);
 /// The failover bound B for the fast profile, with a generous store round
 /// trip (loopback NATS answers in well under a millisecond).
 pub fn bound() -> Duration {
+    bound_on(Duration::ZERO)
+}
+
+/// [`bound`] on a store whose clock reads in steps of `store_clock_step`
+/// (etcd: 1 s).
+pub fn bound_on(store_clock_step: Duration) -> Duration {
     TimingConfig {
         renew: R,
         failures: 3,
@@ -39,7 +45,7 @@ pub fn bound() -> Duration {
     }
     .validate()
     .unwrap()
-    .timeline(Duration::from_millis(2))
+    .timeline_on(Duration::from_millis(2), store_clock_step)
     .crash_failover
 }
 

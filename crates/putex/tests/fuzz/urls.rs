@@ -33,7 +33,7 @@ fn secret() -> impl Strategy<Value = String> {
 /// options, some of them secrets.
 fn url() -> impl Strategy<Value = (String, Option<String>)> {
     let scheme = prop::sample::select(vec![
-        "nats", "tls", "sqlite", "memory", "NATS", "Tls", "SQLite", "http", "",
+        "nats", "tls", "sqlite", "memory", "etcd", "NATS", "Tls", "SQLite", "Etcd", "http", "",
     ]);
     let sep = prop::sample::select(vec!["://", ":", ":///", ":/", "//"]);
     let host = prop_oneof![
@@ -58,7 +58,7 @@ fn url() -> impl Strategy<Value = (String, Option<String>)> {
     let key = prop_oneof![
         4 => prop::sample::select(vec![
             "bucket", "replicas", "creds", "nkey", "user", "password", "token", "tls",
-            "tls_ca", "tls_cert", "tls_key",
+            "tls_ca", "tls_cert", "tls_key", "prefix",
         ])
         .prop_map(str::to_owned),
         1 => piece(),
@@ -130,6 +130,9 @@ fn fuzz_store_urls() {
                     StoreUrl::Sqlite { .. } => true,
                     StoreUrl::Nats(c) => matches!(&c.auth,
                         NatsAuth::UserPassword { user, .. } if secret.as_ref().is_some_and(|s| user.contains(s.as_str()))),
+                    StoreUrl::Etcd(c) => c.user.as_ref().is_some_and(|(user, _)| {
+                        secret.as_ref().is_some_and(|s| user.contains(s.as_str()))
+                    }),
                     StoreUrl::Memory => false,
                 };
                 if let (Some(s), false) = (&secret, public) {
@@ -152,6 +155,16 @@ fn fuzz_store_urls() {
                         if cfg.tls.ca.is_some() || cfg.tls.cert.is_some() {
                             prop_assert!(cfg.tls.required);
                         }
+                    }
+                    StoreUrl::Etcd(cfg) => {
+                        prop_assert!(!cfg.endpoints.is_empty());
+                        for s in &cfg.endpoints {
+                            let (host, port) = s.rsplit_once(':').expect("host:port");
+                            prop_assert!(!host.is_empty(), "{s:?}");
+                            prop_assert!(port.parse::<u16>().is_ok_and(|p| p > 0), "{s:?}");
+                        }
+                        prop_assert!(!cfg.prefix.is_empty() && !cfg.prefix.ends_with('/'));
+                        prop_assert_eq!(cfg.tls.cert.is_some(), cfg.tls.key.is_some());
                     }
                     StoreUrl::Sqlite { path } => prop_assert!(path.is_absolute(), "{path:?}"),
                     StoreUrl::Memory => {}

@@ -16,6 +16,8 @@ use putex::store::{
 
 use crate::common::nats_server::{NatsCluster, NatsServer};
 
+mod etcd;
+
 /// The deadline for ordinary calls in these tests.
 const T: Duration = Duration::from_secs(5);
 

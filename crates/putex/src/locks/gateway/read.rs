@@ -33,6 +33,9 @@ impl Gateway {
     pub(super) async fn wall(&self, t: StoreTime) -> SystemTime {
         match &self.store {
             AnyStore::Nats(_) => SystemTime::UNIX_EPOCH + Duration::from_nanos(t.nanos),
+            // etcd's store time is a stopwatch on its leader: how long ago
+            // is that stopwatch's own reading.
+            AnyStore::Etcd(etcd) => SystemTime::now() - etcd.age(t).await.unwrap_or_default(),
             _ => {
                 let now = clock::boot_time_now().as_nanos();
                 SystemTime::now() - Duration::from_nanos(now.saturating_sub(t.nanos))

@@ -48,7 +48,32 @@ pub async fn read(
     let filter = keys::history_of(lock);
     let marker = keys::history_scan(lock);
     let (entries, _) = snapshot_synced(store, &filter, &marker, timeout).await?;
-    Ok(parse(entries))
+    let mut records = parse(entries);
+    if store.times_are_first_seen() {
+        writers_clocks(&mut records);
+    }
+    Ok(records)
+}
+
+/// The clock domain of times taken from the writers' `at`.
+const WRITERS_WALL_ERA: u64 = 3;
+
+/// On a store whose times say when this process first saw a record (etcd),
+/// a history read at once would measure every duration as zero: its
+/// durations are measured on the writers' own clocks (`at`) instead —
+/// wall clocks of possibly several hosts, for people to read, never for a
+/// decision.
+fn writers_clocks(records: &mut [Stored]) {
+    for s in records {
+        if let Ok(t) = humantime::parse_rfc3339(&s.record.at) {
+            if let Ok(d) = t.duration_since(std::time::UNIX_EPOCH) {
+                s.time = StoreTime {
+                    era: WRITERS_WALL_ERA,
+                    nanos: u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+                };
+            }
+        }
+    }
 }
 
 /// How [`HistoryRow::no_holder_ms`] was measured.

@@ -293,7 +293,7 @@ async fn remove(
             Err(e) => tracing::debug!(key, error = %e, "cannot purge; deleting instead"),
         },
         AnyStore::Sqlite(sqlite) => return sqlite.purge_key(key, token, timeout).await.map(drop),
-        AnyStore::Memory(_) => {}
+        AnyStore::Etcd(_) | AnyStore::Memory(_) => {}
     }
     match store.delete(key, token, timeout).await {
         // Someone else pruned it first.

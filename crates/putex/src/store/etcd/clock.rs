@@ -1,0 +1,238 @@
+//! The etcd store's clock: the etcd leader's, read through a lease.
+//!
+//! etcd keeps no time with a key. What it does keep on the leader's clock
+//! is every lease's expiry: `LeaseTimeToLive` answers the seconds left,
+//! rounded down. A lease granted for [`CLOCK_TTL`] and never kept alive is
+//! therefore a stopwatch on the leader: `granted − left` seconds have
+//! passed since it was granted, to within the second above the reading.
+//! One such lease serves every putex on a prefix (`<prefix>/=clock`
+//! names it and is bound to it, so the name goes when the lease expires).
+//!
+//! A record is stamped with a reading taken after this handle received it
+//! (so no earlier than its write), rounded **up**; a probe record — whose
+//! time the standby takes as "now" (S1 b) — rounded **down**. The gap
+//! between a record's stamp and a later probe's is therefore never more
+//! than the time that passed on the leader's clock between the write and
+//! the probe. A stamp is kept per (key, revision), so reading a record
+//! again does not make it look newer. The readings only ever fall back:
+//! a new leader refreshes every lease (readings restart near 0), and an
+//! expired lease is replaced by a new one (they restart at 0). Either way
+//! a gap comes out smaller, or "backwards", which only delays a takeover.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use parking_lot::Mutex;
+
+use super::{client_error, era_of_handle, Stamps, CLOCK_KEY};
+use crate::store::{Op, StoreError, StoreTime};
+
+/// How long the shared clock lease runs before a new one is granted (a day:
+/// a lease left by a process that died costs the cluster nothing for long).
+pub const CLOCK_TTL: Duration = Duration::from_secs(86_400);
+
+/// The step in which the clock reads: a lease's TTL is whole seconds.
+pub const CLOCK_STEP: Duration = Duration::from_secs(1);
+
+const NANOS: u64 = 1_000_000_000;
+
+/// A handle's clock: its era, the lease it reads, and its stamps.
+pub(super) struct Clock {
+    era: u64,
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    stamps: Mutex<Stamps>,
+    /// Readings taken (for tests and metrics).
+    readings: AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct Lease {
+    id: i64,
+    granted: i64,
+}
+
+impl Clock {
+    pub(super) fn new() -> Clock {
+        Clock {
+            era: era_of_handle(),
+            lease: tokio::sync::Mutex::new(None),
+            stamps: Mutex::new(Stamps::default()),
+            readings: AtomicU64::new(0),
+        }
+    }
+
+    /// The stamps of `items` — (key, revision, is a probe) — taking one
+    /// reading for all that have none yet.
+    pub(super) async fn stamp<'a>(
+        &self,
+        client: &Client,
+        prefix: &str,
+        (op, about): (Op, &str),
+        items: impl Iterator<Item = (&'a str, u64, bool)>,
+    ) -> Result<Vec<StoreTime>, StoreError> {
+        let items: Vec<_> = items.collect();
+        let known: Vec<Option<StoreTime>> = {
+            let stamps = self.stamps.lock();
+            items.iter().map(|(k, r, _)| stamps.get(k, *r)).collect()
+        };
+        if known.iter().all(Option::is_some) {
+            return Ok(known.into_iter().flatten().collect());
+        }
+        let seconds = self.read(client, prefix, op, about).await?;
+        let mut stamps = self.stamps.lock();
+        Ok(items
+            .iter()
+            .zip(known)
+            .map(|((key, revision, probe), known)| {
+                known.unwrap_or_else(|| {
+                    // The reading is within [t, t + 1 s) of the true time
+                    // t: a probe gets its lower end, a record its upper
+                    // end (both a second on, so that no stamp is 0).
+                    let nanos = if *probe {
+                        (seconds + 1) * NANOS
+                    } else {
+                        (seconds + 2) * NANOS
+                    };
+                    let time = StoreTime {
+                        era: self.era,
+                        nanos,
+                    };
+                    // Whatever came first for this revision stays.
+                    match stamps.get(key, *revision) {
+                        Some(t) => t,
+                        None => {
+                            stamps.insert(key, *revision, time);
+                            time
+                        }
+                    }
+                })
+            })
+            .collect())
+    }
+
+    /// The store's time now, as a probe would be stamped.
+    pub(super) async fn now(&self, client: &Client, prefix: &str) -> Result<StoreTime, StoreError> {
+        let seconds = self.read(client, prefix, Op::Get, CLOCK_KEY).await?;
+        Ok(StoreTime {
+            era: self.era,
+            nanos: (seconds + 1) * NANOS,
+        })
+    }
+
+    /// Forgets the stamp of a record that was deleted.
+    pub(super) fn forget(&self, key: &str) {
+        self.stamps.lock().remove(key);
+    }
+
+    /// How many readings this clock took.
+    #[allow(dead_code)]
+    pub(super) fn readings(&self) -> u64 {
+        self.readings.load(Ordering::Relaxed)
+    }
+
+    /// Seconds on the leader's clock since the clock lease was granted
+    /// (rounded up), finding or granting the lease first.
+    async fn read(
+        &self,
+        client: &Client,
+        prefix: &str,
+        op: Op,
+        about: &str,
+    ) -> Result<u64, StoreError> {
+        let mut lease = self.lease.lock().await;
+        for _ in 0..3 {
+            let l = match *lease {
+                Some(l) => l,
+                None => {
+                    let l = find_or_grant(client, prefix, op, about).await?;
+                    *lease = Some(l);
+                    l
+                }
+            };
+            let ttl = super::retry_unsent(|| {
+                let mut c = client.lease_client();
+                async move { c.time_to_live(l.id, None).await }
+            })
+            .await
+            .map_err(|e| client_error(op, about, e))?;
+            self.readings.fetch_add(1, Ordering::Relaxed);
+            if ttl.ttl() < 0 {
+                // Expired or revoked: a new lease, and readings from 0.
+                *lease = None;
+                continue;
+            }
+            return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl())).unwrap_or(0));
+        }
+        Err(StoreError::unknown(
+            op,
+            about,
+            "the etcd clock lease kept vanishing",
+        ))
+    }
+}
+
+/// The prefix's clock lease: the one `<prefix>/=clock` names, or a new one
+/// this handle grants and names there (a race lost is a lease revoked).
+async fn find_or_grant(
+    client: &Client,
+    prefix: &str,
+    op: Op,
+    about: &str,
+) -> Result<Lease, StoreError> {
+    let key = format!("{prefix}{CLOCK_KEY}");
+    let err = |e| client_error(op, about, e);
+    let mut kv = client.kv_client();
+    let mut leases = client.lease_client();
+    let named = super::retry_unsent(|| {
+        let (mut kv, key) = (kv.clone(), key.clone());
+        async move { kv.get(key, None).await }
+    })
+    .await
+    .map_err(err)?;
+    if let Some(id) = named.kvs().first().map(|kv| kv.lease()) {
+        let ttl = leases.time_to_live(id, None).await.map_err(err)?;
+        if ttl.ttl() >= 0 {
+            return Ok(Lease {
+                id,
+                granted: ttl.granted_ttl(),
+            });
+        }
+    }
+    let ttl = i64::try_from(CLOCK_TTL.as_secs()).unwrap_or(i64::MAX);
+    let granted = leases.grant(ttl, None).await.map_err(err)?;
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            granted.id().to_string(),
+            Some(PutOptions::new().with_lease(granted.id())),
+        )])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = kv.txn(txn).await.map_err(err)?;
+    if resp.succeeded() {
+        return Ok(Lease {
+            id: granted.id(),
+            granted: granted.ttl(),
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), leases.revoke(granted.id())).await;
+    for r in resp.op_responses() {
+        if let TxnOpResponse::Get(g) = r {
+            if let Some(kv) = g.kvs().first() {
+                let ttl = leases.time_to_live(kv.lease(), None).await.map_err(err)?;
+                if ttl.ttl() >= 0 {
+                    return Ok(Lease {
+                        id: kv.lease(),
+                        granted: ttl.granted_ttl(),
+                    });
+                }
+            }
+        }
+    }
+    Err(StoreError::unknown(
+        op,
+        about,
+        "the etcd clock lease changed while it was being read; try again",
+    ))
+}

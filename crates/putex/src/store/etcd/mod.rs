@@ -1,0 +1,905 @@
+//! The etcd store: records under a key prefix (default `putex/`) of an
+//! etcd cluster, through its v3 gRPC API.
+//!
+//! - **Writes** are transactions. `create` compares `create_revision == 0`,
+//!   `update` and `delete` compare `mod_revision == expected`; every one of
+//!   them also compares the epoch record (below) with the bytes this
+//!   handle knows, in the same transaction. A failed compare is a
+//!   **conflict**; a timeout, a lost connection or a leader election is
+//!   **unknown** (etcd applies a proposal that timed out more often than
+//!   one expects); a request etcd refuses before it is proposed
+//!   (permission denied, no such user, too large, the cluster out of
+//!   space) is a configuration error that names the cause.
+//! - **Reads** are linearizable (etcd's default, never `serializable`):
+//!   they see every write acknowledged before them, our own included, from
+//!   any member. [`ReadMode::Any`] reads the same way.
+//! - **Revisions** are etcd's global revision: a key's `mod_revision`.
+//! - **Epoch**: the record `<prefix>/=epoch` (`{"v":1,"epoch":…,"cluster":…}`),
+//!   created at first use with the wall-clock time in nanoseconds and the
+//!   cluster id. A handle that finds it written by another cluster (a
+//!   restored snapshot brought up as a new cluster) writes a later epoch
+//!   before anything else; a cluster re-created empty gets a new record
+//!   with a later time. Writes compare it, so a token of another epoch
+//!   never matches; every answer's header carries the cluster id, and an
+//!   answer from another cluster than the one this handle opened is
+//!   **unknown** and makes the handle read the epoch again (S6).
+//! - **Store time** (the second witness of S1 b): etcd keeps no time with
+//!   a key, so this handle reads the etcd leader's clock through a lease:
+//!   one long lease shared by every putex on the prefix (`<prefix>/=clock`
+//!   names it; it is never kept alive), whose remaining TTL the leader
+//!   counts down. A record is stamped with a reading taken **after** the
+//!   handle first received it — no earlier than the write on the leader's
+//!   clock — and keeps that stamp for as long as its revision stays (so
+//!   reading it again changes nothing). A probe record (`probe.<node>`),
+//!   whose time stands for "now", is stamped with the lower end of its
+//!   reading's second and every other record with the upper end, so the
+//!   gap between a record and a later probe never exceeds the real gap on
+//!   the leader's clock. A leader change refreshes leases (readings go back)
+//!   and a replaced lease restarts them: the store clock only ever runs
+//!   backwards, which delays a takeover (S1 b's fallback), never hastens it.
+//!   The cost: a takeover waits up to 2 s more than on NATS (the TTL's
+//!   one-second resolution, on both ends); see `docs/safety.md`.
+//! - **Watches** share one etcd watch over the prefix per handle ([`Hub`]);
+//!   a watch from an old revision reads the changes since then with a watch
+//!   of its own, and a compacted revision is re-read as the latest state.
+//!
+//! Durability: etcd fsyncs its write-ahead log before it acknowledges; never
+//! run a putex cluster with `--unsafe-no-fsync`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use parking_lot::Mutex;
+
+use super::hub::Hub;
+use super::keys::{filter_matches, validate_filter, validate_key, PROBE_PREFIX};
+use super::{
+    with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token, WatchEvent,
+    WatchStream,
+};
+
+mod clock;
+mod open;
+
+use clock::Clock;
+
+pub use clock::{CLOCK_STEP, CLOCK_TTL};
+
+/// How long opening (connecting, reading or writing the epoch) may take.
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The epoch record, under the prefix: `=` is no name character, so no
+/// putex key is ever this one.
+const EPOCH_KEY: &str = "=epoch";
+/// The record naming the shared clock lease.
+const CLOCK_KEY: &str = "=clock";
+/// The marker a watch resumed from an old revision writes to know it has
+/// caught up.
+const CATCH_UP_KEY: &str = "=catchup";
+
+/// A handle on a prefix of an etcd cluster; clones share the connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    /// `<prefix>/`.
+    prefix: String,
+    /// The epoch this handle writes under, and its record's bytes (writes
+    /// compare them); `epoch` mirrors the first for reads without the lock.
+    epoch: AtomicU64,
+    epoch_record: Mutex<(u64, Vec<u8>)>,
+    /// The cluster this handle opened; an answer from another one makes
+    /// every operation read the epoch again first.
+    cluster: AtomicU64,
+    epoch_stale: AtomicBool,
+    /// The store clock and the stamps it gave ([`clock`]).
+    clock: Clock,
+    /// Every watch on this handle, fed by one etcd watch ([`feed`]).
+    hub: Arc<Hub>,
+    /// Held while a feed starts; holds the feed's stop.
+    starting: tokio::sync::Mutex<Option<tokio_util::sync::DropGuard>>,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.inner.prefix)
+            .field("epoch", &self.inner.epoch.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Classifies a client error: refused before it was proposed (a
+/// configuration problem), or anything else (unknown: it may have been
+/// applied).
+fn client_error(op: Op, key: &str, e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::GRpcStatus(status) => match status.code() {
+            Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::InvalidArgument
+            | Code::OutOfRange
+            | Code::Unimplemented => StoreError::config(format!(
+                "etcd refused {op} {key}: {} (check the user's permissions on the prefix, the password or certificate, and the etcd version >= 3.5)",
+                status.message()
+            )),
+            Code::ResourceExhausted if status.message().contains("no space") => {
+                StoreError::config(format!(
+                    "etcd refused {op} {key}: {} (the cluster is out of space: compact and defragment it, then disarm the alarm)",
+                    status.message()
+                ))
+            }
+            _ => StoreError::unknown(op, key, format!("etcd: {}", status.message())),
+        },
+        E::InvalidArgs(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
+        E::InvalidUri(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
+        other => StoreError::unknown(op, key, format!("etcd: {other}")),
+    }
+}
+
+/// The epoch record's value.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct EpochRecord {
+    v: u32,
+    epoch: u64,
+    cluster: u64,
+}
+
+/// How a watch event's or a read's key-value came.
+struct Raw {
+    key: String,
+    revision: u64,
+    value: Option<Vec<u8>>,
+}
+
+impl EtcdStore {
+    pub(crate) fn handle_id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The key prefix this handle works under, with its trailing `/`.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.prefix)
+    }
+
+    /// Sets the epoch and its record's bytes together.
+    fn set_epoch(&self, epoch: u64, bytes: &[u8]) {
+        let mut record = self.inner.epoch_record.lock();
+        *record = (epoch, bytes.to_vec());
+        self.inner.epoch.store(epoch, Ordering::Release);
+    }
+
+    fn token(&self, revision: u64) -> Token {
+        Token::new(self.inner.epoch.load(Ordering::Acquire), revision)
+    }
+
+    /// The putex key of an etcd key under the prefix (`None`: outside it,
+    /// or one of this backend's own records).
+    fn short<'a>(&self, full: &'a [u8]) -> Option<&'a str> {
+        let key = std::str::from_utf8(full)
+            .ok()?
+            .strip_prefix(self.inner.prefix.as_str())?;
+        (!key.starts_with('=')).then_some(key)
+    }
+
+    /// Checks an answer's cluster: another cluster than the one opened
+    /// means the handle's epoch may be wrong (S6).
+    fn check_cluster(
+        &self,
+        op: Op,
+        key: &str,
+        header: Option<&ResponseHeader>,
+    ) -> Result<u64, StoreError> {
+        let Some(h) = header else {
+            return Err(StoreError::unknown(
+                op,
+                key,
+                "etcd answered without a header",
+            ));
+        };
+        let opened = self.inner.cluster.load(Ordering::Acquire);
+        if h.cluster_id() != opened {
+            self.inner.epoch_stale.store(true, Ordering::Release);
+            return Err(StoreError::unknown(
+                op,
+                key,
+                format_args!(
+                    "the etcd cluster answering ({:x}) is not the one opened ({opened:x}); a write may or may not have been applied, and the epoch is read again",
+                    h.cluster_id()
+                ),
+            ));
+        }
+        u64::try_from(h.revision())
+            .map_err(|_| StoreError::unknown(op, key, "etcd answered a negative revision"))
+    }
+
+    /// Reads the epoch again if an answer came from another cluster.
+    async fn fresh_epoch(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        if self.inner.epoch_stale.load(Ordering::Acquire) {
+            self.ensure_epoch(op, key).await?;
+        }
+        Ok(())
+    }
+
+    /// A transaction whose compares include the epoch record's; on a
+    /// failed compare it reads the epoch record, and adopts a new epoch.
+    async fn cas(
+        &self,
+        op: Op,
+        key: &str,
+        expected_epoch: Option<u64>,
+        compare: Compare,
+        then: TxnOp,
+    ) -> Result<Token, StoreError> {
+        self.fresh_epoch(op, key).await?;
+        let epoch_key = self.full(EPOCH_KEY);
+        let (epoch, bytes) = self.inner.epoch_record.lock().clone();
+        if expected_epoch.is_some_and(|e| e != epoch) {
+            return Err(StoreError::conflict(op, key));
+        }
+        let txn = Txn::new()
+            .when([
+                compare,
+                Compare::value(epoch_key.clone(), CompareOp::Equal, bytes.clone()),
+            ])
+            .and_then([then])
+            .or_else([TxnOp::get(epoch_key, None)]);
+        let resp = detached(self.inner.client.kv_client(), |kv| async move {
+            retry_unsent(|| {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await
+        })
+        .await
+        .map_err(|e| client_error(op, key, e))?;
+        let revision = self.check_cluster(op, key, resp.header())?;
+        if resp.succeeded() {
+            return Ok(Token::new(epoch, revision));
+        }
+        // Not applied. If the epoch record changed, adopt it: the next read
+        // carries the new epoch.
+        for r in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = r {
+                match g.kvs().first() {
+                    Some(e) if e.value() != bytes.as_slice() => self.adopt_epoch(e.value()),
+                    None => self.inner.epoch_stale.store(true, Ordering::Release),
+                    _ => {}
+                }
+            }
+        }
+        Err(StoreError::conflict(op, key))
+    }
+
+    fn adopt_epoch(&self, bytes: &[u8]) {
+        if let Ok(r) = serde_json::from_slice::<EpochRecord>(bytes) {
+            self.set_epoch(r.epoch, bytes);
+        } else {
+            self.inner.epoch_stale.store(true, Ordering::Release);
+        }
+    }
+
+    /// Stamps raw records with the store clock (one reading for all that
+    /// need one) and makes entries of them.
+    async fn entries(
+        &self,
+        op: Op,
+        key: &str,
+        raws: Vec<Raw>,
+    ) -> Result<Vec<WatchEvent>, StoreError> {
+        let stamps = self
+            .inner
+            .clock
+            .stamp(
+                &self.inner.client,
+                &self.inner.prefix,
+                (op, key),
+                raws.iter()
+                    .map(|r| (r.key.as_str(), r.revision, r.key.starts_with(PROBE_PREFIX))),
+            )
+            .await?;
+        Ok(raws
+            .into_iter()
+            .zip(stamps)
+            .map(|(raw, time)| {
+                if raw.value.is_none() {
+                    self.inner.clock.forget(&raw.key);
+                }
+                WatchEvent {
+                    entry: raw.value.map(|value| Entry {
+                        value,
+                        token: self.token(raw.revision),
+                        time,
+                    }),
+                    key: raw.key,
+                    revision: raw.revision,
+                    time,
+                }
+            })
+            .collect())
+    }
+
+    fn raw_of(&self, kv: &KeyValue) -> Option<Raw> {
+        Some(Raw {
+            key: self.short(kv.key())?.to_owned(),
+            revision: u64::try_from(kv.mod_revision()).ok()?,
+            value: Some(kv.value().to_vec()),
+        })
+    }
+
+    /// The etcd range a watch filter selects: `(start, end)`; `end` empty
+    /// for one key.
+    fn range(&self, filter: &str) -> (String, Vec<u8>) {
+        let start = self.full(filter);
+        if filter.is_empty() || filter.ends_with('.') {
+            let end = prefix_end(start.as_bytes());
+            (start, end)
+        } else {
+            (start, Vec::new())
+        }
+    }
+
+    /// Every record under `filter` as of now (the prefix's own records
+    /// left out), and the revision read at.
+    async fn read_range(&self, filter: &str) -> Result<(Vec<Raw>, u64), StoreError> {
+        let (start, end) = self.range(filter);
+        let options = (!end.is_empty()).then(|| GetOptions::new().with_range(end));
+        let resp = retry_unsent(|| {
+            let mut kv = self.inner.client.kv_client();
+            let (start, options) = (start.clone(), options.clone());
+            async move { kv.get(start, options).await }
+        })
+        .await
+        .map_err(|e| client_error(Op::Watch, filter, e))?;
+        let upto = self.check_cluster(Op::Watch, filter, resp.header())?;
+        let mut raws: Vec<Raw> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| self.raw_of(kv))
+            .filter(|r| filter_matches(filter, &r.key))
+            .collect();
+        // etcd answers in key order; a watch delivers in revision order.
+        raws.sort_by_key(|r| r.revision);
+        Ok((raws, upto))
+    }
+
+    /// The changes under `filter` from revision `from` up to now, deletes
+    /// included, and the revision they reach. They are read by an etcd
+    /// watch of their own over the whole prefix, up to a marker this
+    /// handle writes (`<prefix>/=catchup`) once the watch runs: the watch
+    /// delivers in revision order, so every change before the marker has
+    /// come when the marker does. (etcd before 3.5.8 answers a progress
+    /// request before it has sent what it owes, so progress cannot say
+    /// "caught up".) Resuming is rare — after a feed failed — so the extra
+    /// write costs little. A compacted `from` is read as the latest state
+    /// (the contract allows coalescing; deletes before it are lost to etcd).
+    async fn read_since(&self, filter: &str, from: u64) -> Result<(Vec<Raw>, u64), StoreError> {
+        let (now, upto) = self.read_range(filter).await?;
+        if from > upto {
+            return Ok((Vec::new(), upto));
+        }
+        let start = self.inner.prefix.clone();
+        let end = prefix_end(start.as_bytes());
+        let options = WatchOptions::new()
+            .with_range(end)
+            .with_start_revision(rev(from));
+        let mut stream = retry_unsent(|| {
+            let mut wc = self.inner.client.watch_client();
+            let (start, options) = (start.clone(), options.clone());
+            async move { wc.watch(start, Some(options)).await }
+        })
+        .await
+        .map_err(|e| client_error(Op::Watch, filter, e))?;
+        let marker_key = self.full(CATCH_UP_KEY);
+        let mut marker: Option<u64> = None;
+        let mut raws = Vec::new();
+        loop {
+            let resp = match stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return Err(StoreError::unknown(
+                        Op::Watch,
+                        filter,
+                        "the catch-up watch ended",
+                    ))
+                }
+                Err(e) => return Err(client_error(Op::Watch, filter, e)),
+            };
+            if resp.compact_revision() > 0 {
+                // Compacted: the latest state stands for the changes.
+                let latest = now.into_iter().filter(|r| r.revision >= from).collect();
+                return Ok((latest, upto));
+            }
+            if resp.canceled() {
+                return Err(StoreError::unknown(
+                    Op::Watch,
+                    filter,
+                    format_args!("the catch-up watch was cancelled: {}", resp.cancel_reason()),
+                ));
+            }
+            if resp.created() {
+                // Registered: what is written from now on comes after all
+                // it owes. The marker's revision is where to stop.
+                let put = retry_unsent(|| {
+                    let mut kv = self.inner.client.kv_client();
+                    let marker_key = marker_key.clone();
+                    async move { kv.put(marker_key, Vec::new(), None).await }
+                })
+                .await
+                .map_err(|e| client_error(Op::Watch, filter, e))?;
+                marker = Some(self.check_cluster(Op::Watch, filter, put.header())?);
+                continue;
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let revision = u64::try_from(kv.mod_revision()).unwrap_or(0);
+                if kv.key() == marker_key.as_bytes() {
+                    if marker.is_some_and(|m| revision >= m) {
+                        return Ok((raws, upto));
+                    }
+                    continue;
+                }
+                let Some(mut raw) = self.raw_of(kv) else {
+                    continue;
+                };
+                if !filter_matches(filter, &raw.key) || raw.revision > upto {
+                    continue;
+                }
+                if ev.event_type() == EventType::Delete {
+                    raw.value = None;
+                }
+                raws.push(raw);
+            }
+        }
+    }
+
+    /// Starts the handle's watch feed unless one runs: one etcd watch over
+    /// the whole prefix from now on, whose events a task hands to the hub.
+    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
+        let mut stop = self.inner.starting.lock().await;
+        if self.inner.hub.is_live() {
+            return Ok(());
+        }
+        let start = self.inner.prefix.clone();
+        let end = prefix_end(start.as_bytes());
+        let mut stream = retry_unsent(|| {
+            let mut wc = self.inner.client.watch_client();
+            let (start, end) = (start.clone(), end.clone());
+            async move {
+                wc.watch(start, Some(WatchOptions::new().with_range(end)))
+                    .await
+            }
+        })
+        .await
+        .map_err(|e| client_error(Op::Watch, filter, e))?;
+        // Registered once etcd says so: what is written after that is fed.
+        match stream.message().await {
+            Ok(Some(r)) if r.created() && !r.canceled() => {}
+            Ok(Some(r)) => {
+                return Err(StoreError::unknown(
+                    Op::Watch,
+                    filter,
+                    format_args!("etcd did not start the watch: {}", r.cancel_reason()),
+                ))
+            }
+            Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
+            Err(e) => return Err(client_error(Op::Watch, filter, e)),
+        }
+        let token = tokio_util::sync::CancellationToken::new();
+        *stop = Some(token.clone().drop_guard());
+        tokio::spawn(feed(
+            Arc::downgrade(&self.inner.hub),
+            Arc::downgrade(&self.inner),
+            stream,
+            token,
+        ));
+        self.inner.hub.revive();
+        Ok(())
+    }
+
+    /// How long ago `t` (a store time of this handle) was, on the store's
+    /// clock: `None` when the clock cannot be read or `t` is of another
+    /// handle.
+    pub async fn age(&self, t: StoreTime) -> Option<Duration> {
+        let now = self
+            .inner
+            .clock
+            .now(&self.inner.client, &self.inner.prefix)
+            .await
+            .ok()?;
+        match now.gap_since(t) {
+            putex_core::StoreGap::Forward(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// How many voting members the cluster has.
+    pub async fn members(&self) -> Result<usize, StoreError> {
+        let mut c = self.inner.client.cluster_client();
+        let resp = with_deadline(Op::Get, "members", Duration::from_secs(5), async {
+            c.member_list()
+                .await
+                .map_err(|e| client_error(Op::Get, "members", e))
+        })
+        .await?;
+        Ok(resp.members().iter().filter(|m| !m.is_learner()).count())
+    }
+
+    /// How many watches this handle's feed serves (all share one etcd watch).
+    pub fn watches(&self) -> usize {
+        self.inner.hub.watches()
+    }
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Store for EtcdStore {
+    fn times_are_first_seen(&self) -> bool {
+        true
+    }
+
+    fn epoch(&self) -> u64 {
+        self.inner.epoch.load(Ordering::Acquire)
+    }
+
+    async fn get(
+        &self,
+        key: &str,
+        _mode: ReadMode,
+        timeout: Duration,
+    ) -> Result<Option<Entry>, StoreError> {
+        validate_key(key)?;
+        with_deadline(Op::Get, key, timeout, async {
+            self.fresh_epoch(Op::Get, key).await?;
+            let full = self.full(key);
+            let resp = retry_unsent(|| {
+                let (mut kv, full) = (self.inner.client.kv_client(), full.clone());
+                async move { kv.get(full, None).await }
+            })
+            .await
+            .map_err(|e| client_error(Op::Get, key, e))?;
+            self.check_cluster(Op::Get, key, resp.header())?;
+            let raws: Vec<Raw> = resp.kvs().iter().filter_map(|kv| self.raw_of(kv)).collect();
+            if raws.is_empty() {
+                self.inner.clock.forget(key);
+                return Ok(None);
+            }
+            let mut events = self.entries(Op::Get, key, raws).await?;
+            Ok(events.pop().and_then(|e| e.entry))
+        })
+        .await
+    }
+
+    async fn create(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        validate_key(key)?;
+        let full = self.full(key);
+        with_deadline(Op::Create, key, timeout, async {
+            self.cas(
+                Op::Create,
+                key,
+                None,
+                Compare::create_revision(full.clone(), CompareOp::Equal, 0),
+                TxnOp::put(full, value.to_vec(), None),
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        validate_key(key)?;
+        if expected.epoch != self.epoch() {
+            return Err(StoreError::conflict(Op::Update, key));
+        }
+        let full = self.full(key);
+        with_deadline(Op::Update, key, timeout, async {
+            self.cas(
+                Op::Update,
+                key,
+                Some(expected.epoch),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, rev(expected.revision)),
+                TxnOp::put(full, value.to_vec(), None),
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
+        validate_key(key)?;
+        with_deadline(Op::Put, key, timeout, async {
+            self.fresh_epoch(Op::Put, key).await?;
+            let (full, value) = (self.full(key), value.to_vec());
+            let resp = detached(self.inner.client.kv_client(), |kv| async move {
+                retry_unsent(|| {
+                    let (mut kv, full, value) = (kv.clone(), full.clone(), value.clone());
+                    async move { kv.put(full, value, None).await }
+                })
+                .await
+            })
+            .await
+            .map_err(|e| client_error(Op::Put, key, e))?;
+            let revision = self.check_cluster(Op::Put, key, resp.header())?;
+            Ok(self.token(revision))
+        })
+        .await
+    }
+
+    async fn delete(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        validate_key(key)?;
+        if expected.epoch != self.epoch() {
+            return Err(StoreError::conflict(Op::Delete, key));
+        }
+        let full = self.full(key);
+        with_deadline(Op::Delete, key, timeout, async {
+            self.cas(
+                Op::Delete,
+                key,
+                Some(expected.epoch),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, rev(expected.revision)),
+                TxnOp::delete(full, None),
+            )
+            .await?;
+            self.inner.clock.forget(key);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        filter: &str,
+        from_revision: Option<u64>,
+        timeout: Duration,
+    ) -> Result<WatchStream, StoreError> {
+        validate_filter(filter)?;
+        with_deadline(Op::Watch, filter, timeout, async {
+            let subscription = loop {
+                if let Some(s) = self.inner.hub.subscribe(filter) {
+                    break s;
+                }
+                Box::pin(self.start_feed(filter)).await?;
+            };
+            // The catch-up, read after the subscription began; the feed's
+            // copies of it are dropped.
+            let after = from_revision.map_or(0, |r| r.saturating_sub(1));
+            let (raws, upto) = match from_revision {
+                None => self.read_range(filter).await?,
+                Some(r) => Box::pin(self.read_since(filter, r)).await?,
+            };
+            let catch_up = self
+                .entries(Op::Watch, filter, raws)
+                .await?
+                .into_iter()
+                .filter(|e| e.revision > after)
+                .collect();
+            Ok(subscription.into_stream(catch_up, upto.max(after)))
+        })
+        .await
+    }
+}
+
+/// Runs a write on a task of its own, so that a caller whose deadline
+/// passed does not cancel it half-sent: it goes on to its end, landed or
+/// not, and the caller's outcome is unknown either way (H4 finds it).
+async fn detached<C, F, T>(client: C, call: impl FnOnce(C) -> F) -> Result<T, etcd_client::Error>
+where
+    F: std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::spawn(call(client)).await {
+        Ok(r) => r,
+        Err(e) => Err(etcd_client::Error::Internal(format!(
+            "the write's task ended: {e}"
+        ))),
+    }
+}
+
+/// Calls again, up to three more times, when a call failed before anything
+/// was sent: the client spreads calls over every member, and one that is
+/// down answers "tcp connect error" to the calls that pick it, until its
+/// connection is given up. A call that was sent is never repeated (a write
+/// may have landed).
+pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match call().await {
+            Err(e) if tries < 3 && never_sent(&e) => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Whether a call failed connecting, so nothing of it reached etcd.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let text = match e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_owned(),
+        etcd_client::Error::TransportError(t) => t.to_string(),
+        _ => return false,
+    };
+    [
+        "tcp connect error",
+        "Connection refused",
+        "error trying to connect",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// A revision as etcd's signed integer (revisions never reach 2^63).
+fn rev(r: u64) -> i64 {
+    i64::try_from(r).unwrap_or(i64::MAX)
+}
+
+/// The feed of one handle: every change under the prefix, stamped and
+/// handed to the hub. Ends when the handle is gone; on an error it fails
+/// every watch, and the next watch starts a new feed.
+async fn feed(
+    hub: std::sync::Weak<Hub>,
+    store: std::sync::Weak<Inner>,
+    mut stream: etcd_client::WatchStream,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            next = stream.message() => next,
+            () = stop.cancelled() => return,
+        };
+        let (Some(hub), Some(inner)) = (hub.upgrade(), store.upgrade()) else {
+            return;
+        };
+        let store = EtcdStore { inner };
+        let failed = match next {
+            Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
+                StoreError::unknown(
+                    Op::Watch,
+                    "",
+                    format_args!("etcd cancelled the watch feed: {}", resp.cancel_reason()),
+                )
+            }
+            Ok(Some(resp)) => {
+                if let Err(e) = store.check_cluster(Op::Watch, "", resp.header()) {
+                    e
+                } else {
+                    let epoch_key = store.full(EPOCH_KEY);
+                    let mut raws = Vec::new();
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        if kv.key() == epoch_key.as_bytes() && ev.event_type() == EventType::Put {
+                            store.adopt_epoch(kv.value());
+                            continue;
+                        }
+                        let Some(mut raw) = store.raw_of(kv) else {
+                            continue;
+                        };
+                        if ev.event_type() == EventType::Delete {
+                            raw.value = None;
+                        }
+                        raws.push(raw);
+                    }
+                    if raws.is_empty() {
+                        continue;
+                    }
+                    match store.entries(Op::Watch, "", raws).await {
+                        Ok(events) => {
+                            for event in &events {
+                                hub.dispatch(event);
+                            }
+                            continue;
+                        }
+                        Err(e) => e,
+                    }
+                }
+            }
+            Ok(None) => StoreError::unknown(Op::Watch, "", "the watch feed ended"),
+            Err(e) => client_error(Op::Watch, "", e),
+        };
+        hub.fail(|| failed.clone());
+        return;
+    }
+}
+
+/// Store times of this backend: one clock domain per handle.
+fn era_of_handle() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let seed = super::wall_nanos() ^ (u64::from(std::process::id()) << 32) ^ n;
+    // Never the NATS era (1) or 0.
+    super::fnv1a(&seed.to_le_bytes()) | 2
+}
+
+pub(crate) use stamps::Stamps;
+
+mod stamps {
+    use super::*;
+
+    /// The stamp each record got when this handle first received its
+    /// current revision (bounded: past [`MAX_STAMPS`] they are all
+    /// dropped — a record stamped again only looks younger, which delays a
+    /// takeover, never hastens it).
+    #[derive(Default)]
+    pub(crate) struct Stamps {
+        by_key: HashMap<String, (u64, StoreTime)>,
+    }
+
+    /// The most records whose stamps a handle keeps.
+    const MAX_STAMPS: usize = 200_000;
+
+    impl Stamps {
+        pub(crate) fn get(&self, key: &str, revision: u64) -> Option<StoreTime> {
+            self.by_key
+                .get(key)
+                .filter(|(r, _)| *r == revision)
+                .map(|(_, t)| *t)
+        }
+
+        pub(crate) fn insert(&mut self, key: &str, revision: u64, time: StoreTime) {
+            if self.by_key.len() >= MAX_STAMPS {
+                self.by_key.clear();
+            }
+            self.by_key.insert(key.to_owned(), (revision, time));
+        }
+
+        pub(crate) fn remove(&mut self, key: &str) {
+            self.by_key.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"putex/"), b"putex0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+    }
+}

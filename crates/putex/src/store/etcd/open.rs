@@ -1,0 +1,187 @@
+//! Opening the etcd store: connecting (password or client certificate,
+//! TLS) and settling the epoch record.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp,
+};
+
+use super::{client_error, Clock, EpochRecord, EtcdStore, Inner, EPOCH_KEY, OPEN_TIMEOUT};
+use crate::store::hub::Hub;
+use crate::store::url::EtcdConfig;
+use crate::store::{wall_nanos, Op, StoreError};
+
+impl EtcdStore {
+    /// Connects to the cluster and reads (or, at first use, writes) the
+    /// epoch record under the prefix.
+    pub async fn open(cfg: &EtcdConfig) -> Result<EtcdStore, StoreError> {
+        let where_ = cfg.endpoints.join(",");
+        match tokio::time::timeout(OPEN_TIMEOUT, Self::open_inner(cfg)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::unknown(
+                Op::Open,
+                &where_,
+                format_args!("etcd did not answer within {OPEN_TIMEOUT:?}"),
+            )),
+        }
+    }
+
+    async fn open_inner(cfg: &EtcdConfig) -> Result<EtcdStore, StoreError> {
+        let where_ = cfg.endpoints.join(",");
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &cfg.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        if cfg.tls.required {
+            options = options.with_tls(tls_options(cfg)?);
+        }
+        let client = Client::connect(&cfg.endpoints, Some(options))
+            .await
+            .map_err(|e| match client_error(Op::Open, &where_, e) {
+                StoreError::Unknown { reason, .. } => {
+                    StoreError::unknown(Op::Open, &where_, format_args!("cannot connect: {reason}"))
+                }
+                other => other,
+            })?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                client,
+                prefix: format!("{}/", cfg.prefix),
+                epoch: AtomicU64::new(0),
+                epoch_record: parking_lot::Mutex::new((0, Vec::new())),
+                cluster: AtomicU64::new(0),
+                epoch_stale: AtomicBool::new(true),
+                clock: Clock::new(),
+                hub: Hub::new(),
+                starting: tokio::sync::Mutex::new(None),
+            }),
+        };
+        let mut maintenance = store.inner.client.maintenance_client();
+        let (status, epoch) =
+            tokio::join!(maintenance.status(), store.ensure_epoch(Op::Open, &where_));
+        epoch?;
+        // A member too old is refused; a status we may not read is no
+        // reason to refuse (the epoch read worked).
+        if let Ok(status) = status {
+            let version = status.version();
+            if parse_version(version).is_some_and(|v| v < MIN_SERVER) {
+                return Err(StoreError::config(format!(
+                    "etcd at {where_} is version {version}; putex needs etcd >= {}.{}",
+                    MIN_SERVER.0, MIN_SERVER.1
+                )));
+            }
+        }
+        Ok(store)
+    }
+
+    /// Reads the epoch record and the cluster id; writes the record at
+    /// first use, and a later epoch when the record was written by another
+    /// cluster (a snapshot restored as a new cluster).
+    pub(super) async fn ensure_epoch(&self, op: Op, about: &str) -> Result<(), StoreError> {
+        let key = self.full(EPOCH_KEY);
+        let mut kv = self.inner.client.kv_client();
+        for _ in 0..5 {
+            let resp = super::retry_unsent(|| {
+                let (mut kv, key) = (kv.clone(), key.clone());
+                async move { kv.get(key, None).await }
+            })
+            .await
+            .map_err(|e| client_error(op, about, e))?;
+            let cluster = resp.header().map(|h| h.cluster_id()).unwrap_or(0);
+            let (compare, epoch) = match resp.kvs().first() {
+                None => (
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                    wall_nanos(),
+                ),
+                Some(e) => {
+                    let record: EpochRecord = serde_json::from_slice(e.value()).map_err(|err| {
+                        StoreError::config(format!(
+                            "the etcd record {key} is not putex's epoch record ({err}); is the prefix used by something else? Choose another with prefix="
+                        ))
+                    })?;
+                    if record.cluster == cluster {
+                        self.set_epoch(record.epoch, e.value());
+                        self.inner.cluster.store(cluster, Ordering::Release);
+                        self.inner.epoch_stale.store(false, Ordering::Release);
+                        return Ok(());
+                    }
+                    // Written by another cluster: its revisions are not
+                    // ours; a later epoch makes our tokens compare higher.
+                    tracing::warn!(
+                        key,
+                        was = format_args!("{:x}", record.cluster),
+                        now = format_args!("{cluster:x}"),
+                        "the etcd cluster is not the one that wrote the epoch record (restored from a snapshot?): starting a new epoch"
+                    );
+                    (
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, e.mod_revision()),
+                        wall_nanos().max(record.epoch + 1),
+                    )
+                }
+            };
+            let value = serde_json::to_vec(&EpochRecord {
+                v: 1,
+                epoch,
+                cluster,
+            })
+            .expect("serialisable");
+            let txn = Txn::new()
+                .when([compare])
+                .and_then([TxnOp::put(key.clone(), value, None)]);
+            // Won or lost, the next round reads what stands.
+            kv.txn(txn).await.map_err(|e| client_error(op, about, e))?;
+        }
+        Err(StoreError::unknown(
+            op,
+            about,
+            "the etcd epoch record kept changing while it was read",
+        ))
+    }
+}
+
+/// The oldest etcd putex runs against.
+pub const MIN_SERVER: (u64, u64) = (3, 5);
+
+/// `major.minor` of an etcd version string (`3.5.1`).
+fn parse_version(v: &str) -> Option<(u64, u64)> {
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// TLS settings from the URL's files; without `tls_ca`, the system's roots.
+fn tls_options(cfg: &EtcdConfig) -> Result<TlsOptions, StoreError> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            StoreError::config(format!("etcd {what}: cannot read {}: {e}", path.display()))
+        })
+    };
+    let mut tls = TlsOptions::new();
+    match &cfg.tls.ca {
+        Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(read("tls_ca", ca)?)),
+        None => tls = tls.with_native_roots(),
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls.cert, &cfg.tls.key) {
+        tls = tls.identity(Identity::from_pem(
+            read("tls_cert", cert)?,
+            read("tls_key", key)?,
+        ));
+    }
+    Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions() {
+        assert_eq!(super::parse_version("3.5.1"), Some((3, 5)));
+        assert_eq!(super::parse_version("3.4.23"), Some((3, 4)));
+        assert!(super::parse_version("3.4.23").unwrap() < super::MIN_SERVER);
+        assert_eq!(super::parse_version("x"), None);
+    }
+}
