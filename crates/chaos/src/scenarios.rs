@@ -22,6 +22,7 @@ use crate::cluster::{self, NatsCluster, Server};
 use crate::faults::{self, ClockSample, Rng};
 use crate::report::Row;
 use crate::resource::{show_token, Event, History, Resource};
+use putex_testkit::etcd_server::EtcdCluster;
 use putex_testkit::proxy::{Mode, Proxy};
 
 /// What every scenario shares.
@@ -116,6 +117,13 @@ pub const FAST5: Profile = Profile {
     failures: 5,
     confirm: 1,
 };
+/// R = 500 ms, F = 6, C = 1: T = 3 s, above an etcd leader election (one
+/// election timeout, 1 s by default, and a round of votes).
+pub const ETCD_RIDE: Profile = Profile {
+    renew_ms: 500,
+    failures: 6,
+    confirm: 1,
+};
 /// R = 1.5 s, F = 10, C = 2: T = 15 s, above a stream-leader election.
 pub const SLOW: Profile = Profile {
     renew_ms: 1500,
@@ -157,11 +165,14 @@ pub enum Kind {
     Single,
     /// Three, with an R3 bucket.
     Cluster,
+    /// A 3-member etcd cluster (`etcd://`).
+    Etcd3,
 }
 
 enum Store {
     Single(Server),
     Cluster(NatsCluster),
+    Etcd(EtcdCluster),
 }
 
 /// What a run leaves for the checkers.
@@ -235,6 +246,7 @@ impl<'a> World<'a> {
                     .block_on(cluster::wait_ready(&url, Duration::from_secs(40)))?;
                 Store::Cluster(c)
             }
+            Kind::Etcd3 => Store::Etcd(EtcdCluster::start(3)),
         };
         let mut extra_flags = vec![
             "--healthcheck".to_owned(),
@@ -242,7 +254,7 @@ impl<'a> World<'a> {
             "--stop-timeout".into(),
             "2s".into(),
         ];
-        if kind == Kind::Cluster && profile.t() < Duration::from_secs(10) {
+        if matches!(kind, Kind::Cluster | Kind::Etcd3) && profile.t() < Duration::from_secs(10) {
             extra_flags.push("--allow-short-lease".into());
         }
         let mut w = World {
@@ -275,12 +287,24 @@ impl<'a> World<'a> {
                 .iter()
                 .filter_map(|s| s.url.trim_start_matches("nats://").parse().ok())
                 .collect(),
+            Store::Etcd(c) => c
+                .endpoints()
+                .iter()
+                .filter_map(|e| e.parse().ok())
+                .collect(),
+        }
+    }
+
+    fn scheme(&self) -> &'static str {
+        match self.kind {
+            Kind::Etcd3 => "etcd",
+            _ => "nats",
         }
     }
 
     fn query(&self) -> &'static str {
         match self.kind {
-            Kind::Single => "",
+            Kind::Single | Kind::Etcd3 => "",
             Kind::Cluster => "?replicas=3",
         }
     }
@@ -290,6 +314,7 @@ impl<'a> World<'a> {
         match &self.store {
             Store::Single(s) => s.url(),
             Store::Cluster(c) => format!("{}{}", c.url(), self.query()),
+            Store::Etcd(c) => format!("etcd://{}", c.endpoints().join(",")),
         }
     }
 
@@ -311,6 +336,12 @@ impl<'a> World<'a> {
             .args(self.profile.flags())
             .args(&self.extra_flags)
             .output();
+        // etcd's store clock reads in whole seconds (docs/stores.md).
+        let step = if self.kind == Kind::Etcd3 {
+            Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
         // The bound is computed here from the round trip `putex check`
         // measured (its printed bound is rounded for people).
         let timing = putex::core::TimingConfig {
@@ -332,12 +363,15 @@ impl<'a> World<'a> {
                 .next()?
                 .trim_end_matches(')');
             let rtt = putex_testkit::check::human_duration(rtt)?;
-            timing.as_ref().ok().map(|t| t.timeline(rtt).crash_failover)
+            timing
+                .as_ref()
+                .ok()
+                .map(|t| t.timeline_on(rtt, step).crash_failover)
         });
         let b = parsed.unwrap_or_else(|| {
             // putex check failed: compute it with a 2 ms round trip.
             timing
-                .map(|t| t.timeline(Duration::from_millis(2)).crash_failover)
+                .map(|t| t.timeline_on(Duration::from_millis(2), step).crash_failover)
                 .unwrap_or(Duration::from_secs(1))
         });
         self.ctx
@@ -359,7 +393,7 @@ impl<'a> World<'a> {
             );
         }
         let hosts: Vec<String> = ps.iter().map(|p| p.addr().to_string()).collect();
-        let url = format!("nats://{}{}", hosts.join(","), self.query());
+        let url = format!("{}://{}{}", self.scheme(), hosts.join(","), self.query());
         self.proxies.push((node.to_owned(), ps));
         Ok(url)
     }
@@ -563,7 +597,7 @@ impl<'a> World<'a> {
     fn single(&mut self) -> Option<&mut Server> {
         match &mut self.store {
             Store::Single(s) => Some(s),
-            Store::Cluster(_) => None,
+            Store::Cluster(_) | Store::Etcd(_) => None,
         }
     }
 
@@ -666,6 +700,53 @@ fn takeover(
     if let Err(e) = w.steady() {
         w.out.errors.push(e);
     }
+    Ok(w.finish())
+}
+
+/// Kills an etcd member (the raft leader, or another) under three agents
+/// with T = 3 s and starts it again 5 s later: the holder rides through,
+/// nobody else starts.
+fn etcd_member_kill(ctx: &Ctx, leader: bool) -> Result<RunOut, String> {
+    let name = if leader {
+        "leader-kill-etcd3"
+    } else {
+        "member-kill-etcd3"
+    };
+    let mut w = World::new(ctx, Kind::Etcd3, ETCD_RIDE, name)?;
+    w.three_agents()?;
+    w.out.expected_starts = 1;
+    w.steady()?;
+    let Store::Etcd(c) = &w.store else {
+        return Err("not an etcd world".into());
+    };
+    let lead = c.leader().ok_or("the etcd cluster has no leader")?;
+    let victim = if leader { lead } else { (lead + 1) % 3 };
+    let vname = c.member(victim).name().to_owned();
+    let what = if leader {
+        "raft leader"
+    } else {
+        "member (not the leader)"
+    };
+    let at = w.fault(format!("kill -9 etcd {what} {vname}"));
+    if let Store::Etcd(c) = &w.store {
+        c.kill(victim);
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    w.h.fault(format!("etcd {vname} restarted"));
+    if let Store::Etcd(c) = &w.store {
+        c.restart(victim);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let now = match &w.store {
+        Store::Etcd(c) => c
+            .leader()
+            .map_or("none".into(), |l| c.member(l).name().to_owned()),
+        _ => String::new(),
+    };
+    w.out.notes.push(format!(
+        "etcd {what} {vname} killed at {}; leader now {now}",
+        ms(at)
+    ));
     Ok(w.finish())
 }
 
@@ -1051,7 +1132,7 @@ pub fn all() -> Vec<Scenario> {
                         .map(|s| s.url.trim_start_matches("nats://").to_owned())
                         .collect::<Vec<_>>()
                         .join(","),
-                    Store::Single(_) => String::new(),
+                    Store::Single(_) | Store::Etcd(_) => String::new(),
                 };
                 let new_leader = ctx
                     .rt
@@ -1235,6 +1316,62 @@ pub fn all() -> Vec<Scenario> {
                     }
                 })
             },
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "crash-etcd3",
+            fault_no: "1",
+            about: "host crash on a 3-member etcd cluster (R = 200 ms; B includes the store clock's 2 s + R)",
+            quick_runs: 1,
+            full_runs: 2,
+            run: |ctx, rng| {
+                let n = faults_per_run(ctx, 2, 4);
+                takeover(ctx, rng, "crash-etcd3", Kind::Etcd3, FAST3_R200, n, &|w, node, _| Applied {
+                    at: w.crash(node),
+                    failover: Some(Duration::ZERO),
+                    may_start: 0,
+                    restart: true,
+                })
+            },
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "blackhole-etcd3",
+            fault_no: "3",
+            about: "the active agent cut off from all three etcd members for 3T",
+            quick_runs: 1,
+            full_runs: 2,
+            run: |ctx, rng| {
+                let n = faults_per_run(ctx, 1, 3);
+                takeover(ctx, rng, "blackhole-etcd3", Kind::Etcd3, FAST3_R200, n, &|w, node, _| {
+                    Applied {
+                        at: proxy_fault(w, node, Mode::Blackhole, FAST3_R200.t() * 3, "blackhole"),
+                        failover: Some(Duration::ZERO),
+                        may_start: 0,
+                        restart: false,
+                    }
+                })
+            },
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "member-kill-etcd3",
+            fault_no: "8",
+            about: "3-member etcd, T = 3 s: kill -9 of a member that is not the leader, restarted 5 s later; no failover allowed",
+            quick_runs: 1,
+            full_runs: 2,
+            zero_transitions: true,
+            run: |ctx, _| etcd_member_kill(ctx, false),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "leader-kill-etcd3",
+            fault_no: "8",
+            about: "3-member etcd, T = 3 s: kill -9 of the raft leader, restarted 5 s later; no failover allowed",
+            quick_runs: 1,
+            full_runs: 2,
+            zero_transitions: true,
+            run: |ctx, _| etcd_member_kill(ctx, true),
             ..Scenario::DEFAULTS
         },
     ]
