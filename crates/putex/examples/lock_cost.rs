@@ -18,7 +18,8 @@
 //! store directory and the default fsync policy (the binary is
 //! `$PUTEX_NATS_SERVER`, else `.tools/bin/nats-server`, else `nats-server`
 //! on `PATH`; `scripts/install-nats-server` installs it). The embedded
-//! SQLite store lives in a temporary file. The lock names are used once,
+//! SQLite store lives in a temporary file; the etcd store is a single etcd
+//! member on a loopback port (`scripts/install-etcd`). The lock names are used once,
 //! untimed, before anything is measured, so the first-use wait of S4 is
 //! excluded.
 //!
@@ -55,6 +56,7 @@ use putex_testkit::bench::lock::{
     report_watches, revision, DEADLINE, LOCK, LOCK_DEFAULT, LOCK_FAST,
 };
 use putex_testkit::bench::{at_least_one, ms_f, ratio, verdict, write_json, Summary, Table};
+use putex_testkit::etcd_server::EtcdServer;
 use putex_testkit::nats_server::NatsServer;
 use putex_testkit::watch_failures::WatchFailures;
 
@@ -108,7 +110,19 @@ async fn main() {
     let nats = NatsServer::start();
     let nats_store = open_nats(&nats).await;
     first_use("nats", &nats_store).await;
-    for (label, store) in [("nats", &nats_store), ("sqlite", &sqlite)] {
+    // etcd: a single member (`$PUTEX_ETCD`, else .tools/bin/etcd; scripts/install-etcd).
+    let etcd = EtcdServer::start();
+    let etcd_store = AnyStore::open(
+        &putex::store::StoreUrl::parse(&format!("etcd://{}", etcd.endpoint())).expect("etcd URL"),
+    )
+    .await
+    .expect("open etcd");
+    first_use("etcd", &etcd_store).await;
+    for (label, store) in [
+        ("nats", &nats_store),
+        ("sqlite", &sqlite),
+        ("etcd", &etcd_store),
+    ] {
         println!("== {label}: uncontended ==");
         let failed = watch_failures.count();
         let u = uncontended(store, iters).await;
