@@ -355,6 +355,12 @@ async fn store_etcd_clock_gap_is_never_more_than_real_time() {
     let url = url_of(&[server.endpoint()], "");
     let writer = open_retrying(&url).await;
     let standby = open_retrying(&url).await;
+    // The shared clock lease is granted by the first reading: take one,
+    // then let half a second pass, so that the record's reading falls
+    // mid-second (at a whole second, no rounding could show).
+    writer.put("lock.warm", b"w", T).await.unwrap();
+    writer.get("lock.warm", ReadMode::Leader, T).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let t = writer.put("lock.clock", b"held", T).await.unwrap();
     let written = Instant::now();
     let first = standby
@@ -363,7 +369,9 @@ async fn store_etcd_clock_gap_is_never_more_than_real_time() {
         .unwrap()
         .unwrap();
     assert_eq!(first.token, t);
-    for wait in [300u64, 1_200, 2_500, 4_000] {
+    // Every 100 ms for 3.5 s: the readings' whole seconds fall at every
+    // phase against the record's, so a stamp rounded the wrong way shows.
+    for wait in (3..38u64).map(|i| i * 100) {
         tokio::time::sleep_until((written + Duration::from_millis(wait)).into()).await;
         let again = standby
             .get("lock.clock", ReadMode::Leader, T)
