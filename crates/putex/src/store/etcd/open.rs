@@ -76,6 +76,12 @@ impl EtcdStore {
                     MIN_SERVER.0, MIN_SERVER.1
                 )));
             }
+            if ["3.5.0", "3.5.1", "3.5.2"].contains(&version) {
+                tracing::warn!(
+                    version,
+                    "etcd 3.5.0-3.5.2 can lose data consistency when members crash under load (fixed in 3.5.3): upgrade before production"
+                );
+            }
         }
         Ok(store)
     }
