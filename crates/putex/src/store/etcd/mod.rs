@@ -737,11 +737,21 @@ where
     }
 }
 
-/// Calls again, up to three more times, when a call failed before anything
-/// was sent: the client spreads calls over every member, and one that is
-/// down answers "tcp connect error" to the calls that pick it, until its
-/// connection is given up. A call that was sent is never repeated (a write
-/// may have landed).
+/// How often a call that was never sent is tried again. The client's
+/// balancer keeps a member that refuses connections among its choices and
+/// picks it for about two calls in three (it looks idle), so with one
+/// member of three down a call can meet it several times in a row; each
+/// such try fails at once (a refused connection), and 50 of them in a row
+/// happen about once in a billion calls. A member that does not answer at
+/// all is skipped by the balancer while it reconnects (up to the connect
+/// timeout); the call's deadline bounds everything.
+const UNSENT_RETRIES: u32 = 50;
+
+/// Calls again, up to [`UNSENT_RETRIES`] more times, when a call failed
+/// before anything was sent: the client spreads calls over every member,
+/// and one that is down answers "tcp connect error" to the calls that pick
+/// it, until its connection is given up. A call that was sent is never
+/// repeated (a write may have landed).
 pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
 where
     F: FnMut() -> Fut,
@@ -750,7 +760,7 @@ where
     let mut tries = 0;
     loop {
         match call().await {
-            Err(e) if tries < 3 && never_sent(&e) => tries += 1,
+            Err(e) if tries < UNSENT_RETRIES && never_sent(&e) => tries += 1,
             other => return other,
         }
     }
