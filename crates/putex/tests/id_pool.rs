@@ -337,6 +337,10 @@ async fn interrupted_claim_resumes(s: &AnyStore) {
     s.update(&key, &serde_json::to_vec(&pending).unwrap(), e.token, T)
         .await
         .unwrap();
+    // On etcd a record's age counts from when this handle first saw it
+    // (`docs/stores.md`): let it see the pending record now, as a running
+    // process would. (Elsewhere a no-op.)
+    let _ = problems(s, pool).await;
     // Older than the grace, so check calls it interrupted.
     tokio::time::sleep(Duration::from_millis(350)).await;
     let p = problems(s, pool).await;
