@@ -19,13 +19,14 @@
 //! expired lease is replaced by a new one (they restart at 0). Either way
 //! a gap comes out smaller, or "backwards", which only delays a takeover.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use parking_lot::Mutex;
 
-use super::{client_error, era_of_handle, Stamps, CLOCK_KEY};
+use super::{client_error, CLOCK_KEY};
 use crate::store::{Op, StoreError, StoreTime};
 
 /// How long the shared clock lease runs before a new one is granted (a day:
@@ -42,8 +43,6 @@ pub(super) struct Clock {
     era: u64,
     lease: tokio::sync::Mutex<Option<Lease>>,
     stamps: Mutex<Stamps>,
-    /// Readings taken (for tests and metrics).
-    readings: AtomicU64,
 }
 
 #[derive(Clone, Copy)]
@@ -58,7 +57,6 @@ impl Clock {
             era: era_of_handle(),
             lease: tokio::sync::Mutex::new(None),
             stamps: Mutex::new(Stamps::default()),
-            readings: AtomicU64::new(0),
         }
     }
 
@@ -125,12 +123,6 @@ impl Clock {
         self.stamps.lock().remove(key);
     }
 
-    /// How many readings this clock took.
-    #[allow(dead_code)]
-    pub(super) fn readings(&self) -> u64 {
-        self.readings.load(Ordering::Relaxed)
-    }
-
     /// Seconds on the leader's clock since the clock lease was granted
     /// (rounded up), finding or granting the lease first.
     async fn read(
@@ -156,7 +148,6 @@ impl Clock {
             })
             .await
             .map_err(|e| client_error(op, about, e))?;
-            self.readings.fetch_add(1, Ordering::Relaxed);
             if ttl.ttl() < 0 {
                 // Expired or revoked: a new lease, and readings from 0.
                 *lease = None;
@@ -235,4 +226,45 @@ async fn find_or_grant(
         about,
         "the etcd clock lease changed while it was being read; try again",
     ))
+}
+
+/// Store times of this backend: one clock domain per handle.
+fn era_of_handle() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let seed = crate::store::wall_nanos() ^ (u64::from(std::process::id()) << 32) ^ n;
+    // Never the NATS era (1) or 0.
+    crate::store::fnv1a(&seed.to_le_bytes()) | 2
+}
+
+/// The stamp each record got when this handle first received its
+/// current revision (bounded: past [`MAX_STAMPS`] they are all
+/// dropped — a record stamped again only looks younger, which delays a
+/// takeover, never hastens it).
+#[derive(Default)]
+struct Stamps {
+    by_key: HashMap<String, (u64, StoreTime)>,
+}
+
+/// The most records whose stamps a handle keeps.
+const MAX_STAMPS: usize = 200_000;
+
+impl Stamps {
+    fn get(&self, key: &str, revision: u64) -> Option<StoreTime> {
+        self.by_key
+            .get(key)
+            .filter(|(r, _)| *r == revision)
+            .map(|(_, t)| *t)
+    }
+
+    fn insert(&mut self, key: &str, revision: u64, time: StoreTime) {
+        if self.by_key.len() >= MAX_STAMPS {
+            self.by_key.clear();
+        }
+        self.by_key.insert(key.to_owned(), (revision, time));
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.by_key.remove(key);
+    }
 }

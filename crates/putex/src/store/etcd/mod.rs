@@ -46,7 +46,6 @@
 //! Durability: etcd fsyncs its write-ahead log before it acknowledges; never
 //! run a putex cluster with `--unsafe-no-fsync`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -625,9 +624,6 @@ impl Store for EtcdStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
-        if expected.epoch != self.epoch() {
-            return Err(StoreError::conflict(Op::Update, key));
-        }
         let full = self.full(key);
         with_deadline(Op::Update, key, timeout, async {
             self.cas(
@@ -669,9 +665,6 @@ impl Store for EtcdStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         validate_key(key)?;
-        if expected.epoch != self.epoch() {
-            return Err(StoreError::conflict(Op::Delete, key));
-        }
         let full = self.full(key);
         with_deadline(Op::Delete, key, timeout, async {
             self.cas(
@@ -852,53 +845,6 @@ async fn feed(
         };
         hub.fail(|| failed.clone());
         return;
-    }
-}
-
-/// Store times of this backend: one clock domain per handle.
-fn era_of_handle() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let seed = super::wall_nanos() ^ (u64::from(std::process::id()) << 32) ^ n;
-    // Never the NATS era (1) or 0.
-    super::fnv1a(&seed.to_le_bytes()) | 2
-}
-
-pub(crate) use stamps::Stamps;
-
-mod stamps {
-    use super::*;
-
-    /// The stamp each record got when this handle first received its
-    /// current revision (bounded: past [`MAX_STAMPS`] they are all
-    /// dropped — a record stamped again only looks younger, which delays a
-    /// takeover, never hastens it).
-    #[derive(Default)]
-    pub(crate) struct Stamps {
-        by_key: HashMap<String, (u64, StoreTime)>,
-    }
-
-    /// The most records whose stamps a handle keeps.
-    const MAX_STAMPS: usize = 200_000;
-
-    impl Stamps {
-        pub(crate) fn get(&self, key: &str, revision: u64) -> Option<StoreTime> {
-            self.by_key
-                .get(key)
-                .filter(|(r, _)| *r == revision)
-                .map(|(_, t)| *t)
-        }
-
-        pub(crate) fn insert(&mut self, key: &str, revision: u64, time: StoreTime) {
-            if self.by_key.len() >= MAX_STAMPS {
-                self.by_key.clear();
-            }
-            self.by_key.insert(key.to_owned(), (revision, time));
-        }
-
-        pub(crate) fn remove(&mut self, key: &str) {
-            self.by_key.remove(key);
-        }
     }
 }
 
