@@ -50,6 +50,11 @@ pub struct Row {
     pub skipped: Option<String>,
     /// Things worth knowing (fault evidence, recovery times).
     pub notes: Vec<String>,
+    /// Failovers slower than allowed (also in `failures`).
+    pub slow: usize,
+    /// A timing-only failure was run again (`--quick`), and the row is
+    /// judged on the new run.
+    pub retried: bool,
 }
 
 impl Row {
@@ -61,6 +66,8 @@ impl Row {
             "FAIL"
         } else if self.broken.is_some() {
             "pass*"
+        } else if self.retried {
+            "pass (retried)"
         } else {
             "pass"
         }
