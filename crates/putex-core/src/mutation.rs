@@ -71,11 +71,16 @@ pub enum Rule {
     /// O5 broken: fail back as soon as a preferred member is ready, without
     /// the hold-down.
     FailbackWithoutHoldDown = 1 << 22,
+    /// S1 (b) broken on a store whose clock reads in steps (etcd): a probe
+    /// stamped up to one step before the record (rounding, not a clock that
+    /// went back) is taken as a backwards clock, so (b) falls back to a
+    /// further W of the standby's own clock.
+    StepRoundingIsBackwards = 1 << 23,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 23] = [
+    pub const ALL: [Rule; 24] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -99,6 +104,7 @@ impl Rule {
         Rule::TakeHandedToOther,
         Rule::IgnoreEligibility,
         Rule::FailbackWithoutHoldDown,
+        Rule::StepRoundingIsBackwards,
     ];
 }
 

@@ -71,6 +71,22 @@ impl StoreTime {
     }
 }
 
+impl StoreTime {
+    /// [`gap_since`](Self::gap_since) on a store whose clock reads in steps
+    /// of `step` and whose stamps are rounded apart (etcd: a record's stamp
+    /// up, a probe's down): a later stamp up to one step *before* `earlier`
+    /// is rounding, not a clock that went back, and counts as no time
+    /// passed. With `step` zero this is `gap_since`.
+    pub fn gap_since_stepped(self, earlier: StoreTime, step: std::time::Duration) -> StoreGap {
+        match self.gap_since(earlier) {
+            StoreGap::Backwards if u128::from(earlier.nanos - self.nanos) <= step.as_nanos() => {
+                StoreGap::Forward(std::time::Duration::ZERO)
+            }
+            gap => gap,
+        }
+    }
+}
+
 /// The difference between two store timestamps.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum StoreGap {
@@ -186,6 +202,39 @@ mod tests {
     fn tokens_order_by_epoch_first() {
         assert!(Token::new(2, 1) > Token::new(1, 900));
         assert!(Token::new(1, 5) < Token::new(1, 6));
+    }
+
+    #[test]
+    fn a_stepped_clock_rounding_is_no_time_but_a_larger_step_back_is_backwards() {
+        let sec = Duration::from_secs(1);
+        let record = StoreTime {
+            era: 7,
+            nanos: 5_000_000_000,
+        };
+        let probe = |nanos| StoreTime { era: 7, nanos };
+        // One step behind: the two roundings, not a clock that went back.
+        assert_eq!(
+            probe(4_000_000_000).gap_since_stepped(record, sec),
+            StoreGap::Forward(Duration::ZERO)
+        );
+        assert_eq!(
+            probe(7_000_000_000).gap_since_stepped(record, sec),
+            StoreGap::Forward(2 * sec)
+        );
+        // More than a step behind: a new leader or a new lease.
+        assert_eq!(
+            probe(3_999_999_999).gap_since_stepped(record, sec),
+            StoreGap::Backwards
+        );
+        // Without a step, exactly gap_since.
+        assert_eq!(
+            probe(4_000_000_000).gap_since_stepped(record, Duration::ZERO),
+            StoreGap::Backwards
+        );
+        assert_eq!(
+            StoreTime { era: 8, nanos: 0 }.gap_since_stepped(record, sec),
+            StoreGap::Unbounded
+        );
     }
 
     #[test]

@@ -136,6 +136,13 @@ pub struct AgentConfig {
     /// with a higher priority once it has been ready and within
     /// `--max-lag` for this long without a break. `None`: never.
     pub failback_after: Option<Duration>,
+    /// The step in which the store's clock reads (etcd: 1 s, a lease's TTL
+    /// in whole seconds; zero for NATS and the embedded store). A probe
+    /// stamped up to one step before the record it is compared with is
+    /// rounding, not a backwards clock (S1 b); and a standby a better
+    /// candidate outranks defers a stale takeover by two steps more than D,
+    /// the spread of two standbys' witnesses (O3).
+    pub store_clock_step: Duration,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -160,6 +167,7 @@ impl AgentConfig {
             defer,
             rejoin: false,
             failback_after: None,
+            store_clock_step: Duration::ZERO,
             mutations: Mutations::NONE,
         }
     }
@@ -390,6 +398,8 @@ pub struct Agent {
     id: Identity,
     timing: Timing,
     previous: Option<PreviousInstance>,
+    /// [`AgentConfig::store_clock_step`].
+    store_clock_step: Duration,
     mutations: Mutations,
 
     role: Role,
@@ -523,6 +533,7 @@ impl Agent {
             id: config.identity,
             timing: config.timing,
             previous: config.previous,
+            store_clock_step: config.store_clock_step,
             mutations: config.mutations,
             role: Role::Starting,
             start_step: None,

@@ -437,9 +437,16 @@ impl Agent {
         if released {
             return self.acquire_released(AcquireKind::Released, previous);
         }
-        // S1: held, revoked or unreadable — two witnesses of staleness.
+        // S1: held, revoked or unreadable — two witnesses of staleness. On
+        // a store whose clock reads in steps each standby's witness lands
+        // up to two steps apart: an outranked one defers by those too (O3).
         let w = self.wait_for(&seen);
-        if self.now < seen.first_seen + w + defer {
+        let spread = if defer.is_zero() {
+            Duration::ZERO
+        } else {
+            self.store_clock_step * 2
+        };
+        if self.now < seen.first_seen + w + defer + spread {
             return;
         }
         match self.probe_verdict(&seen, w) {
@@ -459,7 +466,7 @@ impl Agent {
                 let owed_gap = gap_of(&self.timing, &seen.observed);
                 let unchanged_for = self.now.saturating_since(seen.first_seen);
                 let store_age = match (self.probe, seen.entry) {
-                    (Some(p), Some((_, Some(time)))) => match p.time.gap_since(time) {
+                    (Some(p), Some((_, Some(time)))) => match self.store_gap(p.time, time) {
                         StoreGap::Forward(age) => Some(age),
                         StoreGap::Backwards | StoreGap::Unbounded => None,
                     },
@@ -543,13 +550,23 @@ impl Agent {
         } else {
             w
         };
-        match p.time.gap_since(record_time) {
+        match self.store_gap(p.time, record_time) {
             StoreGap::Unbounded => ProbeVerdict::Stale,
             StoreGap::Forward(g) if g >= needed => ProbeVerdict::Stale,
             // The store's clock went backwards: (b) is met after a further W of (a).
             StoreGap::Backwards if self.now >= seen.first_seen + w + w => ProbeVerdict::Stale,
             _ if self.now >= p.at + self.timing.renew() => ProbeVerdict::Probe,
             _ => ProbeVerdict::Wait,
+        }
+    }
+
+    /// How far the probe's store time `probe` is after the record's
+    /// `record`, a step's rounding not taken for a backwards clock.
+    fn store_gap(&self, probe: StoreTime, record: StoreTime) -> StoreGap {
+        if self.mutations.is(Rule::StepRoundingIsBackwards) {
+            probe.gap_since(record)
+        } else {
+            probe.gap_since_stepped(record, self.store_clock_step)
         }
     }
 

@@ -86,8 +86,17 @@ impl Checker {
         } else {
             0
         };
+        // A store clock that reads in steps (etcd) holds the witness up to
+        // two steps and a probe period longer, and an outranked standby
+        // defers by the two steps too.
+        let stepped = if sc.store_step.is_zero() {
+            0
+        } else {
+            let steps = sc.store_step.as_nanos() as u64 * 2;
+            steps + max_r.as_nanos() as u64 + if sc.operator { steps } else { 0 }
+        };
         let failover_bound =
-            real + defer + 6 * max_st.as_nanos() as u64 + sc.watch_delay.1 + 100 * MS;
+            real + defer + stepped + 6 * max_st.as_nanos() as u64 + sc.watch_delay.1 + 100 * MS;
         Checker {
             violation: None,
             rollback_happened: false,

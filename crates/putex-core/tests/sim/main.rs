@@ -233,6 +233,23 @@ fn targeted_profiles_are_clean() {
     }
 }
 
+/// The etcd store's clock: stamps in whole seconds per handle, standby
+/// clocks that jump while the holder is cut off (`docs/safety.md` §4.2).
+#[test]
+fn etcd_stepped_store_clock_is_clean() {
+    let s = assert_clean(Profile::EtcdClock, seeds(10_000) / 20);
+    assert!(s.liveness_checked > 0, "liveness probes did not run");
+}
+
+#[test]
+fn mutation_step_rounding_taken_for_a_backwards_clock_is_caught() {
+    must_catch(
+        Rule::StepRoundingIsBackwards,
+        Profile::EtcdClock,
+        &["a/overlap"],
+    );
+}
+
 #[test]
 fn operator_controls_are_clean() {
     let s = assert_clean(Profile::Operator, seeds(10_000) / 10);

@@ -42,6 +42,11 @@ pub enum Profile {
     /// Operator controls (O1–O4): switchovers, pauses and resumes,
     /// priorities and rejoins, amid crashes, partitions and stalls.
     Operator,
+    /// The etcd store's clock (`docs/safety.md` §4.2, "On etcd"): each
+    /// handle stamps what it receives with a reading in whole seconds, a
+    /// record's rounded up and a probe's down; standby clocks jump while
+    /// the holder is cut off, holders crash, the store's clock steps.
+    EtcdClock,
 }
 
 impl Profile {
@@ -58,6 +63,7 @@ impl Profile {
             Profile::StepDowns => "step-downs",
             Profile::ClockJumps => "clock-jumps",
             Profile::Operator => "operator",
+            Profile::EtcdClock => "etcd-clock",
         }
     }
 
@@ -74,6 +80,7 @@ impl Profile {
             Profile::StepDowns,
             Profile::ClockJumps,
             Profile::Operator,
+            Profile::EtcdClock,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -190,6 +197,10 @@ pub struct Scenario {
     pub priorities: Vec<u32>,
     /// O5: every host's `--failback-after`, in some operator seeds.
     pub failback_after: Option<Duration>,
+    /// The step in which the store's clock reads, as each host's handle
+    /// stamps records (etcd: 1 s); zero: the store stamps its writes
+    /// exactly (NATS, the embedded store).
+    pub store_step: Duration,
     pub mutations: Mutations,
 }
 
@@ -198,7 +209,7 @@ impl Scenario {
         let mut rng = Rng::new(seed ^ (profile as u64) << 56);
         let hosts = rng.range(3, 5) as usize;
         let drift_ppm = match profile {
-            Profile::Skewed | Profile::ClockJumps | Profile::MixedSkewed => {
+            Profile::Skewed | Profile::ClockJumps | Profile::MixedSkewed | Profile::EtcdClock => {
                 *rng.pick(&[50_000u32, 100_000])
             }
             Profile::LateAcks => 1_000,
@@ -206,9 +217,11 @@ impl Scenario {
         };
         let drift = Drift::from_ppm(drift_ppm);
         let extremes = match profile {
-            Profile::Skewed | Profile::ClockJumps | Profile::LateAcks | Profile::MixedSkewed => {
-                true
-            }
+            Profile::Skewed
+            | Profile::ClockJumps
+            | Profile::LateAcks
+            | Profile::MixedSkewed
+            | Profile::EtcdClock => true,
             Profile::Jitter | Profile::Lossy => false,
             _ => rng.chance(0.3),
         };
@@ -327,6 +340,7 @@ impl Scenario {
             operator: false,
             priorities: vec![1; hosts],
             failback_after: None,
+            store_step: Duration::ZERO,
             mutations,
         };
         use FaultKind::*;
@@ -381,6 +395,14 @@ impl Scenario {
                 (KeeperDeath, 3),
             ],
             Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
+            Profile::EtcdClock => vec![
+                (IsolateAndJump, 5),
+                (NodeJump, 1),
+                (Partition, 2),
+                (HostCrash, 2),
+                (Stall, 1),
+                (StoreJump, 1),
+            ],
             // Faults that rewrite or lose the lock record behind a paused
             // holder (rollbacks, re-created buckets, foreign writes) are
             // outside what a pause can protect (`docs/safety.md`, O2).
@@ -427,6 +449,13 @@ impl Scenario {
         }
         if profile == Profile::StaleView {
             s.replica_lag = 0;
+        }
+        if profile == Profile::EtcdClock {
+            // A witness lands up to two steps and a probe period late.
+            s.store_step = Duration::from_secs(1);
+            let late = 2 * SEC + renew_ms * MS;
+            s.fault_gap = (s.fault_gap.0 + late, s.fault_gap.1 + late);
+            s.duration = s.duration.max(10 * (failover + late));
         }
         s
     }

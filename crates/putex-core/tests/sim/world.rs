@@ -182,6 +182,10 @@ pub struct Host {
     watch_last: u64,
     restart_after_exit: Option<u64>,
     op_keys: HashMap<OpId, Key>,
+    /// Stepped store clock: the era of this agent's handle, and the stamp
+    /// it gave each lock record it received.
+    stamp_era: u64,
+    stamps: HashMap<Token, u64>,
     // Checker bookkeeping, per agent instance unless noted.
     /// When each record (revision and contents: a rollback can reuse a
     /// revision) was first delivered, on the host's clock.
@@ -351,6 +355,8 @@ impl World {
                     watch_last: 0,
                     restart_after_exit: None,
                     op_keys: HashMap::new(),
+                    stamp_era: 0,
+                    stamps: HashMap::new(),
                     first_seen: HashMap::new(),
                     absent_since: None,
                     max_seen: None,
@@ -612,6 +618,7 @@ impl World {
             priority: host.priority,
             rejoin: host.rejoin_pending,
             failback_after: self.sc.failback_after,
+            store_clock_step: self.sc.store_step,
             mutations: self.sc.mutations,
             ..AgentConfig::new(identity, host.timing.clone())
         };
@@ -635,6 +642,7 @@ impl World {
             host.queued.push_back(input);
             return;
         }
+        let input = self.stamp_stepped(h, input);
         self.note_input(h, &input);
         let host = &mut self.hosts[h];
         let local = Instant::from_nanos(host.local(now));
@@ -645,6 +653,55 @@ impl World {
         let host = &mut self.hosts[h];
         host.agent.as_mut().expect("checked").handle(local, input);
         self.drain(h);
+    }
+
+    /// On a store whose clock reads in steps (etcd, `docs/safety.md` §4.2):
+    /// the host's handle stamps what it receives with a reading of the
+    /// store's clock in whole steps taken now, after receipt (`e ≤ q <
+    /// e + step`): a lock record with `q + 2 steps`, kept per token so a
+    /// re-read does not move it; a probe with `q + 1 step`. Each agent
+    /// generation is a handle of its own: an era no other shares.
+    fn stamp_stepped(&mut self, h: usize, input: Input) -> Input {
+        let step = self.sc.store_step.as_nanos() as u64;
+        if step == 0 {
+            return input;
+        }
+        let e = self.store.clock.local(self.now);
+        let q = e.div_ceil(step) * step;
+        let host = &mut self.hosts[h];
+        let era = 1_000 + h as u64 * 1_000_000 + host.agent_gen;
+        if host.stamp_era != era {
+            host.stamp_era = era;
+            host.stamps.clear();
+        }
+        let mut stamp_record = |entry: &mut Entry| {
+            let nanos = *host.stamps.entry(entry.token).or_insert(q + 2 * step);
+            entry.time = StoreTime { era, nanos };
+        };
+        match input {
+            Input::Watch(Some(mut entry)) => {
+                stamp_record(&mut entry);
+                Input::Watch(Some(entry))
+            }
+            Input::Store {
+                id,
+                outcome: StoreOutcome::Read(Some(mut entry)),
+            } => {
+                if host.op_keys.get(&id) == Some(&Key::Probe) {
+                    entry.time = StoreTime {
+                        era,
+                        nanos: q + step,
+                    };
+                } else {
+                    stamp_record(&mut entry);
+                }
+                Input::Store {
+                    id,
+                    outcome: StoreOutcome::Read(Some(entry)),
+                }
+            }
+            other => other,
+        }
     }
 
     /// What the checkers need to know about what a host has seen.
@@ -1827,7 +1884,15 @@ impl World {
                                 .lease()
                                 .max(self.hosts[b].timing.lease()),
                         );
-                        let delta = w.as_nanos() as i64;
+                        // On a stepped store clock also jumps past 2W: the
+                        // fallback for a clock that went back must not let
+                        // them through (`docs/safety.md` §4.2).
+                        let w = w.as_nanos() as u64;
+                        let delta = if !self.sc.store_step.is_zero() && self.rng.chance(0.5) {
+                            (2 * w + self.rng.range(0, w)) as i64
+                        } else {
+                            w as i64
+                        };
                         let at = self.now + self.rng.range(0, r);
                         self.at(at, Ev::Jump { h: b, delta });
                         self.last_instant_fault = self.now;

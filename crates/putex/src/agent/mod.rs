@@ -433,6 +433,7 @@ pub async fn run(
             max_lag: settings.operator.max_lag,
             rejoin,
             failback_after: settings.operator.failback_after,
+            store_clock_step: store.clock_step(),
             ..AgentConfig::new(
                 Identity {
                     node: node.to_string(),

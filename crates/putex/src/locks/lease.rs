@@ -283,7 +283,10 @@ impl Lock {
         let now = clock::boot_time_now();
         let mut agent = Agent::new(
             // The program is the service: it only hears of a loss.
-            AgentConfig::new(identity, timing),
+            AgentConfig {
+                store_clock_step: store.clock_step(),
+                ..AgentConfig::new(identity, timing)
+            },
             now,
         );
         agent.handle(now, Input::Turn(false));

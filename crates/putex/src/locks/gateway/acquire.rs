@@ -108,6 +108,7 @@ impl Gateway {
         let mut agent = Agent::new(
             AgentConfig {
                 highest_token: self.highest(&req.resource),
+                store_clock_step: self.store.clock_step(),
                 ..AgentConfig::new(
                     Identity {
                         node: self.opts.node.to_string(),

@@ -152,6 +152,7 @@ pub async fn run(
             AgentConfig {
                 highest_token: highest.load().and_then(|r| r.highest),
                 supervised_stops: true,
+                store_clock_step: store.clock_step(),
                 ..AgentConfig::new(
                     Identity {
                         node: opts.node.to_string(),
