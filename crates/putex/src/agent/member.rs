@@ -120,8 +120,9 @@ pub(super) async fn member_writer(host: AgentHost, store: AnyStore, key: String)
 /// their `--advertise` addresses for the hooks, and runs `--follow` when
 /// the active holder changes.
 ///
-/// Fresh: written within 10 of its writer's R, by the newest record's store
-/// time (no host's clock is compared with another's). A member that just
+/// Fresh: written within 10 of its writer's R (plus two steps of a store
+/// clock that reads in steps), by the newest record's store time (no host's
+/// clock is compared with another's). A member that just
 /// died may look fresh for a while; the core's deferral to it costs at
 /// most D.
 pub(super) async fn member_feed(
@@ -156,7 +157,7 @@ pub(super) async fn member_feed(
                     }
                     () = tokio::time::sleep(every) => {}
                 }
-                let fresh = fresh_members(&members);
+                let fresh = fresh_members(&members, store.clock_step());
                 let mut candidates: Vec<Candidate> = fresh
                     .iter()
                     .filter(|m| m.node != own)
@@ -217,8 +218,12 @@ fn last_holder(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Option<&
 }
 
 /// The members whose records were written within 10 of their R of the
-/// newest one.
-fn fresh_members(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Vec<MemberRecord> {
+/// newest one, plus two steps of a store clock that reads in steps (etcd:
+/// two records written 300 ms apart may be stamped a second apart).
+fn fresh_members(
+    members: &HashMap<String, (MemberRecord, StoreTime)>,
+    clock_step: Duration,
+) -> Vec<MemberRecord> {
     let newest = members
         .values()
         .map(|(_, t)| *t)
@@ -226,7 +231,7 @@ fn fresh_members(members: &HashMap<String, (MemberRecord, StoreTime)>) -> Vec<Me
     members
         .values()
         .filter(|(rec, t)| {
-            let limit = Duration::from_millis(rec.renew_ms.max(1) * 10);
+            let limit = Duration::from_millis(rec.renew_ms.max(1) * 10) + clock_step * 2;
             let fresh = newest.is_some_and(|n| match n.gap_since(*t) {
                 StoreGap::Forward(age) => age <= limit,
                 StoreGap::Backwards => true,

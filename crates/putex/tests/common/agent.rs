@@ -49,6 +49,15 @@ pub fn bound_on(store_clock_step: Duration) -> Duration {
     .crash_failover
 }
 
+/// [`bound`] for the store at `url`: etcd's clock reads in whole seconds.
+pub fn bound_for(url: &str) -> Duration {
+    if url.starts_with("etcd:") {
+        bound_on(Duration::from_secs(1))
+    } else {
+        bound()
+    }
+}
+
 /// The built `putex` binary.
 pub fn putex_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_putex"))
