@@ -1213,6 +1213,16 @@ pub fn all() -> Vec<Scenario> {
             ..Scenario::DEFAULTS
         },
         Scenario {
+            name: "clock-jump-etcd3",
+            fault_no: "7",
+            about: "clock-jump on a 3-member etcd cluster, whose clock reads in whole seconds (S1 b through the lease clock)",
+            quick_runs: 1,
+            full_runs: 2,
+            skip: needs_faketime,
+            run: |ctx, rng| clock_scenario(ctx, rng, ClockCase::JumpEtcd),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
             name: "clock-fast-standby",
             fault_no: "7",
             about: "standbys' clocks ×2 (beyond ε); the holder cut off",
@@ -1513,6 +1523,8 @@ type Env = Vec<(String, String)>;
 enum ClockCase {
     Eps,
     Jump,
+    /// `Jump` on the etcd cluster.
+    JumpEtcd,
     FastStandby,
     SlowHolder,
 }
@@ -1522,20 +1534,25 @@ fn clock_scenario(ctx: &Ctx, _: &mut Rng, case: ClockCase) -> Result<RunOut, Str
     let name = match case {
         ClockCase::Eps => "clock-eps",
         ClockCase::Jump => "clock-jump",
+        ClockCase::JumpEtcd => "clock-jump-etcd3",
         ClockCase::FastStandby => "clock-fast-standby",
         ClockCase::SlowHolder => "clock-slow-holder",
     };
     // Standbys whose clocks run ×2 measure the store's p99 twice as long,
     // and `putex run` refuses R below ten times it: R = 200 ms there.
     let profile = match case {
-        ClockCase::FastStandby => FAST3_R200,
+        ClockCase::FastStandby | ClockCase::JumpEtcd => FAST3_R200,
         _ => FAST3,
     };
-    let mut w = World::new(ctx, Kind::Single, profile.clone(), name)?;
+    let kind = match case {
+        ClockCase::JumpEtcd => Kind::Etcd3,
+        _ => Kind::Single,
+    };
+    let mut w = World::new(ctx, kind, profile.clone(), name)?;
     let jump_file = w.dir.join("faketime-standbys");
     let (holder_env, standby_env): (Env, Env) = match case {
         ClockCase::Eps => (faults::rate_env(&lib, 0.99), faults::rate_env(&lib, 1.01)),
-        ClockCase::Jump => (Vec::new(), faults::jump_env(&lib, &jump_file)),
+        ClockCase::Jump | ClockCase::JumpEtcd => (Vec::new(), faults::jump_env(&lib, &jump_file)),
         ClockCase::FastStandby => (Vec::new(), faults::rate_env(&lib, 2.0)),
         ClockCase::SlowHolder => (faults::rate_env(&lib, 0.5), Vec::new()),
     };
@@ -1558,7 +1575,7 @@ fn clock_scenario(ctx: &Ctx, _: &mut Rng, case: ClockCase) -> Result<RunOut, Str
     // Evidence that the clock fault is in effect.
     let (faulted, rate) = match case {
         ClockCase::Eps => ("n2", Some(1.01)),
-        ClockCase::Jump => ("n2", None),
+        ClockCase::Jump | ClockCase::JumpEtcd => ("n2", None),
         ClockCase::FastStandby => ("n2", Some(2.0)),
         ClockCase::SlowHolder => ("n1", Some(0.5)),
     };
@@ -1608,7 +1625,7 @@ fn clock_scenario(ctx: &Ctx, _: &mut Rng, case: ClockCase) -> Result<RunOut, Str
     let t = profile.t();
     let holder = w.active().unwrap_or_default();
     match case {
-        ClockCase::Jump => {
+        ClockCase::Jump | ClockCase::JumpEtcd => {
             let log = w.agent("n2").map(|a| a.log.clone()).unwrap_or_default();
             let s0 = ClockSample::take(&log);
             let at = w.fault(format!("blackhole {holder} 4T; standbys' clocks jump +10T"));
