@@ -711,6 +711,7 @@ impl EtcdCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pki::Pki;
 
     fn ok(o: &Output) -> String {
         assert!(
@@ -822,63 +823,10 @@ mod tests {
         );
     }
 
-    /// A throwaway CA, a server certificate for 127.0.0.1 (also usable as
-    /// a client's) and a client certificate, as PEM files in `dir`.
-    struct Pki {
-        ca: PathBuf,
-        server_cert: PathBuf,
-        server_key: PathBuf,
-        client_cert: PathBuf,
-        client_key: PathBuf,
-    }
-
-    impl Pki {
-        fn new(dir: &Path) -> Pki {
-            use rcgen::{
-                BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa,
-                Issuer, KeyPair, KeyUsagePurpose,
-            };
-            let ca_key = KeyPair::generate().unwrap();
-            let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-            ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-            ca.distinguished_name
-                .push(DnType::CommonName, "putex test CA");
-            let ca_cert = ca.self_signed(&ca_key).unwrap();
-            let issuer = Issuer::new(ca, ca_key);
-            let leaf = |names: Vec<String>, cn: &str, usages: Vec<Eku>| {
-                let key = KeyPair::generate().unwrap();
-                let mut p = CertificateParams::new(names).unwrap();
-                p.distinguished_name.push(DnType::CommonName, cn);
-                p.extended_key_usages = usages;
-                let cert = p.signed_by(&key, &issuer).unwrap();
-                (cert.pem(), key.serialize_pem())
-            };
-            let (server_pem, server_key) = leaf(
-                vec!["127.0.0.1".into(), "localhost".into()],
-                "etcd",
-                vec![Eku::ServerAuth, Eku::ClientAuth],
-            );
-            let (client_pem, client_key) = leaf(vec![], "client", vec![Eku::ClientAuth]);
-            let write = |name: &str, text: &str| {
-                let p = dir.join(name);
-                std::fs::write(&p, text).unwrap();
-                p
-            };
-            Pki {
-                ca: write("ca.pem", &ca_cert.pem()),
-                server_cert: write("server.pem", &server_pem),
-                server_key: write("server.key", &server_key),
-                client_cert: write("client.pem", &client_pem),
-                client_key: write("client.key", &client_key),
-            }
-        }
-    }
-
     #[test]
     fn etcd_tls_with_client_certificates() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::new(dir.path());
+        let pki = Pki::new(dir.path(), "client");
         let server = EtcdServer::start_with(EtcdOptions {
             tls: Some(EtcdTls {
                 cert: pki.server_cert.clone(),
@@ -914,7 +862,7 @@ mod tests {
     #[test]
     fn etcd_tls_without_client_certificates() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::new(dir.path());
+        let pki = Pki::new(dir.path(), "client");
         let server = EtcdServer::start_with(EtcdOptions {
             auth: Some(("root".into(), "pw".into())),
             tls: Some(EtcdTls {

@@ -16,6 +16,8 @@
 //!   temporary storage — one JetStream server, one configured by a file, or
 //!   a 3-node cluster — stopped and cleaned up on drop. A missing binary
 //!   fails with the command that installs it; nothing is ever skipped.
+//! - [`pki`]: a throwaway CA, server and client certificates for the TLS
+//!   tests.
 //! - [`postgres`]: a real PostgreSQL streaming-replication cluster
 //!   (`initdb`, `pg_basebackup -R`) on ephemeral loopback ports, run as the
 //!   `postgres` user under root, and a writer that records every
@@ -35,6 +37,7 @@ pub mod bench;
 pub mod check;
 pub mod etcd_server;
 pub mod nats_server;
+pub mod pki;
 pub mod postgres;
 pub mod procfs;
 pub mod proxy;

@@ -4,7 +4,7 @@
 //! without the secret in the message). Also a stream-leader change on a
 //! 3-node cluster with an R3 bucket.
 //!
-//! The certificates come from `rcgen` and the nkeys from `nkeys`, made
+//! The certificates come from `putex_testkit::pki` and the nkeys from `nkeys`, made
 //! fresh in each test: no external tool.
 
 use std::path::Path;
@@ -135,43 +135,14 @@ struct Pki {
 
 impl Pki {
     fn new(dir: &Path) -> Pki {
-        use rcgen::{
-            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-            KeyPair, KeyUsagePurpose,
-        };
-        let write = |name: &str, pem: String| {
-            let p = dir.join(name);
-            std::fs::write(&p, pem).unwrap();
-            p.display().to_string()
-        };
-        let ca_key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.distinguished_name
-            .push(DnType::CommonName, "putex test CA");
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = p.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(p, ca_key);
-
-        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
-            let key = KeyPair::generate().unwrap();
-            let mut p = CertificateParams::new(names).unwrap();
-            p.distinguished_name.push(DnType::CommonName, "putex test");
-            p.extended_key_usages = vec![usage];
-            let cert = p.signed_by(&key, &issuer).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        let (sc, sk) = leaf(
-            vec!["127.0.0.1".into(), "localhost".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let (cc, ck) = leaf(vec![], ExtendedKeyUsagePurpose::ClientAuth);
+        let pki = putex_testkit::pki::Pki::new(dir, "putex test");
+        let text = |p: std::path::PathBuf| p.display().to_string();
         Pki {
-            ca: write("ca.pem", ca.pem()),
-            server_cert: write("server.pem", sc),
-            server_key: write("server.key", sk),
-            client_cert: write("client.pem", cc),
-            client_key: write("client.key", ck),
+            ca: text(pki.ca),
+            server_cert: text(pki.server_cert),
+            server_key: text(pki.server_key),
+            client_cert: text(pki.client_cert),
+            client_key: text(pki.client_key),
         }
     }
 

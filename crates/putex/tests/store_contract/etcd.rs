@@ -183,7 +183,7 @@ async fn store_etcd_password_and_permissions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_etcd_tls_and_client_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path());
+    let pki = putex_testkit::pki::Pki::new(dir.path(), "root");
     let server = EtcdServer::start_with(EtcdOptions {
         tls: Some(EtcdTls {
             cert: pki.server_cert.clone(),
@@ -214,62 +214,6 @@ async fn store_etcd_tls_and_client_certificates() {
     match AnyStore::open(&missing).await {
         Err(StoreError::Config { reason }) => assert!(reason.contains("tls_ca"), "{reason}"),
         other => panic!("{other:?}"),
-    }
-}
-
-/// A throwaway CA, a server certificate for 127.0.0.1 and a client
-/// certificate (common name `root`), as PEM files.
-struct Pki {
-    ca: std::path::PathBuf,
-    server_cert: std::path::PathBuf,
-    server_key: std::path::PathBuf,
-    client_cert: std::path::PathBuf,
-    client_key: std::path::PathBuf,
-}
-
-impl Pki {
-    fn new(dir: &std::path::Path) -> Pki {
-        use rcgen::{
-            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa,
-            Issuer, KeyPair, KeyUsagePurpose,
-        };
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "putex test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let leaf = |names: Vec<String>, cn: &str, usages: Vec<Eku>| {
-            let key = KeyPair::generate().unwrap();
-            let mut p = CertificateParams::new(names).unwrap();
-            p.distinguished_name.push(DnType::CommonName, cn);
-            p.extended_key_usages = usages;
-            let cert = p.signed_by(&key, &issuer).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        // etcd's own gateway dials the server with its certificate: it
-        // serves as a client certificate too.
-        let (server_pem, server_key) = leaf(
-            vec!["127.0.0.1".into(), "localhost".into()],
-            "etcd",
-            vec![Eku::ServerAuth, Eku::ClientAuth],
-        );
-        let (client_pem, client_key) = leaf(vec![], "root", vec![Eku::ClientAuth]);
-        let write = |name: &str, text: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, text).unwrap();
-            p
-        };
-        Pki {
-            ca: write("ca.pem", &ca_cert.pem()),
-            server_cert: write("server.pem", &server_pem),
-            server_key: write("server.key", &server_key),
-            client_cert: write("client.pem", &client_pem),
-            client_key: write("client.key", &client_key),
-        }
     }
 }
 
