@@ -315,7 +315,7 @@ fn parse_sqlite(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
         ));
     }
     Ok(StoreUrl::Sqlite {
-        path: PathBuf::from(percent_decode(url, path)?),
+        path: PathBuf::from(percent_decode(url, path, SQLITE_EXAMPLE)?),
     })
 }
 
@@ -337,18 +337,11 @@ const NATS_KEYS: &str =
     "bucket, replicas, creds, nkey, user, password, token, tls, tls_ca, tls_cert, tls_key";
 
 fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreError> {
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err(bad(url, "expected // after the scheme", NATS_EXAMPLE));
-    };
-    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let authority = authority.strip_suffix('/').unwrap_or(authority);
-    if authority.contains('/') {
-        return Err(bad(url, "a NATS URL has no path", NATS_EXAMPLE));
-    }
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
+    let Authority {
+        userinfo,
+        hosts,
+        query,
+    } = Authority::split(url, rest, "a NATS URL has no path", NATS_EXAMPLE)?;
     let servers = host_list(url, hosts, 4222, NATS_EXAMPLE)?;
 
     let mut cfg = NatsConfig {
@@ -365,25 +358,19 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
     let mut auth_kinds = Vec::new();
     match userinfo.map(|info| (info, info.split_once(':'))) {
         Some((_, Some((u, p)))) => {
-            user = Some(percent_decode(url, u)?);
-            password = Some(percent_decode(url, p)?);
+            user = Some(percent_decode(url, u, NATS_EXAMPLE)?);
+            password = Some(percent_decode(url, p, NATS_EXAMPLE)?);
         }
         // `nats://TOKEN@host`: a token, as the NATS clients and CLI read it.
         Some((info, None)) => {
             auth_kinds.push("token");
-            cfg.auth = NatsAuth::Token(percent_decode(url, info)?);
+            cfg.auth = NatsAuth::Token(percent_decode(url, info, NATS_EXAMPLE)?);
         }
         None => {}
     }
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(url, v)?;
-        if v.is_empty() && k != "password" {
-            return Err(bad(
-                url,
-                format_args!("option {k:?} has no value"),
-                NATS_EXAMPLE,
-            ));
+    for (k, v) in options(url, query, NATS_EXAMPLE)? {
+        if cfg.tls.option(url, k, &v, NATS_EXAMPLE)? {
+            continue;
         }
         match k {
             "bucket" => {
@@ -426,16 +413,6 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
             }
             "user" => user = Some(v),
             "password" => password = Some(v),
-            "tls" => {
-                cfg.tls.required = match v.as_str() {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => return Err(bad(url, "tls must be true or false", NATS_EXAMPLE)),
-                }
-            }
-            "tls_ca" => cfg.tls.ca = Some(PathBuf::from(v)),
-            "tls_cert" => cfg.tls.cert = Some(PathBuf::from(v)),
-            "tls_key" => cfg.tls.key = Some(PathBuf::from(v)),
             other => {
                 return Err(bad(
                     url,
@@ -466,13 +443,95 @@ fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreErro
             NATS_EXAMPLE,
         ));
     }
-    if cfg.tls.cert.is_some() != cfg.tls.key.is_some() {
-        return Err(bad(url, "tls_cert and tls_key go together", NATS_EXAMPLE));
-    }
-    if cfg.tls.ca.is_some() || cfg.tls.cert.is_some() {
-        cfg.tls.required = true;
-    }
+    cfg.tls.finish(url, NATS_EXAMPLE)?;
     Ok(StoreUrl::Nats(cfg))
+}
+
+/// A network store URL after its scheme: `//[userinfo@]hosts[/][?query]`.
+struct Authority<'a> {
+    userinfo: Option<&'a str>,
+    hosts: &'a str,
+    query: &'a str,
+}
+
+impl<'a> Authority<'a> {
+    /// Splits `rest` (what follows `scheme:`); a path is refused with
+    /// `no_path`.
+    fn split(
+        url: &str,
+        rest: &'a str,
+        no_path: &str,
+        example: &str,
+    ) -> Result<Authority<'a>, StoreError> {
+        let Some(rest) = rest.strip_prefix("//") else {
+            return Err(bad(url, "expected // after the scheme", example));
+        };
+        let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let authority = authority.strip_suffix('/').unwrap_or(authority);
+        if authority.contains('/') {
+            return Err(bad(url, no_path, example));
+        }
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        Ok(Authority {
+            userinfo,
+            hosts,
+            query,
+        })
+    }
+}
+
+/// The query's `key=value` options, values percent-decoded; an option
+/// without a value is refused (but `password=`, an empty password).
+fn options<'q>(
+    url: &str,
+    query: &'q str,
+    example: &str,
+) -> Result<Vec<(&'q str, String)>, StoreError> {
+    let mut out = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(url, v, example)?;
+        if v.is_empty() && k != "password" {
+            return Err(bad(url, format_args!("option {k:?} has no value"), example));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+impl NatsTls {
+    /// Takes the TLS option `k` (`tls`, `tls_ca`, `tls_cert`, `tls_key`);
+    /// `false` when `k` is another option.
+    fn option(&mut self, url: &str, k: &str, v: &str, example: &str) -> Result<bool, StoreError> {
+        match k {
+            "tls" => {
+                self.required = match v {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err(bad(url, "tls must be true or false", example)),
+                }
+            }
+            "tls_ca" => self.ca = Some(PathBuf::from(v)),
+            "tls_cert" => self.cert = Some(PathBuf::from(v)),
+            "tls_key" => self.key = Some(PathBuf::from(v)),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// A certificate needs its key; any file implies TLS.
+    fn finish(&mut self, url: &str, example: &str) -> Result<(), StoreError> {
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(bad(url, "tls_cert and tls_key go together", example));
+        }
+        if self.ca.is_some() || self.cert.is_some() {
+            self.required = true;
+        }
+        Ok(())
+    }
 }
 
 /// `host[:port],…` as `host:port` strings, `default_port` where none is given.
@@ -511,22 +570,16 @@ fn host_list(
 const ETCD_KEYS: &str = "prefix, user, password, tls, tls_ca, tls_cert, tls_key";
 
 fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err(bad(url, "expected // after the scheme", ETCD_EXAMPLE));
-    };
-    let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let authority = authority.strip_suffix('/').unwrap_or(authority);
-    if authority.contains('/') {
-        return Err(bad(
-            url,
-            "an etcd URL has no path (name the key prefix with prefix=)",
-            ETCD_EXAMPLE,
-        ));
-    }
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
+    let Authority {
+        userinfo,
+        hosts,
+        query,
+    } = Authority::split(
+        url,
+        rest,
+        "an etcd URL has no path (name the key prefix with prefix=)",
+        ETCD_EXAMPLE,
+    )?;
     let mut cfg = EtcdConfig {
         endpoints: host_list(url, hosts, 2379, ETCD_EXAMPLE)?,
         prefix: DEFAULT_ETCD_PREFIX.to_owned(),
@@ -542,18 +595,12 @@ fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
                 ETCD_EXAMPLE,
             ));
         };
-        user = Some(percent_decode(url, u)?);
-        password = Some(percent_decode(url, p)?);
+        user = Some(percent_decode(url, u, ETCD_EXAMPLE)?);
+        password = Some(percent_decode(url, p, ETCD_EXAMPLE)?);
     }
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(url, v)?;
-        if v.is_empty() && k != "password" {
-            return Err(bad(
-                url,
-                format_args!("option {k:?} has no value"),
-                ETCD_EXAMPLE,
-            ));
+    for (k, v) in options(url, query, ETCD_EXAMPLE)? {
+        if cfg.tls.option(url, k, &v, ETCD_EXAMPLE)? {
+            continue;
         }
         match k {
             "prefix" => {
@@ -578,16 +625,6 @@ fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
             }
             "user" => user = Some(v),
             "password" => password = Some(v),
-            "tls" => {
-                cfg.tls.required = match v.as_str() {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => return Err(bad(url, "tls must be true or false", ETCD_EXAMPLE)),
-                }
-            }
-            "tls_ca" => cfg.tls.ca = Some(PathBuf::from(v)),
-            "tls_cert" => cfg.tls.cert = Some(PathBuf::from(v)),
-            "tls_key" => cfg.tls.key = Some(PathBuf::from(v)),
             other => {
                 return Err(bad(
                     url,
@@ -602,16 +639,11 @@ fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl, StoreError> {
         (None, Some(_)) => return Err(bad(url, "password without user", ETCD_EXAMPLE)),
         (None, None) => {}
     }
-    if cfg.tls.cert.is_some() != cfg.tls.key.is_some() {
-        return Err(bad(url, "tls_cert and tls_key go together", ETCD_EXAMPLE));
-    }
-    if cfg.tls.ca.is_some() || cfg.tls.cert.is_some() {
-        cfg.tls.required = true;
-    }
+    cfg.tls.finish(url, ETCD_EXAMPLE)?;
     Ok(StoreUrl::Etcd(cfg))
 }
 
-fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
+fn percent_decode(url: &str, s: &str, example: &str) -> Result<String, StoreError> {
     // percent-encoding passes a malformed escape through as text; a URL with
     // one is refused instead (a typo in a password must not become part of it).
     let malformed = s.match_indices('%').any(|(i, _)| {
@@ -619,12 +651,12 @@ fn percent_decode(url: &str, s: &str) -> Result<String, StoreError> {
             .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
     });
     if malformed {
-        return Err(bad(url, "a bad percent escape", NATS_EXAMPLE));
+        return Err(bad(url, "a bad percent escape", example));
     }
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
         .map(|c| c.into_owned())
-        .map_err(|_| bad(url, "percent escapes that are not UTF-8", NATS_EXAMPLE))
+        .map_err(|_| bad(url, "percent escapes that are not UTF-8", example))
 }
 
 impl fmt::Display for StoreUrl {
