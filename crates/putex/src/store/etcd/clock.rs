@@ -18,6 +18,9 @@
 //! a new leader refreshes every lease (readings restart near 0), and an
 //! expired lease is replaced by a new one (they restart at 0). Either way
 //! a gap comes out smaller, or "backwards", which only delays a takeover.
+//! A probe read in the same second as the record comes out one step
+//! "before" it by the roundings alone: the core counts up to one step
+//! ([`CLOCK_STEP`], `AgentConfig::store_clock_step`) as no time passed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

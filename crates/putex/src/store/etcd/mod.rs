@@ -37,6 +37,8 @@
 //!   the leader's clock. A leader change refreshes leases (readings go back)
 //!   and a replaced lease restarts them: the store clock only ever runs
 //!   backwards, which delays a takeover (S1 b's fallback), never hastens it.
+//!   Up to one step back is the roundings, not that: the agent passes
+//!   [`AnyStore::clock_step`](crate::store::AnyStore::clock_step) to the core.
 //!   The cost: a takeover waits up to 2 s more than on NATS (the TTL's
 //!   one-second resolution, on both ends); see `docs/safety.md`.
 //! - **Watches** share one etcd watch over the prefix per handle ([`Hub`]);
