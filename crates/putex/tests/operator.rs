@@ -105,6 +105,15 @@ fn cluster(
     agents
 }
 
+/// What `node`'s member record says of its last health check.
+fn healthy(url: &str, node: &str) -> Option<bool> {
+    status_json(url, "svc")["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == node)?["healthy"]
+        .as_bool()
+}
+
 fn holder(ev: &Path) -> String {
     starts(ev).last().expect("a start").node.clone()
 }
@@ -136,7 +145,15 @@ fn switchover_and_refusals(url: &str, dir: &Path) {
     // Refused: unknown target, a target failing its checks, the holder
     // itself. The holder stays; nothing starts or stops.
     std::fs::write(format!("{}-{target}", sick.display()), "").unwrap();
-    std::thread::sleep(R * 8);
+    // Its record says so (on a loaded host, later than a few R), and the
+    // holder has read it.
+    assert!(
+        wait_for(Duration::from_secs(10), || healthy(url, &target)
+            == Some(false)),
+        "{target}'s record never said it fails its checks\n{}",
+        ctx()
+    );
+    std::thread::sleep(R * 5);
     let before = events(&ev).len();
     for (to, why) in [
         ("nosuch", "not a member"),
@@ -162,7 +179,13 @@ fn switchover_and_refusals(url: &str, dir: &Path) {
     // To a named, healthy node: its service starts after the holder's
     // graceful stop, at once.
     std::fs::remove_file(format!("{}-{target}", sick.display())).unwrap();
-    std::thread::sleep(R * 8);
+    assert!(
+        wait_for(Duration::from_secs(10), || healthy(url, &target)
+            == Some(true)),
+        "{target}'s record never said it passes its checks again\n{}",
+        ctx()
+    );
+    std::thread::sleep(R * 5);
     let asked = wall_ns();
     let o = run(&["switchover", "svc", "--to", &target, "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
