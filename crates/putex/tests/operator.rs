@@ -114,6 +114,26 @@ fn healthy(url: &str, node: &str) -> Option<bool> {
         .as_bool()
 }
 
+/// Waits (up to 10 s) until the member records publish these positions,
+/// then R × 5 more for every agent to have read them.
+fn await_positions(url: &str, want: &[(&str, u64)]) {
+    let published = || {
+        let st = status_json(url, "svc");
+        want.iter().all(|(node, pos)| {
+            st["members"].as_array().is_some_and(|ms| {
+                ms.iter()
+                    .any(|m| m["node"] == *node && m["position"].as_u64() == Some(*pos))
+            })
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), published),
+        "positions {want:?} never published: {}",
+        status_json(url, "svc")
+    );
+    std::thread::sleep(R * 5);
+}
+
 fn holder(ev: &Path) -> String {
     starts(ev).last().expect("a start").node.clone()
 }
@@ -526,7 +546,7 @@ fn the_most_advanced_standby_takes_over(url: &str, dir: &Path) {
     // The lower node id is the more advanced: not the tie-break's pick.
     std::fs::write(dir.join(format!("pos-{}", others[0])), "90").unwrap();
     std::fs::write(dir.join(format!("pos-{}", others[1])), "50").unwrap();
-    std::thread::sleep(R * 10);
+    await_positions(url, &[(others[0], 90), (others[1], 50)]);
     let crashed = {
         let i = agents.iter().position(|a| a.node() == first).unwrap();
         agents[i].crash()
@@ -559,10 +579,14 @@ fn beyond_max_lag_nobody_takes_over_and_status_says_why(url: &str, dir: &Path) {
     let flags = position_flags(dir, Some(5));
     let mut agents = cluster(dir, url, &["n1", "n2", "n3"], &flags);
     let first = holder(&ev);
-    for n in ["n1", "n2", "n3"].into_iter().filter(|n| *n != first) {
+    let others: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != first)
+        .collect();
+    for n in &others {
         std::fs::write(dir.join(format!("pos-{n}")), "80").unwrap();
     }
-    std::thread::sleep(R * 10);
+    await_positions(url, &[(others[0], 80), (others[1], 80)]);
     let st = status_json(url, "svc");
     for m in st["members"].as_array().unwrap() {
         if m["role"] == "standby" {
@@ -794,7 +818,7 @@ fn a_lagging_target_needs_allow_lag(url: &str, dir: &Path) {
     let first = holder(&ev);
     let other = if first == "n1" { "n2" } else { "n1" };
     std::fs::write(dir.join(format!("pos-{other}")), "50").unwrap();
-    std::thread::sleep(R * 10);
+    await_positions(url, &[(other, 50)]);
     let o = run(&["switchover", "svc", "--to", other, "--store", url]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
