@@ -69,9 +69,7 @@ impl StoreTime {
             _ => StoreGap::Forward(std::time::Duration::from_nanos(self.nanos - earlier.nanos)),
         }
     }
-}
 
-impl StoreTime {
     /// [`gap_since`](Self::gap_since) on a store whose clock reads in steps
     /// of `step` and whose stamps are rounded apart (etcd: a record's stamp
     /// up, a probe's down): a later stamp up to one step *before* `earlier`

@@ -105,13 +105,23 @@ fn cluster(
     agents
 }
 
-/// What `node`'s member record says of its last health check.
-fn healthy(url: &str, node: &str) -> Option<bool> {
-    status_json(url, "svc")["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["node"] == node)?["healthy"]
-        .as_bool()
+/// Waits (up to 10 s) until `node`'s member record says its last health
+/// check passed (`ok`) or failed, then R × 5 more for every agent to have
+/// read it.
+fn await_health(url: &str, node: &str, ok: bool) {
+    let says = || {
+        status_json(url, "svc")["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["node"] == node))
+            .and_then(|m| m["healthy"].as_bool())
+            == Some(ok)
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), says),
+        "{node}'s record never said healthy: {ok}: {}",
+        status_json(url, "svc")
+    );
+    std::thread::sleep(R * 5);
 }
 
 /// Waits (up to 10 s) until the member records publish these positions,
@@ -167,13 +177,7 @@ fn switchover_and_refusals(url: &str, dir: &Path) {
     std::fs::write(format!("{}-{target}", sick.display()), "").unwrap();
     // Its record says so (on a loaded host, later than a few R), and the
     // holder has read it.
-    assert!(
-        wait_for(Duration::from_secs(10), || healthy(url, &target)
-            == Some(false)),
-        "{target}'s record never said it fails its checks\n{}",
-        ctx()
-    );
-    std::thread::sleep(R * 5);
+    await_health(url, &target, false);
     let before = events(&ev).len();
     for (to, why) in [
         ("nosuch", "not a member"),
@@ -199,13 +203,7 @@ fn switchover_and_refusals(url: &str, dir: &Path) {
     // To a named, healthy node: its service starts after the holder's
     // graceful stop, at once.
     std::fs::remove_file(format!("{}-{target}", sick.display())).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(10), || healthy(url, &target)
-            == Some(true)),
-        "{target}'s record never said it passes its checks again\n{}",
-        ctx()
-    );
-    std::thread::sleep(R * 5);
+    await_health(url, &target, true);
     let asked = wall_ns();
     let o = run(&["switchover", "svc", "--to", &target, "--store", url]);
     assert!(o.status.success(), "{}\n{}", text(&o), ctx());
