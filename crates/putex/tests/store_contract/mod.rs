@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use putex::core::record::Observed;
+use putex::store::nats::first_dated_revision;
 use putex::store::{
     AnyStore, MemoryStore, ReadMode, SqliteStore, Store, StoreError, StoreUrl, Token, WatchEvent,
 };
@@ -621,7 +622,8 @@ async fn store_unknown_sqlite_locked() {
 
 /// A frozen nats-server (SIGSTOP): a write is unknown within its deadline;
 /// after SIGCONT the leader read finds it by its write id. A
-/// compare-and-swap frozen at its epoch read is unknown and never sent.
+/// compare-and-swap frozen in flight is unknown too, and may land once the
+/// server wakes up: the leader read tells which, and nothing else changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_unknown_nats_sigstop() {
     let server = NatsServer::start();
@@ -632,15 +634,13 @@ async fn store_unknown_nats_sigstop() {
         move || server.resume()
     })
     .await;
-    // A compare-and-swap stalled at its epoch read is unknown too; it was
-    // never sent, so nothing lands after the server wakes up.
     let k = "lock.unknown";
     let before = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
     server.pause();
     let e = s
         .update(
             k,
-            &json("w-never"),
+            &json("w-maybe"),
             before.token,
             Duration::from_millis(300),
         )
@@ -649,7 +649,10 @@ async fn store_unknown_nats_sigstop() {
     assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
-    assert_eq!(after, before);
+    if after != before {
+        assert_eq!(after.value, json("w-maybe"), "landed, or nothing");
+        assert_eq!(after.token.revision, before.token.revision + 1);
+    }
     // A read during a stall is unknown too, never "absent".
     server.pause();
     let e = s
@@ -659,13 +662,22 @@ async fn store_unknown_nats_sigstop() {
     assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
 }
 
-/// A re-created bucket has a later epoch, and old tokens conflict.
+/// A bucket putex creates dates its revisions: they start at its epoch
+/// (its creation time in nanoseconds), so a re-created bucket's revisions
+/// all lie above the old one's, its tokens compare higher, and an old
+/// token conflicts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_nats_recreated_bucket_has_a_later_epoch() {
     let server = NatsServer::start();
     let url = StoreUrl::parse(&server.url).unwrap();
     let s = open_retrying(&url).await;
     let t = s.create("lock.e", b"x", T).await.unwrap();
+    assert_eq!(
+        t.revision,
+        first_dated_revision(s.epoch()),
+        "a new bucket counts from its creation time in microseconds"
+    );
+    let t = s.update("lock.e", b"x", t, T).await.unwrap();
     let AnyStore::Nats(n) = &s else {
         unreachable!()
     };
@@ -677,21 +689,61 @@ async fn store_nats_recreated_bucket_has_a_later_epoch() {
     let s2 = open_retrying(&url).await;
     assert!(s2.epoch() > s.epoch());
     let t2 = s2.create("lock.e", b"y", T).await.unwrap();
-    assert_eq!(t2.revision, t.revision, "revisions restart in a new bucket");
-    assert!(t2 > t, "but tokens compare higher");
+    assert_eq!(t2.revision, first_dated_revision(s2.epoch()));
+    assert!(t2.revision > t.revision, "dated revisions never repeat");
+    assert!(t2 > t, "and tokens compare higher");
     let e = s2.update("lock.e", b"z", t, T).await.unwrap_err();
     assert!(e.is_conflict(), "{e}");
 }
 
+/// A bucket that was written before putex opened it (created by `nats kv
+/// add`, or by a putex that did not date buckets) keeps its numbering from
+/// 1; putex works on it, reading the epoch before each compare-and-swap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_undated_bucket_keeps_its_numbering() {
+    let server = NatsServer::start();
+    let url = StoreUrl::parse(&server.url).unwrap();
+    let js = undated_bucket(&server).await;
+    let s = open_retrying(&url).await;
+    let t = s.create("lock.u", b"x", T).await.unwrap();
+    assert_eq!(t.revision, 2, "after the one write before");
+    let t = s.update("lock.u", b"y", t, T).await.unwrap();
+    let e = s.update("lock.u", b"z", Token::new(t.epoch, 2), T).await;
+    assert!(e.unwrap_err().is_conflict());
+    s.delete("lock.u", t, T).await.unwrap();
+    drop(js);
+}
+
+/// Creates the bucket `putex` as `nats kv add` would and writes one key,
+/// so that putex finds it written and leaves its numbering alone.
+async fn undated_bucket(server: &NatsServer) -> async_nats::jetstream::Context {
+    let client = async_nats::connect(&server.url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let kv = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: "putex".into(),
+            history: 8,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    kv.put("scratch", "written before putex".into())
+        .await
+        .unwrap();
+    js
+}
+
 /// The bucket re-created under a connected handle, and the key written in
-/// the new bucket up to the very revision an old token names: a
-/// compare-and-swap with the old token conflicts at once — the handle does
-/// not wait for its periodic epoch check (every 5 s) to learn of the new
-/// bucket — and the new bucket's record is untouched.
+/// the new bucket up to the very revision an old token names (undated
+/// buckets, which count from 1): a compare-and-swap with the old token
+/// conflicts at once — the handle does not wait for its periodic epoch
+/// check (every 5 s) to learn of the new bucket — and the new bucket's
+/// record is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
     let server = NatsServer::start();
     let url = StoreUrl::parse(&server.url).unwrap();
+    undated_bucket(&server).await;
     let old = open_retrying(&url).await;
     let AnyStore::Nats(n) = &old else {
         unreachable!()
@@ -701,8 +753,9 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
     let js = async_nats::jetstream::new(n.client().clone());
     js.delete_key_value("putex").await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    // Another host re-creates the bucket and writes the key up to the
-    // revision of the old token.
+    // Another host re-creates the bucket (undated again) and writes the
+    // key up to the revision of the old token.
+    undated_bucket(&server).await;
     let new = open_retrying(&url).await;
     assert!(new.epoch() > old.epoch());
     let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
@@ -742,6 +795,44 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
     old.update("lock.e", b"taken over", seen.token, T)
         .await
         .unwrap();
+}
+
+/// The same on dated buckets, where a compare-and-swap reads no epoch: the
+/// old handle's token names a revision no later incarnation has, so its
+/// compare-and-swap on the re-created bucket conflicts at once however
+/// many writes the new bucket took, and the new record is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_recreated_dated_bucket_old_token_conflicts_at_once() {
+    let server = NatsServer::start();
+    let url = StoreUrl::parse(&server.url).unwrap();
+    let old = open_retrying(&url).await;
+    let AnyStore::Nats(n) = &old else {
+        unreachable!()
+    };
+    let t = old.create("lock.e", b"old holder", T).await.unwrap();
+    let t = old.update("lock.e", b"old holder", t, T).await.unwrap();
+    let js = async_nats::jetstream::new(n.client().clone());
+    js.delete_key_value("putex").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let new = open_retrying(&url).await;
+    let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
+    for _ in 0..3 {
+        t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+    }
+    assert!(t2.revision > t.revision);
+
+    let started = Instant::now();
+    let e = old.update("lock.e", b"stale", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "update with the old bucket's token: {e}");
+    let e = old.delete("lock.e", t, T).await.unwrap_err();
+    assert!(e.is_conflict(), "delete with the old bucket's token: {e}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let e = new
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
 }
 
 /// Keys names on the wire: the layout `docs/stores.md` describes.

@@ -77,7 +77,7 @@ pub struct LockView {
     /// The fencing token as `EPOCH:REVISION`.
     pub fencing_token: Option<String>,
     /// The store revision of the lock record (the token's revision), a
-    /// number: revisions count writes and stay far below 2^53.
+    /// number: revisions stay below 2^53 (`docs/http.md`).
     pub revision: Option<u64>,
     /// Seconds left of the lock's licence, once granted: in the answer to
     /// a grant or renewal, `lifetime` plus the grant deadline minus the

@@ -12,13 +12,16 @@
 //!   message of the key's subject (`STREAM.MSG.GET`); [`ReadMode::Any`] uses
 //!   direct get, which any replica may answer.
 //! - **Epoch**: the stream's creation time in nanoseconds; a re-created
-//!   bucket has a later one. A compare-and-swap (`update`, `delete`) reads
-//!   it from the stream leader (a stream-info request) right before it
-//!   publishes: a bucket re-created under a connected handle restarts its
-//!   revisions, and a token of the old bucket must be a conflict there,
-//!   never a hit on the new bucket's record at the same revision. Other
-//!   calls use the epoch cached at open, re-read after every reconnect and
-//!   every 5 s.
+//!   bucket has a later one. A bucket putex creates has *dated* revisions:
+//!   it counts them from its creation time in microseconds
+//!   ([`first_dated_revision`]), so no two incarnations share one, and a
+//!   compare-and-swap on a dated revision is one publish. On an undated
+//!   bucket (written before putex first opened it) a compare-and-swap
+//!   reads the epoch from the stream leader (a stream-info request) right
+//!   before it publishes: a re-created bucket restarts its revisions, and a
+//!   token of the old bucket must be a conflict there, never a hit on the
+//!   new bucket's record at the same revision. Other calls use the epoch
+//!   cached at open, re-read after every reconnect and every 5 s.
 //! - **Store time**: era 1, nanos = the message timestamp (the stream
 //!   leader's wall clock; it can jump at a leader change).
 //! - **Opening** refuses nats-server older than 2.11, creates the bucket if
@@ -329,10 +332,22 @@ impl NatsStore {
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
         with_deadline(op, key, timeout, async {
-            // The epoch as the stream leader has it now, not as cached: a
-            // bucket re-created since restarted its revisions, and its
-            // record of this key may be at `expected.revision` too.
-            let epoch = self.read_epoch(op, key).await?;
+            // A bucket re-created since restarted its revisions, and its
+            // record of this key may be at `expected.revision` too — unless
+            // the revision is dated (at least its epoch, `dated`): then no
+            // other incarnation of the bucket has it, a compare-and-swap on
+            // it cannot hit another bucket's record, and the epoch cached as
+            // for every other call will do. Otherwise the epoch as the
+            // stream leader has it now.
+            let cached = dated(expected) && {
+                self.refresh_epoch(op, key).await?;
+                expected.epoch == self.epoch()
+            };
+            let epoch = if cached {
+                expected.epoch
+            } else {
+                self.read_epoch(op, key).await?
+            };
             if expected.epoch != epoch {
                 return Err(StoreError::conflict(op, key));
             }
@@ -347,6 +362,26 @@ impl NatsStore {
         })
         .await
     }
+}
+
+/// The first revision of a bucket created at `epoch` (nanoseconds): its
+/// creation time in microseconds. A bucket putex creates counts its
+/// revisions from there ([`NatsStore::open`]), so they lie in
+/// `[epoch / 1000, epoch / 1000 + writes)`; they stay below 2^53 (until the
+/// year 2255), where JSON readers such as JavaScript stay exact.
+pub fn first_dated_revision(epoch: u64) -> u64 {
+    epoch / 1_000
+}
+
+/// Whether a token's revision is *dated*: at least the first revision of
+/// its epoch ([`first_dated_revision`]). A later incarnation's dated
+/// revisions all lie above it (its epoch is later, and no bucket takes a
+/// write per microsecond over its life), and an undated bucket's far below
+/// (it counts from 1). A dated revision therefore names its incarnation,
+/// and a compare-and-swap on it needs no epoch read first
+/// (`docs/stores.md`).
+fn dated(token: Token) -> bool {
+    token.revision >= first_dated_revision(token.epoch)
 }
 
 fn nats_filter(filter: &str) -> String {

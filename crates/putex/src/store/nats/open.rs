@@ -134,10 +134,11 @@ impl NatsStore {
         let mut js = jetstream::new(client.clone());
         // Our own deadline governs each call; keep the library's out of the way.
         js.set_timeout(Duration::from_secs(60));
-        let kv = Self::bucket_patiently(&js, cfg).await?;
+        let mut kv = Self::bucket_patiently(&js, cfg).await?;
         let stream_info = kv.stream.cached_info().clone();
         check_bucket(&cfg.bucket, cfg.replicas, &stream_info.config)?;
         let epoch = nanos!(stream_info.created);
+        date_revisions(&mut kv, &cfg.bucket, &stream_info).await;
         let subject_prefix = kv.put_prefix.clone().unwrap_or_else(|| kv.prefix.clone());
         // A bucket deleted and re-created under a live connection shows no
         // reconnect: re-read the epoch every EPOCH_RECHECK too, so that a
@@ -237,6 +238,43 @@ impl NatsStore {
                 }
             }),
         }
+    }
+}
+
+/// Makes a bucket that was never written count its revisions from its
+/// creation time in microseconds ([`first_dated_revision`]; a purge up to
+/// that sequence: the stream then counts on from there), so that they are
+/// dated and a compare-and-swap needs one request, not two. A bucket
+/// already written keeps its numbering, and its compare-and-swaps read the
+/// epoch first. Best effort: a bucket the purge fails on stays undated,
+/// which is only slower.
+async fn date_revisions(kv: &mut kv::Store, bucket: &str, info: &jetstream::stream::Info) {
+    let first = first_dated_revision(nanos!(info.created));
+    let state = &info.state;
+    if state.first_sequence >= first {
+        return;
+    }
+    if state.last_sequence != 0 {
+        tracing::info!(
+            bucket,
+            "the bucket's revisions are not dated (it was written before putex dated new buckets, or by another client first): each compare-and-swap reads the epoch first; re-create the bucket to save that request"
+        );
+        return;
+    }
+    // Purging a never-written stream up to a sequence only moves its first
+    // sequence; processes opening it at once all purge up to the same one.
+    match kv.stream.purge().sequence(first).await {
+        Ok(_) => match kv.stream.info().await {
+            Ok(i) if i.state.first_sequence >= first => {
+                tracing::debug!(bucket, first, "dated the bucket's revisions")
+            }
+            Ok(_) => tracing::info!(
+                bucket,
+                "the server did not move the bucket's first revision; it stays undated"
+            ),
+            Err(e) => tracing::debug!(bucket, error = %e, "cannot confirm the dating"),
+        },
+        Err(e) => tracing::info!(bucket, error = %e, "cannot date the bucket's revisions"),
     }
 }
 
