@@ -2293,3 +2293,39 @@ fn o2_a_paused_record_resumed_by_force_meanwhile_is_lost_and_stopped() {
         h.out
     );
 }
+
+/// S6, both sides: a leader read that the watch overtook — sent when 1:10
+/// was the newest record, answered 1:11 after the watch showed 1:12 — is
+/// old news, not a regression: the standby asks the leader again, and
+/// takes nothing as absent. A leader read below what was trusted when it
+/// was sent is a regression (found by `putex lock --limit 4` with 16
+/// clients on NATS: a false "STORE REGRESSED" once writes got faster).
+#[test]
+fn s6_a_leader_read_overtaken_by_the_watch_is_not_a_regression() {
+    for answer in [11, 9] {
+        let mut h = Harness::new("a");
+        let active = |rev| entry(&holder(LockState::Active, 10_000), rev, 60.0);
+        look(&mut h, Some(active(10)));
+        h.forget_store();
+        h.out.clear();
+        // A record below the newest one seen: asked of the leader.
+        h.input(Input::Watch(Some(active(8))));
+        let (id, op) = h.store();
+        assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+        // Meanwhile the watch shows a newer record.
+        h.input(Input::Watch(Some(active(12))));
+        h.reply(id, StoreOutcome::Read(Some(active(answer))));
+        let regressed =
+            h.find(|o| matches!(o, Output::Event(putex_core::Event::StoreRegressed { .. })));
+        if answer == 11 {
+            assert!(!regressed, "an overtaken read is not a regression");
+            let (_, op) = h.store();
+            assert!(
+                matches!(op, StoreOp::Get { leader: true, .. }),
+                "the leader is asked again: {op:?}"
+            );
+        } else {
+            assert!(regressed, "below what was trusted when sent: a regression");
+        }
+    }
+}

@@ -426,6 +426,11 @@ pub struct Agent {
     /// regressed token when the store goes backwards (S6), so that records
     /// written after the regression are judged normally again.
     trusted: Option<Token>,
+    /// `trusted` when the last lock-record read was sent: a leader read
+    /// shows the store as it was when the leader answered, and a record
+    /// the watch delivered meanwhile may be newer than that without the
+    /// store having gone back (S6: only a read below this is a regression).
+    trusted_at_read: Option<Token>,
     /// The newest token seen, while an acquisition of ours was on its way,
     /// on a record that is not ours (another instance's, or unreadable):
     /// the acquisition over an older revision that lands after it landed on
@@ -553,6 +558,7 @@ impl Agent {
             seen: None,
             highest: config.highest_token,
             trusted: config.highest_token,
+            trusted_at_read: config.highest_token,
             foreign_seen: None,
             duplicate_seen: None,
             revoked_over: None,
@@ -961,6 +967,9 @@ impl Agent {
                 expected: *expected,
             },
         };
+        if matches!(op, StoreOp::Get { .. }) {
+            self.trusted_at_read = self.trusted;
+        }
         self.lock_op = Some(Pending { id, deadline, what });
         if self.recent_lock_ops.len() == RECENT_LOCK_OPS {
             self.recent_lock_ops.pop_front();

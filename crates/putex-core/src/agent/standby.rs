@@ -69,8 +69,17 @@ impl Agent {
         if let Some(e) = &entry {
             match self.trusted {
                 Some(t) if e.token.epoch == t.epoch && e.token < t => {
-                    if !leader {
-                        // Maybe a lagging replica; ask the leader.
+                    // A leader read sent before the watch showed `t` may
+                    // answer with the store as it was then: old news, not
+                    // a regression (unless it is below what was trusted
+                    // when it was sent).
+                    let overtaken = leader
+                        && self
+                            .trusted_at_read
+                            .is_none_or(|f| f.epoch != e.token.epoch || e.token >= f);
+                    if !leader || overtaken {
+                        // Maybe a lagging replica, or an overtaken read;
+                        // ask the leader (again).
                         if self.lock_op.is_none() && self.role == Role::Standby {
                             self.send_lock(LockOp::LeaderPoll, self.deadline());
                         }
