@@ -1530,3 +1530,45 @@ fn a_program_runs_a_critical_section_with_the_putex_binary_as_its_keeper() {
     let seen = std::fs::read_to_string(&marker).expect("CMD ran");
     assert_eq!(seen.trim(), token.to_string());
 }
+
+/// The keeper starts while the store opens; when the store cannot be
+/// opened, `putex lock` exits 69 (unavailable) without running CMD, and
+/// the keeper it began is gone within moments.
+#[test]
+fn a_store_that_cannot_be_opened_leaves_no_keeper_behind() {
+    let env = Env::sqlite();
+    // A "server" that accepts and hangs up after 200 ms, without a word:
+    // long enough for the keeper to have started.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("nats://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(conn);
+        }
+    });
+    let started = Instant::now();
+    let (status, stderr) = run(env.lock_via(&url, "unopened", &[], "touch \"$D/ran\""));
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert!(!env.path("ran").exists(), "CMD must not run");
+    let keepers = env.path("keepers");
+    let keepers = keepers.to_string_lossy();
+    let left = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(&*keepers))
+                    .unwrap_or(false)
+            })
+            .count()
+    };
+    while left() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a keeper outlived the failed start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -301,7 +301,7 @@ async fn leased_claim(a: &ClaimArgs) -> Result<u8, CliError> {
         values: chosen.iter().map(u64::to_string).collect(),
     });
     let what = format!("pool {pool:?}: a free id");
-    super::lock::run_section(store, opts, &what, sysexits::TEMPFAIL).await
+    super::lock::run_section(store, opts, &what, sysexits::TEMPFAIL, None).await
 }
 
 async fn claim(a: &ClaimArgs) -> Result<(), CliError> {

@@ -331,11 +331,37 @@ pub fn check_command(argv: &[String]) -> Result<(), CliError> {
 pub async fn run(args: &LockArgs) -> Result<u8, CliError> {
     let (url, opts) = args.options()?;
     check_command(&opts.argv)?;
-    let store = AnyStore::open(&url)
-        .await
-        .map_err(|e| CliError::Exit(sysexits::UNAVAILABLE, format!("store {url}: {e}")))?;
+    // A section that will wait and run CMD needs its keeper: start it
+    // while the store opens (a few milliseconds each). `--no-wait` and
+    // `--once` may end before anything runs, and start it only then.
+    let keeper = if opts.wait != Wait::No && opts.once.is_none() {
+        Some(section::KeeperStart::begin(&opts).map_err(section_error)?)
+    } else {
+        None
+    };
+    let store = match AnyStore::open(&url).await {
+        Ok(store) => store,
+        Err(e) => {
+            if let Some(k) = keeper {
+                k.cancel().await;
+            }
+            return Err(CliError::Exit(
+                sysexits::UNAVAILABLE,
+                format!("store {url}: {e}"),
+            ));
+        }
+    };
     let what = format!("lock {:?}", opts.name);
-    run_section(store, opts, &what, args.conflict_exit_code).await
+    run_section(store, opts, &what, args.conflict_exit_code, keeper).await
+}
+
+/// A section's error as the CLI reports it.
+fn section_error(e: SectionError) -> CliError {
+    match e {
+        SectionError::Store(e) => CliError::Exit(sysexits::UNAVAILABLE, format!("store: {e}")),
+        SectionError::Keeper(m) => CliError::Exit(sysexits::SOFTWARE, m),
+        refused => usage(refusal(&refused)),
+    }
 }
 
 /// Runs a section and turns its outcome into an exit code, telling the
@@ -346,16 +372,21 @@ pub async fn run_section(
     opts: SectionOptions,
     what: &str,
     conflict_exit_code: u8,
+    keeper: Option<section::KeeperStart>,
 ) -> Result<u8, CliError> {
-    let signals = forward_signals()?;
+    let signals = match forward_signals() {
+        Ok(signals) => signals,
+        Err(e) => {
+            if let Some(k) = keeper {
+                k.cancel().await;
+            }
+            return Err(e);
+        }
+    };
     let name = opts.name.clone();
-    let outcome = section::run(store, opts, signals)
+    let outcome = section::run_with_keeper(store, opts, signals, keeper)
         .await
-        .map_err(|e| match e {
-            SectionError::Store(e) => CliError::Exit(sysexits::UNAVAILABLE, format!("store: {e}")),
-            SectionError::Keeper(m) => CliError::Exit(sysexits::SOFTWARE, m),
-            refused => usage(refusal(&refused)),
-        })?;
+        .map_err(section_error)?;
     Ok(match outcome {
         Outcome::Finished { exit, .. } => exit_code(exit),
         Outcome::NotAcquired { holder } => {

@@ -75,7 +75,7 @@ mod state;
 pub use crate::supervision::process::Exit;
 pub use limits::{targets, LimitMismatch, SemaphoreRecord};
 pub use once::{done_in, period_key, OnceRecord, OnceState};
-pub use run::{run, Signals};
+pub use run::{run, run_with_keeper, KeeperStart, Signals};
 
 /// How long to wait for the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

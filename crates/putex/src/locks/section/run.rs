@@ -9,11 +9,101 @@ use super::*;
 /// signals to forward or to end the wait with.
 pub type Signals = mpsc::UnboundedReceiver<i32>;
 
+/// The section's keeper on its way: a process of its own that takes a few
+/// milliseconds to start, begun before the store is opened so that the two
+/// overlap ([`run_with_keeper`]).
+pub struct KeeperStart {
+    /// This run's instance name (the keeper's socket carries it).
+    instance: Name,
+    task: tokio::task::JoinHandle<Result<KeeperClient, String>>,
+}
+
+impl KeeperStart {
+    /// Starts (or adopts) the keeper for `opts` in the background.
+    pub fn begin(opts: &SectionOptions) -> Result<KeeperStart, SectionError> {
+        std::fs::create_dir_all(&opts.keeper_dir).map_err(|source| SectionError::KeeperDir {
+            dir: opts.keeper_dir.clone(),
+            source,
+        })?;
+        let instance = crate::identity::instance_name();
+        let short = &instance[..instance.len().min(12)];
+        let exe = match &opts.keeper_exe {
+            Some(exe) => exe.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?,
+        };
+        let config = KeeperConfig {
+            exe,
+            socket: crate::supervision::keeper::socket_path(
+                &opts.keeper_dir,
+                &opts.store_id,
+                &format!("{}-{short}", opts.name),
+            ),
+            lock: opts.name.to_string(),
+            node: opts.node.to_string(),
+            deactivate: None,
+            stop_timeout: opts.timing.stop_timeout(),
+            emergency_timeout: opts.timing.emergency_timeout(),
+            cgroup: opts.cgroup,
+            quiet: true,
+        };
+        let task = tokio::spawn(async move {
+            KeeperClient::spawn_or_adopt(&config)
+                .await
+                .map(|(keeper, _)| keeper)
+                .map_err(|e| e.to_string())
+        });
+        Ok(KeeperStart { instance, task })
+    }
+
+    async fn finish(self) -> Result<KeeperClient, SectionError> {
+        match self.task.await {
+            Ok(r) => r.map_err(SectionError::Keeper),
+            Err(e) => Err(SectionError::Keeper(format!(
+                "the keeper's start failed: {e}"
+            ))),
+        }
+    }
+
+    /// Tells the keeper to go once it has started: nothing will run.
+    pub async fn cancel(self) {
+        if let Ok(keeper) = self.finish().await {
+            let _ = keeper.shutdown().await;
+        }
+    }
+}
+
 /// Runs `opts.argv` while holding the lock; see the [module docs](crate::locks::section).
 pub async fn run(
     store: AnyStore,
     opts: SectionOptions,
+    signals: Signals,
+) -> Result<Outcome, SectionError> {
+    run_with_keeper(store, opts, signals, None).await
+}
+
+/// [`run`] with a keeper begun before the store was opened
+/// ([`KeeperStart::begin`]); it is told to go if nothing runs.
+pub async fn run_with_keeper(
+    store: AnyStore,
+    opts: SectionOptions,
+    signals: Signals,
+    keeper: Option<KeeperStart>,
+) -> Result<Outcome, SectionError> {
+    // Nothing may return before the keeper is either used or sent away.
+    let mut early = keeper;
+    let r = run_inner(store, opts, signals, &mut early).await;
+    if let Some(k) = early {
+        k.cancel().await;
+    }
+    r
+}
+
+async fn run_inner(
+    store: AnyStore,
+    opts: SectionOptions,
     mut signals: Signals,
+    early: &mut Option<KeeperStart>,
 ) -> Result<Outcome, SectionError> {
     let timing = opts.timing.clone();
     let timeout = timing.store_timeout().max(Duration::from_secs(1));
@@ -54,35 +144,14 @@ pub async fn run(
     }
 
     // The keeper: one per section, on a socket of its own.
-    std::fs::create_dir_all(&opts.keeper_dir).map_err(|source| SectionError::KeeperDir {
-        dir: opts.keeper_dir.clone(),
-        source,
-    })?;
-    let instance = crate::identity::instance_name();
-    let short = &instance[..instance.len().min(12)];
-    let exe = match &opts.keeper_exe {
-        Some(exe) => exe.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| SectionError::Keeper(format!("cannot find the putex binary: {e}")))?,
+    let start = match early.take() {
+        Some(start) => start,
+        None => KeeperStart::begin(&opts)?,
     };
-    let keeper_config = KeeperConfig {
-        exe,
-        socket: crate::supervision::keeper::socket_path(
-            &opts.keeper_dir,
-            &opts.store_id,
-            &format!("{}-{short}", opts.name),
-        ),
-        lock: opts.name.to_string(),
-        node: opts.node.to_string(),
-        deactivate: None,
-        stop_timeout: timing.stop_timeout(),
-        emergency_timeout: timing.emergency_timeout(),
-        cgroup: opts.cgroup,
-        quiet: true,
-    };
-    // The keeper starts (a process of its own: a few milliseconds) while
-    // we join the fair queue (not for --no-wait, which never waits behind
-    // anyone).
+    let instance = start.instance.clone();
+    // The keeper starts (a process of its own: a few milliseconds; begun
+    // before the store was opened when the caller could) while we join the
+    // fair queue (not for --no-wait, which never waits behind anyone).
     let join_queue = async {
         if opts.wait == Wait::No || !opts.queue {
             return Ok(None);
@@ -103,16 +172,16 @@ pub async fn run(
             .await
             .map(Some)
     };
-    let (keeper, ticket) = tokio::join!(KeeperClient::spawn_or_adopt(&keeper_config), join_queue);
+    let (keeper, ticket) = tokio::join!(start.finish(), join_queue);
     let (mut keeper, ticket) = match (keeper, ticket) {
-        (Ok((keeper, _)), Ok(ticket)) => (keeper, ticket),
+        (Ok(keeper), Ok(ticket)) => (keeper, ticket),
         (Err(e), ticket) => {
             if let Ok(Some(t)) = ticket {
                 t.leave().await;
             }
-            return Err(SectionError::Keeper(e.to_string()));
+            return Err(e);
         }
-        (Ok((keeper, _)), Err(e)) => {
+        (Ok(keeper), Err(e)) => {
             let _ = keeper.shutdown().await;
             return Err(e.into());
         }
