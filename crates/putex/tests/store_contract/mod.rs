@@ -833,6 +833,18 @@ async fn store_nats_recreated_dated_bucket_old_token_conflicts_at_once() {
         .unwrap()
         .unwrap();
     assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
+    // The conflict made the old handle re-read the epoch: what it reads
+    // next carries the new one, and a compare-and-swap on it succeeds.
+    let seen = old
+        .get("lock.e", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.token, t2);
+    assert_eq!(old.epoch(), new.epoch());
+    old.update("lock.e", b"taken over", seen.token, T)
+        .await
+        .unwrap();
 }
 
 /// Keys names on the wire: the layout `docs/stores.md` describes.

@@ -355,10 +355,21 @@ impl NatsStore {
                 // Revision 0 would mean "must not exist": not a CAS on a record.
                 return Err(StoreError::conflict(op, key));
             }
-            let revision = self
+            match self
                 .publish(op, key, value, Some(expected.revision), delete)
-                .await?;
-            Ok(Token::new(epoch, revision))
+                .await
+            {
+                Ok(revision) => Ok(Token::new(epoch, revision)),
+                Err(e) => {
+                    if cached && e.is_conflict() {
+                        // Maybe the bucket was re-created: the caller's
+                        // next read re-reads the epoch first and labels
+                        // what it finds with the new one at once.
+                        self.inner.epoch_stale.store(true, Ordering::SeqCst);
+                    }
+                    Err(e)
+                }
+            }
         })
         .await
     }
