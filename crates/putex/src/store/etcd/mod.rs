@@ -41,7 +41,7 @@
 //!   [`AnyStore::clock_step`](crate::store::AnyStore::clock_step) to the core.
 //!   The cost: a takeover waits up to 2 s more than on NATS (the TTL's
 //!   one-second resolution, on both ends); see `docs/safety.md`.
-//! - **Watches** share one etcd watch over the prefix per handle ([`Hub`]);
+//! - **Watches** share one etcd watch over the prefix per handle (`store/hub.rs`);
 //!   a watch from an old revision reads the changes since then with a watch
 //!   of its own, and a compacted revision is re-read as the latest state.
 //!
