@@ -2329,3 +2329,36 @@ fn s6_a_leader_read_overtaken_by_the_watch_is_not_a_regression() {
         }
     }
 }
+
+/// O3, both sides: the node whose record went stale is no candidate for
+/// its own lock — a holder cut off from the store calls itself a ready
+/// standby once its licence ends, in a member record that still reaches
+/// the store, and deferring to it added D to the failover (chaos
+/// `drop-replies`, CI s20b: 653–675 ms against 606 allowed). Another
+/// ready candidate that outranks this node is still deferred to.
+#[test]
+fn o3_the_stale_holder_is_no_candidate_for_its_own_lock() {
+    for with_better_standby in [false, true] {
+        let mut h = Harness::new("a");
+        h.input(Input::Position(Some(10)));
+        let mut members = vec![candidate("other", Some(30), true)];
+        if with_better_standby {
+            members.push(candidate("b", Some(20), true));
+        }
+        h.input(Input::Members(members));
+        let held = entry(&holder(LockState::Active, 10_000), 5, 50.0);
+        look(&mut h, Some(held.clone()));
+        // Past the first rounds, where "held by" is the reason.
+        let until = h.now + 2.5;
+        standby_until(&mut h, until, &held);
+        let blocker = h.agent.blocker();
+        if with_better_standby {
+            assert_eq!(blocker, Some(putex_core::Blocker::Deferring("b".into())));
+        } else {
+            assert!(
+                !matches!(blocker, Some(putex_core::Blocker::Deferring(_))),
+                "deferring to the stale holder: {blocker:?}"
+            );
+        }
+    }
+}

@@ -173,16 +173,28 @@ impl Agent {
     }
 
     /// The best ready, eligible candidate that outranks this node, if any:
-    /// this node defers to it by D (O3).
+    /// this node defers to it by D (O3). The node whose record the lock
+    /// shows is no candidate for it: its record went stale or was given up
+    /// there, and a holder cut off from the store whose licence ended calls
+    /// itself a ready standby in the member record that still reaches the
+    /// store — deferring to it would only add D to every failover.
     pub(super) fn outranked_by(&self) -> Option<&Candidate> {
         let me = rank(
             self.operator.position,
             self.operator.priority,
             &self.id.node,
         );
+        let recorded = self
+            .seen
+            .as_ref()
+            .filter(|s| !s.absent_like)
+            .and_then(|s| s.observed.as_ref())
+            .and_then(|o| o.record())
+            .map(|r| r.node.as_str());
         self.operator
             .candidates
             .iter()
+            .filter(|c| Some(c.node.as_str()) != recorded)
             .filter(|c| c.ready && c.priority > 0 && self.lag_beyond(c.position).is_none())
             .filter(|c| rank(c.position, c.priority, &c.node) > me)
             .max_by(|a, b| {
