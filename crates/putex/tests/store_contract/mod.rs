@@ -741,9 +741,25 @@ async fn undated_bucket(server: &NatsServer) -> async_nats::jetstream::Context {
 /// record is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
+    recreated_bucket_old_token_conflicts_at_once(false).await;
+}
+
+/// The same on dated buckets, where a compare-and-swap reads no epoch: the
+/// old handle's token names a revision no later incarnation has, so its
+/// compare-and-swap on the re-created bucket conflicts at once however
+/// many writes the new bucket took, and the new record is untouched; the
+/// conflict makes the old handle re-read the epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_recreated_dated_bucket_old_token_conflicts_at_once() {
+    recreated_bucket_old_token_conflicts_at_once(true).await;
+}
+
+async fn recreated_bucket_old_token_conflicts_at_once(dated: bool) {
     let server = NatsServer::start();
     let url = StoreUrl::parse(&server.url).unwrap();
-    undated_bucket(&server).await;
+    if !dated {
+        undated_bucket(&server).await;
+    }
     let old = open_retrying(&url).await;
     let AnyStore::Nats(n) = &old else {
         unreachable!()
@@ -753,25 +769,35 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
     let js = async_nats::jetstream::new(n.client().clone());
     js.delete_key_value("putex").await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    // Another host re-creates the bucket (undated again) and writes the
-    // key up to the revision of the old token.
-    undated_bucket(&server).await;
+    // Another host re-creates the bucket and writes the key: undated, up
+    // to the revision of the old token; dated, a few times (its revisions
+    // are all above the old token's).
+    if !dated {
+        undated_bucket(&server).await;
+    }
     let new = open_retrying(&url).await;
     assert!(new.epoch() > old.epoch());
     let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
-    while t2.revision < t.revision {
-        t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+    if dated {
+        for _ in 0..3 {
+            t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+        }
+        assert!(t2.revision > t.revision);
+    } else {
+        while t2.revision < t.revision {
+            t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
+        }
+        assert_eq!(
+            t2.revision, t.revision,
+            "the same revision in the new bucket"
+        );
     }
-    assert_eq!(
-        t2.revision, t.revision,
-        "the same revision in the new bucket"
-    );
 
     let started = Instant::now();
     let e = old.update("lock.e", b"stale", t, T).await.unwrap_err();
-    assert!(e.is_conflict(), "update with the old epoch's token: {e}");
+    assert!(e.is_conflict(), "update with the old bucket's token: {e}");
     let e = old.delete("lock.e", t, T).await.unwrap_err();
-    assert!(e.is_conflict(), "delete with the old epoch's token: {e}");
+    assert!(e.is_conflict(), "delete with the old bucket's token: {e}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "not at once: {:?}",
@@ -783,58 +809,9 @@ async fn store_nats_recreated_bucket_old_token_conflicts_at_once() {
         .unwrap()
         .unwrap();
     assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
-    // The old handle knows the new bucket now: its reads carry the new
+    // The old handle knows the new bucket now (undated: from the epoch
+    // read; dated: the conflict had it re-read): its reads carry the new
     // epoch, and a compare-and-swap on what it reads succeeds.
-    assert_eq!(old.epoch(), new.epoch());
-    let seen = old
-        .get("lock.e", ReadMode::Leader, T)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(seen.token, t2);
-    old.update("lock.e", b"taken over", seen.token, T)
-        .await
-        .unwrap();
-}
-
-/// The same on dated buckets, where a compare-and-swap reads no epoch: the
-/// old handle's token names a revision no later incarnation has, so its
-/// compare-and-swap on the re-created bucket conflicts at once however
-/// many writes the new bucket took, and the new record is untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_nats_recreated_dated_bucket_old_token_conflicts_at_once() {
-    let server = NatsServer::start();
-    let url = StoreUrl::parse(&server.url).unwrap();
-    let old = open_retrying(&url).await;
-    let AnyStore::Nats(n) = &old else {
-        unreachable!()
-    };
-    let t = old.create("lock.e", b"old holder", T).await.unwrap();
-    let t = old.update("lock.e", b"old holder", t, T).await.unwrap();
-    let js = async_nats::jetstream::new(n.client().clone());
-    js.delete_key_value("putex").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let new = open_retrying(&url).await;
-    let mut t2 = new.create("lock.e", b"new holder", T).await.unwrap();
-    for _ in 0..3 {
-        t2 = new.update("lock.e", b"new holder", t2, T).await.unwrap();
-    }
-    assert!(t2.revision > t.revision);
-
-    let started = Instant::now();
-    let e = old.update("lock.e", b"stale", t, T).await.unwrap_err();
-    assert!(e.is_conflict(), "update with the old bucket's token: {e}");
-    let e = old.delete("lock.e", t, T).await.unwrap_err();
-    assert!(e.is_conflict(), "delete with the old bucket's token: {e}");
-    assert!(started.elapsed() < Duration::from_secs(2));
-    let e = new
-        .get("lock.e", ReadMode::Leader, T)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((e.value.as_slice(), e.token), (&b"new holder"[..], t2));
-    // The conflict made the old handle re-read the epoch: what it reads
-    // next carries the new one, and a compare-and-swap on it succeeds.
     let seen = old
         .get("lock.e", ReadMode::Leader, T)
         .await
