@@ -73,7 +73,7 @@ async fn distinct_names_get_distinct_ids(handles: &[AnyStore]) {
                     &opts(),
                 )
                 .await
-                .unwrap()
+                .unwrap_or_else(|e| panic!("claim {i} of 40: {e}"))
                 .id
             })
         })
@@ -96,22 +96,32 @@ async fn distinct_names_get_distinct_ids(handles: &[AnyStore]) {
 }
 
 /// 8 concurrent claims with one name: one id, which every caller gets.
+///
+/// The others wait for the first claim's pending record up to 2 s before
+/// they take it over: with the 300 ms of [`opts`], on a loaded host each
+/// claim could be taken over before it finished, again and again, until
+/// the deadline (taking over a stalled claim is
+/// [`interrupted_claim_resumes`]'s).
 async fn one_name_gets_one_id(handles: &[AnyStore]) {
     let pool: &Name = &"same".parse().unwrap();
+    let patient = Options {
+        pending_takeover: Duration::from_secs(2),
+        ..opts()
+    };
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let s = handles[i % handles.len()].clone();
-            let pool = pool.clone();
+            let (pool, patient) = (pool.clone(), patient.clone());
             tokio::spawn(async move {
                 idpool::claim(
                     &s,
                     &pool,
                     range("1-254"),
                     &who("shared", "m-shared"),
-                    &opts(),
+                    &patient,
                 )
                 .await
-                .unwrap()
+                .unwrap_or_else(|e| panic!("claim {i} of name shared: {e}"))
             })
         })
         .collect();
@@ -341,8 +351,10 @@ async fn interrupted_claim_resumes(s: &AnyStore) {
     // (`docs/stores.md`): let it see the pending record now, as a running
     // process would. (Elsewhere a no-op.)
     let _ = problems(s, pool).await;
-    // Older than the grace, so check calls it interrupted.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Older than the grace, so check calls it interrupted — on the store's
+    // clock, which on etcd reads in whole seconds (`clock_step`): 350 ms
+    // can fall within one of them.
+    tokio::time::sleep(Duration::from_millis(350) + s.clock_step()).await;
     let p = problems(s, pool).await;
     assert!(p.iter().any(|p| p.contains("pending")), "{p:#?}");
     let started = Instant::now();

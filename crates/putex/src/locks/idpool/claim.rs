@@ -77,6 +77,29 @@ async fn write_checked<S: Store>(
     Err(last.into())
 }
 
+/// Runs a read again while its answer does not come (a timeout, a lost
+/// connection) and the claim still has time: a read changes nothing, so
+/// trying it again is always safe, and a store that was slow for a moment
+/// does not fail a claim that could still finish. Any other error, and
+/// the last one at `give_up`, is returned.
+async fn read_patiently<T, F, Fut>(give_up: Instant, mut read: F) -> Result<T, IdError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, IdError>>,
+{
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match read().await {
+            Err(IdError::Store(e)) if e.is_unknown() && Instant::now() + pause < give_up => {
+                tracing::debug!(error = %e, "read unanswered; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Reads the pool's range from its meta record, creating it with `asked`
 /// on first use; refuses a different `asked` range.
 pub(crate) async fn pool_range<S: Store>(
@@ -151,11 +174,12 @@ pub async fn claim<S: Store>(
     opts: &Options,
 ) -> Result<Claimed, IdError> {
     let t = opts.timeout;
-    let range = pool_range(store, pool, range, t).await?;
-    let name_key = keys::id_name(pool, &who.name);
-    let instance = instance_id();
     let started = Instant::now();
     let give_up = started + opts.deadline;
+    // Its create is settled by the read after it, so all of it may run again.
+    let range = read_patiently(give_up, || pool_range(store, pool, range, t)).await?;
+    let name_key = keys::id_name(pool, &who.name);
+    let instance = instance_id();
     let busy = || IdError::Busy {
         pool: pool.to_string(),
         name: who.name.to_string(),
@@ -169,7 +193,11 @@ pub async fn claim<S: Store>(
             return Err(busy());
         }
         let pending = NameRecord::new(pool, who, NameState::Pending, None);
-        let over = match store.get(&name_key, ReadMode::Leader, t).await? {
+        let current = read_patiently(give_up, || async {
+            Ok(store.get(&name_key, ReadMode::Leader, t).await?)
+        })
+        .await?;
+        let over = match current {
             None => None,
             Some(entry) => {
                 let Some(rec) = NameRecord::decode(&entry.value, pool, &who.name) else {
@@ -190,7 +218,7 @@ pub async fn claim<S: Store>(
                 }
                 match (rec.state, rec.id) {
                     (NameState::Bound, Some(n)) => {
-                        if confirm(store, pool, n, who, t).await? {
+                        if read_patiently(give_up, || confirm(store, pool, n, who, t)).await? {
                             return Ok(Claimed {
                                 id: n,
                                 existing: true,
@@ -259,11 +287,12 @@ pub async fn claim<S: Store>(
         // this very id to the name), or a release. Give the id back unless
         // it is bound; the compare-and-swap is on our own write, so an id
         // record someone else has written since is never touched.
-        let now_bound = store
-            .get(&name_key, ReadMode::Leader, t)
-            .await?
-            .and_then(|e| NameRecord::decode(&e.value, pool, &who.name))
-            .is_some_and(|r| r.state == NameState::Bound && r.id == Some(n));
+        let now_bound = read_patiently(give_up, || async {
+            Ok(store.get(&name_key, ReadMode::Leader, t).await?)
+        })
+        .await?
+        .and_then(|e| NameRecord::decode(&e.value, pool, &who.name))
+        .is_some_and(|r| r.state == NameState::Bound && r.id == Some(n));
         if !now_bound {
             give_back(store, pool, n, who, &instance, id_token, t).await?;
         }
@@ -345,7 +374,7 @@ async fn take_id<S: Store>(
                 waited: started.elapsed(),
             });
         }
-        let view = PoolView::read(store, pool, opts.timeout).await?;
+        let view = read_patiently(give_up, || PoolView::read(store, pool, opts.timeout)).await?;
         // An id of ours left by an interrupted claim comes first: resume it.
         let mut order: Vec<(u64, Option<Token>)> = view
             .ids

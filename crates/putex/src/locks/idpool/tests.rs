@@ -132,3 +132,53 @@ async fn claim_release_and_reclaim_on_the_memory_store() {
     assert_eq!(report.problems, Vec::new());
     assert_eq!(report.claimed, 2);
 }
+
+/// Reads that go unanswered for a moment (a slow store, a lost connection)
+/// do not fail a claim that still has time; a store that never answers
+/// fails it at its deadline, saying the store did not answer.
+#[tokio::test]
+async fn a_claim_outlives_unanswered_reads_until_its_deadline() {
+    use crate::store::memory::Fault;
+    let mem = MemoryStore::new();
+    let store = AnyStore::from(mem.clone());
+    let pool: Name = "p".parse().unwrap();
+    let o = Options {
+        timeout: Duration::from_millis(50),
+        deadline: Duration::from_millis(600),
+        ..Options::default()
+    };
+    let range = Some("1-3".parse().unwrap());
+    assert_eq!(
+        claim(&store, &pool, range, &who("a", "m"), &o)
+            .await
+            .unwrap()
+            .id,
+        1
+    );
+
+    // The next three operations (the claim's first reads) time out.
+    for _ in 0..3 {
+        mem.inject(Fault::Stall);
+    }
+    let b = claim(&store, &pool, None, &who("b", "m"), &o)
+        .await
+        .unwrap();
+    assert_eq!((b.id, b.existing), (2, false));
+    let report = check(&store, &pool, &o).await.unwrap();
+    assert_eq!((report.claimed, report.problems), (2, Vec::new()));
+
+    // A store that answers nothing: the claim gives up at its deadline.
+    for _ in 0..1_000 {
+        mem.inject(Fault::Stall);
+    }
+    let started = std::time::Instant::now();
+    let e = claim(&store, &pool, None, &who("c", "m"), &o)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(&e, IdError::Store(s) if s.is_unknown()), "{e:?}");
+    assert!(
+        took >= o.deadline - Duration::from_millis(100) && took < o.deadline * 2,
+        "gave up after {took:?}"
+    );
+}
