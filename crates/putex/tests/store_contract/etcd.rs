@@ -371,6 +371,13 @@ async fn store_etcd_snapshots_miss_no_busy_key() {
     snapshots_miss_no_busy_key(&s).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_etcd_prefix_watch_starts_with_the_key_written_before_it() {
+    let server = EtcdServer::start();
+    let s = open_retrying(&url_of(&[server.endpoint()], "")).await;
+    a_prefix_watch_starts_with_the_key_written_before_it(&s).await;
+}
+
 /// Nothing listening: opening is unknown (retrying may help), within its
 /// deadline.
 #[tokio::test]
