@@ -308,6 +308,9 @@ fn semaphore_at_its_limit(
         println!("semaphore first use ({store}): {e}");
     }
     let _ = std::fs::remove_file(&log);
+    let launched_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let started = Instant::now();
     let children: Vec<Child> = (0..CLIENTS)
         .map(|_| cmd(&[], "0.1").spawn().expect("start putex lock"))
@@ -341,6 +344,32 @@ fn semaphore_at_its_limit(
         most = most.max(inside);
     }
     let ran = events.iter().filter(|(_, d)| *d == 1).count();
+    // Where the time over the ideal goes: the first CMD's start after the
+    // launch (16 processes starting on this machine's cores), and each
+    // hand-off — the k-th start (k ≥ 4) after the (k − 4)-th end, the end
+    // that freed its slot.
+    let starts: Vec<u128> = events
+        .iter()
+        .filter(|(_, d)| *d == 1)
+        .map(|(t, _)| *t)
+        .collect();
+    let ends: Vec<u128> = events
+        .iter()
+        .filter(|(_, d)| *d == -1)
+        .map(|(t, _)| *t)
+        .collect();
+    let ms = |ns: u128| ns as f64 / 1e6;
+    let first_start = starts.first().map(|t| ms(t.saturating_sub(launched_ns)));
+    let mut handoffs: Vec<f64> = starts
+        .iter()
+        .skip(SLOTS)
+        .zip(&ends)
+        .map(|(s, e)| ms(s.saturating_sub(*e)))
+        .collect();
+    handoffs.sort_by(f64::total_cmp);
+    let handoff_median = handoffs.get(handoffs.len() / 2).copied();
+    let handoff_max = handoffs.last().copied();
+    let last_end = ends.last().map(|t| ms(t.saturating_sub(launched_ns)));
     let ideal = Duration::from_millis(CLIENTS.div_ceil(SLOTS) as u64 * HOLD_MS);
     let r = ratio(total, ideal);
     let figure = format!(
@@ -354,6 +383,16 @@ fn semaphore_at_its_limit(
         if most <= SLOTS as i32 { "yes" } else { "NO" }
     );
     println!("semaphore, {SLOTS} slots, {CLIENTS} clients holding {HOLD_MS} ms ({store}): {figure}; {vs}");
+    let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
+    println!(
+        "  where the time goes ({store}): first CMD started {} after the launch; \
+         hand-offs (a CMD's end to the next start in its slot) median {}, max {}; \
+         last CMD ended {} after the launch",
+        opt(first_start),
+        opt(handoff_median),
+        opt(handoff_max),
+        opt(last_end)
+    );
     table.push(
         "semaphore: 16 `putex lock --limit 4` clients holding 100 ms, started at once",
         store,
@@ -364,6 +403,8 @@ fn semaphore_at_its_limit(
         "store": store, "clients": CLIENTS, "slots": SLOTS, "hold_ms": HOLD_MS,
         "total_ms": ms_f(total), "ideal_ms": ms_f(ideal), "ratio": r,
         "most_inside": most, "ran": ran, "failed": failed,
+        "first_start_ms": first_start, "handoff_median_ms": handoff_median,
+        "handoff_max_ms": handoff_max, "last_end_ms": last_end,
     })
 }
 
