@@ -137,6 +137,9 @@ struct KeeperArgs {
     /// Routine messages to the log only (alarms still go to stderr).
     #[arg(long)]
     quiet: bool,
+    /// The child's stdout is the keeper's stdout, not its stderr.
+    #[arg(long)]
+    child_stdout: bool,
 }
 
 /// The exit code for a command line that clap refused (or answered, as
@@ -182,6 +185,7 @@ fn main() -> ExitCode {
                     cgroup: !a.no_cgroup,
                     announce: a.announce,
                     quiet: a.quiet,
+                    child_stdout: a.child_stdout,
                 },
             ) {
                 Ok(()) => ExitCode::SUCCESS,

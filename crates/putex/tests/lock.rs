@@ -192,6 +192,46 @@ fn eight_clients_count_exactly_on_etcd() {
     counter_is_exact(&Env::etcd(&server));
 }
 
+/// CMD's output goes where `putex lock`'s was sent, as with `flock`: its
+/// stdout to `putex lock`'s stdout (a file, a pipe, `$(…)`), its stderr
+/// to stderr; `putex lock` itself writes nothing to stdout. (CMD runs
+/// under the keeper, a process of its own: its stdout once went to the
+/// keeper's stderr, so `putex lock backup -- pg_dump db > dump.sql` wrote
+/// the dump to the terminal and an empty file.)
+#[test]
+fn cmds_output_goes_where_putex_locks_was_sent() {
+    let env = Env::sqlite();
+    let out = env
+        .lock("output", &[], "echo to-stdout; echo to-stderr >&2")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "to-stdout\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("to-stderr"), "{stderr}");
+    assert!(!stderr.contains("to-stdout"), "{stderr}");
+
+    // Into a file, through the shell's redirection, with a command that
+    // writes more than a pipe holds.
+    let file = env.dir.path().join("dump.out");
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "\"$0\" lock output --store '{}' -- sh -c 'seq 1 100000' > '{}'",
+            env.url,
+            file.display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_putex"))
+        .env("PUTEX_KEEPER_DIR", env.dir.path().join("keepers"))
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let dumped = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(dumped.lines().count(), 100_000);
+    assert_eq!(dumped.lines().last(), Some("100000"));
+}
+
 #[test]
 fn exit_codes_pass_through_and_conflicts_are_75() {
     let env = Env::sqlite();

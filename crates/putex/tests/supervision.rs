@@ -29,6 +29,7 @@ fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
         emergency_timeout: Duration::from_millis(200),
         cgroup,
         quiet: false,
+        child_stdout: false,
     }
 }
 

@@ -268,6 +268,7 @@ pub async fn run(
         emergency_timeout: settings.timing.emergency_timeout(),
         cgroup: !settings.no_cgroup,
         quiet: false,
+        child_stdout: false,
     };
     let (keeper, adopted) = KeeperClient::spawn_or_adopt(&keeper_config).await?;
     let mut keeper_deadline = None;

@@ -107,6 +107,7 @@ fn config(dir: &Path) -> KeeperConfig {
         emergency_timeout: Duration::from_millis(100),
         cgroup: false,
         quiet: true,
+        child_stdout: false,
     }
 }
 

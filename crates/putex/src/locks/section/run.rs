@@ -46,6 +46,8 @@ impl KeeperStart {
             emergency_timeout: opts.timing.emergency_timeout(),
             cgroup: opts.cgroup,
             quiet: true,
+            // CMD's output goes where `putex lock`'s was sent.
+            child_stdout: true,
         };
         let task = tokio::spawn(async move {
             KeeperClient::spawn_or_adopt(&config)

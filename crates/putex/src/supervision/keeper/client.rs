@@ -51,6 +51,11 @@ pub struct KeeperConfig {
     pub cgroup: bool,
     /// Routine keeper messages to the log only ([`KeeperOptions::quiet`]).
     pub quiet: bool,
+    /// The child's stdout is this process's stdout
+    /// ([`KeeperOptions::child_stdout`]): the keeper is started with it as
+    /// its own, and says it is ready by answering on its socket instead of
+    /// a line on stdout.
+    pub child_stdout: bool,
 }
 
 impl KeeperConfig {
@@ -67,8 +72,15 @@ impl KeeperConfig {
             self.stop_timeout.as_millis().to_string().into(),
             "--emergency-timeout-ms".into(),
             self.emergency_timeout.as_millis().to_string().into(),
-            "--announce".into(),
         ];
+        a.push(
+            if self.child_stdout {
+                "--child-stdout"
+            } else {
+                "--announce"
+            }
+            .into(),
+        );
         if let Some(d) = &self.deactivate {
             a.push("--deactivate".into());
             a.push(d.clone().into());
@@ -155,10 +167,19 @@ impl KeeperClient {
         let mut child = tokio::process::Command::new(&config.exe)
             .args(config.args())
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(if config.child_stdout {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            })
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| start_err(e.to_string()))?;
+        if config.child_stdout {
+            return KeeperClient::await_listening(config, child)
+                .await
+                .map(|c| (c, false));
+        }
         let stdout = child
             .stdout
             .take()
@@ -184,6 +205,34 @@ impl KeeperClient {
         match KeeperClient::adopt(&config.socket).await? {
             Some(c) => Ok((c, false)),
             None => Err(start_err("ready, but its socket does not answer".into())),
+        }
+    }
+
+    /// Waits until a keeper started without `--announce` answers on its
+    /// socket (polled every millisecond), exits, or 10 s pass.
+    async fn await_listening(
+        config: &KeeperConfig,
+        mut child: tokio::process::Child,
+    ) -> Result<KeeperClient, KeeperError> {
+        let start_err = |message: String| KeeperError::Start {
+            exe: config.exe.clone(),
+            message,
+        };
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(c) = KeeperClient::adopt(&config.socket).await? {
+                // The keeper outlives us; tokio reaps it if it exits while
+                // we live.
+                drop(child);
+                return Ok(c);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(start_err(format!("exited before it was ready ({status})")));
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(start_err("not ready within 10 s".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

@@ -26,6 +26,11 @@ pub struct KeeperOptions {
     /// Routine messages to the log only, not stderr (`putex lock`, whose
     /// stderr belongs to a script).
     pub quiet: bool,
+    /// The child's stdout is the keeper's own stdout (`putex lock`, which
+    /// starts its keeper with its own stdout, so that CMD's output goes
+    /// where the caller sent `putex lock`'s); otherwise it goes to stderr
+    /// with the keeper's messages (`putex run`: a service logs there).
+    pub child_stdout: bool,
 }
 
 /// Runs a keeper until it is shut down or idle. Blocks; builds its own
@@ -116,18 +121,26 @@ fn kalarm(lock: &str, msg: &str) {
 }
 
 /// Starts the service's `argv` with this process's environment plus `env`,
-/// stdin from `/dev/null`, stdout and stderr to the keeper's stderr, in a
-/// process group of its own, in `scope` if given. Never waited for through a
-/// handle: the reaper collects it. Returns its pid.
+/// stdin from `/dev/null`, stdout to the keeper's stdout (`child_stdout`)
+/// or its stderr, stderr to the keeper's stderr, in a process group of its
+/// own, in `scope` if given. Never waited for through a handle: the reaper
+/// collects it. Returns its pid.
 fn spawn_child(
     scope: Option<&process::Cgroup>,
     mut argv: Vec<OsString>,
     env: Vec<(String, String)>,
+    child_stdout: bool,
 ) -> io::Result<i32> {
-    let stderr_copy = || io::stderr().as_fd().try_clone_to_owned();
+    let copy = |what: &str| {
+        if what == "stdout" && child_stdout {
+            io::stdout().as_fd().try_clone_to_owned()
+        } else {
+            io::stderr().as_fd().try_clone_to_owned()
+        }
+    };
     let environment = process::child_environment(|_| false, env);
     if let Some(cg) = scope {
-        let output = |what: &str| match stderr_copy() {
+        let output = |what: &str| match copy(what) {
             Ok(fd) => process::Output::Fd(fd),
             Err(e) => {
                 tracing::warn!(error = %e, "child {what} goes to /dev/null");
@@ -148,7 +161,7 @@ fn spawn_child(
         }
     }
     let out = |what: &str| -> Stdio {
-        match stderr_copy() {
+        match copy(what) {
             Ok(fd) => Stdio::from(fd),
             Err(e) => {
                 tracing::warn!(error = %e, "child {what} goes to /dev/null");
@@ -691,7 +704,7 @@ impl State {
                 })
                 .ok()
         });
-        match spawn_child(scope.as_ref(), argv.clone(), env) {
+        match spawn_child(scope.as_ref(), argv.clone(), env, self.opts.child_stdout) {
             Ok(pid) => {
                 let tree = match scope {
                     Some(cg) => Tree::Cgroup(cg),
