@@ -43,7 +43,7 @@ async fn write_checked<S: Store>(
         Err(e) if e.is_unknown() => e,
         Err(e) => return Err(e.into()),
     };
-    let mut pause = Duration::from_millis(10);
+    let mut pause = FIRST_PAUSE;
     for _ in 0..SETTLE_ATTEMPTS {
         tracing::debug!(key, error = %last, "write outcome unknown; reading it back");
         match store.get(key, ReadMode::Leader, timeout).await {
@@ -72,9 +72,17 @@ async fn write_checked<S: Store>(
             Err(e) => return Err(e.into()),
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
+        pause = longer(pause);
     }
     Err(last.into())
+}
+
+/// The first pause before a store call is tried again.
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+
+/// The pause after `pause`: twice as long, at most 500 ms.
+fn longer(pause: Duration) -> Duration {
+    (pause * 2).min(Duration::from_millis(500))
 }
 
 /// Runs a read again while its answer does not come (a timeout, a lost
@@ -87,13 +95,13 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, IdError>>,
 {
-    let mut pause = Duration::from_millis(10);
+    let mut pause = FIRST_PAUSE;
     loop {
         match read().await {
             Err(IdError::Store(e)) if e.is_unknown() && Instant::now() + pause < give_up => {
                 tracing::debug!(error = %e, "read unanswered; trying again");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
+                pause = longer(pause);
             }
             other => return other,
         }
@@ -180,6 +188,12 @@ pub async fn claim<S: Store>(
     let range = read_patiently(give_up, || pool_range(store, pool, range, t)).await?;
     let name_key = keys::id_name(pool, &who.name);
     let instance = instance_id();
+    // The name record, from the leader.
+    let read_name = || {
+        read_patiently(give_up, || async {
+            Ok(store.get(&name_key, ReadMode::Leader, t).await?)
+        })
+    };
     let busy = || IdError::Busy {
         pool: pool.to_string(),
         name: who.name.to_string(),
@@ -193,11 +207,7 @@ pub async fn claim<S: Store>(
             return Err(busy());
         }
         let pending = NameRecord::new(pool, who, NameState::Pending, None);
-        let current = read_patiently(give_up, || async {
-            Ok(store.get(&name_key, ReadMode::Leader, t).await?)
-        })
-        .await?;
-        let over = match current {
+        let over = match read_name().await? {
             None => None,
             Some(entry) => {
                 let Some(rec) = NameRecord::decode(&entry.value, pool, &who.name) else {
@@ -287,12 +297,10 @@ pub async fn claim<S: Store>(
         // this very id to the name), or a release. Give the id back unless
         // it is bound; the compare-and-swap is on our own write, so an id
         // record someone else has written since is never touched.
-        let now_bound = read_patiently(give_up, || async {
-            Ok(store.get(&name_key, ReadMode::Leader, t).await?)
-        })
-        .await?
-        .and_then(|e| NameRecord::decode(&e.value, pool, &who.name))
-        .is_some_and(|r| r.state == NameState::Bound && r.id == Some(n));
+        let now_bound = read_name()
+            .await?
+            .and_then(|e| NameRecord::decode(&e.value, pool, &who.name))
+            .is_some_and(|r| r.state == NameState::Bound && r.id == Some(n));
         if !now_bound {
             give_back(store, pool, n, who, &instance, id_token, t).await?;
         }

@@ -59,6 +59,14 @@ pub struct KeeperConfig {
 }
 
 impl KeeperConfig {
+    /// The error of a keeper that could not be started.
+    fn start_error(&self, message: String) -> KeeperError {
+        KeeperError::Start {
+            exe: self.exe.clone(),
+            message,
+        }
+    }
+
     /// The argv that starts this keeper (after the binary).
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
@@ -160,10 +168,7 @@ impl KeeperClient {
         if let Some(c) = KeeperClient::adopt(&config.socket).await? {
             return Ok((c, true));
         }
-        let start_err = |message: String| KeeperError::Start {
-            exe: config.exe.clone(),
-            message,
-        };
+        let start_err = |message: String| config.start_error(message);
         let mut child = tokio::process::Command::new(&config.exe)
             .args(config.args())
             .stdin(Stdio::null())
@@ -214,10 +219,6 @@ impl KeeperClient {
         config: &KeeperConfig,
         mut child: tokio::process::Child,
     ) -> Result<KeeperClient, KeeperError> {
-        let start_err = |message: String| KeeperError::Start {
-            exe: config.exe.clone(),
-            message,
-        };
         let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(c) = KeeperClient::adopt(&config.socket).await? {
@@ -227,10 +228,10 @@ impl KeeperClient {
                 return Ok(c);
             }
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(start_err(format!("exited before it was ready ({status})")));
+                return Err(config.start_error(format!("exited before it was ready ({status})")));
             }
             if tokio::time::Instant::now() >= give_up {
-                return Err(start_err("not ready within 10 s".into()));
+                return Err(config.start_error("not ready within 10 s".into()));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

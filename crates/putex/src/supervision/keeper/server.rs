@@ -131,8 +131,9 @@ fn spawn_child(
     env: Vec<(String, String)>,
     child_stdout: bool,
 ) -> io::Result<i32> {
-    let copy = |what: &str| {
-        if what == "stdout" && child_stdout {
+    // A copy of the keeper's stdout (`to_stdout`) or stderr.
+    let copy = |to_stdout: bool| {
+        if to_stdout {
             io::stdout().as_fd().try_clone_to_owned()
         } else {
             io::stderr().as_fd().try_clone_to_owned()
@@ -140,7 +141,7 @@ fn spawn_child(
     };
     let environment = process::child_environment(|_| false, env);
     if let Some(cg) = scope {
-        let output = |what: &str| match copy(what) {
+        let output = |what: &str, fd: io::Result<std::os::fd::OwnedFd>| match fd {
             Ok(fd) => process::Output::Fd(fd),
             Err(e) => {
                 tracing::warn!(error = %e, "child {what} goes to /dev/null");
@@ -151,8 +152,8 @@ fn spawn_child(
             cg,
             &argv,
             &environment,
-            output("stdout"),
-            output("stderr"),
+            output("stdout", copy(child_stdout)),
+            output("stderr", copy(false)),
             false,
         ) {
             Ok(child) => return Ok(child.pid),
@@ -160,8 +161,8 @@ fn spawn_child(
             Err(process::SpawnError::Unsupported(_)) => argv = process::wrap_in_cgroup(cg, &argv),
         }
     }
-    let out = |what: &str| -> Stdio {
-        match copy(what) {
+    let out = |what: &str, fd: io::Result<std::os::fd::OwnedFd>| -> Stdio {
+        match fd {
             Ok(fd) => Stdio::from(fd),
             Err(e) => {
                 tracing::warn!(error = %e, "child {what} goes to /dev/null");
@@ -174,8 +175,8 @@ fn spawn_child(
         .env_clear()
         .envs(environment)
         .stdin(Stdio::null())
-        .stdout(out("stdout"))
-        .stderr(out("stderr"));
+        .stdout(out("stdout", copy(child_stdout)))
+        .stderr(out("stderr", copy(false)));
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     // Never waited through the handle: the reaper collects it.
     Ok(cmd.spawn()?.id() as i32)
