@@ -102,7 +102,40 @@ fn cluster(
         dump(&agents.iter().collect::<Vec<_>>(), &ev)
     );
     std::thread::sleep(R * 8);
+    begin_from_the_holder(&ev, &agents);
     agents
+}
+
+/// The tests count starts from one settled holder. On a loaded host the
+/// first holder can lapse while the others start (a renewal late by more
+/// than T; its keeper stops the service, H1) and another takes over: the
+/// guarantees hold, but "one start so far" does not. Then the story so far
+/// is checked (never two at once), kept as `events.startup`, and the
+/// events file begins again from the current holder's start.
+fn begin_from_the_holder(ev: &Path, agents: &[Agent]) {
+    let lines = events(ev);
+    assert_no_overlap(&lines, &[], &dump(&agents.iter().collect::<Vec<_>>(), ev));
+    let last = lines.iter().rposition(|l| l.what == "start").unwrap();
+    let running = !lines[last..]
+        .iter()
+        .any(|l| l.what == "stop" && l.node == lines[last].node && l.extra != "startup");
+    assert!(
+        running,
+        "nobody holds after start-up\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), ev)
+    );
+    if starts(ev).len() == 1 {
+        return;
+    }
+    eprintln!(
+        "the first holder lapsed during start-up; the test begins from {}'s start",
+        lines[last].node
+    );
+    let startup = ev.with_extension("startup");
+    std::fs::copy(ev, &startup).unwrap();
+    let text = std::fs::read_to_string(&startup).unwrap();
+    let start = text.lines().rfind(|l| l.starts_with("start ")).unwrap();
+    std::fs::write(ev, format!("{start}\n")).unwrap();
 }
 
 /// Waits (up to 10 s) until `node`'s member record says its last health

@@ -62,6 +62,23 @@ use super::{
 pub const WATCH_POLL: Duration = Duration::from_millis(100);
 /// How long a call waits for another process's write lock inside SQLite.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a call waiting for the write lock tries again. SQLite's own
+/// busy timeout backs off to 100 ms between tries, and another process
+/// writing back to back frees the lock only for microseconds between its
+/// transactions: a holder renewing every 100 ms with a 40 ms deadline then
+/// got four or five tries, lost them all, and lapsed. Trying every
+/// millisecond lets it in between two of the other writer's commits.
+const BUSY_POLL: Duration = Duration::from_millis(1);
+
+/// The busy handler of every connection: sleep [`BUSY_POLL`] and try again,
+/// for about [`BUSY_TIMEOUT`] in all (the sleeps alone add up to it).
+fn busy_wait(tries: i32) -> bool {
+    if u128::try_from(tries).unwrap_or(0) >= BUSY_TIMEOUT.as_micros() / BUSY_POLL.as_micros() {
+        return false;
+    }
+    std::thread::sleep(BUSY_POLL);
+    true
+}
 
 /// A handle on the embedded store; clones share one connection.
 #[derive(Clone, Debug)]
@@ -307,9 +324,9 @@ impl SqliteStore {
         }
         refuse_leftovers(&path).map_err(StoreError::config)?;
         let before = file_id(&path).map_err(StoreError::config)?;
-        let conn = Connection::open(&path).map_err(|e| cfg("cannot open", &e))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|e| cfg("busy_timeout", &e))?;
+        let mut conn = Connection::open(&path).map_err(|e| cfg("cannot open", &e))?;
+        conn.busy_handler(Some(busy_wait))
+            .map_err(|e| cfg("busy handler", &e))?;
         // journal_mode returns a row; WAL needs no write lock once set. The
         // switch does not wait on the busy handler: processes opening a
         // fresh file at the same moment see SQLITE_BUSY, so retry it here,
@@ -332,7 +349,6 @@ impl SqliteStore {
         }
         conn.execute_batch("PRAGMA synchronous=FULL;")
             .map_err(|e| cfg("synchronous", &e))?;
-        let mut conn = conn;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| cfg("cannot initialise", &e))?;
@@ -775,12 +791,12 @@ impl SqliteStore {
         let f = filter.to_owned();
         let conn = Arc::new(Mutex::new(
             tokio::task::spawn_blocking(move || {
-                let c = Connection::open_with_flags(
+                let mut c = Connection::open_with_flags(
                     &path,
                     rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
                         | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )?;
-                c.busy_timeout(BUSY_TIMEOUT)?;
+                c.busy_handler(Some(busy_wait))?;
                 Ok(c)
             })
             .await
