@@ -35,6 +35,59 @@ async fn files_through_a_symlink_and_a_file_renamed_over_the_path() {
     }
 }
 
+/// The busy handler waits: a write that finds another connection inside
+/// a write transaction succeeds once that one commits (a handler that
+/// gave up at once would fail it with "database is locked"), within a few
+/// tries of the commit rather than SQLite's back-off of up to 100 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_for_another_connections_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    s.put("lock.other", b"x", T).await.unwrap();
+    let (held, release) = (
+        std::sync::Arc::new(std::sync::Barrier::new(2)),
+        std::time::Duration::from_millis(350),
+    );
+    let blocker = {
+        let (path, held) = (path.clone(), held.clone());
+        std::thread::spawn(move || {
+            let mut c = Connection::open(path).unwrap();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .unwrap();
+            held.wait();
+            std::thread::sleep(release);
+            tx.commit().unwrap();
+            std::time::Instant::now()
+        })
+    };
+    tokio::task::block_in_place(|| held.wait());
+    let t = s.put("lock.svc", b"h", T).await.unwrap();
+    let written = std::time::Instant::now();
+    let committed = blocker.join().unwrap();
+    assert!(t.revision > 0);
+    assert!(written >= committed, "wrote inside the other's transaction");
+    let after = written - committed;
+    // One try every millisecond: the write lands a try or two after the
+    // commit (SQLite's own handler, 100 ms apart by then, about 80 ms after).
+    assert!(
+        after < Duration::from_millis(50),
+        "{after:?} after the commit"
+    );
+}
+
+/// The handler gives up after about [`BUSY_TIMEOUT`] of tries.
+#[test]
+fn the_busy_handler_gives_up_after_its_budget() {
+    let tries = i32::try_from(BUSY_TIMEOUT.as_micros() / BUSY_POLL.as_micros()).unwrap();
+    let started = std::time::Instant::now();
+    assert!(busy_wait(0));
+    assert!(started.elapsed() >= BUSY_POLL);
+    assert!(busy_wait(tries - 1));
+    assert!(!busy_wait(tries));
+}
+
 /// A write that waits for the lock tries again every millisecond, so a
 /// holder renewing on a short deadline gets in between the commits of
 /// other connections writing back to back — and they still progress.
@@ -42,8 +95,12 @@ async fn files_through_a_symlink_and_a_file_renamed_over_the_path() {
 /// tries) about one renewal in six missed its 40 ms deadline and other
 /// writers waited up to a second; a holder on R = 100 ms lapsed several
 /// times a second while three `putex check` measured the file. Now about
-/// one in two hundred misses (a slow commit, not a lost race).
+/// one in two hundred misses (a slow commit, not a lost race) on a quiet
+/// machine. A measurement, not a check: on a loaded machine the writers'
+/// threads wait for a CPU rather than for the lock, so it runs on demand
+/// (`cargo test -p putex --lib back_to_back -- --ignored`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement of lock fairness; run on a quiet machine with --ignored"]
 async fn a_short_deadline_write_gets_in_between_back_to_back_writers() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
