@@ -2,6 +2,10 @@
 //! single-node nats-server, fast timing (R = 100 ms, F = 3, C = 1), hooks
 //! that append `start`/`stop` lines to a file (helpers in
 //! `common/agent.rs`, shared with `agent_e2e.rs` and serialised with it).
+//! The faults of the store itself — cut off, paused, a node id claimed
+//! twice — and the step-down with a release run on a single-member etcd
+//! too (`on_nats_and_etcd!`), whose takeovers wait longer (its store clock
+//! reads in whole seconds: `bound_for`).
 //!
 //! - health: K failed `active` checks step the holder down with a release;
 //!   flapping checks under `--successes`/`--unhealthy` cause no transition;
@@ -22,10 +26,68 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 
 use crate::common::agent::{
-    assert_no_overlap, dump, events, fast, hooks, serial, start, starts, wait_for, wall_ns, Agent,
-    Line, R,
+    assert_no_overlap, bound_for, dump, events, fast, hooks, serial, start, starts, wait_for,
+    wall_ns, Agent, Line, R,
 };
+use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
+
+/// A store server the fault tests can freeze and reach through a proxy.
+trait StoreServer {
+    /// The store URL of `putex --store`.
+    fn url(&self) -> String;
+    /// Freezes the server (SIGSTOP): calls get no answer.
+    fn pause(&self);
+    /// Thaws it (SIGCONT).
+    fn resume(&self);
+}
+
+impl StoreServer for NatsServer {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+    fn pause(&self) {
+        NatsServer::pause(self);
+    }
+    fn resume(&self) {
+        NatsServer::resume(self);
+    }
+}
+
+impl StoreServer for EtcdServer {
+    fn url(&self) -> String {
+        format!("etcd://{}", self.endpoint())
+    }
+    fn pause(&self) {
+        EtcdServer::pause(self);
+    }
+    fn resume(&self) {
+        EtcdServer::resume(self);
+    }
+}
+
+/// A test on a real nats-server and on a real single-member etcd: a
+/// module `$name` with the tests `nats` and `etcd`, each calling
+/// `$body(&server)`.
+macro_rules! on_nats_and_etcd {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn nats() {
+                let _serial = serial();
+                $body(&NatsServer::start());
+            }
+
+            #[test]
+            fn etcd() {
+                let _serial = serial();
+                $body(&EtcdServer::start());
+            }
+        }
+    };
+}
 
 /// T = F·R of the fast profile.
 const T: Duration = Duration::from_millis(300);
@@ -226,11 +288,13 @@ esac
 // ---------------------------------------------------------------------------
 // Health.
 
-#[test]
-fn agent_faults_k_failed_active_checks_step_down_with_a_release() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_k_failed_active_checks_step_down_with_a_release,
+    k_failed_active_checks_step_down_with_a_release
+);
+
+fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     // K = 2 < F = 3. With K = F the K-th failed check races the licence: the
     // holder skipped K − 1 renewals, so its licence ends just as the K-th
     // check is due, and it often lapses (an emergency stop, no release)
@@ -496,7 +560,7 @@ fn agent_faults_a_service_failing_everywhere_rotates_with_back_off() {
 // ---------------------------------------------------------------------------
 // The store out of reach.
 
-/// A TCP proxy on loopback in front of the nats-server, with a switch: cut
+/// A TCP proxy on loopback in front of the store server, with a switch: cut
 /// closes every forwarded connection and holds new ones without forwarding
 /// anything (a black hole); heal drops the held ones and forwards again.
 struct Proxy {
@@ -507,11 +571,11 @@ struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy in front of the store at `upstream` (`nats://ADDR` or
+    /// `etcd://ADDR`); its `url` is the same kind of URL.
     fn start(upstream: &str) -> Proxy {
-        let upstream: SocketAddr = upstream
-            .trim_start_matches("nats://")
-            .parse()
-            .expect("upstream address");
+        let (scheme, addr) = upstream.split_once("://").expect("a store URL");
+        let upstream: SocketAddr = addr.parse().expect("upstream address");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -520,7 +584,7 @@ impl Proxy {
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
-        let url = format!("nats://{}", listener.local_addr().unwrap());
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let cut = Arc::new(AtomicBool::new(false));
         let epoch = watch::Sender::new(0u64);
         let (cut2, epoch2) = (cut.clone(), epoch.clone());
@@ -536,6 +600,11 @@ impl Proxy {
                     let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
                     };
+                    // Without it Nagle and delayed acknowledgements hold
+                    // etcd's small gRPC frames for 40 ms (a p99 compare-
+                    // and-swap of 48 ms, and `putex run` refuses R = 100 ms).
+                    let _ = inbound.set_nodelay(true);
+                    let _ = out.set_nodelay(true);
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
                         _ = changed.changed() => {}
@@ -576,15 +645,18 @@ fn assert_one_active_and_stable(c: &Cluster, within: Duration) {
     assert_eq!(c.events().len(), n, "not stable\n{}", c.dump());
 }
 
-#[test]
-fn agent_faults_the_holder_cut_off_from_the_store_stops_before_anyone_starts() {
-    let _serial = serial();
+on_nats_and_etcd!(
+    agent_faults_the_holder_cut_off_from_the_store_stops_before_anyone_starts,
+    the_holder_cut_off_from_the_store_stops_before_anyone_starts
+);
+
+fn the_holder_cut_off_from_the_store_stops_before_anyone_starts(server: &dyn StoreServer) {
     // With R = 100 ms a loaded machine (CI runs other tests alongside) can
     // delay a renewal past T, and the holder lapses on its own before the
     // cut: safely (every try checks that nothing overlapped), but such a try
     // says nothing about the cut, so it runs again, at most three times.
     for attempt in 1..=3 {
-        match cut_off_try() {
+        match cut_off_try(server) {
             Ok(()) => return,
             Err(why) => eprintln!("try {attempt}: {why}; trying again"),
         }
@@ -593,16 +665,18 @@ fn agent_faults_the_holder_cut_off_from_the_store_stops_before_anyone_starts() {
 }
 
 /// One try of the cut-off test; `Err` when the holder lapsed before the cut.
-fn cut_off_try() -> Result<(), String> {
-    let server = NatsServer::start();
-    let proxy = Proxy::start(&server.url);
-    let mut c = Cluster::new(&server.url);
+/// A later try runs on the same store once the earlier try's agents are
+/// gone: n1 takes their stale record over (after W + G) and goes on.
+fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
+    let url = server.url();
+    let proxy = Proxy::start(&url);
+    let mut c = Cluster::new(&url);
     c.try_steady(("n1", Some(&proxy.url)), &["n2", "n3"], &[])?;
 
     let cut = wall_ns();
     proxy.cut();
     assert!(
-        wait_for(Duration::from_secs(3), || c.starts().len() >= 2),
+        wait_for(bound_for(&url) * 3, || c.starts().len() >= 2),
         "nobody took over from the isolated holder\n{}",
         c.dump()
     );
@@ -645,23 +719,26 @@ fn cut_off_try() -> Result<(), String> {
     // Healed: the old holder reconnects and stays a standby; one active.
     let healed = Instant::now();
     proxy.heal();
-    let n1 = c.agent("n1");
+    if url.starts_with("nats:") {
+        let n1 = c.agent("n1");
+        assert!(
+            wait_for(Duration::from_secs(8), || n1
+                .log_text()
+                .matches("event: connected")
+                .count()
+                >= 2),
+            "n1 did not reconnect\n{}",
+            c.dump()
+        );
+        eprintln!("n1 reconnected {:?} after healing", healed.elapsed());
+    }
     assert!(
-        wait_for(Duration::from_secs(8), || n1
-            .log_text()
-            .matches("event: connected")
-            .count()
-            >= 2),
-        "n1 did not reconnect\n{}",
-        c.dump()
-    );
-    eprintln!("n1 reconnected {:?} after healing", healed.elapsed());
-    assert!(
-        wait_for(Duration::from_secs(2), || member_role(&c, "n1")
+        wait_for(Duration::from_secs(8), || member_role(&c, "n1")
             == "standby"),
         "n1 is not a standby after healing\n{}",
         c.dump()
     );
+    eprintln!("n1 a standby again {:?} after healing", healed.elapsed());
     assert_one_active_and_stable(&c, Duration::from_secs(2));
     assert_eq!(c.running(), vec![next.node.clone()], "{}", c.dump());
     assert_no_overlap(&c.events(), &[], &c.dump());
@@ -722,11 +799,13 @@ fn member_role(c: &Cluster, node: &str) -> String {
         .to_owned()
 }
 
-#[test]
-fn agent_faults_a_store_pause_shorter_than_t_changes_nothing() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_a_store_pause_shorter_than_t_changes_nothing,
+    a_store_pause_shorter_than_t_changes_nothing
+);
+
+fn a_store_pause_shorter_than_t_changes_nothing(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     c.steady(("n1", None), &["n2", "n3"], &[]);
     let before = (c.events().len(), c.transitions());
     for _ in 0..3 {
@@ -752,11 +831,14 @@ fn agent_faults_a_store_pause_shorter_than_t_changes_nothing() {
     c.maybe_dump();
 }
 
-#[test]
-fn agent_faults_a_store_pause_longer_than_t_lapses_the_holder_then_one_active() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_a_store_pause_longer_than_t_lapses_the_holder_then_one_active,
+    a_store_pause_longer_than_t_lapses_the_holder_then_one_active
+);
+
+fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn StoreServer) {
+    let url = server.url();
+    let mut c = Cluster::new(&url);
     c.steady(("n1", None), &["n2", "n3"], &[]);
     let paused = wall_ns();
     server.pause();
@@ -783,7 +865,7 @@ fn agent_faults_a_store_pause_longer_than_t_lapses_the_holder_then_one_active() 
         ms(stop.ns - paused),
         c.dump()
     );
-    assert_one_active_and_stable(&c, Duration::from_secs(5));
+    assert_one_active_and_stable(&c, Duration::from_secs(5) + bound_for(&url));
     let all = c.events();
     assert!(
         all.iter()
@@ -897,11 +979,13 @@ fn agent_faults_a_killed_agent_is_covered_by_its_keeper() {
 // ---------------------------------------------------------------------------
 // Identity.
 
-#[test]
-fn agent_faults_a_duplicate_node_id_from_another_machine_is_refused() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_a_duplicate_node_id_from_another_machine_is_refused,
+    a_duplicate_node_id_from_another_machine_is_refused
+);
+
+fn a_duplicate_node_id_from_another_machine_is_refused(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     c.start("n1", None, &[], &[("PUTEX_MACHINE_ID", "machine-a")]);
     assert!(
         wait_for(Duration::from_secs(5), || !c.starts().is_empty()),
