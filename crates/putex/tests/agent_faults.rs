@@ -186,11 +186,16 @@ impl Cluster {
         dump(&self.agents.iter().collect::<Vec<_>>(), &self.ev)
     }
 
+    /// Waits until `node`'s log holds `needle` at least `times` times.
+    fn wait_log(&self, node: &str, needle: &str, times: usize, within: Duration) -> bool {
+        let a = self.agent(node);
+        wait_for(within, || a.log_text().matches(needle).count() >= times)
+    }
+
     /// Waits until `node` has logged a transition to standby.
     fn wait_standby(&self, node: &str, within: Duration) {
-        let a = self.agent(node);
         assert!(
-            wait_for(within, || a.log_text().contains("-> standby")),
+            self.wait_log(node, "-> standby", 1, within),
             "{node} did not reach standby\n{}",
             self.dump()
         );
@@ -720,13 +725,8 @@ fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
     let healed = Instant::now();
     proxy.heal();
     if url.starts_with("nats:") {
-        let n1 = c.agent("n1");
         assert!(
-            wait_for(Duration::from_secs(8), || n1
-                .log_text()
-                .matches("event: connected")
-                .count()
-                >= 2),
+            c.wait_log("n1", "event: connected", 2, Duration::from_secs(8)),
             "n1 did not reconnect\n{}",
             c.dump()
         );
@@ -916,13 +916,8 @@ fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
     assert!(stop.ns < next.ns, "{}", c.dump());
 
     // Thawed: the old agent finds itself displaced; one active.
-    let n1 = c.agent("n1");
     assert!(
-        wait_for(Duration::from_secs(3), || n1
-            .log_text()
-            .matches("-> standby")
-            .count()
-            >= 2),
+        c.wait_log("n1", "-> standby", 2, Duration::from_secs(3)),
         "the thawed agent did not return to standby\n{}",
         c.dump()
     );

@@ -70,10 +70,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// millisecond lets it in between two of the other writer's commits.
 const BUSY_POLL: Duration = Duration::from_millis(1);
 
+/// How many times a call tries again: [`BUSY_TIMEOUT`] of [`BUSY_POLL`]s.
+const BUSY_TRIES: i32 = (BUSY_TIMEOUT.as_millis() / BUSY_POLL.as_millis()) as i32;
+
 /// The busy handler of every connection: sleep [`BUSY_POLL`] and try again,
 /// for about [`BUSY_TIMEOUT`] in all (the sleeps alone add up to it).
 fn busy_wait(tries: i32) -> bool {
-    if u128::try_from(tries).unwrap_or(0) >= BUSY_TIMEOUT.as_micros() / BUSY_POLL.as_micros() {
+    if tries >= BUSY_TRIES {
         return false;
     }
     std::thread::sleep(BUSY_POLL);
