@@ -50,7 +50,9 @@ mod spawn;
 mod tests;
 
 pub use cgroup::{cgroup2_mount, unified_cgroup_path, wrap_in_cgroup, Cgroup, CgroupRoot};
-pub use procfs::{descendants, pids_matching, proc_entry, proc_table, ProcEntry, ProcId};
+pub use procfs::{
+    descendants, own_children, pids_matching, proc_entry, proc_table, ProcEntry, ProcId,
+};
 pub use snapshot::{TreeInfo, TreeSnapshot};
 pub use spawn::{child_environment, spawn_into, DirectChild, Output, SpawnError, Spawned};
 
@@ -251,16 +253,27 @@ pub fn unclaim(pid: i32) {
 
 /// Reaps every exited child of this process that nobody [`claim`]ed, and
 /// returns their statuses. Never blocks.
+///
+/// Only this process's children are looked at ([`own_children`]); the
+/// whole process table only where the kernel does not list them.
 pub fn reap_orphans() -> Vec<(i32, WaitStatus)> {
-    let me = std::process::id() as i32;
     let claimed = CLAIMED.lock().clone();
+    let children = own_children().unwrap_or_else(|| {
+        let me = std::process::id() as i32;
+        proc_table()
+            .into_iter()
+            .filter(|e| e.ppid == me && e.is_dead())
+            .map(|e| e.pid)
+            .collect()
+    });
     let mut out = Vec::new();
-    for e in proc_table() {
-        if e.ppid == me && e.is_dead() && !claimed.contains(&e.pid) {
-            match waitpid(Pid::from_raw(e.pid), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => {}
-                Ok(status) => out.push((e.pid, status)),
-            }
+    for pid in children {
+        if claimed.contains(&pid) {
+            continue;
+        }
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => {}
+            Ok(status) => out.push((pid, status)),
         }
     }
     out

@@ -101,6 +101,23 @@ pub fn proc_table() -> Vec<ProcEntry> {
     .collect()
 }
 
+/// The children of this process (of all its threads, orphans re-parented
+/// to it as a subreaper included), from `/proc/self/task/*/children`: a
+/// few small reads where [`proc_table`] reads every process on the host.
+/// `None` when the kernel does not offer those files
+/// (`CONFIG_PROC_CHILDREN`).
+pub fn own_children() -> Option<Vec<i32>> {
+    let mut out = Vec::new();
+    for task in fs::read_dir("/proc/self/task").ok()? {
+        let list = fs::read_to_string(task.ok()?.path().join("children")).ok()?;
+        out.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    Some(out)
+}
+
 /// All descendants of `root` in `table` (not `root` itself), by parent links.
 pub fn descendants(table: &[ProcEntry], root: i32) -> Vec<ProcEntry> {
     let mut children: HashMap<i32, Vec<&ProcEntry>> = HashMap::new();

@@ -47,21 +47,26 @@ pub struct TreeSnapshot {
 impl TreeSnapshot {
     /// The snapshot of `tree` now: its members, and the groups and
     /// sessions they run in (named by their leaders, when those live).
+    ///
+    /// Reads the members' and their leaders' `/proc` entries only, not the
+    /// whole process table: the keeper takes a snapshot at every change of
+    /// its tree, on hosts with thousands of processes.
     pub fn capture(tree: &Tree) -> TreeSnapshot {
-        let table = proc_table();
-        let by_pid: HashMap<i32, &ProcEntry> = table.iter().map(|e| (e.pid, e)).collect();
         let mut members = BTreeSet::new();
         let mut groups = BTreeSet::new();
         let mut sessions = BTreeSet::new();
+        let mut leaders: HashMap<i32, u64> = HashMap::new();
         for pid in tree.members() {
-            let Some(e) = by_pid.get(&pid).filter(|e| !e.is_dead()) else {
+            let Some(e) = proc_entry(pid).filter(|e| !e.is_dead()) else {
                 continue;
             };
             members.insert(e.id());
             for (set, leader) in [(&mut groups, e.pgid), (&mut sessions, e.session)] {
                 // A leader that is gone is recorded with start 0: nothing
                 // can reuse its id while the group or session lives.
-                let start = by_pid.get(&leader).map_or(0, |l| l.start);
+                let start = *leaders
+                    .entry(leader)
+                    .or_insert_with(|| proc_entry(leader).map_or(0, |l| l.start));
                 set.insert(ProcId { pid: leader, start });
             }
         }
