@@ -56,6 +56,24 @@ fn the_highest_token_never_falls_whoever_writes() {
     assert_eq!(hs.load().unwrap().highest, Some(Token::new(3, 10)));
 }
 
+#[test]
+fn a_change_that_changes_nothing_writes_nothing_and_a_change_is_written() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let hs = HostState::new(dir.path(), STORE, "sem.job.0");
+    hs.raise(Token::new(3, 10)).unwrap();
+    let inode = || std::fs::metadata(hs.path()).unwrap().ino();
+    let first = inode();
+    // The waiters that see the same token after the first: no new file.
+    hs.raise(Token::new(3, 10)).unwrap();
+    hs.raise(Token::new(3, 9)).unwrap();
+    assert_eq!(inode(), first, "an unchanged record was rewritten");
+    // A higher token is a change: a new file renamed over the old.
+    hs.raise(Token::new(3, 11)).unwrap();
+    assert_ne!(inode(), first, "a higher token was not written");
+    assert_eq!(hs.load().unwrap().highest, Some(Token::new(3, 11)));
+}
+
 const OLD_AGENT: &str = r#"{"instance":"old","boot_id":"b0","highest":{"epoch":2,"revision":40},"tree":{"members":[{"pid":42,"start":7}],"groups":[],"sessions":[]}}"#;
 
 #[test]

@@ -45,6 +45,10 @@ pub(super) struct Shared {
     pub(super) changed: Notify,
     /// The winner's transition records (`putex history`).
     pub(super) history: HistoryWriter,
+    /// Writes of the highest token seen (S6) still under way: the section
+    /// waits for them before it returns, so that the process's exit never
+    /// cuts one off (and the host forgets a token it saw).
+    pub(super) persisting: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -58,6 +62,24 @@ impl Shared {
     /// The state, for the section's loop (no wake-up).
     pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
         self.state.lock()
+    }
+
+    /// Waits up to `within` for every write of the highest token begun so
+    /// far ([`Shared::persisting`]).
+    pub(super) async fn persisted(&self, within: Duration) {
+        let writes = std::mem::take(&mut *self.persisting.lock());
+        if writes.is_empty() {
+            return;
+        }
+        if tokio::time::timeout(within, future::join_all(writes))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?within,
+                "the host state is still being written; not waiting longer"
+            );
+        }
     }
 
     pub(super) fn is_winner(&self, slot: usize) -> bool {
@@ -272,11 +294,14 @@ impl Host for SlotHost {
 
     fn persist_highest(&self, token: Token) {
         let file = self.highest.clone();
-        tokio::task::spawn_blocking(move || {
+        let write = tokio::task::spawn_blocking(move || {
             if let Err(e) = file.raise(token) {
                 tracing::warn!(path = %file.path().display(), error = %e, "cannot record the highest token");
             }
         });
+        let mut writes = self.shared.persisting.lock();
+        writes.retain(|w| !w.is_finished());
+        writes.push(write);
     }
 
     fn event(&self, event: &Event) {

@@ -205,6 +205,7 @@ async fn run_inner(
             store.clone(),
             WriterConfig::new(&opts.name, &opts.node, &instance, "lock", timeout),
         ),
+        persisting: Mutex::default(),
     });
 
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
@@ -375,7 +376,8 @@ async fn run_inner(
     tokio::join!(
         leave,
         shutdown,
-        shared.history.flush(Duration::from_secs(2))
+        shared.history.flush(Duration::from_secs(2)),
+        shared.persisted(crate::host_state::LOCK_PATIENCE),
     );
     match section.conclude(st, opts.max_duration) {
         Conclusion::Outcome(outcome) => Ok(outcome),
