@@ -18,9 +18,14 @@
 //!   read inside the write transaction, so it moves forward with the
 //!   revision. A record written before a reboot is in another era and
 //!   counts as infinitely old (`docs/stores.md`).
-//! - **Watch**: polls for rows above the last seen revision every 25 ms. The
-//!   table keeps only the latest change per key (deletes as markers), so a
-//!   watcher may see several quick changes of one key as its latest.
+//! - **Group commit**: writes that queue while the connection is busy commit
+//!   together, one transaction and one fsync for all, each still its own
+//!   compare-and-swap in queue order (`SqliteStore::write`).
+//! - **Watch**: one feed per handle reads the rows above the last seen
+//!   revision when this handle wrote, when another process wrote (inotify
+//!   on the `-wal` file) and every [`WATCH_POLL`]. The table keeps only the
+//!   latest change per key (deletes as markers), so a watcher may see
+//!   several quick changes of one key as its latest.
 //! - Every blocking call runs in [`tokio::task::spawn_blocking`]; a call
 //!   that outlives its deadline is reported unknown and may still commit.
 //! - **The file deleted or replaced under a handle**: SQLite keeps using the
@@ -103,6 +108,22 @@ struct Inner {
     starting: tokio::sync::Mutex<()>,
     /// Woken by this handle's own writes: the feed reads them at once.
     written: Arc<tokio::sync::Notify>,
+    /// Writes waiting for the connection: whoever takes it next commits
+    /// them all in one transaction ([`SqliteStore::write`]).
+    queued: parking_lot::Mutex<Vec<Queued>>,
+    /// Write transactions committed through this handle (each a batch of
+    /// one or more writes).
+    commits: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A write waiting for the connection, and where its outcome goes.
+#[derive(Debug)]
+struct Queued {
+    op: Op,
+    key: String,
+    value: Option<Vec<u8>>,
+    expect: Expect,
+    reply: tokio::sync::oneshot::Sender<Result<Token, StoreError>>,
 }
 
 /// Why the store's files are not (or no longer) the ones to use.
@@ -237,15 +258,23 @@ impl Files {
     /// The first time, the loss is logged as an error: every later call
     /// fails the same way, and the process needs a restart.
     fn check(&self, op: Op, key: &str) -> Result<(), StoreError> {
-        self.verify().map_err(|e| {
-            if !self
-                .alarmed
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::error!(error = %e, "the embedded store's file is gone");
-            }
-            StoreError::unknown(op, key, e)
-        })
+        match self.lost() {
+            None => Ok(()),
+            Some(e) => Err(StoreError::unknown(op, key, e)),
+        }
+    }
+
+    /// [`Files::verify`], the loss logged the first time: `None` while the
+    /// files are in place.
+    fn lost(&self) -> Option<FileError> {
+        let e = self.verify().err()?;
+        if !self
+            .alarmed
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(error = %e, "the embedded store's file is gone");
+        }
+        Some(e)
     }
 }
 
@@ -270,6 +299,7 @@ fn refuse_leftovers(path: &Path) -> Result<(), FileError> {
     })
 }
 
+#[derive(Debug)]
 enum Expect {
     Absent,
     At(u64),
@@ -279,6 +309,10 @@ enum Expect {
 type Row = (String, Option<Vec<u8>>, u64, StoreTime);
 
 fn sql_err(op: Op, key: &str, e: rusqlite::Error) -> StoreError {
+    sql_err_ref(op, key, &e)
+}
+
+fn sql_err_ref(op: Op, key: &str, e: &rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
         // Errors that retrying will not fix.
@@ -406,6 +440,8 @@ impl SqliteStore {
                 hub: Hub::new(),
                 starting: tokio::sync::Mutex::new(()),
                 written: Arc::new(tokio::sync::Notify::new()),
+                queued: parking_lot::Mutex::default(),
+                commits: Arc::default(),
             }),
         })
     }
@@ -465,6 +501,14 @@ impl SqliteStore {
         .await
     }
 
+    /// One write: queued, then committed by whichever call takes the
+    /// connection next — this one, or another already waiting — together
+    /// with every write queued by then, in one transaction (group commit:
+    /// a thousand leases renewing at once cost a few fsyncs, not a
+    /// thousand). Each write in the batch is its own compare-and-swap,
+    /// decided in queue order against what the writes before it left, so
+    /// one write's conflict does not touch the others. A write whose caller
+    /// gave up before its batch began is left out: it never lands late.
     async fn write(
         &self,
         op: Op,
@@ -474,60 +518,143 @@ impl SqliteStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
-        let epoch = self.inner.epoch;
-        let k = key.to_owned();
-        let value = value.map(<[u8]>::to_vec);
-        let written = self
-            .blocking(op, key, timeout, move |conn| {
-                let e = |err| sql_err(op, &k, err);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(e)?;
-                let current: Option<(i64, bool)> = tx
-                    .query_row(
-                        "SELECT revision, value IS NULL FROM kv WHERE key = ?1",
-                        [&k],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()
-                    .map_err(e)?;
-                let live = current
-                    .filter(|(_, deleted)| !deleted)
-                    .map(|(rev, _)| from_i64(rev));
-                let ok = match expect {
-                    Expect::Anything => true,
-                    Expect::Absent => live.is_none(),
-                    Expect::At(rev) => live == Some(rev),
-                };
-                if !ok {
-                    return Err(StoreError::conflict(op, &k));
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        self.inner.queued.lock().push(Queued {
+            op,
+            key: key.to_owned(),
+            value: value.map(<[u8]>::to_vec),
+            expect,
+            reply,
+        });
+        let inner = self.inner.clone();
+        let lost =
+            |key: &str| StoreError::unknown(op, key, "the write's batch ended without an answer");
+        with_deadline(op, key, timeout, async move {
+            tokio::select! {
+                biased;
+                r = &mut answer => return r.unwrap_or_else(|_| Err(lost(key))),
+                mut conn = inner.conn.clone().lock_owned() => {
+                    let batch = std::mem::take(&mut *inner.queued.lock());
+                    if !batch.is_empty() {
+                        let (epoch, files) = (inner.epoch, inner.files.clone());
+                        let commits = inner.commits.clone();
+                        let committed = tokio::task::spawn_blocking(move || {
+                            commit_batch(&mut conn, epoch, &files, &commits, batch)
+                        })
+                        .await
+                        .unwrap_or(false);
+                        if committed {
+                            inner.written.notify_one();
+                        }
+                    }
                 }
-                let revision: i64 = tx
-                .query_row(
-                    "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(e)?;
-                // Read the clock inside the transaction: writers are serialised,
-                // so store time moves forward with the revision.
-                let now = boot_time_now();
-                tx.execute(
-                    "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                     revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
-                    params![k, value, revision, to_i64(now.era), to_i64(now.nanos)],
-                )
-                .map_err(e)?;
-                tx.commit().map_err(e)?;
-                Ok(Token::new(epoch, from_i64(revision)))
-            })
-            .await;
-        if written.is_ok() {
-            self.inner.written.notify_one();
-        }
-        written
+            }
+            answer.await.unwrap_or_else(|_| Err(lost(key)))
+        })
+        .await
     }
+}
+
+/// Commits `batch` in one `BEGIN IMMEDIATE` transaction: each write checks
+/// its own expectation (a conflict leaves the rest alone), takes the next
+/// revision and the store time, and every caller hears its outcome once
+/// the commit and the check of the files are done. Any other failure is
+/// every write's: unknown (or a configuration error), nothing committed
+/// that anyone is told of as done. Returns whether anything was written.
+fn commit_batch(
+    conn: &mut Connection,
+    epoch: u64,
+    files: &Files,
+    commits: &std::sync::atomic::AtomicU64,
+    batch: Vec<Queued>,
+) -> bool {
+    // Callers that gave up before the batch began (their deadline passed):
+    // left out, so a write that timed out never lands late.
+    let batch: Vec<Queued> = batch.into_iter().filter(|q| !q.reply.is_closed()).collect();
+    if batch.is_empty() {
+        return false;
+    }
+    let fail_all = |batch: Vec<Queued>, e: &rusqlite::Error| {
+        for q in batch {
+            let _ = q.reply.send(Err(sql_err_ref(q.op, &q.key, e)));
+        }
+        false
+    };
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return fail_all(batch, &e),
+    };
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for q in &batch {
+        match apply(&tx, q) {
+            Ok(applied) => outcomes.push(applied),
+            Err(e) => {
+                drop(tx);
+                return fail_all(batch, &e);
+            }
+        }
+    }
+    if let Err(e) = tx.commit() {
+        return fail_all(batch, &e);
+    }
+    commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // After the SQL: the file written is still the one everyone uses
+    // ([`checked`]); if not, every outcome is unknown.
+    let lost = files.lost();
+    let mut wrote = false;
+    for (q, applied) in batch.into_iter().zip(outcomes) {
+        let outcome = match (&lost, applied) {
+            (Some(e), _) => Err(StoreError::unknown(q.op, &q.key, e)),
+            (None, Some(revision)) => {
+                wrote = true;
+                Ok(Token::new(epoch, revision))
+            }
+            (None, None) => Err(StoreError::conflict(q.op, &q.key)),
+        };
+        let _ = q.reply.send(outcome);
+    }
+    wrote
+}
+
+/// One queued write inside the batch's transaction: its revision, or
+/// `None` when its expectation does not hold (a conflict).
+fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<u64>> {
+    let current: Option<(i64, bool)> = tx
+        .prepare_cached("SELECT revision, value IS NULL FROM kv WHERE key = ?1")?
+        .query_row([&q.key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let live = current
+        .filter(|(_, deleted)| !deleted)
+        .map(|(rev, _)| from_i64(rev));
+    let ok = match q.expect {
+        Expect::Anything => true,
+        Expect::Absent => live.is_none(),
+        Expect::At(rev) => live == Some(rev),
+    };
+    if !ok {
+        return Ok(None);
+    }
+    let revision: i64 = tx
+        .prepare_cached(
+            "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
+        )?
+        .query_row([], |r| r.get(0))?;
+    // Read the clock inside the transaction: writers are serialised, so
+    // store time moves forward with the revision.
+    let now = boot_time_now();
+    tx.prepare_cached(
+        "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+             revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
+    )?
+    .execute(params![
+        q.key,
+        q.value,
+        revision,
+        to_i64(now.era),
+        to_i64(now.nanos)
+    ])?;
+    Ok(Some(from_i64(revision)))
 }
 
 /// `f`, then the check that the store's files are still the ones the

@@ -156,3 +156,115 @@ async fn a_short_deadline_write_gets_in_between_back_to_back_writers() {
         missed.len()
     );
 }
+
+/// Waits until `n` writes are queued behind the held connection.
+async fn queued(s: &SqliteStore, n: usize) {
+    let give_up = tokio::time::Instant::now() + T;
+    while s.inner.queued.lock().len() < n {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{n} writes never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Group commit: writes queued while the connection is busy go in one
+/// transaction, and each is still its own compare-and-swap, decided in
+/// queue order — of two creates of one key exactly one wins, a stale
+/// update conflicts, and neither conflict undoes the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_together_commit_together_each_its_own_compare_and_swap() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path().join("store.db"))
+        .await
+        .unwrap();
+    let stale = s.create("lock.old", b"0", T).await.unwrap();
+    s.update("lock.old", b"1", stale, T).await.unwrap();
+    let commits = s.inner.commits.load(Relaxed);
+
+    let held = s.inner.conn.clone().lock_owned().await;
+    let write = |key: &'static str, stale: Option<Token>| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            match stale {
+                Some(t) => s.update(key, b"v", t, T).await,
+                None => s.create(key, b"v", T).await,
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    for (key, stale) in [
+        ("lock.a", None),
+        ("lock.dup", None),
+        ("lock.old", Some(stale)),
+        ("lock.dup", None),
+        ("lock.b", None),
+    ] {
+        tasks.push((key, write(key, stale)));
+        // In this order in the queue.
+        queued(&s, tasks.len()).await;
+    }
+    drop(held);
+    let mut outcomes = Vec::new();
+    for (key, task) in tasks {
+        outcomes.push((key, task.await.unwrap()));
+    }
+    assert_eq!(s.inner.commits.load(Relaxed), commits + 1, "{outcomes:?}");
+    let ok: Vec<(&str, u64)> = outcomes
+        .iter()
+        .filter_map(|(k, r)| r.as_ref().ok().map(|t| (*k, t.revision)))
+        .collect();
+    assert_eq!(
+        ok.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        ["lock.a", "lock.dup", "lock.b"],
+        "{outcomes:?}"
+    );
+    assert!(
+        ok.windows(2).all(|w| w[0].1 < w[1].1),
+        "revisions in queue order: {ok:?}"
+    );
+    assert!(outcomes[2].1.as_ref().is_err_and(StoreError::is_conflict));
+    assert!(outcomes[3].1.as_ref().is_err_and(StoreError::is_conflict));
+    for (key, revision) in ok {
+        let e = s.get(key, ReadMode::Leader, T).await.unwrap().unwrap();
+        assert_eq!(e.token.revision, revision);
+    }
+    assert_eq!(
+        s.get("lock.old", ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+        b"1"
+    );
+}
+
+/// A write whose caller gave up while it waited for the connection is
+/// left out of the next batch: it never lands after the caller heard
+/// "unknown". The write that found the connection free lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_given_up_before_its_batch_never_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path().join("store.db"))
+        .await
+        .unwrap();
+    let held = s.inner.conn.clone().lock_owned().await;
+    let late = s.create("lock.late", b"x", Duration::from_millis(50)).await;
+    assert!(matches!(late, Err(StoreError::Unknown { .. })), "{late:?}");
+    assert_eq!(
+        s.inner.queued.lock().len(),
+        1,
+        "the write waits in the queue"
+    );
+    drop(held);
+    s.create("lock.next", b"x", T).await.unwrap();
+    assert!(s.inner.queued.lock().is_empty());
+    assert_eq!(s.get("lock.late", ReadMode::Leader, T).await.unwrap(), None);
+    assert!(s
+        .get("lock.next", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .is_some());
+}
