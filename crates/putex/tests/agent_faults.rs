@@ -502,14 +502,28 @@ fn agent_faults_a_service_failing_everywhere_rotates_with_back_off() {
     );
     let downs: Vec<Vec<u128>> = nodes.iter().map(|n| step_downs(&c, n)).collect();
     let taken: Vec<Vec<u128>> = nodes.iter().map(|n| acquisitions(&c, n)).collect();
-    let mut freed: Vec<u128> = nodes.iter().flat_map(|n| releases(&c, n)).collect();
+    // Each release with its node's step-down before it: a waiter may log
+    // its acquisition before the releasing process logs its release (the
+    // release's compare-and-swap reached the waiter's watch first), never
+    // before the step-down began.
+    let mut freed: Vec<(u128, u128)> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| {
+            let downs = &downs[i];
+            releases(&c, n).into_iter().map(move |free| {
+                let since = downs.iter().copied().filter(|d| *d <= free).max();
+                (free, since.unwrap_or(free))
+            })
+        })
+        .collect();
     freed.sort_unstable();
     let backoff = |k: usize| T * (1u32 << k.min(4));
     eprintln!(
         "service failing everywhere: {} step-downs, {} acquisitions in {:?}",
         downs.iter().map(Vec::len).sum::<usize>(),
         taken.iter().map(Vec::len).sum::<usize>(),
-        ms(freed.last().copied().unwrap_or(sick) - sick)
+        ms(freed.last().map_or(sick, |(free, _)| *free) - sick)
     );
 
     // The safe side: after its k-th step-down a node stays out T·2^k (less
@@ -537,8 +551,8 @@ fn agent_faults_a_service_failing_everywhere_rotates_with_back_off() {
         .filter_map(|n| started(&c, n).first().copied())
         .max()
         .unwrap_or(u128::MAX);
-    for free in freed.iter().filter(|f| **f >= all_up) {
-        let Some(next) = taken.iter().flatten().filter(|a| **a > *free).min() else {
+    for (free, since) in freed.iter().filter(|(f, _)| *f >= all_up) {
+        let Some(next) = taken.iter().flatten().filter(|a| **a > *since).min() else {
             continue;
         };
         let out_of_backoff = (0..nodes.len())
