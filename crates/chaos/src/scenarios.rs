@@ -1237,8 +1237,14 @@ pub fn all() -> Vec<Scenario> {
             name: "clock-slow-holder",
             fault_no: "7",
             about: "the holder's clock ×0.5 (beyond ε); the holder cut off: its licence outlasts W",
-            quick_runs: 1,
-            full_runs: 2,
+            // Whether the slow holder outlasts the takeover depends on where
+            // the blackhole falls among its renewals: in about one run in
+            // five (a36ac21 and later alike: 6 of 28 runs of seed 1) the
+            // holder stops just before the takeover, and nothing tests the
+            // token. The row needs one stale write rejected; three runs
+            // give it one but about once in a hundred.
+            quick_runs: 3,
+            full_runs: 4,
             broken: Some("the holder's clock (and keeper's) runs ×0.5, far beyond ε = 1%"),
             provokes_stale: true,
             skip: needs_faketime,
