@@ -460,7 +460,6 @@ fn scale(dir: &Path, t: &mut Table) {
         let cpu_target = if store == "nats" { 10.0 } else { 50.0 };
         let cpu = num(l, "cpu_percent");
         let rss_mb = num(l, "rss_peak_kb") / 1024.0;
-        let verdict = |met: bool| if met { "**met**" } else { "**missed**" };
         t.row(
             &format!("scale: one process holding {n:.0} leases, default timing (R=1s)"),
             store,
@@ -468,8 +467,8 @@ fn scale(dir: &Path, t: &mut Table) {
                 "CPU {:.1} % of a core{server}, peak VmRSS {:.0} MB, store writes {writes:.0}/s over {:.0} s; \
                  {acquired:.0} of {n:.0} acquired after {:.1} s (first use: W + G each, all at once), \
                  {held:.0} held at the end; {:.0} threads, {:.0} open files{watch}",
-                num(l, "cpu_percent"),
-                num(l, "rss_peak_kb") / 1024.0,
+                cpu,
+                rss_mb,
                 num(l, "window_s"),
                 num(l, "warm_up_s"),
                 num(l, "threads"),

@@ -113,7 +113,7 @@ struct Inner {
     queued: parking_lot::Mutex<Vec<Queued>>,
     /// Write transactions committed through this handle (each a batch of
     /// one or more writes).
-    commits: Arc<std::sync::atomic::AtomicU64>,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 /// A write waiting for the connection, and where its outcome goes.
@@ -308,11 +308,7 @@ enum Expect {
 
 type Row = (String, Option<Vec<u8>>, u64, StoreTime);
 
-fn sql_err(op: Op, key: &str, e: rusqlite::Error) -> StoreError {
-    sql_err_ref(op, key, &e)
-}
-
-fn sql_err_ref(op: Op, key: &str, e: &rusqlite::Error) -> StoreError {
+fn sql_err(op: Op, key: &str, e: &rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
     match e.sqlite_error_code() {
         // Errors that retrying will not fix.
@@ -441,7 +437,7 @@ impl SqliteStore {
                 starting: tokio::sync::Mutex::new(()),
                 written: Arc::new(tokio::sync::Notify::new()),
                 queued: parking_lot::Mutex::default(),
-                commits: Arc::default(),
+                commits: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -476,7 +472,7 @@ impl SqliteStore {
                 params![k, to_i64(expected.revision)],
             )
             .map(|n| n > 0)
-            .map_err(|e| sql_err(Op::Delete, &k, e))
+            .map_err(|e| sql_err(Op::Delete, &k, &e))
         })
         .await
     }
@@ -536,10 +532,9 @@ impl SqliteStore {
                 mut conn = inner.conn.clone().lock_owned() => {
                     let batch = std::mem::take(&mut *inner.queued.lock());
                     if !batch.is_empty() {
-                        let (epoch, files) = (inner.epoch, inner.files.clone());
-                        let commits = inner.commits.clone();
+                        let handle = inner.clone();
                         let committed = tokio::task::spawn_blocking(move || {
-                            commit_batch(&mut conn, epoch, &files, &commits, batch)
+                            commit_batch(&mut conn, &handle, batch)
                         })
                         .await
                         .unwrap_or(false);
@@ -561,13 +556,7 @@ impl SqliteStore {
 /// the commit and the check of the files are done. Any other failure is
 /// every write's: unknown (or a configuration error), nothing committed
 /// that anyone is told of as done. Returns whether anything was written.
-fn commit_batch(
-    conn: &mut Connection,
-    epoch: u64,
-    files: &Files,
-    commits: &std::sync::atomic::AtomicU64,
-    batch: Vec<Queued>,
-) -> bool {
+fn commit_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Queued>) -> bool {
     // Callers that gave up before the batch began (their deadline passed):
     // left out, so a write that timed out never lands late.
     let batch: Vec<Queued> = batch.into_iter().filter(|q| !q.reply.is_closed()).collect();
@@ -576,7 +565,7 @@ fn commit_batch(
     }
     let fail_all = |batch: Vec<Queued>, e: &rusqlite::Error| {
         for q in batch {
-            let _ = q.reply.send(Err(sql_err_ref(q.op, &q.key, e)));
+            let _ = q.reply.send(Err(sql_err(q.op, &q.key, e)));
         }
         false
     };
@@ -597,17 +586,19 @@ fn commit_batch(
     if let Err(e) = tx.commit() {
         return fail_all(batch, &e);
     }
-    commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    inner
+        .commits
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // After the SQL: the file written is still the one everyone uses
     // ([`checked`]); if not, every outcome is unknown.
-    let lost = files.lost();
+    let lost = inner.files.lost();
     let mut wrote = false;
     for (q, applied) in batch.into_iter().zip(outcomes) {
         let outcome = match (&lost, applied) {
             (Some(e), _) => Err(StoreError::unknown(q.op, &q.key, e)),
             (None, Some(revision)) => {
                 wrote = true;
-                Ok(Token::new(epoch, revision))
+                Ok(Token::new(inner.epoch, revision))
             }
             (None, None) => Err(StoreError::conflict(q.op, &q.key)),
         };
@@ -800,7 +791,7 @@ impl Store for SqliteStore {
                     s.query_row([&k], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                         .optional()
                 })
-                .map_err(|e| sql_err(Op::Get, &k, e))?;
+                .map_err(|e| sql_err(Op::Get, &k, &e))?;
             Ok(row.and_then(|(value, rev, era, nanos)| {
                 value.map(|value| Entry {
                     value,
@@ -892,7 +883,7 @@ impl Store for SqliteStore {
         let f = filter.to_owned();
         let (rows, upto) = self
             .blocking(Op::Watch, filter, timeout, move |conn| {
-                rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, e))
+                rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, &e))
             })
             .await?;
         let epoch = self.inner.epoch;
@@ -931,7 +922,7 @@ impl SqliteStore {
             })
             .await
             .map_err(|e| StoreError::unknown(Op::Watch, &f, e))?
-            .map_err(|e| sql_err(Op::Watch, &f, e))?,
+            .map_err(|e| sql_err(Op::Watch, &f, &e))?,
         ));
         // Where the feed starts: every watch taken from now on reads its
         // catch-up after this, so nothing at or below it is needed.
@@ -942,7 +933,7 @@ impl SqliteStore {
             filter,
             timeout,
             checked(files.clone(), Op::Watch, filter, move |c| {
-                newest_revision(c).map_err(|e| sql_err(Op::Watch, "", e))
+                newest_revision(c).map_err(|e| sql_err(Op::Watch, "", &e))
             }),
         )
         .await?;
@@ -1007,7 +998,7 @@ async fn feed(
             "",
             BUSY_TIMEOUT * 2,
             checked(files.clone(), Op::Watch, "", move |c| {
-                rows_since(c, last, "").map_err(|e| sql_err(Op::Watch, "", e))
+                rows_since(c, last, "").map_err(|e| sql_err(Op::Watch, "", &e))
             }),
         )
         .await;

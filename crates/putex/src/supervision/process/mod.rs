@@ -50,9 +50,8 @@ mod spawn;
 mod tests;
 
 pub use cgroup::{cgroup2_mount, unified_cgroup_path, wrap_in_cgroup, Cgroup, CgroupRoot};
-pub use procfs::{
-    descendants, own_children, pids_matching, proc_entry, proc_table, ProcEntry, ProcId,
-};
+use procfs::own_children;
+pub use procfs::{descendants, pids_matching, proc_entry, proc_table, ProcEntry, ProcId};
 pub use snapshot::{TreeInfo, TreeSnapshot};
 pub use spawn::{child_environment, spawn_into, DirectChild, Output, SpawnError, Spawned};
 
