@@ -10,8 +10,12 @@
 //! once (a host with nothing to run: the lease library, a gateway), when it
 //! is fed back at once. Store calls get their
 //! deadline from the machine (H5) and are reported as `Unknown` when it
-//! passes. A watch on the lock record turns changes into [`Input::Watch`]
-//! and is re-established from the last seen revision when it breaks.
+//! passes. A watch on the lock record, polled by the driver's task itself,
+//! turns changes into [`Input::Watch`] and is re-established from the last
+//! seen revision when it breaks.
+//!
+//! One process may run 10,000 drivers (one per lease): a driver is one task,
+//! and its channels ([`InputSender`]) cost a few hundred bytes until used.
 //!
 //! The driver holds no safety logic of its own: every decision is the core's.
 
@@ -19,14 +23,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::channel::mpsc;
 use futures::future::{BoxFuture, FutureExt};
-use futures::stream::FuturesUnordered;
+use futures::stream::{BoxStream, FuturesUnordered};
 use futures::StreamExt;
 use putex_core::{
     Agent, Blocker, Event, ExitReason, HealthMode, Input, Instant, KeeperCommand, Key, Output,
     StopKind, StoreOp, StoreOutcome, Token,
 };
-use tokio::sync::mpsc;
 
 use crate::clock;
 use crate::observe::metrics::Metrics;
@@ -114,24 +118,49 @@ pub async fn run(
     host: Arc<dyn Host>,
     shutdown: impl Future<Output = ()>,
 ) -> ExitReason {
-    let (_inject, inputs) = mpsc::unbounded_channel::<Input>();
+    let (_inject, inputs) = input_channel();
     run_with_inputs(agent, store, keys, host, shutdown, inputs).await
+}
+
+/// Sends a driver inputs from the host's own sources ([`run_with_inputs`]).
+pub type InputSender = mpsc::UnboundedSender<Input>;
+/// The driver's end of an [`InputSender`].
+pub type InputReceiver = mpsc::UnboundedReceiver<Input>;
+
+/// A channel of inputs for [`run_with_inputs`]: unbounded, in order, and
+/// small until used (futures' channel allocates per message; tokio's
+/// allocates a block of 32 inputs up front, 2.6 KB per driver).
+pub fn input_channel() -> (InputSender, InputReceiver) {
+    mpsc::unbounded()
 }
 
 /// [`run`], with a channel for inputs that come from the host's own sources
 /// (the keeper's `fired`, `child-exited` and its loss). When every sender of
 /// `inputs` is gone the channel is simply no longer read.
-pub async fn run_with_inputs(
-    mut agent: Agent,
+pub fn run_with_inputs(
+    agent: Agent,
     store: AnyStore,
     keys: Keys,
     host: Arc<dyn Host>,
     shutdown: impl Future<Output = ()>,
-    mut inputs: mpsc::UnboundedReceiver<Input>,
+    inputs: InputReceiver,
+) -> impl Future<Output = ExitReason> {
+    // The machine (2 KB) is boxed: an async fn keeps its arguments twice in
+    // its state (rust-lang/rust#62958), and a process may run 10,000 drivers.
+    drive(Box::new(agent), store, keys, host, shutdown, inputs)
+}
+
+async fn drive(
+    mut agent: Box<Agent>,
+    store: AnyStore,
+    keys: Keys,
+    host: Arc<dyn Host>,
+    shutdown: impl Future<Output = ()>,
+    mut inputs: InputReceiver,
 ) -> ExitReason {
     let mut inputs_open = true;
-    let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
-    let watch = tokio::spawn(watch_lock(store.clone(), keys.lock.clone(), tx.clone()));
+    let (tx, mut rx) = input_channel();
+    let mut changes = lock_changes(store.clone(), keys.lock.clone());
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutting_down = false;
     let mut calls = StoreCalls::new();
@@ -162,17 +191,18 @@ pub async fn run_with_inputs(
         // reach the machine before anything that output leads to.
         tokio::select! {
             biased;
-            input = inputs.recv(), if inputs_open => match input {
+            input = inputs.next(), if inputs_open => match input {
                 Some(input) => agent.handle(clock::boot_time_now(), input),
                 None => inputs_open = false,
             },
             Some(input) = calls.next(), if !calls.is_empty() => {
                 agent.handle(clock::boot_time_now(), input);
             }
-            input = rx.recv() => {
+            input = rx.next() => {
                 let input = input.expect("the driver holds a sender");
                 agent.handle(clock::boot_time_now(), input);
             }
+            Some(input) = changes.next() => agent.handle(clock::boot_time_now(), input),
             () = tokio::time::sleep(sleep) => agent.handle_timeout(clock::boot_time_now()),
             () = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
@@ -180,7 +210,6 @@ pub async fn run_with_inputs(
             }
         }
     };
-    watch.abort();
     exit
 }
 
@@ -195,7 +224,7 @@ fn dispatch(
     store: &AnyStore,
     keys: &Keys,
     host: &Arc<dyn Host>,
-    tx: &mpsc::UnboundedSender<Input>,
+    tx: &InputSender,
     calls: &mut StoreCalls,
 ) -> Option<Input> {
     match output {
@@ -274,7 +303,7 @@ fn dispatch(
 /// as a task that sends its input on `tx` when done.
 fn run_or_spawn(
     mut work: BoxFuture<'static, bool>,
-    tx: &mpsc::UnboundedSender<Input>,
+    tx: &InputSender,
     input: impl FnOnce(bool) -> Input + Send + 'static,
 ) -> Option<Input> {
     if let Some(ok) = (&mut work).now_or_never() {
@@ -283,7 +312,7 @@ fn run_or_spawn(
     let tx = tx.clone();
     tokio::spawn(async move {
         let ok = work.await;
-        let _ = tx.send(input(ok));
+        let _ = tx.unbounded_send(input(ok));
     });
     None
 }
@@ -341,24 +370,41 @@ async fn perform(store: &AnyStore, key: &str, op: StoreOp, timeout: Duration) ->
     }
 }
 
-/// Feeds changes of the lock record to the machine, re-establishing the
-/// watch from the last seen revision whenever it ends. Polling by the
-/// machine covers the gaps.
-async fn watch_lock(store: AnyStore, key: String, tx: mpsc::UnboundedSender<Input>) {
-    let mut from: Option<u64> = None;
-    loop {
-        match store.watch(&key, from, Duration::from_secs(2)).await {
-            Ok(mut stream) => {
-                while let Some(event) = stream.next().await {
-                    let Ok(event) = event else { break };
-                    from = Some(event.revision + 1);
-                    if tx.send(Input::Watch(event.entry)).is_err() {
-                        return;
+/// Changes of the lock record as inputs for the machine: a stream that never
+/// ends, re-establishing the watch from the last seen revision whenever it
+/// breaks (after a pause). Polling by the machine covers the gaps.
+fn lock_changes(store: AnyStore, key: String) -> BoxStream<'static, Input> {
+    struct Watching {
+        store: AnyStore,
+        key: String,
+        from: Option<u64>,
+        stream: Option<crate::store::WatchStream>,
+    }
+    let start = Watching {
+        store,
+        key,
+        from: None,
+        stream: None,
+    };
+    futures::stream::unfold(start, |mut w| async move {
+        loop {
+            if let Some(stream) = &mut w.stream {
+                if let Some(Ok(event)) = stream.next().await {
+                    w.from = Some(event.revision + 1);
+                    return Some((Input::Watch(event.entry), w));
+                }
+                w.stream = None;
+            } else {
+                match w.store.watch(&w.key, w.from, Duration::from_secs(2)).await {
+                    Ok(stream) => {
+                        w.stream = Some(stream);
+                        continue;
                     }
+                    Err(e) => tracing::debug!(key = %w.key, error = %e, "watch failed; retrying"),
                 }
             }
-            Err(e) => tracing::debug!(key = %key, error = %e, "watch failed; retrying"),
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .boxed()
 }

@@ -22,10 +22,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::driver;
 use futures::StreamExt;
 use putex_core::{Input, Pause, Role, Token};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::host::AgentHost;
@@ -200,7 +200,7 @@ pub(super) async fn control_feed(
     host: AgentHost,
     store: AnyStore,
     lock: Name,
-    inject: mpsc::UnboundedSender<Input>,
+    inject: driver::InputSender,
 ) {
     let key = keys::control(&lock);
     let every = host.inner.settings.timing.renew() * 3;
@@ -245,7 +245,7 @@ async fn feed(
     store: &AnyStore,
     lock: &Name,
     rec: &ControlRecord,
-    inject: &mpsc::UnboundedSender<Input>,
+    inject: &driver::InputSender,
     handled: &mut HashSet<String>,
     timeout: Duration,
 ) -> bool {
@@ -253,7 +253,7 @@ async fn feed(
         Some(p) => Input::Pause(p.pause()),
         None => Input::Resume,
     };
-    if inject.send(input).is_err() {
+    if inject.unbounded_send(input).is_err() {
         return false;
     }
     let Some(req) = &rec.switchover else {
@@ -267,7 +267,7 @@ async fn feed(
         handled.insert(req.id.clone());
         tracing::warn!(by = %req.by, "taking over beyond --max-lag, as an operator asked");
         return inject
-            .send(Input::Switchover {
+            .unbounded_send(Input::Switchover {
                 to: req.to.clone(),
                 allow_lag: true,
             })
@@ -328,12 +328,12 @@ async fn feed(
 fn start_switchover(
     host: &AgentHost,
     req: &SwitchoverRequest,
-    inject: &mpsc::UnboundedSender<Input>,
+    inject: &driver::InputSender,
 ) -> bool {
     host.set(|st| st.switchover = Some(req.id.clone()));
     tracing::info!(to = ?req.to, by = %req.by, "switchover requested");
     inject
-        .send(Input::Switchover {
+        .unbounded_send(Input::Switchover {
             to: req.to.clone(),
             allow_lag: req.allow_lag,
         })

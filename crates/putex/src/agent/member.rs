@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::driver;
 use futures::StreamExt;
 use putex_core::{Candidate, Input, Role, StoreGap, StoreTime};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::host::AgentHost;
@@ -129,7 +129,7 @@ pub(super) async fn member_feed(
     host: AgentHost,
     store: AnyStore,
     lock: Name,
-    inject: mpsc::UnboundedSender<Input>,
+    inject: driver::InputSender,
 ) {
     let filter = keys::members_of(&lock);
     let every = host.inner.settings.timing.renew() * 3;
@@ -187,7 +187,7 @@ pub(super) async fn member_feed(
                         .filter_map(|m| Some((m.node.clone(), m.addr.clone()?)))
                         .collect();
                 });
-                if inject.send(Input::Members(candidates)).is_err() {
+                if inject.unbounded_send(Input::Members(candidates)).is_err() {
                     return;
                 }
                 let active = fresh
@@ -294,7 +294,7 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
 /// core (and the member record). A failure (or output that is not a
 /// non-negative integer) makes the position unknown: such a node is
 /// beyond any `--max-lag`.
-pub(super) async fn position_feed(host: AgentHost, inject: mpsc::UnboundedSender<Input>) {
+pub(super) async fn position_feed(host: AgentHost, inject: driver::InputSender) {
     let Some(cmd) = host.inner.settings.operator.position.clone() else {
         return;
     };
@@ -319,7 +319,7 @@ pub(super) async fn position_feed(host: AgentHost, inject: mpsc::UnboundedSender
         if changed {
             host.inner.member_dirty.notify_one();
         }
-        if inject.send(Input::Position(position)).is_err() {
+        if inject.unbounded_send(Input::Position(position)).is_err() {
             return;
         }
         tokio::time::sleep(every).await;

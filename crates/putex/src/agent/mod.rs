@@ -52,8 +52,7 @@ use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use putex_core::time::Human;
 use putex_core::{
-    Agent, AgentConfig, ExitReason, Identity, Input, Instant, PreviousInstance, StopKind,
-    TimingError,
+    Agent, AgentConfig, ExitReason, Identity, Instant, PreviousInstance, StopKind, TimingError,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -314,7 +313,7 @@ pub async fn run(
     let ops = KeeperQueue::start(keeper.clone());
     let mut registry = Registry::with_prefix("putex");
     let metrics = Metrics::register(&mut registry);
-    let (inject, inputs) = mpsc::unbounded_channel::<Input>();
+    let (inject, inputs) = driver::input_channel();
     let host = AgentHost {
         inner: Arc::new(Inner {
             lock: lock.to_string(),
@@ -542,7 +541,7 @@ fn wedge_at() -> Option<std::time::Instant> {
 /// inputs, and keeps the tree snapshots on record.
 async fn pump_keeper_events(
     mut events: mpsc::UnboundedReceiver<KeeperEvent>,
-    inject: mpsc::UnboundedSender<Input>,
+    inject: driver::InputSender,
     host: AgentHost,
 ) {
     while let Some(ev) = events.recv().await {
@@ -563,7 +562,7 @@ async fn pump_keeper_events(
             KeeperEvent::Lost => tracing::error!("the keeper is gone"),
         }
         if let Some(input) = ev.to_input() {
-            if inject.send(input).is_err() {
+            if inject.unbounded_send(input).is_err() {
                 return;
             }
         }

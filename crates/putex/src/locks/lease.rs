@@ -66,7 +66,7 @@ use putex_core::{
     LossCause, Reason, Role, StopKind, Timing, TimingConfig, TimingError, Token,
 };
 use thiserror::Error;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock;
@@ -162,7 +162,7 @@ struct LockHost {
     view: watch::Sender<View>,
     /// Into the agent: `Turn(false)` on activation, so that a lost lock is
     /// never taken again behind the program's back.
-    inputs: mpsc::UnboundedSender<Input>,
+    inputs: driver::InputSender,
     metrics: Option<Metrics>,
 }
 
@@ -220,7 +220,7 @@ impl Host for LockHost {
         if *to == Role::Active {
             // The driver reads host inputs first: this reaches the agent
             // before anything that follows the activation.
-            let _ = self.inputs.send(Input::Turn(false));
+            let _ = self.inputs.unbounded_send(Input::Turn(false));
         }
         self.view.send_modify(|v| {
             v.role = *to;
@@ -298,7 +298,7 @@ impl Lock {
             standbys: 0,
             last_standby: None,
         });
-        let (inputs, inputs_rx) = mpsc::unbounded_channel();
+        let (inputs, inputs_rx) = driver::input_channel();
         let host = Arc::new(LockHost {
             view: view_tx,
             inputs,
@@ -445,7 +445,7 @@ impl Lock {
     fn send(&self, input: Input) {
         // A closed channel means the agent exited; the caller finds out
         // from the view.
-        let _ = self.host.inputs.send(input);
+        let _ = self.host.inputs.unbounded_send(input);
     }
 
     async fn exit_reason(&mut self) -> ExitReason {
@@ -472,15 +472,15 @@ impl Drop for Lock {
 /// Takes back the turn an acquisition asked for, and gives back what it
 /// may have taken, when that acquisition is cancelled.
 struct WithdrawOnDrop {
-    inputs: mpsc::UnboundedSender<Input>,
+    inputs: driver::InputSender,
     armed: bool,
 }
 
 impl Drop for WithdrawOnDrop {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self.inputs.send(Input::Turn(false));
-            let _ = self.inputs.send(Input::Release);
+            let _ = self.inputs.unbounded_send(Input::Turn(false));
+            let _ = self.inputs.unbounded_send(Input::Release);
         }
     }
 }

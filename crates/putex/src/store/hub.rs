@@ -26,7 +26,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use futures::channel::mpsc;
+use futures::StreamExt;
 
 use super::keys::filter_matches;
 use super::{StoreError, WatchEvent, WatchStream};
@@ -80,7 +81,9 @@ impl Hub {
     /// Starts a watch of `filter` (a key, a prefix ending in `.`, or `""`),
     /// fed from now on; `None` while no feed runs.
     pub(crate) fn subscribe(self: &Arc<Self>, filter: &str) -> Option<Subscription> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        // futures' channel: a few hundred bytes until used (tokio's takes a
+        // block of 32 events, 3.3 KB, per watch up front).
+        let (tx, rx) = mpsc::unbounded();
         let mut reg = self.lock();
         if !reg.live {
             return None;
@@ -108,12 +111,12 @@ impl Hub {
         let reg = self.lock();
         if let Some(watchers) = reg.exact.get(&event.key) {
             for tx in watchers.values() {
-                let _ = tx.send(Ok(event.clone()));
+                let _ = tx.unbounded_send(Ok(event.clone()));
             }
         }
         for (filter, tx) in reg.prefixes.values() {
             if filter_matches(filter, &event.key) {
-                let _ = tx.send(Ok(event.clone()));
+                let _ = tx.unbounded_send(Ok(event.clone()));
             }
         }
     }
@@ -125,11 +128,11 @@ impl Hub {
         reg.live = false;
         for (_, watchers) in reg.exact.drain() {
             for (_, tx) in watchers {
-                let _ = tx.send(Err(error()));
+                let _ = tx.unbounded_send(Err(error()));
             }
         }
         for (_, (_, tx)) in reg.prefixes.drain() {
-            let _ = tx.send(Err(error()));
+            let _ = tx.unbounded_send(Err(error()));
         }
     }
 
@@ -191,7 +194,7 @@ impl Subscription {
                 }
                 let last = last.max(floor);
                 loop {
-                    match sub.rx.recv().await {
+                    match sub.rx.next().await {
                         Some(Ok(event)) if event.revision > last => {
                             let last = event.revision;
                             return Some((Ok(event), (sub, queue, last, floor, false)));

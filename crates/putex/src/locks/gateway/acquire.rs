@@ -139,7 +139,7 @@ impl Gateway {
                 ),
             ),
         });
-        let (inputs, rx) = mpsc::unbounded_channel();
+        let (inputs, rx) = driver::input_channel();
         let lock_key = keys::lock(&req.resource);
         let probe = keys::probe(&self.opts.node);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -156,12 +156,12 @@ impl Gateway {
             },
             rx,
         ));
-        let _ = inputs.send(Input::Turn(*turn.borrow()));
+        let _ = inputs.unbounded_send(Input::Turn(*turn.borrow()));
         let outcome = loop {
             tokio::select! {
                 changed = turn.changed() => {
                     if changed.is_ok() {
-                        let _ = inputs.send(Input::Turn(*turn.borrow_and_update()));
+                        let _ = inputs.unbounded_send(Input::Turn(*turn.borrow_and_update()));
                     }
                 }
                 token = granted.recv() => {
@@ -202,7 +202,7 @@ impl Gateway {
                 // Out of line at once: a request cancelled by an admin
                 // delete must not take the lock the same delete frees
                 // next (the agent only acquires on its turn).
-                let _ = inputs.send(Input::Turn(false));
+                let _ = inputs.unbounded_send(Input::Turn(false));
                 ticket.leave().await;
                 if *role.borrow() == Role::Confirming {
                     // Taking the lock over (its fencing gap): leaving now

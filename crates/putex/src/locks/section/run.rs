@@ -246,7 +246,7 @@ async fn run_inner(
             record_key: (keys::lock(&opts.name) != *key).then(|| key.clone()),
             pending: Mutex::default(),
         });
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = driver::input_channel();
         inputs.push(tx);
         let store = store.clone();
         let probe = keys::probe(&opts.node);
@@ -284,7 +284,7 @@ async fn run_inner(
                 SlotCommand::Turn { slot, turn } => (slot, Input::Turn(turn)),
                 SlotCommand::Shutdown { slot } => (slot, Input::Shutdown),
             };
-            let _ = inputs[slot].send(input);
+            let _ = inputs[slot].unbounded_send(input);
         }
         let max_at = opts.max_duration.zip(spawned_at).map(|(d, at)| at + d);
         tokio::select! {
@@ -321,7 +321,7 @@ async fn run_inner(
                         });
                     }
                     if let (Some(w), Some(input)) = (winner, other.to_input()) {
-                        let _ = inputs[w].send(input);
+                        let _ = inputs[w].unbounded_send(input);
                     }
                     if other == KeeperEvent::Lost {
                         // No more events; keep waiting for the drivers.
