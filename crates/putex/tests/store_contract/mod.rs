@@ -662,6 +662,62 @@ async fn store_unknown_nats_sigstop() {
     assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
 }
 
+/// One handle has at most `CALLS_UNDER_WAY` calls under way: with the
+/// server frozen, that many are in flight and the rest wait their turn — a
+/// call whose deadline passes while it waits is unknown in time, like any
+/// other — and once the server wakes up every call that was still within
+/// its deadline lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_calls_beyond_the_admission_wait_their_turn_and_all_land() {
+    use putex::store::nats::CALLS_UNDER_WAY;
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let total = CALLS_UNDER_WAY + 100;
+    server.pause();
+    let calls: Vec<_> = (0..total)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.put(&format!("lock.turn{i}"), b"x", Duration::from_secs(20))
+                    .await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while n.calls_under_way() < CALLS_UNDER_WAY && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(n.calls_under_way(), CALLS_UNDER_WAY, "the rest wait");
+    let started = Instant::now();
+    let late = s
+        .put("lock.turn-late", b"x", Duration::from_millis(200))
+        .await;
+    assert!(matches!(late, Err(StoreError::Unknown { .. })), "{late:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    server.resume();
+    for (i, call) in calls.into_iter().enumerate() {
+        call.await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+    }
+    assert_eq!(n.calls_under_way(), 0);
+    for i in [0, CALLS_UNDER_WAY, total - 1] {
+        let key = format!("lock.turn{i}");
+        assert!(
+            s.get(&key, ReadMode::Leader, T).await.unwrap().is_some(),
+            "{key}"
+        );
+    }
+}
+
 /// A bucket putex creates dates its revisions: they start at its epoch
 /// (its creation time in nanoseconds), so a re-created bucket's revisions
 /// all lie above the old one's, its tokens compare higher, and an old

@@ -37,6 +37,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, kv, stream::StorageType};
 use async_nats::{HeaderMap, ServerAddr};
 use futures::StreamExt;
+use tokio::sync::SemaphorePermit;
 
 use super::hub::Hub;
 use super::keys::{validate_filter, validate_key};
@@ -102,7 +103,17 @@ struct Inner {
     /// Held while a feed starts; holds the feed's stop (dropped with the
     /// handle, it ends the feed and removes its consumer).
     starting: tokio::sync::Mutex<Option<tokio_util::sync::DropGuard>>,
+    /// Admits [`CALLS_UNDER_WAY`] calls at a time ([`NatsStore::call`]).
+    admission: tokio::sync::Semaphore,
 }
+
+/// How many calls of one handle are under way at once; the rest wait their
+/// turn (first come, first served), each within its own deadline. A call
+/// under way is 3–5 KB of state in this process (the NATS client's
+/// request futures) besides what it queues in the client: 10,000 leases
+/// starting together held ~180 MB of it. 512 in flight is still far more
+/// than one connection needs to keep the server busy.
+pub const CALLS_UNDER_WAY: usize = 512;
 
 impl fmt::Debug for NatsStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -321,6 +332,17 @@ impl NatsStore {
         Ok(ack.sequence)
     }
 
+    /// Waits for this handle's turn to make one call ([`CALLS_UNDER_WAY`]);
+    /// the call holds the turn until it is dropped. Called inside the
+    /// call's deadline, before the call's own state is allocated (boxed).
+    async fn turn(&self, op: Op, key: &str) -> Result<SemaphorePermit<'_>, StoreError> {
+        self.inner
+            .admission
+            .acquire()
+            .await
+            .map_err(|e| StoreError::unknown(op, key, e))
+    }
+
     async fn cas(
         &self,
         op: Op,
@@ -332,44 +354,48 @@ impl NatsStore {
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
         with_deadline(op, key, timeout, async {
-            // A bucket re-created since restarted its revisions, and its
-            // record of this key may be at `expected.revision` too — unless
-            // the revision is dated (at least its epoch, `dated`): then no
-            // other incarnation of the bucket has it, a compare-and-swap on
-            // it cannot hit another bucket's record, and the epoch cached as
-            // for every other call will do. Otherwise the epoch as the
-            // stream leader has it now.
-            let cached = dated(expected) && {
-                self.refresh_epoch(op, key).await?;
-                expected.epoch == self.epoch()
-            };
-            let epoch = if cached {
-                expected.epoch
-            } else {
-                self.read_epoch(op, key).await?
-            };
-            if expected.epoch != epoch {
-                return Err(StoreError::conflict(op, key));
-            }
-            if expected.revision == 0 {
-                // Revision 0 would mean "must not exist": not a CAS on a record.
-                return Err(StoreError::conflict(op, key));
-            }
-            match self
-                .publish(op, key, value, Some(expected.revision), delete)
-                .await
-            {
-                Ok(revision) => Ok(Token::new(epoch, revision)),
-                Err(e) => {
-                    if cached && e.is_conflict() {
-                        // Maybe the bucket was re-created: the caller's
-                        // next read re-reads the epoch first and labels
-                        // what it finds with the new one at once.
-                        self.inner.epoch_stale.store(true, Ordering::SeqCst);
-                    }
-                    Err(e)
+            let _turn = self.turn(op, key).await?;
+            Box::pin(async {
+                // A bucket re-created since restarted its revisions, and its
+                // record of this key may be at `expected.revision` too — unless
+                // the revision is dated (at least its epoch, `dated`): then no
+                // other incarnation of the bucket has it, a compare-and-swap on
+                // it cannot hit another bucket's record, and the epoch cached as
+                // for every other call will do. Otherwise the epoch as the
+                // stream leader has it now.
+                let cached = dated(expected) && {
+                    self.refresh_epoch(op, key).await?;
+                    expected.epoch == self.epoch()
+                };
+                let epoch = if cached {
+                    expected.epoch
+                } else {
+                    self.read_epoch(op, key).await?
+                };
+                if expected.epoch != epoch {
+                    return Err(StoreError::conflict(op, key));
                 }
-            }
+                if expected.revision == 0 {
+                    // Revision 0 would mean "must not exist": not a CAS on a record.
+                    return Err(StoreError::conflict(op, key));
+                }
+                match self
+                    .publish(op, key, value, Some(expected.revision), delete)
+                    .await
+                {
+                    Ok(revision) => Ok(Token::new(epoch, revision)),
+                    Err(e) => {
+                        if cached && e.is_conflict() {
+                            // Maybe the bucket was re-created: the caller's
+                            // next read re-reads the epoch first and labels
+                            // what it finds with the new one at once.
+                            self.inner.epoch_stale.store(true, Ordering::SeqCst);
+                        }
+                        Err(e)
+                    }
+                }
+            })
+            .await
         })
         .await
     }
@@ -418,11 +444,15 @@ impl Store for NatsStore {
     ) -> Result<Option<Entry>, StoreError> {
         validate_key(key)?;
         with_deadline(Op::Get, key, timeout, async {
-            self.refresh_epoch(Op::Get, key).await?;
-            Ok(match self.raw(key, mode).await? {
-                Raw::Value(e) => Some(e),
-                Raw::Absent | Raw::Deleted(_) => None,
+            let _turn = self.turn(Op::Get, key).await?;
+            Box::pin(async {
+                self.refresh_epoch(Op::Get, key).await?;
+                Ok(match self.raw(key, mode).await? {
+                    Raw::Value(e) => Some(e),
+                    Raw::Absent | Raw::Deleted(_) => None,
+                })
             })
+            .await
         })
         .await
     }
@@ -435,21 +465,25 @@ impl Store for NatsStore {
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
         with_deadline(Op::Create, key, timeout, async {
-            self.refresh_epoch(Op::Create, key).await?;
-            match self.publish(Op::Create, key, value, Some(0), false).await {
-                Err(StoreError::Conflict { .. }) => {}
-                other => return other.map(|rev| self.token(rev)),
-            }
-            // The key exists, but may be only a delete marker: then create
-            // means a compare-and-swap on the marker.
-            match self.raw(key, ReadMode::Leader).await {
-                Ok(Raw::Deleted(rev)) => self
-                    .publish(Op::Create, key, value, Some(rev), false)
-                    .await
-                    .map(|rev| self.token(rev)),
-                // The first attempt was definitely not applied.
-                _ => Err(StoreError::conflict(Op::Create, key)),
-            }
+            let _turn = self.turn(Op::Create, key).await?;
+            Box::pin(async {
+                self.refresh_epoch(Op::Create, key).await?;
+                match self.publish(Op::Create, key, value, Some(0), false).await {
+                    Err(StoreError::Conflict { .. }) => {}
+                    other => return other.map(|rev| self.token(rev)),
+                }
+                // The key exists, but may be only a delete marker: then create
+                // means a compare-and-swap on the marker.
+                match self.raw(key, ReadMode::Leader).await {
+                    Ok(Raw::Deleted(rev)) => self
+                        .publish(Op::Create, key, value, Some(rev), false)
+                        .await
+                        .map(|rev| self.token(rev)),
+                    // The first attempt was definitely not applied.
+                    _ => Err(StoreError::conflict(Op::Create, key)),
+                }
+            })
+            .await
         })
         .await
     }
@@ -468,10 +502,14 @@ impl Store for NatsStore {
     async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
         validate_key(key)?;
         with_deadline(Op::Put, key, timeout, async {
-            self.refresh_epoch(Op::Put, key).await?;
-            self.publish(Op::Put, key, value, None, false)
-                .await
-                .map(|rev| self.token(rev))
+            let _turn = self.turn(Op::Put, key).await?;
+            Box::pin(async {
+                self.refresh_epoch(Op::Put, key).await?;
+                self.publish(Op::Put, key, value, None, false)
+                    .await
+                    .map(|rev| self.token(rev))
+            })
+            .await
         })
         .await
     }
@@ -495,29 +533,33 @@ impl Store for NatsStore {
     ) -> Result<WatchStream, StoreError> {
         validate_filter(filter)?;
         with_deadline(Op::Watch, filter, timeout, async {
-            let subscription = loop {
-                if let Some(s) = self.inner.hub.subscribe(filter) {
-                    break s;
-                }
-                // Boxed, as the prefix catch-up below: they are large and
-                // rare, and a single-key watch (one per lease) should not
-                // carry their state while it reads its key.
-                Box::pin(self.start_feed(filter)).await?;
-            };
-            // The catch-up, read after the subscription began (from the
-            // stream leader: a lagging replica could miss what the feed
-            // delivered before). The feed's copies of it are dropped.
-            let after = from_revision.map_or(0, |r| r.saturating_sub(1));
-            let (catch_up, upto) = if filter.is_empty() || filter.ends_with('.') {
-                Box::pin(self.read_changes(filter, from_revision)).await?
-            } else {
-                self.read_last(filter).await?
-            };
-            let catch_up = catch_up
-                .into_iter()
-                .filter(|e| e.revision > after)
-                .collect();
-            Ok(subscription.into_stream(catch_up, upto.max(after)))
+            let _turn = self.turn(Op::Watch, filter).await?;
+            Box::pin(async {
+                let subscription = loop {
+                    if let Some(s) = self.inner.hub.subscribe(filter) {
+                        break s;
+                    }
+                    // Boxed, as the prefix catch-up below: they are large and
+                    // rare, and a single-key watch (one per lease) should not
+                    // carry their state while it reads its key.
+                    Box::pin(self.start_feed(filter)).await?;
+                };
+                // The catch-up, read after the subscription began (from the
+                // stream leader: a lagging replica could miss what the feed
+                // delivered before). The feed's copies of it are dropped.
+                let after = from_revision.map_or(0, |r| r.saturating_sub(1));
+                let (catch_up, upto) = if filter.is_empty() || filter.ends_with('.') {
+                    Box::pin(self.read_changes(filter, from_revision)).await?
+                } else {
+                    self.read_last(filter).await?
+                };
+                let catch_up = catch_up
+                    .into_iter()
+                    .filter(|e| e.revision > after)
+                    .collect();
+                Ok(subscription.into_stream(catch_up, upto.max(after)))
+            })
+            .await
         })
         .await
     }
@@ -528,6 +570,12 @@ impl NatsStore {
     /// JetStream consumer).
     pub fn watches(&self) -> usize {
         self.inner.hub.watches()
+    }
+
+    /// How many of this handle's calls are under way (at most
+    /// [`CALLS_UNDER_WAY`]; the others wait their turn).
+    pub fn calls_under_way(&self) -> usize {
+        CALLS_UNDER_WAY - self.inner.admission.available_permits()
     }
 
     /// The key's last message (a delete marker included) as a watch event,

@@ -164,6 +164,7 @@ impl NatsStore {
                 epoch: AtomicU64::new(epoch),
                 epoch_stale,
                 hub: super::Hub::new(),
+                admission: tokio::sync::Semaphore::new(super::CALLS_UNDER_WAY),
                 starting: tokio::sync::Mutex::new(None),
             }),
         })
