@@ -46,11 +46,3 @@ pub mod store;
 pub mod supervision;
 
 pub use locks::lease::{Lease, LeaseOptions, Lock};
-
-/// The allocator of the putex binary and of everything built on this crate
-/// (its benchmarks and tests measure what the binary runs). With glibc's
-/// malloc a third of the CPU of a process holding 10,000 leases went to
-/// allocating, much of it waiting on the allocator's arena locks: 47 % of a
-/// core then, 32 % with mimalloc (`docs/performance.md`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
