@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream::StorageType};
 use async_nats::{HeaderMap, ServerAddr};
+use futures::future::BoxFuture;
 use futures::StreamExt;
-use tokio::sync::SemaphorePermit;
 
 use super::hub::Hub;
 use super::keys::{validate_filter, validate_key};
@@ -332,15 +332,29 @@ impl NatsStore {
         Ok(ack.sequence)
     }
 
-    /// Waits for this handle's turn to make one call ([`CALLS_UNDER_WAY`]);
-    /// the call holds the turn until it is dropped. Called inside the
-    /// call's deadline, before the call's own state is allocated (boxed).
-    async fn turn(&self, op: Op, key: &str) -> Result<SemaphorePermit<'_>, StoreError> {
-        self.inner
-            .admission
-            .acquire()
-            .await
-            .map_err(|e| StoreError::unknown(op, key, e))
+    /// Runs one call of this handle within `timeout`: first the wait for
+    /// its turn ([`CALLS_UNDER_WAY`], first come first served), then the
+    /// call that `start` makes. The call's state (kilobytes: the client's
+    /// request futures) is allocated only once it is admitted; a call
+    /// waiting its turn is a few dozen bytes. Helpers a call makes take no
+    /// turn of their own, so a call never waits on itself.
+    async fn call<'a, T>(
+        &'a self,
+        op: Op,
+        key: &'a str,
+        timeout: Duration,
+        start: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        with_deadline(op, key, timeout, async {
+            let _turn = self
+                .inner
+                .admission
+                .acquire()
+                .await
+                .map_err(|e| StoreError::unknown(op, key, e))?;
+            start().await
+        })
+        .await
     }
 
     async fn cas(
@@ -353,9 +367,8 @@ impl NatsStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
-        with_deadline(op, key, timeout, async {
-            let _turn = self.turn(op, key).await?;
-            Box::pin(async {
+        self.call(op, key, timeout, || {
+            Box::pin(async move {
                 // A bucket re-created since restarted its revisions, and its
                 // record of this key may be at `expected.revision` too — unless
                 // the revision is dated (at least its epoch, `dated`): then no
@@ -395,7 +408,6 @@ impl NatsStore {
                     }
                 }
             })
-            .await
         })
         .await
     }
@@ -443,16 +455,14 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<Option<Entry>, StoreError> {
         validate_key(key)?;
-        with_deadline(Op::Get, key, timeout, async {
-            let _turn = self.turn(Op::Get, key).await?;
-            Box::pin(async {
+        self.call(Op::Get, key, timeout, || {
+            Box::pin(async move {
                 self.refresh_epoch(Op::Get, key).await?;
                 Ok(match self.raw(key, mode).await? {
                     Raw::Value(e) => Some(e),
                     Raw::Absent | Raw::Deleted(_) => None,
                 })
             })
-            .await
         })
         .await
     }
@@ -464,9 +474,8 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
-        with_deadline(Op::Create, key, timeout, async {
-            let _turn = self.turn(Op::Create, key).await?;
-            Box::pin(async {
+        self.call(Op::Create, key, timeout, || {
+            Box::pin(async move {
                 self.refresh_epoch(Op::Create, key).await?;
                 match self.publish(Op::Create, key, value, Some(0), false).await {
                     Err(StoreError::Conflict { .. }) => {}
@@ -483,7 +492,6 @@ impl Store for NatsStore {
                     _ => Err(StoreError::conflict(Op::Create, key)),
                 }
             })
-            .await
         })
         .await
     }
@@ -501,15 +509,13 @@ impl Store for NatsStore {
 
     async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
         validate_key(key)?;
-        with_deadline(Op::Put, key, timeout, async {
-            let _turn = self.turn(Op::Put, key).await?;
-            Box::pin(async {
+        self.call(Op::Put, key, timeout, || {
+            Box::pin(async move {
                 self.refresh_epoch(Op::Put, key).await?;
                 self.publish(Op::Put, key, value, None, false)
                     .await
                     .map(|rev| self.token(rev))
             })
-            .await
         })
         .await
     }
@@ -532,9 +538,8 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<WatchStream, StoreError> {
         validate_filter(filter)?;
-        with_deadline(Op::Watch, filter, timeout, async {
-            let _turn = self.turn(Op::Watch, filter).await?;
-            Box::pin(async {
+        self.call(Op::Watch, filter, timeout, || {
+            Box::pin(async move {
                 let subscription = loop {
                     if let Some(s) = self.inner.hub.subscribe(filter) {
                         break s;
@@ -559,7 +564,6 @@ impl Store for NatsStore {
                     .collect();
                 Ok(subscription.into_stream(catch_up, upto.max(after)))
             })
-            .await
         })
         .await
     }
