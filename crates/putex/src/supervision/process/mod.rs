@@ -253,7 +253,7 @@ pub fn unclaim(pid: i32) {
 /// Reaps every exited child of this process that nobody [`claim`]ed, and
 /// returns their statuses. Never blocks.
 ///
-/// Only this process's children are looked at ([`own_children`]); the
+/// Only this process's children are looked at (`procfs::own_children`); the
 /// whole process table only where the kernel does not list them.
 pub fn reap_orphans() -> Vec<(i32, WaitStatus)> {
     let claimed = CLAIMED.lock().clone();
