@@ -1555,6 +1555,7 @@ fn a_program_runs_a_critical_section_with_the_putex_binary_as_its_keeper() {
             slots: None,
             metrics: None,
             keeper_exe: Some(env!("CARGO_BIN_EXE_putex").into()),
+            exits_after: false,
         };
         let (_signals, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::time::timeout(Duration::from_secs(20), section::run(store, opts, rx))

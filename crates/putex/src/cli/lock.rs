@@ -274,6 +274,7 @@ impl LockArgs {
                 metrics: None,
                 // `putex lock` is the putex binary.
                 keeper_exe: None,
+                exits_after: true,
             },
         ))
     }

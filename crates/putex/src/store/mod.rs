@@ -465,6 +465,20 @@ impl AnyStore {
         }
     }
 
+    /// Tells the handle that the process exits soon (a one-shot command
+    /// whose work is done but for a few writes): it lets go now of what
+    /// would cost time to let go at the exit. On SQLite the change feed
+    /// removes its inotify watch of the `-wal` file — the kernel frees one
+    /// only after a grace period, which a process closing it at its exit
+    /// waits for (7–15 ms) — and its watches learn of other processes'
+    /// writes from its poll ([`sqlite::WATCH_POLL`]) from then on. Watches
+    /// stay correct, only slower; other stores ignore it.
+    pub fn prepare_exit(&self) {
+        if let AnyStore::Sqlite(s) = self {
+            s.prepare_exit();
+        }
+    }
+
     /// How many watches this handle serves: they all share its one change
     /// feed (the memory store, for tests, gives each its own).
     pub fn watches(&self) -> usize {

@@ -298,6 +298,11 @@ async fn run_inner(
                 KeeperEvent::ChildExited(exit) => {
                     tracing::debug!(?exit, "command exited");
                     shared.with(|s| s.exit = Some(exit));
+                    // All that is left is giving the lock back: no watch
+                    // needs to hear of other processes' writes at once.
+                    if opts.exits_after {
+                        store.prepare_exit();
+                    }
                 }
                 KeeperEvent::Tree(_) => {}
                 other => {
@@ -362,6 +367,9 @@ async fn run_inner(
     }
     // The lock is given back: out of line, the keeper told to go, the
     // history written — all at once, each a round trip of its own.
+    if opts.exits_after {
+        store.prepare_exit();
+    }
     let st = std::mem::take(&mut *shared.lock());
     let leave = async {
         if let Some(t) = ticket {

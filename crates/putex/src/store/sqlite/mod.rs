@@ -108,12 +108,28 @@ struct Inner {
     starting: tokio::sync::Mutex<()>,
     /// Woken by this handle's own writes: the feed reads them at once.
     written: Arc<tokio::sync::Notify>,
+    /// Set by [`SqliteStore::prepare_exit`]: the feed polls only.
+    exiting: Arc<Exiting>,
     /// Writes waiting for the connection: whoever takes it next commits
     /// them all in one transaction ([`SqliteStore::write`]).
     queued: parking_lot::Mutex<Vec<Queued>>,
     /// Write transactions committed through this handle (each a batch of
     /// one or more writes).
     commits: std::sync::atomic::AtomicU64,
+}
+
+/// Whether the process said it exits soon ([`SqliteStore::prepare_exit`]),
+/// and the feed's wake-up when it does.
+#[derive(Debug, Default)]
+struct Exiting {
+    set: std::sync::atomic::AtomicBool,
+    told: tokio::sync::Notify,
+}
+
+impl Exiting {
+    fn is_set(&self) -> bool {
+        self.set.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// A write waiting for the connection, and where its outcome goes.
@@ -436,6 +452,7 @@ impl SqliteStore {
                 hub: Hub::new(),
                 starting: tokio::sync::Mutex::new(()),
                 written: Arc::new(tokio::sync::Notify::new()),
+                exiting: Arc::default(),
                 queued: parking_lot::Mutex::default(),
                 commits: std::sync::atomic::AtomicU64::new(0),
             }),
@@ -899,6 +916,16 @@ impl SqliteStore {
         self.inner.hub.watches()
     }
 
+    /// The process exits soon: the feed removes its inotify watch now and
+    /// polls from then on (see [`AnyStore::prepare_exit`](super::AnyStore::prepare_exit)).
+    pub fn prepare_exit(&self) {
+        self.inner
+            .exiting
+            .set
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.inner.exiting.told.notify_one();
+    }
+
     /// Starts the handle's watch feed unless one runs: a read-only
     /// connection of its own (so that reading never queues behind writes)
     /// and a task that reads every row above the last revision it read
@@ -937,14 +964,22 @@ impl SqliteStore {
             }),
         )
         .await?;
-        let wal = wal_changes(&self.inner.path);
+        let exiting = self.inner.exiting.clone();
+        let wal = if exiting.is_set() {
+            None
+        } else {
+            wal_changes(&self.inner.path)
+        };
         tokio::spawn(feed(
             Arc::downgrade(&self.inner.hub),
             conn,
             files,
             self.inner.epoch,
             last,
-            self.inner.written.clone(),
+            Wakeups {
+                written: self.inner.written.clone(),
+                exiting,
+            },
             wal,
         ));
         self.inner.hub.revive();
@@ -966,23 +1001,37 @@ fn row_event(epoch: u64, (key, value, revision, time): Row) -> WatchEvent {
     }
 }
 
+/// What wakes a feed besides its poll.
+struct Wakeups {
+    /// This handle's own writes.
+    written: Arc<tokio::sync::Notify>,
+    /// The process exits soon: the inotify watch goes.
+    exiting: Arc<Exiting>,
+}
+
 /// The feed of one handle: reads the rows above `last` when this handle
 /// wrote, when the `-wal` file changed (another process wrote), or every
 /// [`WATCH_POLL`], and hands them to the hub in revision order. Ends when
 /// the handle is gone; on an error (the file replaced, unreadable) it
-/// fails every watch, and the next watch starts a new feed.
+/// fails every watch, and the next watch starts a new feed. Once the
+/// process said it exits soon it removes its inotify watch and polls.
 async fn feed(
     hub: std::sync::Weak<Hub>,
     conn: Arc<Mutex<Connection>>,
     files: Arc<Files>,
     epoch: u64,
     mut last: u64,
-    written: Arc<tokio::sync::Notify>,
+    wake: Wakeups,
     mut wal: Option<WalChanges>,
 ) {
     loop {
+        if wake.exiting.is_set() {
+            if let Some(w) = wal.as_mut() {
+                w.stop();
+            }
+        }
         tokio::select! {
-            _ = written.notified() => {}
+            _ = wake.written.notified() => {}
             _ = tokio::time::sleep(WATCH_POLL) => {}
             () = async {
                 match wal.as_mut() {
@@ -990,6 +1039,7 @@ async fn feed(
                     None => std::future::pending().await,
                 }
             } => {}
+            _ = wake.exiting.told.notified() => continue,
         }
         let Some(hub) = hub.upgrade() else { return };
         let polled = on_conn(
@@ -1019,7 +1069,11 @@ async fn feed(
 
 /// Changes to the store's `-wal` file (every commit of every process
 /// writes it), through inotify.
-struct WalChanges(inotify::EventStream<[u8; 1024]>);
+struct WalChanges {
+    events: inotify::EventStream<[u8; 1024]>,
+    /// The watch, until [`WalChanges::stop`].
+    watch: Option<inotify::WatchDescriptor>,
+}
 
 /// Inotify on `<db>-wal`, or `None` where it cannot be had (the feed then
 /// polls only).
@@ -1028,9 +1082,13 @@ fn wal_changes(db: &Path) -> Option<WalChanges> {
     wal.push("-wal");
     let watch = || -> std::io::Result<WalChanges> {
         let fd = inotify::Inotify::init()?;
-        fd.watches()
+        let watch = fd
+            .watches()
             .add(Path::new(&wal), inotify::WatchMask::MODIFY)?;
-        Ok(WalChanges(fd.into_event_stream([0; 1024])?))
+        Ok(WalChanges {
+            events: fd.into_event_stream([0; 1024])?,
+            watch: Some(watch),
+        })
     };
     watch()
         .map_err(
@@ -1040,13 +1098,29 @@ fn wal_changes(db: &Path) -> Option<WalChanges> {
 }
 
 impl WalChanges {
-    /// Waits for the next change; after an inotify failure, forever (the
-    /// feed's poll goes on).
+    /// Waits for the next change; after an inotify failure or
+    /// [`WalChanges::stop`], forever (the feed's poll goes on).
     async fn changed(&mut self) {
         use futures::StreamExt;
-        match self.0.next().await {
+        if self.watch.is_none() {
+            return std::future::pending().await;
+        }
+        match self.events.next().await {
             Some(Ok(_)) => {}
             _ => std::future::pending().await,
+        }
+    }
+
+    /// Removes the watch now, keeping the descriptor. Removing a watch
+    /// does not wait; closing an inotify descriptor waits until the
+    /// kernel has freed the watches removed before (an RCU grace period,
+    /// 7–15 ms on a busy file): done well before the exit, the exit's
+    /// close finds nothing left to wait for.
+    fn stop(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            if let Err(e) = self.events.watches().remove(watch) {
+                tracing::debug!(error = %e, "cannot remove the inotify watch of the -wal file");
+            }
         }
     }
 }

@@ -268,3 +268,69 @@ async fn a_write_given_up_before_its_batch_never_lands() {
         .unwrap()
         .is_some());
 }
+
+/// How many inotify watches this process has on `file`: one `inotify wd:`
+/// line per watch in `/proc/self/fdinfo`, naming the file's inode.
+fn inotify_watches_of(file: &Path) -> usize {
+    let inode = format!("ino:{:x}", std::fs::metadata(file).unwrap().ino());
+    let mut watches = 0;
+    for fd in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        watches += info
+            .lines()
+            .filter(|l| l.starts_with("inotify wd:") && l.split_whitespace().any(|w| w == inode))
+            .count();
+    }
+    watches
+}
+
+/// The next event of `watch`, within `within`.
+async fn next_event(watch: &mut WatchStream, within: Duration) -> WatchEvent {
+    use futures::StreamExt;
+    tokio::time::timeout(within, watch.next())
+        .await
+        .expect("the change arrives")
+        .expect("the watch goes on")
+        .expect("no error")
+}
+
+/// `prepare_exit` removes the feed's inotify watch of the `-wal` file at
+/// once (so the exit does not wait for the kernel to free it), and the
+/// watches go on hearing of other handles' writes — from the poll. A feed
+/// started after it takes no inotify watch at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_exit_removes_the_inotify_watch_and_watches_still_hear_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let wal = with_suffix(&path, "-wal");
+    let watcher = SqliteStore::open(path.clone()).await.unwrap();
+    // Another handle: its writes reach the watcher's feed only through
+    // inotify or the poll, as another process's would.
+    let other = SqliteStore::open(path.clone()).await.unwrap();
+    let mut watch = watcher.watch("lock.x", None, T).await.unwrap();
+    assert_eq!(inotify_watches_of(&wal), 1, "the feed listens");
+    let t = other.create("lock.x", b"1", T).await.unwrap();
+    assert_eq!(next_event(&mut watch, T).await.revision, t.revision);
+
+    watcher.prepare_exit();
+    let removed_by = tokio::time::Instant::now() + T;
+    while inotify_watches_of(&wal) != 0 {
+        assert!(
+            tokio::time::Instant::now() < removed_by,
+            "the inotify watch is removed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = other.update("lock.x", b"2", t, T).await.unwrap();
+    assert_eq!(next_event(&mut watch, T).await.revision, t.revision);
+
+    let late = SqliteStore::open(path).await.unwrap();
+    late.prepare_exit();
+    let mut watch = late.watch("lock.x", None, T).await.unwrap();
+    assert_eq!(next_event(&mut watch, T).await.revision, t.revision);
+    assert_eq!(inotify_watches_of(&wal), 0, "a feed started after it");
+    let t = other.update("lock.x", b"3", t, T).await.unwrap();
+    assert_eq!(next_event(&mut watch, T).await.revision, t.revision);
+}
