@@ -337,6 +337,39 @@ fn agent_check_rejects_bad_options_by_name_and_prints_the_timeline() {
     );
 }
 
+/// `putex check` prints an etcd store's bound with the store-clock
+/// witness's delay (two clock steps + R, `docs/safety.md`) from the URL
+/// alone: a store it cannot reach now gets its kind's bound, not NATS's.
+#[test]
+fn agent_check_prints_the_etcd_bound_without_reaching_the_store() {
+    let timing = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
+    let bound = |url: &str| {
+        let out = check(&[&["--store", url][..], &timing[..]].concat());
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && text.contains("warning:"),
+            "{url}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let b = putex_testkit::check::worst_case_bound(&text).expect("B reads");
+        (b, text)
+    };
+    let (nats, text) = bound("nats://127.0.0.1:1");
+    assert!(!text.contains("whole seconds"), "{text}");
+    let (etcd, text) = bound("etcd://127.0.0.1:1");
+    assert!(
+        text.contains("the store's clock reads in whole seconds (etcd)"),
+        "{text}"
+    );
+    // Printed to three figures (2.63 s).
+    let delay = putex::store::etcd::CLOCK_STEP * 2 + Duration::from_millis(100);
+    assert!(
+        etcd.checked_sub(nats)
+            .is_some_and(|d| d.abs_diff(delay) <= Duration::from_millis(10)),
+        "etcd {etcd:?}, nats {nats:?}: {text}"
+    );
+}
+
 #[test]
 fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running() {
     let _serial = serial();

@@ -257,6 +257,17 @@ impl StoreUrl {
         }
     }
 
+    /// The step in which this kind of store's clock reads
+    /// ([`AnyStore::clock_step`](super::AnyStore::clock_step)), known
+    /// without opening it: `putex check` prints the bound of an etcd store
+    /// it cannot reach with etcd's witness delay.
+    pub fn clock_step(&self) -> std::time::Duration {
+        match self {
+            StoreUrl::Etcd(_) => super::etcd::CLOCK_STEP,
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
     /// The store the environment names: `PUTEX_STORE`, else `NATS_URL`,
     /// else `sqlite:`; `NATS_CREDS` fills in NATS credentials.
     pub fn from_env() -> Result<StoreUrl, StoreError> {
