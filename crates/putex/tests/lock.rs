@@ -5,6 +5,7 @@
 //!
 //! Every section uses `--ttl 1s` (R = 100 ms, F = 10, G = 200 ms, W ≈ 1.02 s).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -328,60 +329,89 @@ fn second_holder_finds_the_first_tree_gone(env: &Env, url: &str) {
     );
 }
 
-#[test]
-fn a_holder_cut_off_from_the_store_loses_its_command_first() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let env = Env::nats(&server);
+/// The holder's store connection goes through a proxy that then
+/// blackholes: CMD is stopped before a second holder (connected directly)
+/// starts, and the first reports the lost lock (76).
+fn holder_cut_off_loses_its_command_first(env: &Env, store: SocketAddr, scheme: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
-        ))
-        .unwrap();
-    let mut first = env
-        .lock_via(&proxy.url(), "fault", &[], HOLD)
-        .spawn()
-        .unwrap();
+    let proxy = rt.block_on(Proxy::start(store)).unwrap();
+    let via = format!("{scheme}://{}", proxy.addr());
+    let mut first = env.lock_via(&via, "fault", &[], HOLD).spawn().unwrap();
     env.wait_for_lines("pids", 2, Duration::from_secs(15));
     proxy.set(Mode::Blackhole);
-    second_holder_finds_the_first_tree_gone(&env, &server.url);
+    second_holder_finds_the_first_tree_gone(env, &env.url);
     assert_eq!(
-        wait_exit(&mut first, Duration::from_secs(15)),
+        wait_exit(&mut first, Duration::from_secs(20)),
         Some(76),
         "the cut-off holder reports the lost lock"
     );
     drop(proxy);
 }
 
+#[test]
+fn a_holder_cut_off_from_the_store_loses_its_command_first() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    let addr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    holder_cut_off_loses_its_command_first(&Env::nats(&server), addr, "nats");
+}
+
+#[test]
+fn a_holder_cut_off_from_the_store_loses_its_command_first_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    let addr = server.endpoint().parse().unwrap();
+    holder_cut_off_loses_its_command_first(&Env::etcd(&server), addr, "etcd");
+}
+
 /// On NATS: frozen inside an SQLite write transaction (a renewal is one
 /// every R), the holder would keep the file locked for every other
 /// process until it thaws — the embedded store's single writer, not what
 /// this test is about (CI s20c: "database is locked" once).
-#[test]
-fn a_frozen_holder_loses_its_command_to_the_keeper() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let env = Env::nats(&server);
+fn frozen_holder_loses_its_command_to_the_keeper(env: &Env) {
     let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
     env.wait_for_lines("pids", 2, Duration::from_secs(15));
     let pid = Pid::from_raw(first.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
-    second_holder_finds_the_first_tree_gone(&env, &env.url);
+    second_holder_finds_the_first_tree_gone(env, &env.url);
     kill(pid, Signal::SIGCONT).unwrap();
     assert_eq!(wait_exit(&mut first, Duration::from_secs(15)), Some(76));
+}
+
+#[test]
+fn a_frozen_holder_loses_its_command_to_the_keeper() {
+    let _serial = serial();
+    let server = NatsServer::start();
+    frozen_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
+}
+
+#[test]
+fn a_frozen_holder_loses_its_command_to_the_keeper_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    frozen_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
+}
+
+fn killed_holder_loses_its_command_to_the_keeper(env: &Env) {
+    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    second_holder_finds_the_first_tree_gone(env, &env.url);
 }
 
 #[test]
 fn a_killed_holder_loses_its_command_to_the_keeper() {
     let _serial = serial();
     let server = NatsServer::start();
-    let env = Env::nats(&server);
-    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
-    env.wait_for_lines("pids", 2, Duration::from_secs(15));
-    first.kill().unwrap();
-    first.wait().unwrap();
-    second_holder_finds_the_first_tree_gone(&env, &env.url);
+    killed_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
+}
+
+#[test]
+fn a_killed_holder_loses_its_command_to_the_keeper_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    killed_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
 }
 
 #[test]
@@ -405,7 +435,16 @@ fn max_duration_stops_a_hung_command() {
 #[test]
 fn once_per_runs_once_across_five_hosts() {
     let server = NatsServer::start();
-    let env = Env::nats(&server);
+    runs_once_across_five_hosts(&Env::nats(&server));
+}
+
+#[test]
+fn once_per_runs_once_across_five_hosts_on_etcd() {
+    let server = EtcdServer::start();
+    runs_once_across_five_hosts(&Env::etcd(&server));
+}
+
+fn runs_once_across_five_hosts(env: &Env) {
     let hosts: Vec<Child> = (0..5)
         .map(|i| {
             let mut c = env.lock(
@@ -791,14 +830,23 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     (runs, stderr)
 }
 
+// On NATS and etcd: a process frozen inside an SQLite write transaction
+// would hold the file's write lock, and the second host could not even
+// open the store (docs/stores.md, "a frozen writer blocks everyone").
 #[test]
 fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
-    // On NATS: a process frozen inside an SQLite write transaction would
-    // hold the file's write lock, and the second host could not even open
-    // the store (docs/stores.md, "a frozen writer blocks everyone").
     let server = NatsServer::start();
-    let env = Env::nats(&server);
-    let (runs, stderr) = once_lost_before_the_record(&env, "at-most");
+    at_most_never_runs_twice_when_the_lock_is_lost(&Env::nats(&server));
+}
+
+#[test]
+fn once_at_most_never_runs_twice_when_the_lock_is_lost_on_etcd() {
+    let server = EtcdServer::start();
+    at_most_never_runs_twice_when_the_lock_is_lost(&Env::etcd(&server));
+}
+
+fn at_most_never_runs_twice_when_the_lock_is_lost(env: &Env) {
+    let (runs, stderr) = once_lost_before_the_record(env, "at-most");
     assert_eq!(runs, ["first"], "{stderr}");
     assert!(stderr.contains("already ran in period"), "{stderr}");
     // A run that fails still used the period: it is never started twice.
@@ -816,8 +864,17 @@ fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
 #[test]
 fn once_at_least_runs_again_when_the_lock_is_lost() {
     let server = NatsServer::start();
-    let env = Env::nats(&server);
-    let (runs, stderr) = once_lost_before_the_record(&env, "at-least");
+    at_least_runs_again_when_the_lock_is_lost(&Env::nats(&server));
+}
+
+#[test]
+fn once_at_least_runs_again_when_the_lock_is_lost_on_etcd() {
+    let server = EtcdServer::start();
+    at_least_runs_again_when_the_lock_is_lost(&Env::etcd(&server));
+}
+
+fn at_least_runs_again_when_the_lock_is_lost(env: &Env) {
+    let (runs, stderr) = once_lost_before_the_record(env, "at-least");
     assert_eq!(runs, ["first", "second"], "{stderr}");
     // The second run was recorded: a third host does not run it.
     let (status, stderr) = run(env.lock(
