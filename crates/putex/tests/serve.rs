@@ -120,6 +120,53 @@ async fn nats(server: &NatsServer) -> AnyStore {
         .unwrap()
 }
 
+/// The store server of a test that runs on NATS and on etcd alike.
+enum Backend {
+    Nats(NatsServer),
+    Etcd(EtcdServer),
+}
+
+impl Backend {
+    fn nats() -> Backend {
+        Backend::Nats(NatsServer::start())
+    }
+
+    fn etcd() -> Backend {
+        Backend::Etcd(EtcdServer::start())
+    }
+
+    /// The store URL (`putex lock --store`, `putex status --store`).
+    fn url(&self) -> String {
+        match self {
+            Backend::Nats(s) => s.url.clone(),
+            Backend::Etcd(s) => format!("etcd://{}", s.endpoint()),
+        }
+    }
+
+    /// The store URL through a proxy listening on `addr`.
+    fn url_via(&self, addr: std::net::SocketAddr) -> String {
+        match self {
+            Backend::Nats(_) => format!("nats://{addr}"),
+            Backend::Etcd(_) => format!("etcd://{addr}"),
+        }
+    }
+
+    /// The server's client address, for a proxy in front of it.
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            Backend::Nats(s) => format!("127.0.0.1:{}", s.port()).parse().unwrap(),
+            Backend::Etcd(s) => s.endpoint().parse().unwrap(),
+        }
+    }
+
+    /// A store handle of its own.
+    async fn open(&self) -> AnyStore {
+        AnyStore::open(&StoreUrl::parse(&self.url()).unwrap())
+            .await
+            .unwrap()
+    }
+}
+
 fn rustls_client_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
@@ -1208,10 +1255,18 @@ async fn shutdown_ends_waiting_requests_and_stops_accepting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_one_nats_store_act_as_one_service() {
-    let server = NatsServer::start();
-    let store = nats(&server).await;
+    two_gateways_act_as_one_service(&Backend::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_etcd_store_act_as_one_service() {
+    two_gateways_act_as_one_service(&Backend::etcd()).await;
+}
+
+async fn two_gateways_act_as_one_service(server: &Backend) {
+    let store = server.open().await;
     let g1 = Arc::new(Served::start(store.clone(), "gw1", HttpOptions::default()).await);
-    let g2 = Arc::new(Served::start(nats(&server).await, "gw2", HttpOptions::default()).await);
+    let g2 = Arc::new(Served::start(server.open().await, "gw2", HttpOptions::default()).await);
     let c = client();
     warm(&c, &g1, "shared").await;
 
@@ -1293,15 +1348,23 @@ fn read_ns(path: &std::path::Path) -> Option<u128> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_locks_and_putex_lock_exclude_each_other() {
-    let server = NatsServer::start();
-    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    http_locks_and_putex_lock_exclude(&Backend::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_locks_and_putex_lock_exclude_each_other_on_etcd() {
+    http_locks_and_putex_lock_exclude(&Backend::etcd()).await;
+}
+
+async fn http_locks_and_putex_lock_exclude(server: &Backend) {
+    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
 
     // putex lock holds: HTTP gets 408, then the lock once the command ends.
     let mut cmd = putex_lock(
-        &server.url,
+        &server.url(),
         d,
         "inter",
         &[],
@@ -1334,7 +1397,7 @@ async fn http_locks_and_putex_lock_exclude_each_other() {
     assert_eq!(cmd.wait().await.unwrap().code(), Some(0));
 
     // HTTP holds: visible in `putex status`; `putex lock` waits for it.
-    let st = crate::common::agent::status_json(&server.url, "inter");
+    let st = crate::common::agent::status_json(&server.url(), "inter");
     assert_eq!(st["holder"], "gw1", "{st}");
     // `active` is pinned by `a_granted_lock_shows_active_in_status`.
     assert!(
@@ -1342,7 +1405,7 @@ async fn http_locks_and_putex_lock_exclude_each_other() {
         "{st}"
     );
     assert!(url.ends_with(st["instance"].as_str().unwrap()));
-    let code = putex_lock(&server.url, d, "inter", &["--no-wait"], "true")
+    let code = putex_lock(&server.url(), d, "inter", &["--no-wait"], "true")
         .status()
         .await
         .unwrap()
@@ -1350,7 +1413,7 @@ async fn http_locks_and_putex_lock_exclude_each_other() {
     assert_eq!(code, Some(75), "putex lock ran while HTTP held the lock");
     let http_revision: u64 = st["revision"].as_u64().unwrap();
     let mut cmd = putex_lock(
-        &server.url,
+        &server.url(),
         d,
         "inter",
         &["--wait", "10s"],
@@ -1648,13 +1711,19 @@ async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
 /// after the lifetime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
+    grant_too_slow_is_given_back(&Backend::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter_on_etcd() {
+    grant_too_slow_is_given_back(&Backend::etcd()).await;
+}
+
+async fn grant_too_slow_is_given_back(server: &Backend) {
     use crate::common::proxy::{Mode, Proxy};
-    let server = NatsServer::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap())
-        .await
-        .unwrap();
-    let fast = Arc::new(Served::start(nats(&server).await, "fast", HttpOptions::default()).await);
-    let slow_store = AnyStore::open(&StoreUrl::parse(&proxy.url()).unwrap())
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let fast = Arc::new(Served::start(server.open().await, "fast", HttpOptions::default()).await);
+    let slow_store = AnyStore::open(&StoreUrl::parse(&server.url_via(proxy.addr())).unwrap())
         .await
         .unwrap();
     // A lease long enough for the agent's store calls to fit in their
@@ -1733,13 +1802,21 @@ async fn wait_file(path: &std::path::Path, what: &str) {
 /// command still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
-    let server = NatsServer::start();
-    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    http_release_and_renew_never_touch_a_holder(&Backend::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_release_and_renew_never_touch_a_putex_lock_holder_on_etcd() {
+    http_release_and_renew_never_touch_a_holder(&Backend::etcd()).await;
+}
+
+async fn http_release_and_renew_never_touch_a_holder(server: &Backend) {
+    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut cmd = putex_lock(
-        &server.url,
+        &server.url(),
         d,
         "watched",
         &[],
@@ -1750,7 +1827,7 @@ async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
     wait_file(&d.join("held"), "putex lock never ran").await;
     let v = listed(&c, &s, "watched").await;
     let uid = v["locks"][0]["uid"].as_str().unwrap().to_owned();
-    let st = crate::common::agent::status_json(&server.url, "watched");
+    let st = crate::common::agent::status_json(&server.url(), "watched");
     assert_eq!(st["instance"], uid.as_str(), "{st}");
     use reqwest::Method as M;
     for url in [
@@ -1761,7 +1838,7 @@ async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
     }
     let renew = s.at(&format!("/v1/locks/watched/{uid}/renew"));
     assert_eq!(status_of(&c, M::POST, &renew).await, StatusCode::NOT_FOUND);
-    let after = crate::common::agent::status_json(&server.url, "watched");
+    let after = crate::common::agent::status_json(&server.url(), "watched");
     assert!(
         after["state"] == "active" || after["state"] == "confirming",
         "{after}"
@@ -1883,13 +1960,21 @@ async fn v1_force_frees_and_revoke_revokes_an_http_lock_etcd() {
 /// freeing it — the command is stopped, and the next request waits W + G'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
-    let server = NatsServer::start();
-    let s = Served::start(nats(&server).await, "gw1", HttpOptions::default()).await;
+    admin_calls_revoke_a_holder_and_never_force_it(&Backend::nats()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it_on_etcd() {
+    admin_calls_revoke_a_holder_and_never_force_it(&Backend::etcd()).await;
+}
+
+async fn admin_calls_revoke_a_holder_and_never_force_it(server: &Backend) {
+    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut cmd = putex_lock(
-        &server.url,
+        &server.url(),
         d,
         "agentheld",
         &[],
@@ -1907,7 +1992,7 @@ async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
     assert_eq!(r.status(), StatusCode::CONFLICT);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "not_forceable", "{e}");
-    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    let st = crate::common::agent::status_json(&server.url(), "agentheld");
     assert!(
         st["state"] == "active" || st["state"] == "confirming",
         "{st}"
@@ -1918,7 +2003,7 @@ async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
         status_of(&c, reqwest::Method::DELETE, &s.at("/resources/agentheld")).await,
         StatusCode::NO_CONTENT
     );
-    let st = crate::common::agent::status_json(&server.url, "agentheld");
+    let st = crate::common::agent::status_json(&server.url(), "agentheld");
     // Revoked — or already released by the holder, whose stop of a `sleep`
     // can be proven before `putex status` has even started.
     assert!(
