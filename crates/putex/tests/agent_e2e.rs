@@ -173,14 +173,42 @@ fn start_child(
     a
 }
 
+/// Which store a test body runs on: its sleeps carry a tag of their own,
+/// so that a leftover of one variant is never taken for the other's.
+#[derive(Clone, Copy)]
+enum Kind {
+    Nats,
+    Etcd,
+}
+
+impl Kind {
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Nats => "",
+            Kind::Etcd => "7",
+        }
+    }
+}
+
 #[test]
 fn agent_child_mode_leaves_no_process_behind() {
     let _serial = serial();
     let server = NatsServer::start();
+    child_mode_leaves_no_process_behind(&server.url, Kind::Nats);
+}
+
+#[test]
+fn agent_child_mode_leaves_no_process_behind_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    child_mode_leaves_no_process_behind(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
+}
+
+fn child_mode_leaves_no_process_behind(url: &str, kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let tag = format!("1000.{}", std::process::id());
+    let tag = format!("1000.{}{}", std::process::id(), kind.tag());
     let script = format!("sleep {tag} & wait");
-    let mut a = start_child(dir.path(), &server.url, "child", "c1", &script, &tag);
+    let mut a = start_child(dir.path(), url, "child", "c1", &script, &tag);
     a.stop_cleanly();
     assert!(
         wait_for(Duration::from_secs(1), || sleeps(&tag).is_empty()),
@@ -194,12 +222,23 @@ fn agent_child_mode_leaves_no_process_behind() {
 fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
     let _serial = serial();
     let server = NatsServer::start();
+    second_on_the_same_host_is_refused(&server.url);
+}
+
+#[test]
+fn agent_second_on_the_same_host_is_refused_by_the_lock_file_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    second_on_the_same_host_is_refused(&format!("etcd://{}", server.endpoint()));
+}
+
+fn second_on_the_same_host_is_refused(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let keeper_dir = dir.path().join("keepers");
     let ev = dir.path().join("events");
     let flags = hooks(&ev);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut a = start(fast(dir.path(), &server.url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
+    let mut a = start(fast(dir.path(), url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || a
             .log_text()
@@ -207,7 +246,7 @@ fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
         "{}",
         a.log_text()
     );
-    let mut b = start(fast(dir.path(), &server.url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
+    let mut b = start(fast(dir.path(), url, "dup", "h1", &flags).keeper_dir(&keeper_dir));
     assert_eq!(
         b.wait_exit(Duration::from_secs(5)),
         Some(4),
@@ -374,16 +413,26 @@ fn agent_check_prints_the_etcd_bound_without_reaching_the_store() {
 fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running() {
     let _serial = serial();
     let server = NatsServer::start();
+    restarted_after_sigkill_adopts_its_keeper(&server.url, Kind::Nats);
+}
+
+#[test]
+fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    restarted_after_sigkill_adopts_its_keeper(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
+}
+
+fn restarted_after_sigkill_adopts_its_keeper(url: &str, kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     let keeper_dir = dir.path().join("keepers");
-    let tag = format!("1000.{}1", std::process::id());
+    let tag = format!("1000.{}1{}", std::process::id(), kind.tag());
     let script = format!("sleep {tag} & wait");
     // T = 3 s here: the restart must renew within the keeper's deadline,
     // and on a loaded machine its start-up (which measures the store, again
     // when the compare-and-swaps were slow) has taken over 1 s.
     let service = ["--failures", "30", "--", "/bin/sh", "-c", &script];
-    let mut a =
-        start(fast(dir.path(), &server.url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
+    let mut a = start(fast(dir.path(), url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(15), || !sleeps(&tag).is_empty()),
         "the child did not start\n{}",
@@ -396,8 +445,7 @@ fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running
     // Kill the agent alone; its keeper and the service stay.
     sigkill(a.pid());
     let _ = a.child.wait();
-    let mut b =
-        start(fast(dir.path(), &server.url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
+    let mut b = start(fast(dir.path(), url, "adopt", "r1", &service).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(5), || b
             .log_text()
@@ -428,12 +476,23 @@ fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running
 fn agent_second_signal_makes_an_emergency_stop_and_exits() {
     let _serial = serial();
     let server = NatsServer::start();
+    second_signal_makes_an_emergency_stop(&server.url, Kind::Nats);
+}
+
+#[test]
+fn agent_second_signal_makes_an_emergency_stop_and_exits_on_etcd() {
+    let _serial = serial();
+    let server = EtcdServer::start();
+    second_signal_makes_an_emergency_stop(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
+}
+
+fn second_signal_makes_an_emergency_stop(url: &str, kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let tag = format!("1000.{}2", std::process::id());
+    let tag = format!("1000.{}2{}", std::process::id(), kind.tag());
     // The service ignores SIGTERM, so the graceful stop would take the whole
     // --stop-timeout (2 s); the second signal cuts it short.
     let script = format!("trap '' TERM; sleep {tag} & wait; wait");
-    let mut a = start_child(dir.path(), &server.url, "twice", "s1", &script, &tag);
+    let mut a = start_child(dir.path(), url, "twice", "s1", &script, &tag);
     a.sigterm();
     // Two signals sent close together can merge into one pending signal
     // before the agent's handler runs (a loaded machine): send the second
