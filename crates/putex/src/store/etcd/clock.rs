@@ -21,6 +21,16 @@
 //! A probe read in the same second as the record comes out one step
 //! "before" it by the roundings alone: the core counts up to one step
 //! ([`CLOCK_STEP`], `AgentConfig::store_clock_step`) as no time passed.
+//!
+//! One member can read *later* than the leader: a leader cut off from its
+//! peers answers `LeaseTimeToLive` from its own lease table — no quorum
+//! is asked — until it notices and steps down (about one election
+//! timeout), while the new leader has already refreshed every lease. A
+//! record stamped through the new leader and a probe answered by the old
+//! one would make a gap of the lease's whole age. Every answer carries the
+//! raft term of the member that gave it, and terms only grow: a handle
+//! takes no reading from a term older than one it already read from
+//! ([`Terms`], `docs/safety.md` §4.2).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +56,7 @@ pub(super) struct Clock {
     era: u64,
     lease: tokio::sync::Mutex<Option<Lease>>,
     stamps: Mutex<Stamps>,
+    terms: Mutex<Terms>,
 }
 
 #[derive(Clone, Copy)]
@@ -60,6 +71,7 @@ impl Clock {
             era: era_of_handle(),
             lease: tokio::sync::Mutex::new(None),
             stamps: Mutex::new(Stamps::default()),
+            terms: Mutex::new(Terms::default()),
         }
     }
 
@@ -136,6 +148,7 @@ impl Clock {
         about: &str,
     ) -> Result<u64, StoreError> {
         let mut lease = self.lease.lock().await;
+        let mut why = "the etcd clock lease kept vanishing";
         for _ in 0..3 {
             let l = match *lease {
                 Some(l) => l,
@@ -156,13 +169,19 @@ impl Clock {
                 *lease = None;
                 continue;
             }
+            let admitted = ttl
+                .header()
+                .is_some_and(|h| self.terms.lock().admit(h.cluster_id(), h.raft_term()));
+            if !admitted {
+                // A deposed leader's reading: asked again (it may reach a
+                // current member); else unknown, and the probe comes again.
+                why =
+                    "an etcd member answered the clock from an older raft term (a deposed leader)";
+                continue;
+            }
             return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl())).unwrap_or(0));
         }
-        Err(StoreError::unknown(
-            op,
-            about,
-            "the etcd clock lease kept vanishing",
-        ))
+        Err(StoreError::unknown(op, about, why))
     }
 }
 
@@ -231,6 +250,33 @@ async fn find_or_grant(
     ))
 }
 
+/// The newest raft term a handle's clock readings came from, in the
+/// cluster that gave them.
+#[derive(Default)]
+struct Terms {
+    cluster: u64,
+    term: u64,
+}
+
+impl Terms {
+    /// Whether a reading answered in `term` by a member of `cluster` may be
+    /// used: not when it is older than a term already read from (a leader
+    /// deposed without knowing it yet). Remembers the newest. Another
+    /// cluster (re-created or restored) starts over: its lease is another,
+    /// and its readings start again from 0.
+    fn admit(&mut self, cluster: u64, term: u64) -> bool {
+        if cluster != self.cluster {
+            *self = Terms { cluster, term };
+            return true;
+        }
+        if term < self.term {
+            return false;
+        }
+        self.term = term;
+        true
+    }
+}
+
 /// Store times of this backend: one clock domain per handle.
 fn era_of_handle() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -269,5 +315,28 @@ impl Stamps {
 
     fn remove(&mut self, key: &str) {
         self.by_key.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Terms only grow within a cluster: a reading from an older term (a
+    /// deposed leader's) is refused after a newer one, and one from the
+    /// same or a newer term is taken; another cluster starts over.
+    #[test]
+    fn a_reading_from_an_older_raft_term_is_refused() {
+        let mut terms = Terms::default();
+        assert!(terms.admit(7, 5));
+        assert!(terms.admit(7, 5));
+        assert!(terms.admit(7, 6), "a new leader's");
+        assert!(
+            !terms.admit(7, 5),
+            "the deposed leader's, after the new one's"
+        );
+        assert!(terms.admit(7, 6));
+        assert!(terms.admit(9, 2), "a re-created cluster starts over");
+        assert!(!terms.admit(9, 1));
     }
 }
