@@ -20,6 +20,10 @@ pub(super) struct State {
     pub(super) exit: Option<Exit>,
     /// The winner's tenure ended without our asking.
     pub(super) lost: Option<String>,
+    /// The deadline the keeper was last armed with (or extended to) and
+    /// accepted: the licence's end on `CLOCK_BOOTTIME`, where the keeper
+    /// stops CMD on its own. `None` once disarmed.
+    pub(super) licence_until: Option<Instant>,
     /// The winner's release was written.
     pub(super) released: bool,
     /// CMD was not run: it already ran in this period.
@@ -276,7 +280,21 @@ impl Host for SlotHost {
             (_, None) => false,
         });
         let answer = if forward {
-            self.shared.ops.command(command, None, None).boxed()
+            let shared = self.shared.clone();
+            let sent = self.shared.ops.command(command, None, None);
+            async move {
+                let ok = sent.await;
+                if ok {
+                    shared.with(|s| {
+                        s.licence_until = match command {
+                            KeeperCommand::Arm(at) | KeeperCommand::Extend(at) => Some(at),
+                            KeeperCommand::Disarm => None,
+                        }
+                    });
+                }
+                ok
+            }
+            .boxed()
         } else {
             // Another slot of ours won: this one's activation fails and
             // releases the slot (see `activate`); its keeper is the
