@@ -297,16 +297,7 @@ async fn run_inner(
             ev = keeper_events.recv(), if !keeper_gone => match ev.unwrap_or(KeeperEvent::Lost) {
                 KeeperEvent::ChildExited(exit) => {
                     tracing::debug!(?exit, "command exited");
-                    shared.with(|s| {
-                        s.exit = Some(exit);
-                        // At or past the licence's end CMD's exit is the
-                        // keeper's stop at its deadline: the lock was lost,
-                        // whether or not its `Fired` (below) is read before
-                        // the agents are done.
-                        if s.licence_until.is_some_and(|d| clock::boot_time_now() >= d) {
-                            s.lost.get_or_insert_with(|| Reason::KeeperFired.to_string());
-                        }
-                    });
+                    shared.with(|s| s.command_exited(exit, clock::boot_time_now()));
                     // All that is left is giving the lock back: no watch
                     // needs to hear of other processes' writes at once.
                     if opts.exits_after {

@@ -233,6 +233,21 @@ impl SectionState {
     }
 }
 
+impl State {
+    /// CMD exited (the keeper's report, read at `now` on `CLOCK_BOOTTIME`).
+    /// At or past the licence's end its exit is the keeper's stop at its
+    /// deadline: the lock was lost, whichever of that and the agent's own
+    /// lapse (which counts a loss only while CMD runs) the section hears
+    /// first, and whether or not the keeper's `Fired` is read at all.
+    pub(super) fn command_exited(&mut self, exit: Exit, now: Instant) {
+        self.exit = Some(exit);
+        if self.licence_until.is_some_and(|until| now >= until) {
+            self.lost
+                .get_or_insert_with(|| Reason::KeeperFired.to_string());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,5 +485,43 @@ mod tests {
             }),
             Conclusion::Error(SectionError::Keeper(m)) if m == "cannot start the command: no such file"
         ));
+    }
+
+    /// CMD's end at or past the deadline the keeper accepted is a loss
+    /// (exit 76), not CMD's status; before it, or with the keeper
+    /// disarmed, CMD's own end.
+    #[test]
+    fn a_command_ended_at_the_licence_deadline_is_a_loss() {
+        let killed = Exit {
+            code: None,
+            signal: Some(15),
+        };
+        let until = Instant::from_nanos(10_000_000_000);
+        let ran = |licence_until, now| {
+            let mut state = State {
+                spawned: Some(Token::new(1, 7)),
+                licence_until,
+                ..State::default()
+            };
+            state.command_exited(killed, now);
+            SectionState::new(1).conclude(state, None)
+        };
+        assert!(matches!(
+            ran(Some(until), until),
+            Conclusion::Outcome(Outcome::Lost { .. })
+        ));
+        assert!(matches!(
+            ran(Some(until), Instant::from_nanos(12_000_000_000)),
+            Conclusion::Outcome(Outcome::Lost { .. })
+        ));
+        for (licence_until, now) in [
+            (Some(until), Instant::from_nanos(9_999_000_000)),
+            (None, Instant::from_nanos(12_000_000_000)),
+        ] {
+            assert!(matches!(
+                ran(licence_until, now),
+                Conclusion::Outcome(Outcome::Finished { exit, .. }) if exit == killed
+            ));
+        }
     }
 }
