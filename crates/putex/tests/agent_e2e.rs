@@ -275,22 +275,34 @@ fn check(args: &[&str]) -> Output {
 fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
     let _serial = serial();
     let cluster = crate::common::nats_server::NatsCluster::start();
-    let url = format!("{}?bucket=putex_short&replicas=3", cluster.url());
+    check_refuses_a_short_lease(&format!("{}?bucket=putex_short&replicas=3", cluster.url()));
+}
+
+/// The same on a 3-member etcd cluster (a partitioned leader steps down
+/// only after an election timeout).
+#[test]
+fn agent_check_refuses_a_short_lease_on_a_3_member_etcd() {
+    let _serial = serial();
+    let cluster = crate::common::etcd_server::EtcdCluster::start(3);
+    check_refuses_a_short_lease(&format!("etcd://{}", cluster.endpoints().join(",")));
+}
+
+fn check_refuses_a_short_lease(url: &str) {
     let fast = ["--renew", "100ms", "--failures", "3", "--confirm", "1"];
-    // The cluster may still be electing its meta leader: retry a little.
-    let mut out = check(&[&["--store", url.as_str()], &fast[..]].concat());
+    // The cluster may still be electing its leader: retry a little.
+    let mut out = check(&[&["--store", url], &fast[..]].concat());
     for _ in 0..40 {
         let err = String::from_utf8_lossy(&out.stderr);
         if err.contains("--allow-short-lease") {
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
-        out = check(&[&["--store", url.as_str()], &fast[..]].concat());
+        out = check(&[&["--store", url], &fast[..]].concat());
     }
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--allow-short-lease"), "{err}");
-    let out = check(&[&["--store", url.as_str(), "--allow-short-lease"], &fast[..]].concat());
+    let out = check(&[&["--store", url, "--allow-short-lease"], &fast[..]].concat());
     assert!(
         out.status.success(),
         "{}{}",

@@ -1,11 +1,9 @@
 //! `putex run` under faults, end to end: real agent processes against a real
-//! single-node nats-server, fast timing (R = 100 ms, F = 3, C = 1), hooks
-//! that append `start`/`stop` lines to a file (helpers in
-//! `common/agent.rs`, shared with `agent_e2e.rs` and serialised with it).
-//! The faults of the store itself — cut off, paused, a node id claimed
-//! twice — and the step-down with a release run on a single-member etcd
-//! too (`on_nats_and_etcd!`), whose takeovers wait longer (its store clock
-//! reads in whole seconds: `bound_for`).
+//! single-node nats-server and a real single-member etcd (every test runs
+//! on both, `on_nats_and_etcd!`; etcd's takeovers wait longer, its store
+//! clock reads in whole seconds: `bound_for`), fast timing (R = 100 ms,
+//! F = 3, C = 1), hooks that append `start`/`stop` lines to a file (helpers
+//! in `common/agent.rs`, shared with `agent_e2e.rs` and serialised with it).
 //!
 //! - health: K failed `active` checks step the holder down with a release;
 //!   flapping checks under `--successes`/`--unhealthy` cause no transition;
@@ -40,6 +38,10 @@ trait StoreServer {
     fn pause(&self);
     /// Thaws it (SIGCONT).
     fn resume(&self);
+    /// A suffix for the tags of test services' `sleep` arguments: a
+    /// service a failed test leaves behind on one store is never taken for
+    /// the other store's.
+    fn tag(&self) -> &'static str;
 }
 
 impl StoreServer for NatsServer {
@@ -52,6 +54,9 @@ impl StoreServer for NatsServer {
     fn resume(&self) {
         NatsServer::resume(self);
     }
+    fn tag(&self) -> &'static str {
+        ""
+    }
 }
 
 impl StoreServer for EtcdServer {
@@ -63,6 +68,9 @@ impl StoreServer for EtcdServer {
     }
     fn resume(&self) {
         EtcdServer::resume(self);
+    }
+    fn tag(&self) -> &'static str {
+        "7"
     }
 }
 
@@ -352,11 +360,13 @@ fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
     c.maybe_dump();
 }
 
-#[test]
-fn agent_faults_flapping_health_changes_nothing_under_hysteresis() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_flapping_health_changes_nothing_under_hysteresis,
+    flapping_health_changes_nothing_under_hysteresis
+);
+
+fn flapping_health_changes_nothing_under_hysteresis(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     // A flapping holder fails every other check. With K = 3, one passing
     // check that times out on a loaded machine (a timeout counts as a
     // failure; R = 100 ms leaves it 50 ms) sits between two failures and
@@ -444,6 +454,11 @@ fn transitions(log: &str) -> Vec<Transition> {
         .collect()
 }
 
+on_nats_and_etcd!(
+    agent_faults_a_service_failing_everywhere_rotates_with_back_off,
+    a_service_failing_everywhere_rotates_with_back_off
+);
+
 /// A service whose `active` checks fail on every node: the lock keeps
 /// moving (each holder steps down at its first failed check, K = 1), but
 /// each node waits T after its first step-down, 2 T after its second, 4 T,
@@ -453,11 +468,8 @@ fn transitions(log: &str) -> Vec<Transition> {
 /// left idle for nothing). Timed from the agents' own decisions (their
 /// logged transitions), not from hooks, whose delays a loaded machine
 /// stretches.
-#[test]
-fn agent_faults_a_service_failing_everywhere_rotates_with_back_off() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+fn a_service_failing_everywhere_rotates_with_back_off(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     let extra = ["--start-grace", "0s", "--unhealthy", "1"];
     let nodes = ["n1", "n2", "n3"];
     // Sick from the start (a healthy phase first would meet K = 1 and a
@@ -895,16 +907,24 @@ fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn St
 // ---------------------------------------------------------------------------
 // A frozen agent.
 
-#[test]
-fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_a_frozen_agent_is_covered_by_its_keeper,
+    a_frozen_agent_is_covered_by_its_keeper
+);
+
+fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+    let url = server.url();
+    let mut c = Cluster::new(&url);
     c.steady(("n1", None), &["n2", "n3"], &[]);
     let pid = Pid::from_raw(c.agent("n1").pid());
     let frozen = wall_ns();
     kill(pid, Signal::SIGSTOP).unwrap();
-    std::thread::sleep(T * 3);
+    // Frozen until a standby took over (by the bound B; etcd's is longer).
+    wait_for((T * 3).max(bound_for(&url) * 2), || {
+        c.events()
+            .iter()
+            .any(|l| l.what == "start" && l.node != "n1")
+    });
     let during = c.events();
     kill(pid, Signal::SIGCONT).unwrap();
     let stop = during
@@ -926,7 +946,7 @@ fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
         ms(stop.ns - frozen),
         c.dump()
     );
-    let next = next.unwrap_or_else(|| panic!("nobody took over within 3 T\n{}", c.dump()));
+    let next = next.unwrap_or_else(|| panic!("nobody took over within 2 B\n{}", c.dump()));
     assert!(stop.ns < next.ns, "{}", c.dump());
 
     // Thawed: the old agent finds itself displaced; one active.
@@ -941,17 +961,24 @@ fn agent_faults_a_frozen_agent_is_covered_by_its_keeper() {
     c.maybe_dump();
 }
 
-#[test]
-fn agent_faults_a_killed_agent_is_covered_by_its_keeper() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+on_nats_and_etcd!(
+    agent_faults_a_killed_agent_is_covered_by_its_keeper,
+    a_killed_agent_is_covered_by_its_keeper
+);
+
+fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+    let url = server.url();
+    let mut c = Cluster::new(&url);
     c.steady(("n1", None), &["n2", "n3"], &[]);
     // kill -9 of the agent alone: its keeper and service live on, and
     // nothing restarts the agent.
     let killed = wall_ns();
     crate::common::agent::sigkill(c.agent("n1").pid());
-    std::thread::sleep(T * 3);
+    wait_for((T * 3).max(bound_for(&url) * 2), || {
+        c.events()
+            .iter()
+            .any(|l| l.what == "start" && l.node != "n1")
+    });
     let lines = c.events();
     let stop = lines
         .iter()
@@ -961,7 +988,7 @@ fn agent_faults_a_killed_agent_is_covered_by_its_keeper() {
     let next = lines
         .iter()
         .find(|l| l.what == "start" && l.node != "n1")
-        .unwrap_or_else(|| panic!("nobody took over within 3 T\n{}", c.dump()))
+        .unwrap_or_else(|| panic!("nobody took over within 2 B\n{}", c.dump()))
         .clone();
     eprintln!(
         "agent killed: the keeper stopped the service ({}) {:?} after the kill; next start {:?} after it",
@@ -1094,16 +1121,13 @@ fn service_runs(tag: &str) -> bool {
 
 /// Samples which of two services run, every 2 ms, until stopped; returns
 /// whether they ever ran at the same time.
-fn overlap_monitor(
-    a: &'static str,
-    b: &'static str,
-) -> (Arc<AtomicBool>, std::thread::JoinHandle<bool>) {
+fn overlap_monitor(a: String, b: String) -> (Arc<AtomicBool>, std::thread::JoinHandle<bool>) {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let handle = std::thread::spawn(move || {
         let mut both = false;
         while !s.load(Ordering::SeqCst) {
-            if !service_sleeps(a).is_empty() && !service_sleeps(b).is_empty() {
+            if !service_sleeps(&a).is_empty() && !service_sleeps(&b).is_empty() {
                 both = true;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -1119,48 +1143,51 @@ fn kill_all(pids: &[i32]) {
     }
 }
 
+on_nats_and_etcd!(
+    agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services,
+    r15_a_killed_keeper_without_cgroups_never_leaves_two_services
+);
+
 /// Issue 14 item 1: without a cgroup the keeper owns the tree as its
 /// subreaper; when the keeper is SIGKILLed (OOM), its orphans re-parent to
 /// init. The holder must still find and stop all of them before anyone
 /// else starts — or keep the lock. On the old code the holder reported the
 /// stop proven with nothing killed, and the standby's service started
 /// beside the old one.
-#[test]
-fn agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services() {
-    let _serial = serial();
-    let server = NatsServer::start();
+fn r15_a_killed_keeper_without_cgroups_never_leaves_two_services(server: &dyn StoreServer) {
+    let (tag_a, tag_b) = (format!("81{}", server.tag()), format!("82{}", server.tag()));
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url.clone();
-    let a_flags = subreaper_service("81");
+    let url = server.url();
+    let a_flags = subreaper_service(&tag_a);
     let a_flags: Vec<&str> = a_flags.iter().map(String::as_str).collect();
     let a = start(fast(dir.path(), &url, "svc", "n1", &a_flags));
     assert!(
-        wait_for(Duration::from_secs(5), || service_runs("81")),
+        wait_for(Duration::from_secs(5), || service_runs(&tag_a)),
         "n1's service did not start\n{}",
         a.log_text()
     );
-    let b_flags = subreaper_service("82");
+    let b_flags = subreaper_service(&tag_b);
     let b_flags: Vec<&str> = b_flags.iter().map(String::as_str).collect();
     let b = start(fast(dir.path(), &url, "svc", "n2", &b_flags));
     // n2 stands by; n1's keeper has looked at its tree (≤ 500 ms).
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(service_sleeps("82").is_empty(), "{}", b.log_text());
-    let (stop, monitor) = overlap_monitor("81", "82");
+    assert!(service_sleeps(&tag_b).is_empty(), "{}", b.log_text());
+    let (stop, monitor) = overlap_monitor(tag_a.clone(), tag_b.clone());
     let keepers = a.keepers();
     assert!(!keepers.is_empty(), "n1 has a keeper");
     let killed = Instant::now();
     kill_all(&keepers);
     // The other side: the old service stops, and the new one starts.
-    let gone = wait_for(Duration::from_secs(5), || service_sleeps("81").is_empty());
+    let gone = wait_for(Duration::from_secs(5), || service_sleeps(&tag_a).is_empty());
     let gone_after = killed.elapsed();
-    let started = wait_for(Duration::from_secs(5), || service_runs("82"));
+    let started = wait_for(Duration::from_secs(5), || service_runs(&tag_b));
     let started_after = killed.elapsed();
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     let overlapped = monitor.join().unwrap();
     let logs = format!("--- n1:\n{}\n--- n2:\n{}", a.log_text(), b.log_text());
-    kill_all(&service_sleeps("81"));
-    kill_all(&service_sleeps("82"));
+    kill_all(&service_sleeps(&tag_a));
+    kill_all(&service_sleeps(&tag_b));
     eprintln!(
         "keeper killed: n1's tree gone after {gone_after:?}, n2's service up after {started_after:?}"
     );
@@ -1169,22 +1196,25 @@ fn agent_faults_r15_a_killed_keeper_without_cgroups_never_leaves_two_services() 
     assert!(!overlapped, "two services ran at once\n{logs}");
 }
 
+on_nats_and_etcd!(
+    agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first,
+    r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first
+);
+
 /// Issue 14 item 1: a start-up stop proves a previous instance's tree gone
 /// too. The agent and its keeper die together (the service's processes,
 /// orphaned, live on); the restarted agent's fresh keeper knows nothing of
 /// them, but the persisted snapshot does.
-#[test]
-fn agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first() {
-    let _serial = serial();
-    let server = NatsServer::start();
+fn r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first(server: &dyn StoreServer) {
+    let (tag_a, tag_b) = (format!("83{}", server.tag()), format!("84{}", server.tag()));
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url.clone();
+    let url = server.url();
     let keeper_dir = dir.path().join("keeper-n1");
-    let flags = subreaper_service("83");
+    let flags = subreaper_service(&tag_a);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     assert!(
-        wait_for(Duration::from_secs(5), || service_runs("83")),
+        wait_for(Duration::from_secs(5), || service_runs(&tag_a)),
         "{}",
         a.log_text()
     );
@@ -1192,31 +1222,33 @@ fn agent_faults_r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first()
     // putex dies, the service does not.
     a.crash();
     std::thread::sleep(Duration::from_millis(200));
-    let orphans = service_sleeps("83");
+    let orphans = service_sleeps(&tag_a);
     assert_eq!(orphans.len(), 3, "the orphans live on: {orphans:?}");
-    let flags = subreaper_service("84");
+    let flags = subreaper_service(&tag_b);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let b = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
-    let gone = wait_for(Duration::from_secs(5), || service_sleeps("83").is_empty());
+    let gone = wait_for(Duration::from_secs(5), || service_sleeps(&tag_a).is_empty());
     let logs = b.log_text();
-    kill_all(&service_sleeps("83"));
+    kill_all(&service_sleeps(&tag_a));
     assert!(gone, "the previous tree survived the start-up stop\n{logs}");
     assert!(
-        wait_for(Duration::from_secs(5), || service_runs("84")),
+        wait_for(Duration::from_secs(5), || service_runs(&tag_b)),
         "the restarted agent did not run its service\n{}",
         b.log_text()
     );
-    kill_all(&service_sleeps("84"));
+    kill_all(&service_sleeps(&tag_b));
 }
+
+on_nats_and_etcd!(
+    agent_faults_r17_the_activate_hook_waits_for_the_keepers_arm,
+    r17_the_activate_hook_waits_for_the_keepers_arm
+);
 
 /// Issue 14 item 3: in hook mode the activate hook runs only once the
 /// keeper holds the deadline. A keeper that cannot answer (here SIGSTOPped)
 /// keeps the node `confirming`; the hook runs once the keeper is back.
-#[test]
-fn agent_faults_r17_the_activate_hook_waits_for_the_keepers_arm() {
-    let _serial = serial();
-    let server = NatsServer::start();
-    let mut c = Cluster::new(&server.url);
+fn r17_the_activate_hook_waits_for_the_keepers_arm(server: &dyn StoreServer) {
+    let mut c = Cluster::new(&server.url());
     c.start("n1", None, &[], &[]);
     assert!(
         wait_for(Duration::from_secs(5), || c
@@ -1249,14 +1281,17 @@ fn agent_faults_r17_the_activate_hook_waits_for_the_keepers_arm() {
     c.maybe_dump();
 }
 
+on_nats_and_etcd!(
+    agent_faults_r18_a_keeper_still_stopping_is_not_resumed,
+    r18_a_keeper_still_stopping_is_not_resumed
+);
+
 /// Issue 14 item 4: a restarted agent does not resume a tenure whose keeper
 /// is still stopping the service: it makes its start-up stop instead.
-#[test]
-fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
-    let _serial = serial();
-    let server = NatsServer::start();
+fn r18_a_keeper_still_stopping_is_not_resumed(server: &dyn StoreServer) {
+    let tag = format!("1000.851{}", server.tag());
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url.clone();
+    let url = server.url();
     let keeper_dir = dir.path().join("keeper-n1");
     // A service that ignores SIGTERM: a graceful stop waits --stop-timeout
     // before the SIGKILL. R = 1 s makes the licence T = 3 s: the keeper of
@@ -1272,12 +1307,12 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
         "--",
         "/bin/sh",
         "-c",
-        "trap '' TERM; exec sleep 1000.851",
+        &format!("trap '' TERM; exec sleep {tag}"),
     ];
     let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags).keeper_dir(&keeper_dir));
     assert!(
         wait_for(Duration::from_secs(15), || !crate::common::agent::sleeps(
-            "1000.851"
+            &tag
         )
         .is_empty()),
         "{}",
@@ -1306,13 +1341,18 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
     );
     std::thread::sleep(Duration::from_millis(500));
     let log = b.log_text();
-    kill_all(&crate::common::agent::sleeps("1000.851"));
+    kill_all(&crate::common::agent::sleeps(&tag));
     assert!(log.contains("stopping=true"), "{log}");
     assert!(
         !log.contains("starting -> active"),
         "resumed a tenure whose service is being stopped\n{log}"
     );
 }
+
+on_nats_and_etcd!(
+    agent_faults_r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven,
+    r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven
+);
 
 /// Issue 14 item 1, the other half: a stop that cannot be proven keeps the
 /// lease. The holder's deactivate hook fails (as a wedged `systemctl stop`
@@ -1321,12 +1361,9 @@ fn agent_faults_r18_a_keeper_still_stopping_is_not_resumed() {
 /// standby does not start, for many times W + G. Once a stop succeeds the
 /// lock is released and the standby starts at once. (On the old code the
 /// holder gave the lease up and the standby started beside the service.)
-#[test]
-fn agent_faults_r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven() {
-    let _serial = serial();
-    let server = NatsServer::start();
+fn r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven(server: &dyn StoreServer) {
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url.clone();
+    let url = server.url();
     let ev = dir.path().join("events");
     let ok = dir.path().join("ok-to-stop");
     let deactivate = format!(

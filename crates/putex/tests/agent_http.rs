@@ -1,12 +1,37 @@
 //! `putex run --http`: the health endpoints flip on a failover, and the
-//! metrics are there and move.
+//! metrics are there and move; systemd's notify protocol and watchdog. Each
+//! runs on a real nats-server and on a real single-member etcd.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::common::agent::{fast, serial, start, Agent};
-use crate::common::nats_server::NatsServer;
+use crate::common::agent::{fast, start, Agent};
+
+/// A test on a real nats-server and on a real single-member etcd: a module
+/// `$name` with the tests `nats` and `etcd`, each calling `$body(url)`.
+macro_rules! on_nats_and_etcd {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn nats() {
+                let _serial = $crate::common::agent::serial();
+                let server = $crate::common::nats_server::NatsServer::start();
+                $body(&server.url);
+            }
+
+            #[test]
+            fn etcd() {
+                let _serial = $crate::common::agent::serial();
+                let server = $crate::common::etcd_server::EtcdServer::start();
+                $body(&format!("etcd://{}", server.endpoint()));
+            }
+        }
+    };
+}
+pub(crate) use on_nats_and_etcd;
 
 /// `GET path` with HTTP/1.1 and `Connection: close`: (status, body).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -116,13 +141,14 @@ pub fn two_agents_with_http_flags(
     (ports, agents, active)
 }
 
-#[test]
-fn health_endpoints_flip_on_failover_and_metrics_move() {
-    let _serial = serial();
-    let server = NatsServer::start();
+on_nats_and_etcd!(
+    health_endpoints_flip_on_failover_and_metrics_move,
+    endpoints_flip_and_metrics_move
+);
+
+fn endpoints_flip_and_metrics_move(url: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (ports, mut agents, active) =
-        two_agents_with_http(dir.path(), &server.url, "web", ["a", "b"]);
+    let (ports, mut agents, active) = two_agents_with_http(dir.path(), url, "web", ["a", "b"]);
     let standby = 1 - active;
     let body = wait_status(ports[standby], "/replica", 200, Duration::from_secs(5));
     assert!(body.contains("\"role\":\"standby\""), "{body}");
@@ -189,16 +215,18 @@ fn notifications_until(
     out
 }
 
-#[test]
-fn systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged() {
-    let _serial = serial();
-    let server = NatsServer::start();
+on_nats_and_etcd!(
+    systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged,
+    systemd_notify_and_watchdog
+);
+
+fn systemd_notify_and_watchdog(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notify");
     let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
     let notify = path.display().to_string();
     let mut agent = start(
-        fast(dir.path(), &server.url, "sd", "a", &["--", "sleep", "1000"])
+        fast(dir.path(), url, "sd", "a", &["--", "sleep", "1000"])
             .keeper_dir(&dir.path().join("keeper"))
             .env(&[
                 ("NOTIFY_SOCKET", notify.as_str()),
@@ -255,15 +283,9 @@ fn systemd_notify_ready_status_and_a_watchdog_that_stops_when_wedged() {
 
     // STOPPING=1 on a graceful stop.
     let mut agent = start(
-        fast(
-            dir.path(),
-            &server.url,
-            "sd2",
-            "b",
-            &["--", "sleep", "1000"],
-        )
-        .keeper_dir(&dir.path().join("keeper2"))
-        .env(&[("NOTIFY_SOCKET", notify.as_str())]),
+        fast(dir.path(), url, "sd2", "b", &["--", "sleep", "1000"])
+            .keeper_dir(&dir.path().join("keeper2"))
+            .env(&[("NOTIFY_SOCKET", notify.as_str())]),
     );
     let up = notifications_until(&sock, Duration::from_secs(15), |m| {
         m.iter().any(|m| m.starts_with("STATUS=active"))

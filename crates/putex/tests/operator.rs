@@ -17,7 +17,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::common::agent::{
-    assert_no_overlap, bound, bound_for, dump, events, fast, hooks, putex, serial, start, starts,
+    assert_no_overlap, bound_for, dump, events, fast, hooks, putex, serial, start, starts,
     status_json, wait_for, wall_ns, Agent, R,
 };
 use crate::common::etcd_server::EtcdServer;
@@ -910,24 +910,42 @@ fn failback_after_the_hold_down_and_not_before(url: &str, dir: &Path) {
     agents.clear();
 }
 
-#[test]
-fn operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holder() {
+mod operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holder {
+    use super::*;
+
+    #[test]
+    fn nats() {
+        let _serial = serial();
+        let server = NatsServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{}", server.port());
+        switchover_to_a_cut_off_target(&server.url, &addr, dir.path());
+    }
+
+    #[test]
+    fn etcd() {
+        let _serial = serial();
+        let server = EtcdServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("etcd://{}", server.endpoint());
+        switchover_to_a_cut_off_target(&url, &server.endpoint(), dir.path());
+    }
+}
+
+/// The store at `url` (listening on `addr`), with n3 reaching it through a
+/// fault proxy that is cut just before the operator asks to switch to n3.
+fn switchover_to_a_cut_off_target(url: &str, addr: &str, dir: &Path) {
     use crate::common::proxy::{Mode, Proxy};
-    let _serial = serial();
-    let server = NatsServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("events");
+    let ev = dir.join("events");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
-        ))
-        .unwrap();
+    let proxy = rt.block_on(Proxy::start(addr.parse().unwrap())).unwrap();
+    let (scheme, _) = url.split_once("://").expect("a store URL");
+    let via = format!("{scheme}://{}", proxy.addr());
     // n1 and n2 direct; n3 through the proxy. n3 must not be the holder.
-    let mut agents = cluster(dir.path(), &server.url, &["n1", "n2"], &no_flags);
+    let mut agents = cluster(dir, url, &["n1", "n2"], &no_flags);
     let flags = hooks(&ev);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    agents.push(start(fast(dir.path(), &proxy.url(), "svc", "n3", &flags)));
+    agents.push(start(fast(dir, &via, "svc", "n3", &flags)));
     std::thread::sleep(R * 8);
     let first = holder(&ev);
     assert_ne!(first, "n3");
@@ -943,12 +961,12 @@ fn operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holder
         "--wait",
         "2s",
         "--store",
-        &server.url,
+        url,
     ]);
     assert!(matches!(o.status.code(), Some(1) | Some(5)), "{}", text(&o));
     // Whether the holder handed over (the release sat unclaimed for D) or
     // refused, one node holds the lock again within the bound.
-    std::thread::sleep(bound() * 3);
+    std::thread::sleep(bound_for(url) * 3);
     let s = starts(&ev);
     let last = s.last().unwrap();
     assert_ne!(
@@ -957,7 +975,7 @@ fn operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holder
         "the cut-off target started\n{}",
         dump(&agents.iter().collect::<Vec<_>>(), &ev)
     );
-    let st = status_json(&server.url, "svc");
+    let st = status_json(url, "svc");
     assert_eq!(st["state"], "active", "{st}");
     assert_no_overlap(
         &events(&ev),

@@ -1,7 +1,7 @@
 //! The web status page in a real browser: headless Chromium loads `/ui`,
 //! runs its script, and the rendered page shows the holder, the
 //! transitions and the timeline chart — the agent's page before and after a
-//! real failover, and a page over transition records written for the
+//! real failover (on NATS and on etcd), and a page over transition records written for the
 //! purpose (a switchover, a pause, a crash, a lapse), whose screenshot's
 //! pixels are counted too.
 
@@ -13,8 +13,6 @@ use putex::observe::history::{StaleEvidence, TransitionRecord, RECORD_VERSION};
 use putex::store::{keys, AnyStore, Name, NodeId, SqliteStore, Store, Token};
 
 use crate::agent_http::{http_get, two_agents_with_http_flags};
-use crate::common::agent::serial;
-use crate::common::nats_server::NatsServer;
 
 /// `$PUTEX_CHROMIUM`, else chromium on PATH; a missing browser fails the
 /// test with how to install it.
@@ -113,17 +111,19 @@ fn timeline_activations(dom: &str, node: &str) -> usize {
         .count()
 }
 
-#[test]
-fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
-    let _serial = serial();
-    let server = NatsServer::start();
+crate::agent_http::on_nats_and_etcd!(
+    web_status_page_shows_the_holder_and_the_failover_in_chromium,
+    status_page_through_a_failover
+);
+
+fn status_page_through_a_failover(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     // R = 300 ms (T = 900 ms): headless Chromium takes both cores for a
     // moment each time it renders, which must not starve the holder into
     // a failover the test did not ask for (with R = 100 ms it did once).
     let (ports, mut agents, active) = two_agents_with_http_flags(
         dir.path(),
-        &server.url,
+        url,
         "site",
         ["web-a", "web-b"],
         &["--renew", "300ms"],
@@ -143,8 +143,8 @@ fn web_status_page_shows_the_holder_and_the_failover_in_chromium() {
     );
     assert!(dom.contains("class=\"token\""), "{dom}");
     assert_eq!(timeline_activations(&dom, &holder), 1, "{dom}");
-    // The page's data carries the activation's token as strings (a NATS
-    // epoch is above 2^53), and the page shows every digit of it.
+    // The page's data carries the activation's token as strings (an epoch
+    // of NATS or etcd is above 2^53), and the page shows every digit of it.
     let (code, body) = http_get(ports[1 - active], "/ui/status.json").unwrap();
     assert_eq!(code, 200, "{body}");
     let data: serde_json::Value = serde_json::from_str(&body).unwrap();
