@@ -1,5 +1,6 @@
 //! PostgreSQL high availability end to end: three real PostgreSQL servers
-//! (`initdb`, `pg_basebackup -R`), a real nats-server, one `putex run` agent
+//! (`initdb`, `pg_basebackup -R`), a real nats-server (the switchover and
+//! the synchronous crash also on a real etcd), one `putex run` agent
 //! per server with the recipe's hooks (`packaging/postgresql/putex-pg`), and
 //! a writer inserting sequence numbers through a connection string that
 //! finds the primary (`target_session_attrs=read-write`), recording every
@@ -15,7 +16,46 @@ use std::time::{Duration, Instant};
 use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
 
 use crate::common::agent::{putex, putex_bin, serial, start, wait_for, wall_ns, Agent};
+use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
+
+/// The store a test runs on.
+#[derive(Clone, Copy)]
+enum Kind {
+    Nats,
+    Etcd,
+}
+
+/// A store server of `kind`, alive as long as the guard.
+enum StoreServer {
+    Nats(NatsServer),
+    Etcd(EtcdServer),
+}
+
+impl StoreServer {
+    fn start(kind: Kind) -> StoreServer {
+        match kind {
+            Kind::Nats => StoreServer::Nats(NatsServer::start()),
+            Kind::Etcd => StoreServer::Etcd(EtcdServer::start()),
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            StoreServer::Nats(s) => s.url.clone(),
+            StoreServer::Etcd(s) => format!("etcd://{}", s.endpoint()),
+        }
+    }
+
+    /// How much later than on NATS a crash failover may come: etcd's store
+    /// clock reads in whole seconds (up to 2 s + R more, `docs/stores.md`).
+    fn slower_failover(&self) -> Duration {
+        match self {
+            StoreServer::Nats(_) => Duration::ZERO,
+            StoreServer::Etcd(_) => Duration::from_millis(2500),
+        }
+    }
+}
 
 /// The timing of the PostgreSQL tests: every R each node runs `psql` twice
 /// (health check and position), so R is 500 ms rather than 100 ms.
@@ -105,7 +145,15 @@ fn ms(d: Duration) -> f64 {
 
 #[test]
 fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
-    switchover_case(false);
+    switchover_case(Kind::Nats, false);
+}
+
+/// The same on etcd (the other PostgreSQL version runs of
+/// `scripts/test-postgres-versions` skip it: the store does not change
+/// with PostgreSQL's version).
+#[test]
+fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one_on_etcd() {
+    switchover_case(Kind::Etcd, false);
 }
 
 /// The same with every server run as a systemd unit (the recipe's
@@ -113,17 +161,18 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
 /// them with `systemctl`, never behind the unit's back.
 #[test]
 fn postgres_switchover_with_postgresql_run_as_a_systemd_unit() {
-    switchover_case(true);
+    switchover_case(Kind::Nats, true);
 }
 
-fn switchover_case(service: bool) {
+fn switchover_case(kind: Kind, service: bool) {
     let _serial = serial();
-    let server = NatsServer::start();
+    let server = StoreServer::start(kind);
+    let url = server.url();
     let mut pg = PgCluster::create(3, false);
     if service {
         pg.use_systemctl_stand_in();
     }
-    let agents = cluster(&server.url, &pg, &[]);
+    let agents = cluster(&url, &pg, &[]);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(
         wait_acks(&writer, 100, Duration::from_secs(20)),
@@ -132,7 +181,7 @@ fn switchover_case(service: bool) {
 
     let asked = Instant::now();
     let out = putex()
-        .args(["switchover", "pg", "--to", "n2", "--store", &server.url])
+        .args(["switchover", "pg", "--to", "n2", "--store", &url])
         .output()
         .unwrap();
     assert!(
@@ -209,12 +258,13 @@ fn switchover_case(service: bool) {
 /// follows it;
 /// then the old primary's agent restarts, rewinds it and follows the new
 /// primary — never a second primary.
-fn crash_case(sync: bool) {
+fn crash_case(kind: Kind, sync: bool) {
     let _serial = serial();
-    let server = NatsServer::start();
+    let server = StoreServer::start(kind);
+    let url = server.url();
     let pg = PgCluster::create(3, sync);
     let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
-    let mut agents = cluster(&server.url, &pg, extra);
+    let mut agents = cluster(&url, &pg, extra);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(
         wait_acks(&writer, 200, Duration::from_secs(20)),
@@ -258,12 +308,29 @@ fn crash_case(sync: bool) {
         logs(&agents)
     );
     assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+    // As soon as n2 is active, not once n1's last record (which says
+    // `active` too) has gone stale 10 R later.
+    let logged = |i: usize, needle: &str| {
+        let log = agents[i].log_text();
+        let line = log.lines().find(|l| l.contains(needle))?.to_owned();
+        humantime::parse_rfc3339(line.split_whitespace().next()?).ok()
+    };
+    let active = logged(promoted, "-> active").expect("n2 logged its activation");
+    let followed = logged(2, "following the new holder holder=Some(\"n2\")")
+        .expect("n3 logged its follow of n2");
+    let late = followed.duration_since(active).unwrap_or_default();
+    eprintln!("n3 followed n2 {:.0} ms after n2's activation", ms(late));
+    assert!(
+        late < Duration::from_secs(2),
+        "n3 followed n2 {late:?} after its activation:\n{}",
+        logs(&agents)
+    );
 
     // The old primary comes back as a replica of the new one: rewound first.
     // (The crashed agent's handle goes first: dropping it kills whatever
     // runs with its keeper directory, a new agent included.)
     drop(agents.remove(0));
-    agents.insert(0, agent(&server.url, &pg, 0, extra));
+    agents.insert(0, agent(&url, &pg, 0, extra));
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut following = false;
     while Instant::now() < deadline {
@@ -315,7 +382,7 @@ fn crash_case(sync: bool) {
     // W + G' (about 2.4 s at R = 500 ms, F = 3) plus the promotion; in
     // synchronous mode a commit also waits for a replica to attach to the
     // new primary (n3 re-pointed by its follow, or n1 rejoined).
-    let limit = Duration::from_secs(if sync { 10 } else { 6 });
+    let limit = Duration::from_secs(if sync { 10 } else { 6 }) + server.slower_failover();
     assert!(
         failover < limit,
         "failover took {failover:?}:\n{}",
@@ -325,12 +392,19 @@ fn crash_case(sync: bool) {
 
 #[test]
 fn postgres_crash_of_the_primary_host_synchronous_loses_no_acknowledged_commit() {
-    crash_case(true);
+    crash_case(Kind::Nats, true);
+}
+
+/// The same on etcd (skipped by the other PostgreSQL versions' runs, like
+/// the switchover on etcd).
+#[test]
+fn postgres_crash_of_the_primary_host_synchronous_loses_no_acknowledged_commit_on_etcd() {
+    crash_case(Kind::Etcd, true);
 }
 
 #[test]
 fn postgres_crash_of_the_primary_host_asynchronous() {
-    crash_case(false);
+    crash_case(Kind::Nats, false);
 }
 
 /// An asynchronous replica ahead of the one promoted: n3 (`--priority 0`, a

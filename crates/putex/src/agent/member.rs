@@ -190,10 +190,7 @@ pub(super) async fn member_feed(
                 if inject.unbounded_send(Input::Members(candidates)).is_err() {
                     return;
                 }
-                let active = fresh
-                    .iter()
-                    .find(|m| m.role == "active")
-                    .map(|m| m.node.clone());
+                let active = active_holder(&fresh);
                 host.set(|st| st.active_holder.clone_from(&active));
                 if active.is_some() && active != holder {
                     holder = active;
@@ -206,6 +203,26 @@ pub(super) async fn member_feed(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The node the fresh records name as the active holder. Two of them can
+/// say `active` at once: a crashed holder's last record stays fresh for
+/// 10 R (plus two store clock steps) while its successor's says `active`
+/// too. The successor holds the higher fencing token (each acquisition's
+/// is higher than any before it), so the record with the highest token
+/// wins, whatever order the records come in.
+fn active_holder(fresh: &[MemberRecord]) -> Option<String> {
+    fresh
+        .iter()
+        .filter(|m| m.role == "active")
+        .max_by_key(|m| record_token(m))
+        .map(|m| m.node.clone())
+}
+
+/// A member record's fencing token as (epoch, revision), if it has one.
+fn record_token(rec: &MemberRecord) -> Option<(u64, u64)> {
+    let (epoch, revision) = rec.token.as_deref()?.split_once(':')?;
+    Some((epoch.parse().ok()?, revision.parse().ok()?))
 }
 
 /// The newest record that says `active`, fresh or not: the last holder.
@@ -353,4 +370,43 @@ async fn read_position(cmd: &str, timeout: Duration) -> Result<u64, String> {
             text.trim()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn active(node: &str, token: &str) -> MemberRecord {
+        MemberRecord {
+            node: node.into(),
+            role: "active".into(),
+            token: Some(token.into()),
+            ..MemberRecord::default()
+        }
+    }
+
+    /// A crashed holder's record still fresh beside its successor's: the
+    /// successor (the higher token) is the holder, in either order. (Taking
+    /// the first `active` record left a standby following the dead holder
+    /// until its record went stale: 5 s late on etcd at R = 500 ms.)
+    #[test]
+    fn the_active_holder_is_the_one_with_the_higher_token() {
+        let dead = active("n1", "1795954618401892883:367");
+        let new = active("n2", "1795954618401892883:1384");
+        let standby = MemberRecord {
+            node: "n3".into(),
+            role: "standby".into(),
+            ..MemberRecord::default()
+        };
+        for records in [
+            vec![dead.clone(), new.clone(), standby.clone()],
+            vec![standby.clone(), new.clone(), dead.clone()],
+        ] {
+            assert_eq!(active_holder(&records).as_deref(), Some("n2"));
+        }
+        // A later epoch beats any revision of an earlier one.
+        let restored = active("n4", "1795954618401892884:3");
+        assert_eq!(active_holder(&[new, restored, dead]).as_deref(), Some("n4"));
+        assert_eq!(active_holder(&[standby]), None);
+    }
 }
