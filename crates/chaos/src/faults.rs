@@ -136,7 +136,7 @@ impl ClockSample {
 }
 
 /// Whether network namespaces with nftables could isolate one agent, and
-/// why the harness uses its TCP proxy instead: a line for the report.
+/// what the harness uses them for: a line for the report.
 pub fn probe_netns() -> String {
     let root = nix::unistd::geteuid().is_root();
     if !root {
@@ -151,8 +151,9 @@ pub fn probe_netns() -> String {
         .output()
         .is_ok_and(|o| o.status.success());
     format!(
-        "network namespaces: root yes, `unshare --net` {}, nft {}; not used: the TCP proxy \
-         (putex_testkit::proxy) cuts one agent off from the store without touching the host's \
+        "network namespaces: root yes, `unshare --net` {}, nft {}; used only to cut an etcd \
+         member off from its peers (leader-isolated-etcd3: putex_testkit::netns); the TCP proxy \
+         (putex_testkit::proxy) cuts an agent off from the store without touching the host's \
          network, and also does one-way loss, holds and jitter, which nftables drops cannot",
         if unshare { "works" } else { "fails" },
         if nft { "installed" } else { "not installed" }

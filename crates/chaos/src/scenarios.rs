@@ -167,6 +167,10 @@ pub enum Kind {
     Cluster,
     /// A 3-member etcd cluster (`etcd://`).
     Etcd3,
+    /// A 3-member etcd cluster, each member in a network namespace of its
+    /// own (`putex_testkit::netns`, root only), so that one can lose its
+    /// peers and keep its clients.
+    Etcd3Lan,
 }
 
 enum Store {
@@ -247,6 +251,7 @@ impl<'a> World<'a> {
                 Store::Cluster(c)
             }
             Kind::Etcd3 => Store::Etcd(EtcdCluster::start(3)),
+            Kind::Etcd3Lan => Store::Etcd(EtcdCluster::start_on_lan(3)?),
         };
         let mut extra_flags = vec![
             "--healthcheck".to_owned(),
@@ -254,7 +259,9 @@ impl<'a> World<'a> {
             "--stop-timeout".into(),
             "2s".into(),
         ];
-        if matches!(kind, Kind::Cluster | Kind::Etcd3) && profile.t() < Duration::from_secs(10) {
+        if matches!(kind, Kind::Cluster | Kind::Etcd3 | Kind::Etcd3Lan)
+            && profile.t() < Duration::from_secs(10)
+        {
             extra_flags.push("--allow-short-lease".into());
         }
         let mut w = World {
@@ -297,14 +304,14 @@ impl<'a> World<'a> {
 
     fn scheme(&self) -> &'static str {
         match self.kind {
-            Kind::Etcd3 => "etcd",
+            Kind::Etcd3 | Kind::Etcd3Lan => "etcd",
             _ => "nats",
         }
     }
 
     fn query(&self) -> &'static str {
         match self.kind {
-            Kind::Single | Kind::Etcd3 => "",
+            Kind::Single | Kind::Etcd3 | Kind::Etcd3Lan => "",
             Kind::Cluster => "?replicas=3",
         }
     }
@@ -337,7 +344,7 @@ impl<'a> World<'a> {
             .args(&self.extra_flags)
             .output();
         // etcd's store clock reads in whole seconds (docs/stores.md).
-        let step = if self.kind == Kind::Etcd3 {
+        let step = if matches!(self.kind, Kind::Etcd3 | Kind::Etcd3Lan) {
             Duration::from_secs(1)
         } else {
             Duration::ZERO
@@ -383,8 +390,15 @@ impl<'a> World<'a> {
     }
 
     fn proxies_for(&mut self, node: &str) -> Result<String, String> {
+        let addrs = self.server_addrs();
+        self.proxies_to(node, &addrs)
+    }
+
+    /// Proxies of `node`'s own to the store servers at `addrs`; the store
+    /// URL through them.
+    fn proxies_to(&mut self, node: &str, addrs: &[std::net::SocketAddr]) -> Result<String, String> {
         let mut ps = Vec::new();
-        for a in self.server_addrs() {
+        for a in addrs.iter().copied() {
             ps.push(
                 self.ctx
                     .rt
@@ -427,6 +441,20 @@ impl<'a> World<'a> {
         let url = self.proxies_for(node)?;
         let mut spec = self.spec(node, url, env);
         spec.flags.extend(flags.iter().map(|s| (*s).to_owned()));
+        self.agents.push(start_agent(spec.agent())?);
+        Ok(())
+    }
+
+    /// Starts an agent whose store URL names one store server only, server
+    /// `server` (0-based), through a proxy of its own: a client of one etcd
+    /// member.
+    pub fn add_agent_of_server(&mut self, node: &str, server: usize) -> Result<(), String> {
+        let addr = *self
+            .server_addrs()
+            .get(server)
+            .ok_or_else(|| format!("no store server {server}"))?;
+        let url = self.proxies_to(node, &[addr])?;
+        let spec = self.spec(node, url, Vec::new());
         self.agents.push(start_agent(spec.agent())?);
         Ok(())
     }
@@ -750,6 +778,79 @@ fn etcd_member_kill(ctx: &Ctx, leader: bool) -> Result<RunOut, String> {
     Ok(w.finish())
 }
 
+/// One agent per etcd member, each reaching only its own member; the
+/// holder's member made the raft leader, then cut off from its two peers
+/// (blackhole routes between the members' network namespaces) while its
+/// agent still reaches it, for 3 T; then joined again. The deposed leader
+/// keeps answering its client until it steps down (check-quorum, about an
+/// election timeout) and commits nothing: the holder must stop within its
+/// licence and an agent on the majority side take over within B plus one
+/// election timeout; rejoined, the old holder's agent stands by.
+fn etcd_leader_isolated(ctx: &Ctx) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, Kind::Etcd3Lan, ETCD_RIDE, "leader-isolated-etcd3")?;
+    let nodes = ["n1", "n2", "n3"];
+    for (i, n) in nodes.iter().enumerate() {
+        w.add_agent_of_server(n, i)?;
+    }
+    w.out.expected_starts = 1;
+    let active = w.steady()?;
+    let m = nodes
+        .iter()
+        .position(|n| *n == active)
+        .ok_or_else(|| format!("unknown active node {active}"))?;
+    let Store::Etcd(c) = &w.store else {
+        return Err("not an etcd world".into());
+    };
+    c.move_leader(m)?;
+    let member = c.member(m).name().to_owned();
+    // A few renewals through the moved leader.
+    std::thread::sleep(ETCD_RIDE.r() * 3);
+    let at = w.fault(format!(
+        "etcd leader {member} ({active}'s only member) cut off from its peers"
+    ));
+    if let Store::Etcd(c) = &w.store {
+        c.isolate(m)?;
+    }
+    // The new leader refreshes every lease, the store clock read through
+    // one steps back, and S1 (b) takes its fallback, a further W after (a)
+    // (docs/safety.md §4.2): 2 W + R + G' instead of W + 2 s + R + G'. The
+    // slack, T + 1 s, covers that (W is T/(1 − ε)) and an election timeout
+    // (etcd's default, 1 s).
+    w.expect_failover(at, ETCD_RIDE.t() + Duration::from_secs(1));
+    let (new_leaders, stepped_down) = match &w.store {
+        Store::Etcd(c) => (c.leaders_besides(m), c.leader() != Some(m)),
+        _ => (Vec::new(), false),
+    };
+    if new_leaders.is_empty() {
+        w.out
+            .errors
+            .push(format!("no new etcd leader while {member} was cut off"));
+    }
+    let ends = ETCD_RIDE.t() * 3;
+    let elapsed = Duration::from_nanos(w.h.now().saturating_sub(at));
+    std::thread::sleep(ends.saturating_sub(elapsed));
+    w.h.fault(format!("etcd {member} joined again"));
+    if let Store::Etcd(c) = &w.store {
+        c.rejoin(m)?;
+    }
+    if let Err(e) = w.steady() {
+        w.out.errors.push(format!("after the rejoin: {e}"));
+    }
+    w.out.notes.push(format!(
+        "etcd leader {member} cut off at {} for {:?}; majority leader then {:?} (0-based); \
+         the cut-off member {} by the takeover",
+        ms(at),
+        ends,
+        new_leaders,
+        if stepped_down {
+            "no longer said it led"
+        } else {
+            "still said it led"
+        }
+    ));
+    Ok(w.finish())
+}
+
 fn proxy_fault(w: &mut World, node: &str, mode: Mode, d: Duration, what: &str) -> u64 {
     let at = w.fault(format!("{what} {node} {}ms", d.as_millis()));
     w.set_mode(node, mode);
@@ -799,6 +900,11 @@ pub struct Scenario {
 
 fn never(_: &Ctx) -> Option<String> {
     None
+}
+
+/// Why the network-namespace scenarios cannot run here, if they cannot.
+fn lan_unavailable(_: &Ctx) -> Option<String> {
+    putex_testkit::netns::Lan::unavailable()
 }
 
 fn no_run(_: &Ctx, _: &mut Rng) -> Result<RunOut, String> {
@@ -1378,6 +1484,16 @@ pub fn all() -> Vec<Scenario> {
             full_runs: 2,
             zero_transitions: true,
             run: |ctx, _| etcd_member_kill(ctx, false),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "leader-isolated-etcd3",
+            fault_no: "3, 8",
+            about: "3-member etcd, one agent per member, T = 3 s: the holder's member made the raft leader, then cut off from its peers (network namespaces) but not from its agent for 3 T",
+            quick_runs: 1,
+            full_runs: 2,
+            skip: lan_unavailable,
+            run: |ctx, _| etcd_leader_isolated(ctx),
             ..Scenario::DEFAULTS
         },
         Scenario {

@@ -27,6 +27,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::nats_server::all_stopped;
+use crate::netns::Lan;
 use crate::postgres::free_port;
 
 /// How long a member (or a cluster) may take to become healthy.
@@ -183,6 +184,10 @@ struct MemberConfig {
     client_port: u16,
     peer_port: u16,
     metrics_port: u16,
+    /// The address it listens on: 127.0.0.1, or its host's on a [`Lan`].
+    host: String,
+    /// The network namespace it runs in (`ip netns exec`), on a [`Lan`].
+    netns: Option<String>,
     /// `--initial-cluster`: every member's `name=peer URL`.
     initial_cluster: String,
     /// `--initial-cluster-token`: unique per fixture, so that members of
@@ -198,6 +203,8 @@ impl MemberConfig {
             client_port: free_port(),
             peer_port: free_port(),
             metrics_port: free_port(),
+            host: "127.0.0.1".into(),
+            netns: None,
             initial_cluster,
             token,
             tls,
@@ -205,7 +212,7 @@ impl MemberConfig {
     }
 
     fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://{}:{}", self.host, self.peer_port)
     }
 }
 
@@ -226,6 +233,8 @@ pub struct EtcdServer {
     name: String,
     client_port: u16,
     metrics_port: u16,
+    host: String,
+    netns: Option<String>,
     args: Vec<String>,
     tls: Option<EtcdTls>,
     /// The credentials the fixture's etcdctl uses, once authentication is on.
@@ -267,7 +276,7 @@ impl EtcdServer {
         } else {
             "http"
         };
-        let client_url = format!("{scheme}://127.0.0.1:{}", config.client_port);
+        let client_url = format!("{scheme}://{}:{}", config.host, config.client_port);
         let peer_url = config.peer_url();
         let mut args: Vec<String> = vec![
             "--name".into(),
@@ -289,7 +298,7 @@ impl EtcdServer {
             "--initial-cluster-state".into(),
             "new".into(),
             "--listen-metrics-urls".into(),
-            format!("http://127.0.0.1:{}", config.metrics_port),
+            format!("http://{}:{}", config.host, config.metrics_port),
         ];
         if let Some(tls) = &config.tls {
             args.extend([
@@ -306,11 +315,13 @@ impl EtcdServer {
                 ]);
             }
         }
-        let child = spawn_etcd(&args, &dir.path().join("etcd.log"));
+        let child = spawn_etcd(&args, &dir.path().join("etcd.log"), config.netns.as_deref());
         EtcdServer {
             name: config.name,
             client_port: config.client_port,
             metrics_port: config.metrics_port,
+            host: config.host,
+            netns: config.netns,
             args,
             tls: config.tls,
             login: None,
@@ -368,9 +379,10 @@ impl EtcdServer {
         &self.name
     }
 
-    /// The client address, `127.0.0.1:PORT` (no scheme).
+    /// The client address, `127.0.0.1:PORT` (no scheme; on a [`Lan`], its
+    /// host's address).
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.host, self.client_port)
     }
 
     /// The client port.
@@ -381,7 +393,7 @@ impl EtcdServer {
     /// The client URL: `http://127.0.0.1:PORT`, or `https://` with TLS.
     pub fn client_url(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.client_port)
+        format!("{scheme}://{}:{}", self.host, self.client_port)
     }
 
     /// The process's pid (the last one started, when it is not running).
@@ -458,7 +470,7 @@ impl EtcdServer {
     /// cluster, that needs a quorum of members running.
     pub fn restart(&self) {
         self.kill();
-        let child = spawn_etcd(&self.args, &self.log_path());
+        let child = spawn_etcd(&self.args, &self.log_path(), self.netns.as_deref());
         *self.child() = child;
         self.wait_healthy();
     }
@@ -518,7 +530,7 @@ impl EtcdServer {
                     self.log_tail()
                 );
             }
-            if healthy(self.metrics_port) {
+            if healthy(&self.host, self.metrics_port) {
                 return;
             }
             assert!(
@@ -570,15 +582,24 @@ fn pid_of(child: &Child) -> Pid {
     Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"))
 }
 
-/// Starts etcd with `args`, its output appended to `log`.
-fn spawn_etcd(args: &[String], log: &Path) -> Child {
+/// Starts etcd with `args`, its output appended to `log`, in network
+/// namespace `netns` if given.
+fn spawn_etcd(args: &[String], log: &Path, netns: Option<&str>) -> Child {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .expect("etcd log file");
     let bin = etcd_binary();
-    let mut cmd = Command::new(&bin);
+    // `ip netns exec` execs etcd in the namespace: the child is etcd itself.
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
     // etcd takes ETCD_* variables as flags (and refuses one that a flag
     // shadows): none of the caller's.
     for (k, _) in std::env::vars_os() {
@@ -599,9 +620,11 @@ fn spawn_etcd(args: &[String], log: &Path) -> Child {
         })
 }
 
-/// Whether `GET /health` on `127.0.0.1:port` answers `{"health":"true"}`.
-fn healthy(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+/// Whether `GET /health` on `host:port` answers `{"health":"true"}`.
+fn healthy(host: &str, port: u16) -> bool {
+    let Ok(addr) = format!("{host}:{port}").parse::<SocketAddr>() else {
+        return false;
+    };
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
         return false;
     };
@@ -617,19 +640,43 @@ fn healthy(port: u16) -> bool {
     answer.contains(r#""health":"true""#)
 }
 
-/// A cluster of etcd members on loopback (plain HTTP, no authentication).
+/// A cluster of etcd members on loopback (plain HTTP, no authentication),
+/// or each member in a network namespace of its own on a [`Lan`]
+/// ([`EtcdCluster::start_on_lan`]).
 pub struct EtcdCluster {
     members: Vec<EtcdServer>,
+    /// Declared after the members: they are killed before their
+    /// namespaces go.
+    lan: Option<Lan>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members (`m1` … `mn`) that form one cluster, and waits
     /// until every one is healthy and one of them leads.
     pub fn start(n: usize) -> EtcdCluster {
+        Self::start_with_lan(n, None)
+    }
+
+    /// Starts `n` members, member `i` in host `i`'s namespace of a new
+    /// [`Lan`] (root only), so that [`EtcdCluster::isolate`] can cut one
+    /// off from its peers while clients still reach it.
+    pub fn start_on_lan(n: usize) -> Result<EtcdCluster, String> {
+        let lan = Lan::create(n)?;
+        Ok(Self::start_with_lan(n, Some(lan)))
+    }
+
+    fn start_with_lan(n: usize, lan: Option<Lan>) -> EtcdCluster {
         assert!(n >= 1, "a cluster needs a member");
         let token = cluster_token();
         let mut configs: Vec<MemberConfig> = (1..=n)
-            .map(|i| MemberConfig::new(format!("m{i}"), String::new(), token.clone(), None))
+            .map(|i| {
+                let mut c = MemberConfig::new(format!("m{i}"), String::new(), token.clone(), None);
+                if let Some(lan) = &lan {
+                    c.host = lan.addr(i - 1);
+                    c.netns = Some(lan.ns(i - 1));
+                }
+                c
+            })
             .collect();
         let initial = configs
             .iter()
@@ -644,6 +691,7 @@ impl EtcdCluster {
         // failure below kills them all.
         let cluster = EtcdCluster {
             members: configs.into_iter().map(EtcdServer::spawn).collect(),
+            lan,
         };
         for m in &cluster.members {
             m.wait_healthy();
@@ -657,6 +705,23 @@ impl EtcdCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         cluster
+    }
+
+    /// Cuts member `i` off from every other member (both ways); clients
+    /// still reach it. Only on a [`Lan`].
+    pub fn isolate(&self, i: usize) -> Result<(), String> {
+        self.lan
+            .as_ref()
+            .ok_or("not on a Lan: EtcdCluster::start_on_lan")?
+            .isolate(i)
+    }
+
+    /// Undoes [`EtcdCluster::isolate`].
+    pub fn rejoin(&self, i: usize) -> Result<(), String> {
+        self.lan
+            .as_ref()
+            .ok_or("not on a Lan: EtcdCluster::start_on_lan")?
+            .rejoin(i)
     }
 
     /// Every member's client address, `127.0.0.1:PORT`, in member order.
@@ -700,6 +765,48 @@ impl EtcdCluster {
     /// when no running, unpaused member says so (e.g. during an election).
     pub fn leader(&self) -> Option<usize> {
         self.members.iter().position(EtcdServer::is_leader)
+    }
+
+    /// Makes member `i` the raft leader (`etcdctl move-leader`, which finds
+    /// the current leader itself) and waits until it says so.
+    pub fn move_leader(&self, i: usize) -> Result<(), String> {
+        if self.leader() == Some(i) {
+            return Ok(());
+        }
+        let list = self.etcdctl(&["member", "list", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&list.stdout)
+            .map_err(|e| format!("etcdctl member list: {e}"))?;
+        let name = self.members[i].name();
+        let id = v["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+            .and_then(|m| m["ID"].as_u64())
+            .ok_or_else(|| format!("no member {name} in {v}"))?;
+        let out = self.etcdctl(&["move-leader", &format!("{id:x}")]);
+        if !out.status.success() {
+            return Err(format!(
+                "etcdctl move-leader {name}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.leader() != Some(i) {
+            if Instant::now() > deadline {
+                return Err(format!("{name} did not become the leader"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// The members other than `i` that say they are the leader (after
+    /// [`EtcdCluster::isolate`], the majority's new leader; an isolated
+    /// leader may still say so until it steps down).
+    pub fn leaders_besides(&self, i: usize) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|j| *j != i && self.members[*j].is_leader())
+            .collect()
     }
 
     /// Runs etcdctl against every member's endpoint.

@@ -37,6 +37,7 @@ pub mod bench;
 pub mod check;
 pub mod etcd_server;
 pub mod nats_server;
+pub mod netns;
 pub mod pki;
 pub mod postgres;
 pub mod procfs;

@@ -29,14 +29,14 @@ enum Kind {
 /// A store server of `kind`, alive as long as the guard.
 enum StoreServer {
     Nats(NatsServer),
-    Etcd(EtcdServer),
+    Etcd(Box<EtcdServer>),
 }
 
 impl StoreServer {
     fn start(kind: Kind) -> StoreServer {
         match kind {
             Kind::Nats => StoreServer::Nats(NatsServer::start()),
-            Kind::Etcd => StoreServer::Etcd(EtcdServer::start()),
+            Kind::Etcd => StoreServer::Etcd(Box::new(EtcdServer::start())),
         }
     }
 

@@ -123,7 +123,7 @@ async fn nats(server: &NatsServer) -> AnyStore {
 /// The store server of a test that runs on NATS and on etcd alike.
 enum Backend {
     Nats(NatsServer),
-    Etcd(EtcdServer),
+    Etcd(Box<EtcdServer>),
 }
 
 impl Backend {
@@ -132,7 +132,7 @@ impl Backend {
     }
 
     fn etcd() -> Backend {
-        Backend::Etcd(EtcdServer::start())
+        Backend::Etcd(Box::new(EtcdServer::start()))
     }
 
     /// The store URL (`putex lock --store`, `putex status --store`).
