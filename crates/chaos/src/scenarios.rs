@@ -851,6 +851,48 @@ fn etcd_leader_isolated(ctx: &Ctx) -> Result<RunOut, String> {
     Ok(w.finish())
 }
 
+/// Three agents that know all three etcd members (the usual deployment),
+/// the raft leader cut off from its peers for 3 T while every agent still
+/// reaches it, then joined again: the holder renews through the majority
+/// and rides through; nobody else starts.
+fn etcd_leader_isolated_from_peers_only(ctx: &Ctx) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, Kind::Etcd3Lan, ETCD_RIDE, "leader-partitioned-etcd3")?;
+    w.three_agents()?;
+    w.out.expected_starts = 1;
+    w.steady()?;
+    let Store::Etcd(c) = &w.store else {
+        return Err("not an etcd world".into());
+    };
+    let m = c.leader().ok_or("the etcd cluster has no leader")?;
+    let member = c.member(m).name().to_owned();
+    let at = w.fault(format!("etcd leader {member} cut off from its peers"));
+    if let Store::Etcd(c) = &w.store {
+        c.isolate(m)?;
+    }
+    std::thread::sleep(ETCD_RIDE.t() * 3);
+    let new_leaders = match &w.store {
+        Store::Etcd(c) => c.leaders_besides(m),
+        _ => Vec::new(),
+    };
+    if new_leaders.is_empty() {
+        w.out
+            .errors
+            .push(format!("no new etcd leader while {member} was cut off"));
+    }
+    w.h.fault(format!("etcd {member} joined again"));
+    if let Store::Etcd(c) = &w.store {
+        c.rejoin(m)?;
+    }
+    std::thread::sleep(ETCD_RIDE.t());
+    w.out.notes.push(format!(
+        "etcd leader {member} cut off from its peers at {} for {:?}; majority leader then {:?} (0-based)",
+        ms(at),
+        ETCD_RIDE.t() * 3,
+        new_leaders
+    ));
+    Ok(w.finish())
+}
+
 fn proxy_fault(w: &mut World, node: &str, mode: Mode, d: Duration, what: &str) -> u64 {
     let at = w.fault(format!("{what} {node} {}ms", d.as_millis()));
     w.set_mode(node, mode);
@@ -1494,6 +1536,17 @@ pub fn all() -> Vec<Scenario> {
             full_runs: 2,
             skip: lan_unavailable,
             run: |ctx, _| etcd_leader_isolated(ctx),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "leader-partitioned-etcd3",
+            fault_no: "8",
+            about: "3-member etcd, T = 3 s, agents that know every member: the raft leader cut off from its peers (not from the agents) for 3 T; no failover allowed",
+            quick_runs: 1,
+            full_runs: 2,
+            zero_transitions: true,
+            skip: lan_unavailable,
+            run: |ctx, _| etcd_leader_isolated_from_peers_only(ctx),
             ..Scenario::DEFAULTS
         },
         Scenario {

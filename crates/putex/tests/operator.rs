@@ -774,6 +774,54 @@ fn follow_runs_on_each_standby_with_the_new_holders_address(url: &str, dir: &Pat
 }
 
 all_stores!(
+    operator_a_joining_standby_follows_only_after_its_start_up_stop,
+    follows_only_after_the_start_up_stop
+);
+
+/// A standby that joins while a holder runs follows it only once its own
+/// start-up stop has finished: a follow that started the service (a
+/// replica) beside that stop would have it stopped under it. (Found by the
+/// PostgreSQL pause test in CI: a joining replica's start-up `pg_ctl stop`
+/// stopped the server its follow had just started.) The start-up stop here
+/// takes 0.5 s; the follow must come after it, and come.
+fn follows_only_after_the_start_up_stop(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let mut agents = cluster(dir, url, &["n1"], &no_flags);
+    let e = ev.display();
+    let flags = [
+        "--activate".to_owned(),
+        format!("echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {e}"),
+        "--deactivate".into(),
+        format!("sleep 0.5; echo stop $PUTEX_NODE $(date +%s%N) $PUTEX_STOP >> {e}"),
+        "--follow".into(),
+        format!("echo follow $PUTEX_NODE $(date +%s%N) $PUTEX_HOLDER >> {e}"),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    agents.push(start(fast(dir, url, "svc", "n2", &flags)));
+    let line = |what: &str| {
+        events(&ev)
+            .into_iter()
+            .find(|l| l.what == what && l.node == "n2")
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || line("follow").is_some()
+            && line("stop").is_some()),
+        "n2 never followed n1 after a start-up stop\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    let (follow, stop) = (line("follow").unwrap(), line("stop").unwrap());
+    assert_eq!(stop.extra, "startup");
+    assert!(
+        follow.ns >= stop.ns,
+        "n2 followed {:?} before its start-up stop ended\n{}",
+        Duration::from_nanos(u64::try_from(stop.ns - follow.ns).unwrap_or(u64::MAX)),
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert_eq!(follow.extra, "n1");
+    agents.clear();
+}
+
+all_stores!(
     operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens,
     a_scheduled_switchover_waits_and_a_cancelled_one_never_happens
 );

@@ -668,7 +668,9 @@ impl Host for AgentHost {
                         st.switchover = None;
                     });
                 }
-                self.set(|st| {
+                // A holder's follow waits for the start-up stop (`follow`
+                // skips it while starting): follow it now.
+                let follow = self.set(|st| {
                     st.role = Some(*to);
                     match to {
                         Role::Standby | Role::Starting | Role::Exited => {
@@ -681,7 +683,15 @@ impl Host for AgentHost {
                             }
                         }
                     }
+                    let own = Some(self.inner.node.as_str());
+                    (*from == Role::Starting && *to == Role::Standby)
+                        .then(|| st.active_holder.clone())
+                        .flatten()
+                        .filter(|h| Some(h.as_str()) != own)
                 });
+                if let Some(holder) = follow {
+                    super::member::follow(self, Some(holder));
+                }
                 // lock and node come from the agent's span.
                 // e.g. `standby -> confirming (lock stale: rev 1:41 unchanged
                 // for 10.21s, store age 10.24s)`.

@@ -264,7 +264,10 @@ fn fresh_members(
 ///
 /// Follows run one at a time and never beside the rejoin hook (O4): a node
 /// still to rejoin follows nobody (the rejoin's success follows the holder
-/// of that moment), and a follow overtaken by a newer holder is dropped. A
+/// of that moment), and a follow overtaken by a newer holder is dropped.
+/// Nor before the start-up stop has finished (S5), which would stop what
+/// the follow started: the move from starting to standby follows the
+/// holder of that moment. A
 /// follow that fails is run again every T while the holder stays the same
 /// (the holder may still be starting its service, a network may be down).
 pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
@@ -279,8 +282,19 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
             loop {
                 {
                     let _resync = host.inner.resync.lock().await;
-                    let (pending, current) =
-                        host.set(|st| (st.rejoin_pending, st.active_holder.clone()));
+                    let (starting, pending, current) = host.set(|st| {
+                        (
+                            matches!(st.role, None | Some(Role::Starting)),
+                            st.rejoin_pending,
+                            st.active_holder.clone(),
+                        )
+                    });
+                    if starting {
+                        // The start-up stop would stop what a follow starts
+                        // (a replica): the move to standby follows instead.
+                        tracing::info!(holder = ?holder, "not following yet: the start-up stop first");
+                        return;
+                    }
                     if pending {
                         tracing::info!(holder = ?holder, "not following yet: rejoining first (O4)");
                         return;
