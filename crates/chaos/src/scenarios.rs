@@ -940,6 +940,10 @@ pub struct Scenario {
     pub run: fn(&Ctx, &mut Rng) -> Result<RunOut, String>,
 }
 
+/// How many runs a scenario that must provoke a stale write gets beyond
+/// its own when none of them did (each does in about four runs of five).
+const MORE_STALE_RUNS: u64 = 5;
+
 fn never(_: &Ctx) -> Option<String> {
     None
 }
@@ -1996,7 +2000,23 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
     let mut retry = ctx.quick;
     let mut seeds: Vec<u64> = (0..runs).map(|i| ctx.seed.wrapping_add(i as u64)).collect();
     let mut i = 0;
-    while i < seeds.len() {
+    // More runs, each with a seed of its own, for a scenario that must
+    // exercise the fencing token and has not yet: whether a run does
+    // depends on where the fault falls among the holder's renewals.
+    let mut more: u64 = 0;
+    loop {
+        if i == seeds.len() {
+            if sc.provokes_stale
+                && row.runs > 0
+                && row.stale_rejected == 0
+                && more < MORE_STALE_RUNS
+            {
+                more += 1;
+                seeds.push(ctx.seed.wrapping_add(2000 + more));
+            } else {
+                break;
+            }
+        }
         let seed = seeds[i];
         let runs = seeds.len();
         let mut rng = Rng::new(seed ^ hash(sc.name));
@@ -2063,6 +2083,12 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
             let _ = std::fs::remove_dir_all(&out.dir);
         }
         i += 1;
+    }
+    if more > 0 {
+        row.notes.push(format!(
+            "{more} more run(s) until the fencing token rejected a stale write ({} rejected)",
+            row.stale_rejected
+        ));
     }
     if sc.provokes_stale && row.runs > 0 && row.stale_rejected == 0 {
         row.failures.push(

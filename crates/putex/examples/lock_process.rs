@@ -295,7 +295,7 @@ fn semaphore_at_its_limit(
             .args(extra)
             .args(["--", "sh", "-c"])
             .arg(format!(
-                "echo \"+ $(date +%s%N)\" >>'{l}'; sleep {hold}; echo \"- $(date +%s%N)\" >>'{l}'",
+                "echo \"+ $(date +%s%N) $$\" >>'{l}'; sleep {hold}; echo \"- $(date +%s%N) $$\" >>'{l}'",
                 l = log.display()
             ))
             .stdin(Stdio::null())
@@ -328,16 +328,31 @@ fn semaphore_at_its_limit(
         }
     }
     let total = started.elapsed();
-    // The most CMDs running at once, from their own start and end lines.
-    let mut events: Vec<(u128, i32)> = std::fs::read_to_string(&log)
+    // The most CMDs running at once, from their own start and end lines
+    // (`+ NS PID` / `- NS PID`).
+    let lines: Vec<(u128, i32, String)> = std::fs::read_to_string(&log)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
-            let (sign, t) = l.split_once(' ')?;
-            Some((t.trim().parse().ok()?, if sign == "+" { 1 } else { -1 }))
+            let mut f = l.split_whitespace();
+            let sign = if f.next()? == "+" { 1 } else { -1 };
+            Some((f.next()?.parse().ok()?, sign, f.next()?.to_owned()))
         })
         .collect();
+    let mut events: Vec<(u128, i32)> = lines.iter().map(|(t, d, _)| (*t, *d)).collect();
     events.sort();
+    // How long each CMD held its slot by its own lines: the hold asked for
+    // plus the CMD's own forks (`date`, `sleep`) on this machine.
+    let mut holds: Vec<f64> = lines
+        .iter()
+        .filter(|(_, d, _)| *d == 1)
+        .filter_map(|(t0, _, pid)| {
+            let end = lines.iter().find(|(_, d, p)| *d == -1 && p == pid)?.0;
+            Some(end.saturating_sub(*t0) as f64 / 1e6)
+        })
+        .collect();
+    holds.sort_by(f64::total_cmp);
+    let hold_median = holds.get(holds.len() / 2).copied();
     let (mut inside, mut most) = (0, 0);
     for (_, d) in &events {
         inside += d;
@@ -386,9 +401,11 @@ fn semaphore_at_its_limit(
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     println!(
         "  where the time goes ({store}): first CMD started {} after the launch; \
+         each CMD held its slot {} (median, by its own lines; {HOLD_MS} ms asked); \
          hand-offs (a CMD's end to the next start in its slot) median {}, max {}; \
          last CMD ended {} after the launch",
         opt(first_start),
+        opt(hold_median),
         opt(handoff_median),
         opt(handoff_max),
         opt(last_end)
@@ -403,7 +420,7 @@ fn semaphore_at_its_limit(
         "store": store, "clients": CLIENTS, "slots": SLOTS, "hold_ms": HOLD_MS,
         "total_ms": ms_f(total), "ideal_ms": ms_f(ideal), "ratio": r,
         "most_inside": most, "ran": ran, "failed": failed,
-        "first_start_ms": first_start, "handoff_median_ms": handoff_median,
+        "first_start_ms": first_start, "hold_median_ms": hold_median, "handoff_median_ms": handoff_median,
         "handoff_max_ms": handoff_max, "last_end_ms": last_end,
     })
 }
