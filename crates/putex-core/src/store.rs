@@ -30,6 +30,12 @@ impl Token {
     pub const fn new(epoch: u64, revision: u64) -> Self {
         Token { epoch, revision }
     }
+
+    /// The token `Display` printed as `EPOCH:REVISION`, if `s` is one.
+    pub fn parse(s: &str) -> Option<Token> {
+        let (epoch, revision) = s.split_once(':')?;
+        Some(Token::new(epoch.parse().ok()?, revision.parse().ok()?))
+    }
 }
 
 impl fmt::Debug for Token {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::driver;
 use futures::StreamExt;
-use putex_core::{Candidate, Input, Role, StoreGap, StoreTime};
+use putex_core::{Candidate, Input, Role, StoreGap, StoreTime, Token};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
@@ -215,14 +215,8 @@ fn active_holder(fresh: &[MemberRecord]) -> Option<String> {
     fresh
         .iter()
         .filter(|m| m.role == "active")
-        .max_by_key(|m| record_token(m))
+        .max_by_key(|m| m.token.as_deref().and_then(Token::parse))
         .map(|m| m.node.clone())
-}
-
-/// A member record's fencing token as (epoch, revision), if it has one.
-fn record_token(rec: &MemberRecord) -> Option<(u64, u64)> {
-    let (epoch, revision) = rec.token.as_deref()?.split_once(':')?;
-    Some((epoch.parse().ok()?, revision.parse().ok()?))
 }
 
 /// The newest record that says `active`, fresh or not: the last holder.

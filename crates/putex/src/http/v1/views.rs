@@ -195,10 +195,10 @@ pub struct StatusView {
 }
 
 pub(super) fn parse_token(s: &str) -> Option<FencingToken> {
-    let (e, r) = s.split_once(':')?;
+    let t = putex_core::Token::parse(s)?;
     Some(FencingToken {
-        epoch: e.parse().ok()?,
-        revision: r.parse().ok()?,
+        epoch: t.epoch,
+        revision: t.revision,
     })
 }
 
