@@ -21,8 +21,10 @@
 //!   (fencing order; `docs/safety.md` S6 after a re-created bucket).
 //! - **Failover time** ([`failovers`]): from a takeover fault to the next
 //!   service start, against the bound B.
-//! - **Transitions** ([`starts_between`]): service starts in a window, to
-//!   count the spurious ones.
+//! - **Transitions** ([`starts_between`], [`stops_between`]): service
+//!   starts in a window, to count the spurious ones; where none is allowed,
+//!   a service that stopped before the end counts too (a lapse with no
+//!   takeover is an outage, not a ride-through).
 //!
 //! [`self_test`] feeds each checker a synthetic history with the fault it
 //! exists to find, and fails if it does not find it (a check that cannot
@@ -200,6 +202,16 @@ pub fn starts_between(events: &[Event], from: u64, to: u64) -> usize {
         .count()
 }
 
+/// Services that stopped in `(from, to]`: in a scenario that allows no
+/// transition, a holder that stopped before the end is one, even when
+/// nobody took over (the service was down, not moved).
+pub fn stops_between(events: &[Event], from: u64, to: u64) -> usize {
+    intervals(events)
+        .iter()
+        .filter(|i| i.stop.is_some_and(|s| s > from && s <= to))
+        .count()
+}
+
 /// Percentile (0–100) of durations, nearest rank.
 pub fn percentile(v: &[Duration], p: usize) -> Option<Duration> {
     if v.is_empty() {
@@ -336,6 +348,10 @@ pub fn self_test() -> Vec<String> {
     expect(
         starts_between(&clean, ms(50), ms(200)) == 1,
         "transitions: counted",
+    );
+    expect(
+        stops_between(&clean, 0, ms(200)) == 1 && stops_between(&clean, ms(100), ms(200)) == 0,
+        "stops: counted",
     );
     expect(
         percentile(&[Duration::from_millis(1), Duration::from_millis(9)], 50)

@@ -929,7 +929,8 @@ pub struct Scenario {
     pub broken: Option<&'static str>,
     /// It must make the resource reject stale writes.
     pub provokes_stale: bool,
-    /// No transition may happen beyond the first activation.
+    /// No transition may happen beyond the first activation: no other
+    /// start, and no stop of the holder before the run ends.
     pub zero_transitions: bool,
     /// Count transitions no fault explains (not for lock sections, which
     /// start and stop all the time).
@@ -2187,7 +2188,12 @@ pub fn judge(sc: &Scenario, out: &RunOut, row: &mut Row, seed: u64) -> usize {
     for n in &out.notes {
         row.notes.push(format!("{n} ({tag})"));
     }
-    check::starts_between(ev, 0, out.end).saturating_sub(out.expected_starts)
+    let extra_starts = check::starts_between(ev, 0, out.end).saturating_sub(out.expected_starts);
+    if sc.zero_transitions {
+        extra_starts + check::stops_between(ev, 0, out.end)
+    } else {
+        extra_starts
+    }
 }
 
 /// Copies a failing run's history and logs to `target/chaos/`.

@@ -355,7 +355,7 @@ async fn perform(store: &AnyStore, key: &str, op: StoreOp, timeout: Duration) ->
             };
             return match store.get(key, mode, timeout).await {
                 Ok(entry) => StoreOutcome::Read(entry),
-                Err(e) => e.outcome(),
+                Err(e) => failed(&e),
             };
         }
         StoreOp::Create { value, .. } => store.create(key, &value, timeout).await,
@@ -366,8 +366,18 @@ async fn perform(store: &AnyStore, key: &str, op: StoreOp, timeout: Duration) ->
     };
     match result {
         Ok(token) => StoreOutcome::Written(token),
-        Err(e) => e.outcome(),
+        Err(e) => failed(&e),
     }
+}
+
+/// The outcome of a call that did not succeed; a call that timed out, or
+/// was refused, is logged at debug (a conflict is an answer, not a fault).
+fn failed(e: &crate::store::StoreError) -> StoreOutcome {
+    let outcome = e.outcome();
+    if !matches!(outcome, StoreOutcome::Conflict) {
+        tracing::debug!(error = %e, "store call failed");
+    }
+    outcome
 }
 
 /// Changes of the lock record as inputs for the machine: a stream that never

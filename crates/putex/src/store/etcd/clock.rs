@@ -140,6 +140,11 @@ impl Clock {
 
     /// Seconds on the leader's clock since the clock lease was granted
     /// (rounded up), finding or granting the lease first.
+    ///
+    /// The lock is held only to find or grant the lease, never across a
+    /// reading: a reading that hangs (a member cut off from its peers
+    /// before it knows it has no leader) holds up only its own caller,
+    /// whose deadline ends it, not every read of the handle behind it.
     async fn read(
         &self,
         client: &Client,
@@ -147,17 +152,9 @@ impl Clock {
         op: Op,
         about: &str,
     ) -> Result<u64, StoreError> {
-        let mut lease = self.lease.lock().await;
         let mut why = "the etcd clock lease kept vanishing";
         for _ in 0..3 {
-            let l = match *lease {
-                Some(l) => l,
-                None => {
-                    let l = find_or_grant(client, prefix, op, about).await?;
-                    *lease = Some(l);
-                    l
-                }
-            };
+            let l = self.lease(client, prefix, op, about).await?;
             let ttl = super::retry_unsent(|| {
                 let mut c = client.lease_client();
                 async move { c.time_to_live(l.id, None).await }
@@ -166,7 +163,10 @@ impl Clock {
             .map_err(|e| client_error(op, about, e))?;
             if ttl.ttl() < 0 {
                 // Expired or revoked: a new lease, and readings from 0.
-                *lease = None;
+                let mut lease = self.lease.lock().await;
+                if lease.is_some_and(|now| now.id == l.id) {
+                    *lease = None;
+                }
                 continue;
             }
             let admitted = ttl
@@ -182,6 +182,24 @@ impl Clock {
             return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl())).unwrap_or(0));
         }
         Err(StoreError::unknown(op, about, why))
+    }
+
+    /// The clock lease this handle reads: the one it knows, or the one
+    /// found or granted now (one caller at a time does that).
+    async fn lease(
+        &self,
+        client: &Client,
+        prefix: &str,
+        op: Op,
+        about: &str,
+    ) -> Result<Lease, StoreError> {
+        let mut lease = self.lease.lock().await;
+        if let Some(l) = *lease {
+            return Ok(l);
+        }
+        let l = find_or_grant(client, prefix, op, about).await?;
+        *lease = Some(l);
+        Ok(l)
     }
 }
 
@@ -204,7 +222,12 @@ async fn find_or_grant(
     .await
     .map_err(err)?;
     if let Some(id) = named.kvs().first().map(|kv| kv.lease()) {
-        let ttl = leases.time_to_live(id, None).await.map_err(err)?;
+        let ttl = super::retry_unsent(|| {
+            let mut leases = leases.clone();
+            async move { leases.time_to_live(id, None).await }
+        })
+        .await
+        .map_err(err)?;
         if ttl.ttl() >= 0 {
             return Ok(Lease {
                 id,

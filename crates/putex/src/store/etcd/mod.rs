@@ -7,7 +7,10 @@
 //!   handle knows, in the same transaction. A failed compare is a
 //!   **conflict**; a timeout, a lost connection or a leader election is
 //!   **unknown** (etcd applies a proposal that timed out more often than
-//!   one expects); a request etcd refuses before it is proposed
+//!   one expects). Every call requires a member with a raft leader: one
+//!   cut off from the quorum refuses at once, before proposing, and the
+//!   call is made again wherever the client sends it next
+//!   ([`retry_unsent`]). A request etcd refuses before it is proposed
 //!   (permission denied, no such user, too large, the cluster out of
 //!   space) is a configuration error that names the cause.
 //! - **Reads** are linearizable (etcd's default, never `serializable`):
@@ -742,19 +745,42 @@ where
 /// timeout); the call's deadline bounds everything.
 const UNSENT_RETRIES: u32 = 50;
 
-/// Calls again, up to [`UNSENT_RETRIES`] more times, when a call failed
-/// before anything was sent: the client spreads calls over every member,
-/// and one that is down answers "tcp connect error" to the calls that pick
-/// it, until its connection is given up. A call that was sent is never
-/// repeated (a write may have landed).
+/// How long a call refused for want of a leader is made again (every
+/// [`NO_LEADER_PAUSE`]): another member may have one (the balancer picks
+/// at random), and an election takes one to two election timeouts (1 s
+/// each by default). The caller's deadline ends it sooner; a write, which
+/// runs detached from its caller, stops trying after this.
+const NO_LEADER_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The pause between tries of a call refused for want of a leader.
+const NO_LEADER_PAUSE: Duration = Duration::from_millis(10);
+
+/// Calls again when a call failed before etcd took it:
+///
+/// - it failed connecting (up to [`UNSENT_RETRIES`] more times): the
+///   client spreads calls over every member, and one that is down answers
+///   "tcp connect error" to the calls that pick it, until its connection
+///   is given up;
+/// - the member that took it has no raft leader (for up to
+///   [`NO_LEADER_PATIENCE`]). The handle requires one
+///   of every member (`open.rs`), and etcd checks that before the call's
+///   handler runs: nothing was proposed. A member cut off from the quorum
+///   so refuses at once instead of holding the call until the caller's
+///   deadline, and the next try goes wherever the balancer sends it.
+///
+/// A call that etcd took is never repeated (a write may have landed).
 pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
+    let started = tokio::time::Instant::now();
     let mut tries = 0;
     loop {
         match call().await {
+            Err(e) if no_leader(&e) && started.elapsed() < NO_LEADER_PATIENCE => {
+                tokio::time::sleep(NO_LEADER_PAUSE).await;
+            }
             Err(e) if tries < UNSENT_RETRIES && never_sent(&e) => tries += 1,
             other => return other,
         }
@@ -777,10 +803,22 @@ fn never_sent(e: &etcd_client::Error) -> bool {
     .any(|m| text.contains(m))
 }
 
+/// Whether a member refused a call for want of a raft leader (etcd's
+/// `ErrGRPCNoLeader`, the answer when a required leader is absent).
+fn no_leader(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && s.message().contains("no leader"))
+}
+
 /// A revision as etcd's signed integer (revisions never reach 2^63).
 fn rev(r: u64) -> i64 {
     i64::try_from(r).unwrap_or(i64::MAX)
 }
+
+/// How long the feed waits for the store clock to stamp what it received
+/// before it gives up: then every watch fails and the next starts a new
+/// feed (from the last revision each saw), maybe through another member.
+const FEED_STAMP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The feed of one handle: every change under the prefix, stamped and
 /// handed to the hub. Ends when the handle is gone; on an error it fails
@@ -831,14 +869,25 @@ async fn feed(
                     if raws.is_empty() {
                         continue;
                     }
-                    match store.entries(Op::Watch, "", raws).await {
-                        Ok(events) => {
+                    let stamped = tokio::time::timeout(
+                        FEED_STAMP_TIMEOUT,
+                        store.entries(Op::Watch, "", raws),
+                    );
+                    match stamped.await {
+                        Ok(Ok(events)) => {
                             for event in &events {
                                 hub.dispatch(event);
                             }
                             continue;
                         }
-                        Err(e) => e,
+                        Ok(Err(e)) => e,
+                        Err(_) => StoreError::unknown(
+                            Op::Watch,
+                            "",
+                            format_args!(
+                                "the store clock gave the feed no reading within {FEED_STAMP_TIMEOUT:?}"
+                            ),
+                        ),
                     }
                 }
             }

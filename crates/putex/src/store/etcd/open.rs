@@ -34,7 +34,13 @@ impl EtcdStore {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(true)
+            // Every call asks for a member with a raft leader: one cut off
+            // from the quorum refuses at once ("no leader") instead of
+            // holding reads and writes it cannot serve until the caller's
+            // deadline, and cancels its watches after a few election
+            // timeouts without one, so the feed starts again elsewhere.
+            .with_require_leader(true);
         if let Some((user, password)) = &cfg.user {
             options = options.with_user(user.clone(), password.clone());
         }
