@@ -165,6 +165,10 @@ pub enum Kind {
     Single,
     /// Three, with an R3 bucket.
     Cluster,
+    /// Three, with an R3 bucket, each server in a network namespace of
+    /// its own (`putex_testkit::netns`, root only), so that one can lose
+    /// its peers and keep its clients.
+    ClusterLan,
     /// A 3-member etcd cluster (`etcd://`).
     Etcd3,
     /// A 3-member etcd cluster, each member in a network namespace of its
@@ -243,8 +247,12 @@ impl<'a> World<'a> {
         let res = Resource::start(h.clone()).map_err(|e| format!("resource: {e}"))?;
         let store = match kind {
             Kind::Single => Store::Single(Server::start(&dir.join("nats"))?),
-            Kind::Cluster => {
-                let c = NatsCluster::start();
+            Kind::Cluster | Kind::ClusterLan => {
+                let c = if kind == Kind::ClusterLan {
+                    NatsCluster::start_on_lan()?
+                } else {
+                    NatsCluster::start()
+                };
                 let url = format!("{}?replicas=3", c.url());
                 ctx.rt
                     .block_on(cluster::wait_ready(&url, Duration::from_secs(40)))?;
@@ -259,8 +267,10 @@ impl<'a> World<'a> {
             "--stop-timeout".into(),
             "2s".into(),
         ];
-        if matches!(kind, Kind::Cluster | Kind::Etcd3 | Kind::Etcd3Lan)
-            && profile.t() < Duration::from_secs(10)
+        if matches!(
+            kind,
+            Kind::Cluster | Kind::ClusterLan | Kind::Etcd3 | Kind::Etcd3Lan
+        ) && profile.t() < Duration::from_secs(10)
         {
             extra_flags.push("--allow-short-lease".into());
         }
@@ -312,7 +322,7 @@ impl<'a> World<'a> {
     fn query(&self) -> &'static str {
         match self.kind {
             Kind::Single | Kind::Etcd3 | Kind::Etcd3Lan => "",
-            Kind::Cluster => "?replicas=3",
+            Kind::Cluster | Kind::ClusterLan => "?replicas=3",
         }
     }
 
@@ -778,45 +788,80 @@ fn etcd_member_kill(ctx: &Ctx, leader: bool) -> Result<RunOut, String> {
     Ok(w.finish())
 }
 
-/// One agent per etcd member, each reaching only its own member; the
-/// holder's member made the raft leader, then cut off from its two peers
-/// (blackhole routes between the members' network namespaces) while its
-/// agent still reaches it, for 3 T; then joined again. The deposed leader
-/// keeps answering its client until it steps down (check-quorum, about an
-/// election timeout) and commits nothing: the holder must stop within its
-/// licence and an agent on the majority side take over within B plus one
-/// election timeout; rejoined, the old holder's agent stands by.
-fn etcd_leader_isolated(ctx: &Ctx) -> Result<RunOut, String> {
-    let mut w = World::new(ctx, Kind::Etcd3Lan, ETCD_RIDE, "leader-isolated-etcd3")?;
+/// What the agents of an etcd leader scenario know.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EtcdClients {
+    /// Each agent one member (its own): the holder's member is made the
+    /// raft leader, so cutting it off cuts the holder off.
+    OwnMember,
+    /// Every agent all three members (the usual deployment).
+    Every,
+}
+
+/// The raft leader of a 3-member etcd cut off from its peers (blackhole
+/// routes between the members' network namespaces) while every agent
+/// still reaches it, for 3 T; then joined again. A deposed leader keeps
+/// answering its clients until it steps down (check-quorum, about an
+/// election timeout) and commits nothing.
+///
+/// - [`EtcdClients::OwnMember`] (`leader-isolated-etcd3`): the holder's
+///   member is the leader. The holder must stop within its licence and an
+///   agent on the majority side take over within B plus one election
+///   timeout; rejoined, the old holder's agent stands by.
+/// - [`EtcdClients::Every`] (`leader-partitioned-etcd3`): the holder
+///   renews through the majority and rides through; nobody else starts,
+///   and the holder never stops.
+fn etcd_leader_cut_off(ctx: &Ctx, clients: EtcdClients) -> Result<RunOut, String> {
+    let name = match clients {
+        EtcdClients::OwnMember => "leader-isolated-etcd3",
+        EtcdClients::Every => "leader-partitioned-etcd3",
+    };
+    let mut w = World::new(ctx, Kind::Etcd3Lan, ETCD_RIDE, name)?;
     let nodes = ["n1", "n2", "n3"];
     for (i, n) in nodes.iter().enumerate() {
-        w.add_agent_of_server(n, i)?;
+        match clients {
+            EtcdClients::OwnMember => w.add_agent_of_server(n, i)?,
+            EtcdClients::Every => w.add_agent(n, Vec::new(), &[])?,
+        }
     }
     w.out.expected_starts = 1;
     let active = w.steady()?;
-    let m = nodes
-        .iter()
-        .position(|n| *n == active)
-        .ok_or_else(|| format!("unknown active node {active}"))?;
     let Store::Etcd(c) = &w.store else {
         return Err("not an etcd world".into());
     };
-    c.move_leader(m)?;
+    let m = match clients {
+        EtcdClients::OwnMember => {
+            let m = nodes
+                .iter()
+                .position(|n| *n == active)
+                .ok_or_else(|| format!("unknown active node {active}"))?;
+            c.move_leader(m)?;
+            // A few renewals through the moved leader.
+            std::thread::sleep(ETCD_RIDE.r() * 3);
+            m
+        }
+        EtcdClients::Every => c.leader().ok_or("the etcd cluster has no leader")?,
+    };
     let member = c.member(m).name().to_owned();
-    // A few renewals through the moved leader.
-    std::thread::sleep(ETCD_RIDE.r() * 3);
-    let at = w.fault(format!(
-        "etcd leader {member} ({active}'s only member) cut off from its peers"
-    ));
+    let at = w.fault(match clients {
+        EtcdClients::OwnMember => {
+            format!("etcd leader {member} ({active}'s only member) cut off from its peers")
+        }
+        EtcdClients::Every => format!("etcd leader {member} cut off from its peers"),
+    });
     if let Store::Etcd(c) = &w.store {
         c.isolate(m)?;
     }
-    // The new leader refreshes every lease, the store clock read through
-    // one steps back, and S1 (b) takes its fallback, a further W after (a)
-    // (docs/safety.md §4.2): 2 W + R + G' instead of W + 2 s + R + G'. The
-    // slack, T + 1 s, covers that (W is T/(1 − ε)) and an election timeout
-    // (etcd's default, 1 s).
-    w.expect_failover(at, ETCD_RIDE.t() + Duration::from_secs(1));
+    match clients {
+        // The new leader refreshes every lease, the store clock read
+        // through one steps back, and S1 (b) takes its fallback, a further
+        // W after (a) (docs/safety.md §4.2): 2 W + R + G' instead of
+        // W + 2 s + R + G'. The slack, T + 1 s, covers that (W is
+        // T/(1 − ε)) and an election timeout (etcd's default, 1 s).
+        EtcdClients::OwnMember => w.expect_failover(at, ETCD_RIDE.t() + Duration::from_secs(1)),
+        // T: well past an election (one or two election timeouts).
+        EtcdClients::Every => std::thread::sleep(ETCD_RIDE.t()),
+    }
     let (new_leaders, stepped_down) = match &w.store {
         Store::Etcd(c) => (c.leaders_besides(m), c.leader() != Some(m)),
         _ => (Vec::new(), false),
@@ -833,11 +878,16 @@ fn etcd_leader_isolated(ctx: &Ctx) -> Result<RunOut, String> {
     if let Store::Etcd(c) = &w.store {
         c.rejoin(m)?;
     }
-    if let Err(e) = w.steady() {
-        w.out.errors.push(format!("after the rejoin: {e}"));
+    match clients {
+        EtcdClients::OwnMember => {
+            if let Err(e) = w.steady() {
+                w.out.errors.push(format!("after the rejoin: {e}"));
+            }
+        }
+        EtcdClients::Every => std::thread::sleep(ETCD_RIDE.t()),
     }
     w.out.notes.push(format!(
-        "etcd leader {member} cut off at {} for {:?}; majority leader then {:?} (0-based); \
+        "etcd leader {member} cut off from its peers at {} for {:?}; majority leader then {:?} (0-based); \
          the cut-off member {} by the takeover",
         ms(at),
         ends,
@@ -851,44 +901,61 @@ fn etcd_leader_isolated(ctx: &Ctx) -> Result<RunOut, String> {
     Ok(w.finish())
 }
 
-/// Three agents that know all three etcd members (the usual deployment),
-/// the raft leader cut off from its peers for 3 T while every agent still
-/// reaches it, then joined again: the holder renews through the majority
-/// and rides through; nobody else starts.
-fn etcd_leader_isolated_from_peers_only(ctx: &Ctx) -> Result<RunOut, String> {
-    let mut w = World::new(ctx, Kind::Etcd3Lan, ETCD_RIDE, "leader-partitioned-etcd3")?;
-    w.three_agents()?;
+/// Three agents, each a client of one NATS server of an R3 cluster whose
+/// servers run in network namespaces of their own; the holder's server cut
+/// off from its two peers (not from its agent) for 3 T, then joined
+/// again. A JetStream server without its peers commits nothing: the holder
+/// cannot renew and must stop within its licence, and an agent on the
+/// majority side take over once the bucket's stream has a leader there.
+/// When the cut-off server led the stream, that takes a NATS raft election
+/// (4–9 s) on top of B; otherwise B. Rejoined, the old holder stands by.
+fn nats_server_isolated(ctx: &Ctx) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, Kind::ClusterLan, FAST3_R200, "server-isolated-r3")?;
+    let nodes = ["n1", "n2", "n3"];
+    for (i, n) in nodes.iter().enumerate() {
+        w.add_agent_of_server(n, i)?;
+    }
     w.out.expected_starts = 1;
-    w.steady()?;
-    let Store::Etcd(c) = &w.store else {
-        return Err("not an etcd world".into());
-    };
-    let m = c.leader().ok_or("the etcd cluster has no leader")?;
-    let member = c.member(m).name().to_owned();
-    let at = w.fault(format!("etcd leader {member} cut off from its peers"));
-    if let Store::Etcd(c) = &w.store {
+    let active = w.steady()?;
+    let m = nodes
+        .iter()
+        .position(|n| *n == active)
+        .ok_or_else(|| format!("unknown active node {active}"))?;
+    let url = w.direct_url();
+    let leader = ctx.rt.block_on(cluster::stream_leader(&url))?;
+    // Servers are named n1…n3 like the agents: agent i's server is n(i+1).
+    let server = format!("n{}", m + 1);
+    let led = leader == server;
+    let at = w.fault(format!(
+        "NATS server {server} ({active}'s only server{}) cut off from its peers",
+        if led { ", the stream leader" } else { "" }
+    ));
+    if let Store::Cluster(c) = &w.store {
         c.isolate(m)?;
     }
-    std::thread::sleep(ETCD_RIDE.t() * 3);
-    let new_leaders = match &w.store {
-        Store::Etcd(c) => c.leaders_besides(m),
-        _ => Vec::new(),
+    let election = if led {
+        Duration::from_secs(10)
+    } else {
+        Duration::ZERO
     };
-    if new_leaders.is_empty() {
-        w.out
-            .errors
-            .push(format!("no new etcd leader while {member} was cut off"));
-    }
-    w.h.fault(format!("etcd {member} joined again"));
-    if let Store::Etcd(c) = &w.store {
+    w.expect_failover(at, election + Duration::from_secs(1));
+    let ends = FAST3_R200.t() * 3;
+    let elapsed = Duration::from_nanos(w.h.now().saturating_sub(at));
+    std::thread::sleep(ends.saturating_sub(elapsed));
+    w.h.fault(format!("NATS server {server} joined again"));
+    if let Store::Cluster(c) = &w.store {
         c.rejoin(m)?;
     }
-    std::thread::sleep(ETCD_RIDE.t());
+    if let Err(e) = w.steady() {
+        w.out.errors.push(format!("after the rejoin: {e}"));
+    }
+    let new_leader = ctx
+        .rt
+        .block_on(cluster::stream_leader(&url))
+        .unwrap_or_else(|e| format!("? ({e})"));
     w.out.notes.push(format!(
-        "etcd leader {member} cut off from its peers at {} for {:?}; majority leader then {:?} (0-based)",
-        ms(at),
-        ETCD_RIDE.t() * 3,
-        new_leaders
+        "NATS server {server} cut off at {} (stream leader then {leader}); stream leader after the rejoin {new_leader}",
+        ms(at)
     ));
     Ok(w.finish())
 }
@@ -1534,13 +1601,23 @@ pub fn all() -> Vec<Scenario> {
             ..Scenario::DEFAULTS
         },
         Scenario {
+            name: "server-isolated-r3",
+            fault_no: "3, 8",
+            about: "R3 NATS cluster, servers in network namespaces, one agent per server: the holder's server cut off from its peers (not from its agent) for 3 T; takeover by B (plus a NATS raft election when it led the stream)",
+            quick_runs: 1,
+            full_runs: 2,
+            skip: lan_unavailable,
+            run: |ctx, _| nats_server_isolated(ctx),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
             name: "leader-isolated-etcd3",
             fault_no: "3, 8",
             about: "3-member etcd, one agent per member, T = 3 s: the holder's member made the raft leader, then cut off from its peers (network namespaces) but not from its agent for 3 T",
             quick_runs: 1,
             full_runs: 2,
             skip: lan_unavailable,
-            run: |ctx, _| etcd_leader_isolated(ctx),
+            run: |ctx, _| etcd_leader_cut_off(ctx, EtcdClients::OwnMember),
             ..Scenario::DEFAULTS
         },
         Scenario {
@@ -1551,7 +1628,7 @@ pub fn all() -> Vec<Scenario> {
             full_runs: 2,
             zero_transitions: true,
             skip: lan_unavailable,
-            run: |ctx, _| etcd_leader_isolated_from_peers_only(ctx),
+            run: |ctx, _| etcd_leader_cut_off(ctx, EtcdClients::Every),
             ..Scenario::DEFAULTS
         },
         Scenario {

@@ -1,6 +1,7 @@
 //! A real nats-server for end-to-end tests: one server, or a 3-node
-//! JetStream cluster, on ephemeral loopback ports with temporary storage,
-//! stopped and cleaned up on drop.
+//! JetStream cluster, on ephemeral loopback ports with temporary storage
+//! (or each node in a network namespace of its own on a [`Lan`], so that
+//! one can be cut off from its peers), stopped and cleaned up on drop.
 //!
 //! The binary is `$PUTEX_NATS_SERVER`, else `./.tools/bin/nats-server` at
 //! the repository root, else `nats-server` on `PATH`. A missing server fails
@@ -12,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+use crate::netns::Lan;
 
 /// How long a server may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -93,14 +96,28 @@ impl NatsServer {
             .unwrap_or_else(|| panic!("no port in {:?}", self.url))
     }
 
-    fn spawn(dir: tempfile::TempDir, mut args: Vec<String>) -> NatsServer {
+    fn spawn(dir: tempfile::TempDir, args: Vec<String>) -> NatsServer {
+        Self::spawn_in(dir, args, None)
+    }
+
+    /// Starts nats-server with `args`, in network namespace `netns` if
+    /// given (`ip netns exec` execs it there: the child is the server).
+    fn spawn_in(dir: tempfile::TempDir, mut args: Vec<String>, netns: Option<&str>) -> NatsServer {
         let ports_dir = dir.path().join("ports");
         std::fs::create_dir_all(&ports_dir).expect("ports dir");
         args.push("--ports_file_dir".into());
         args.push(ports_dir.display().to_string());
         let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
         let bin = nats_server_binary();
-        let child = Command::new(&bin)
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = cmd
             .args(&args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -222,6 +239,21 @@ fn jetstream_args(dir: &Path) -> Vec<String> {
         .into()
 }
 
+/// Node `i`'s cluster flags: its name (`n1` …), the cluster's, where it
+/// listens for routes and the routes to every node.
+fn cluster_args(i: usize, listen: &str, routes: &str) -> Vec<String> {
+    vec![
+        "-n".into(),
+        format!("n{}", i + 1),
+        "--cluster_name".into(),
+        "putex-test".into(),
+        "--cluster".into(),
+        listen.into(),
+        "--routes".into(),
+        routes.into(),
+    ]
+}
+
 /// A free loopback TCP port (bound, then released: a small race that is
 /// acceptable for cluster route ports, which must be known up front).
 fn free_port() -> u16 {
@@ -229,11 +261,17 @@ fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
-/// A 3-node JetStream cluster on loopback.
+/// A 3-node JetStream cluster on loopback, or on a [`Lan`].
 pub struct NatsCluster {
     /// The servers, in start order.
     pub servers: Vec<NatsServer>,
+    /// Declared after the servers: they are killed before their
+    /// namespaces go.
+    lan: Option<Lan>,
 }
+
+/// The route port of every node on a [`Lan`] (each has its own address).
+const LAN_ROUTE_PORT: u16 = 6222;
 
 impl NatsCluster {
     /// Starts three clustered JetStream servers with routes to each other.
@@ -250,20 +288,60 @@ impl NatsCluster {
             .map(|(i, port)| {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let mut args = jetstream_args(dir.path());
-                args.extend([
-                    "-n".into(),
-                    format!("n{}", i + 1),
-                    "--cluster_name".into(),
-                    "putex-test".into(),
-                    "--cluster".into(),
-                    format!("nats://127.0.0.1:{port}"),
-                    "--routes".into(),
-                    routes.clone(),
-                ]);
+                args.extend(cluster_args(
+                    i,
+                    &format!("nats://127.0.0.1:{port}"),
+                    &routes,
+                ));
                 NatsServer::spawn(dir, args)
             })
             .collect();
-        NatsCluster { servers }
+        NatsCluster { servers, lan: None }
+    }
+
+    /// Starts three clustered servers, node `i` in host `i`'s namespace
+    /// of a new [`Lan`] (root only), listening on its address there, so
+    /// that [`NatsCluster::isolate`] can cut one off from its peers while
+    /// clients still reach it.
+    pub fn start_on_lan() -> Result<NatsCluster, String> {
+        let lan = Lan::create(3)?;
+        let routes = (0..3)
+            .map(|i| format!("nats-route://{}:{LAN_ROUTE_PORT}", lan.addr(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let servers = (0..3)
+            .map(|i| {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let store = dir.path().join("store").display().to_string();
+                let mut args: Vec<String> = ["-js", "-a", &lan.addr(i), "-p", "-1", "-sd", &store]
+                    .map(String::from)
+                    .into();
+                let listen = format!("nats://{}:{LAN_ROUTE_PORT}", lan.addr(i));
+                args.extend(cluster_args(i, &listen, &routes));
+                NatsServer::spawn_in(dir, args, Some(&lan.ns(i)))
+            })
+            .collect();
+        Ok(NatsCluster {
+            servers,
+            lan: Some(lan),
+        })
+    }
+
+    /// Cuts node `i` off from the other two (both ways); clients still
+    /// reach it. Only on a [`Lan`].
+    pub fn isolate(&self, i: usize) -> Result<(), String> {
+        self.lan
+            .as_ref()
+            .ok_or("not on a Lan: NatsCluster::start_on_lan")?
+            .isolate(i)
+    }
+
+    /// Undoes [`NatsCluster::isolate`].
+    pub fn rejoin(&self, i: usize) -> Result<(), String> {
+        self.lan
+            .as_ref()
+            .ok_or("not on a Lan: NatsCluster::start_on_lan")?
+            .rejoin(i)
     }
 
     /// Kills the node a JetStream API answer names (`n1`, `n2` or `n3`,

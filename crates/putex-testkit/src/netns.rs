@@ -1,10 +1,11 @@
 //! A small network of Linux network namespaces for fault tests that a TCP
-//! proxy cannot make: one namespace per host (an etcd member), joined by a
+//! proxy cannot make: one namespace per host (an etcd member, a NATS
+//! server), joined by a
 //! bridge in a namespace of its own, and the test's own namespace on the
 //! same bridge, so the test and the processes it starts there (agents,
 //! clients) reach every host by its address. A host can then be cut off
 //! from the other hosts while the test's namespace still reaches it — an
-//! etcd member that lost its peers but not its clients.
+//! etcd member or a NATS server that lost its peers but not its clients.
 //!
 //! The addresses are in 198.18.0.0/15, the range RFC 2544 sets aside for
 //! benchmark tests (never routed on a real network), one /24 per network.
