@@ -161,6 +161,9 @@ pub struct EtcdOptions {
     pub limited: Option<(String, String, String)>,
     /// TLS on the client listener (`https://`).
     pub tls: Option<EtcdTls>,
+    /// `--auth-token-ttl`: how long an authentication token (etcd's
+    /// "simple" tokens) lives unused; etcd's default is 300 s.
+    pub auth_token_ttl: Option<Duration>,
 }
 
 /// TLS for a member's client listener: PEM files.
@@ -194,6 +197,8 @@ struct MemberConfig {
     /// two fixtures never join each other.
     token: String,
     tls: Option<EtcdTls>,
+    /// `--auth-token-ttl`, in whole seconds.
+    auth_token_ttl: Option<u64>,
 }
 
 impl MemberConfig {
@@ -208,6 +213,7 @@ impl MemberConfig {
             initial_cluster,
             token,
             tls,
+            auth_token_ttl: None,
         }
     }
 
@@ -259,6 +265,7 @@ impl EtcdServer {
         let name = "m1".to_owned();
         let mut config = MemberConfig::new(name, String::new(), cluster_token(), opts.tls.clone());
         config.initial_cluster = format!("{}={}", config.name, config.peer_url());
+        config.auth_token_ttl = opts.auth_token_ttl.map(|t| t.as_secs().max(1));
         let mut server = Self::spawn(config);
         server.wait_healthy();
         server.set_up_auth(&opts);
@@ -300,6 +307,9 @@ impl EtcdServer {
             "--listen-metrics-urls".into(),
             format!("http://{}:{}", config.host, config.metrics_port),
         ];
+        if let Some(ttl) = config.auth_token_ttl {
+            args.extend(["--auth-token-ttl".into(), ttl.to_string()]);
+        }
         if let Some(tls) = &config.tls {
             args.extend([
                 "--cert-file".into(),

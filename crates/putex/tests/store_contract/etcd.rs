@@ -110,6 +110,46 @@ async fn store_unknown_etcd_sigstop() {
     assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
 }
 
+/// A token that expired while the handle was idle (etcd forgets an unused
+/// token after `--auth-token-ttl`, 300 s by default; a member that
+/// restarted forgets them all; JWT tokens end at their TTL however busy):
+/// the handle signs in again and the call goes on, instead of failing as
+/// "refused" (a configuration error that would stop an agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_etcd_signs_in_again_when_its_token_expired() {
+    let server = EtcdServer::start_with(EtcdOptions {
+        auth: Some(("root".into(), "r00t-pw".into())),
+        limited: Some(("app".into(), "app-pw".into(), "putex/".into())),
+        auth_token_ttl: Some(Duration::from_secs(1)),
+        ..EtcdOptions::default()
+    });
+    let ep = server.endpoint();
+    let s = open_retrying(&url_of(
+        std::slice::from_ref(&ep),
+        "?user=app&password=app-pw",
+    ))
+    .await;
+    let first = s.create("lock.idle", b"1", T).await.unwrap();
+    // Idle well past the token's TTL (etcd checks expiry every second).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let read = s.get("lock.idle", ReadMode::Leader, T).await;
+    let entry = read
+        .expect("a read after the token expired")
+        .expect("the record");
+    assert_eq!(entry.token, first);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let second = s.update("lock.idle", b"2", first, T).await;
+    assert!(
+        second.is_ok_and(|t| t > first),
+        "a write after the token expired"
+    );
+    let mut changes = s.watch("lock.idle", Some(first.revision), T).await.unwrap();
+    assert!(
+        changes.next().await.is_some(),
+        "a watch after the token expired"
+    );
+}
+
 /// Password authentication: a wrong password and a user without
 /// permission on the prefix are configuration errors that say so (and
 /// never show the password); a user with readwrite on the prefix works.

@@ -42,7 +42,14 @@ impl EtcdStore {
             // timeouts without one, so the feed starts again elsewhere.
             .with_require_leader(true);
         if let Some((user, password)) = &cfg.user {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's token expires: unused for --auth-token-ttl (300 s by
+            // default), at a member's restart, or at its TTL (JWT). A call
+            // refused for an expired token ("invalid auth token", checked
+            // before anything is proposed) signs in again and is made once
+            // more, instead of failing as a configuration error.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if cfg.tls.required {
             options = options.with_tls(tls_options(cfg)?);
