@@ -110,6 +110,20 @@ async fn store_unknown_etcd_sigstop() {
     assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
 }
 
+/// A member with authentication on (`root`, password `r00t-pw`) and the
+/// user `app` (password `app-pw`) who may read and write `putex/` only,
+/// set up beyond that by `more`; and a store handle signed in as `app`.
+async fn app_user(more: EtcdOptions) -> (EtcdServer, AnyStore) {
+    let server = EtcdServer::start_with(EtcdOptions {
+        auth: Some(("root".into(), "r00t-pw".into())),
+        limited: Some(("app".into(), "app-pw".into(), "putex/".into())),
+        ..more
+    });
+    let url = url_of(&[server.endpoint()], "?user=app&password=app-pw");
+    let s = open_retrying(&url).await;
+    (server, s)
+}
+
 /// A token that expired while the handle was idle (etcd forgets an unused
 /// token after `--auth-token-ttl`, 300 s by default; a member that
 /// restarted forgets them all; JWT tokens end at their TTL however busy):
@@ -117,17 +131,10 @@ async fn store_unknown_etcd_sigstop() {
 /// "refused" (a configuration error that would stop an agent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_etcd_signs_in_again_when_its_token_expired() {
-    let server = EtcdServer::start_with(EtcdOptions {
-        auth: Some(("root".into(), "r00t-pw".into())),
-        limited: Some(("app".into(), "app-pw".into(), "putex/".into())),
+    let (_server, s) = app_user(EtcdOptions {
         auth_token_ttl: Some(Duration::from_secs(1)),
         ..EtcdOptions::default()
-    });
-    let ep = server.endpoint();
-    let s = open_retrying(&url_of(
-        std::slice::from_ref(&ep),
-        "?user=app&password=app-pw",
-    ))
+    })
     .await;
     let first = s.create("lock.idle", b"1", T).await.unwrap();
     // Idle well past the token's TTL (etcd checks expiry every second).
@@ -155,17 +162,8 @@ async fn store_etcd_signs_in_again_when_its_token_expired() {
 /// never show the password); a user with readwrite on the prefix works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_etcd_password_and_permissions() {
-    let server = EtcdServer::start_with(EtcdOptions {
-        auth: Some(("root".into(), "r00t-pw".into())),
-        limited: Some(("app".into(), "app-pw".into(), "putex/".into())),
-        ..EtcdOptions::default()
-    });
+    let (server, s) = app_user(EtcdOptions::default()).await;
     let ep = server.endpoint();
-    let s = open_retrying(&url_of(
-        std::slice::from_ref(&ep),
-        "?user=app&password=app-pw",
-    ))
-    .await;
     contract(&[
         s.clone(),
         s.clone(),
