@@ -239,6 +239,9 @@ pub async fn run(
     for w in timing_warnings(&settings.timing) {
         tracing::warn!("{w}");
     }
+    for w in store.warnings().await {
+        tracing::warn!("{w}");
+    }
     let timeline = settings.timing.timeline(m.median_cas);
     tracing::info!(
         lease = %Human(timeline.lease),

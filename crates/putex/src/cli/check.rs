@@ -77,6 +77,9 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
                 CAS_SAMPLES
             );
             check_store(t, &m)?;
+            for w in store.warnings().await {
+                println!("warning: {w}");
+            }
             m.median_cas
         }
         Err(e) => {

@@ -479,6 +479,21 @@ impl AnyStore {
         }
     }
 
+    /// Warnings about how the store is run, for `putex check` and an
+    /// agent's start: on etcd, a cluster that keeps its whole history
+    /// ([`EtcdStore::history_warning_from`]). Empty elsewhere, and when
+    /// the store cannot be asked.
+    pub async fn warnings(&self) -> Vec<String> {
+        match self {
+            AnyStore::Etcd(s) => s
+                .history_warning_from(etcd::HISTORY_WARNING_REVISIONS)
+                .await
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// How many watches this handle serves: they all share its one change
     /// feed (the memory store, for tests, gives each its own).
     pub fn watches(&self) -> usize {

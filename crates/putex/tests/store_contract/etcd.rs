@@ -137,23 +137,27 @@ async fn store_etcd_signs_in_again_when_its_token_expired() {
     })
     .await;
     let first = s.create("lock.idle", b"1", T).await.unwrap();
-    // Idle well past the token's TTL (etcd checks expiry every second).
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Idle well past the token's TTL (etcd checks expiry every second);
+    // each call is the first after such a pause (a watch is refused in its
+    // own way: etcd cancels it).
+    let idle = || tokio::time::sleep(Duration::from_secs(4));
+    idle().await;
+    let mut changes = s
+        .watch("lock.idle", Some(first.revision), T)
+        .await
+        .expect("a watch after the token expired");
+    assert!(changes.next().await.is_some(), "the watch's first change");
+    idle().await;
     let read = s.get("lock.idle", ReadMode::Leader, T).await;
     let entry = read
         .expect("a read after the token expired")
         .expect("the record");
     assert_eq!(entry.token, first);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    idle().await;
     let second = s.update("lock.idle", b"2", first, T).await;
     assert!(
         second.is_ok_and(|t| t > first),
         "a write after the token expired"
-    );
-    let mut changes = s.watch("lock.idle", Some(first.revision), T).await.unwrap();
-    assert!(
-        changes.next().await.is_some(),
-        "a watch after the token expired"
     );
 }
 
@@ -325,6 +329,36 @@ async fn store_etcd_watch_from_a_compacted_revision() {
     let c = s.create("member.c.c", b"c1", T).await.unwrap();
     let evs = events_until(&mut w, c.revision).await;
     assert_eq!(evs.last().unwrap().key, "member.c.c");
+}
+
+/// A cluster that keeps its whole history is warned about (every renewal
+/// is a revision, and etcd compacts only when told to); one that has
+/// compacted, or is still young, is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_etcd_warns_about_a_history_never_compacted() {
+    let server = EtcdServer::start();
+    let s = open_retrying(&url_of(&[server.endpoint()], "")).await;
+    let AnyStore::Etcd(etcd) = &s else {
+        panic!("an etcd store");
+    };
+    let mut last = s.create("member.h.a", b"1", T).await.unwrap();
+    for i in 0..20 {
+        last = s
+            .update("member.h.a", format!("{i}").as_bytes(), last, T)
+            .await
+            .unwrap();
+    }
+    let warning = etcd.history_warning_from(10).await;
+    let text = warning.expect("revision 1 readable at revision 20 and more");
+    assert!(text.contains("--auto-compaction-retention"), "{text}");
+    assert_eq!(etcd.history_warning_from(last.revision + 1000).await, None);
+    assert!(s.warnings().await.is_empty(), "younger than the threshold");
+    let o = etcdctl(
+        &[server.endpoint()],
+        &["compact", &last.revision.to_string()],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(etcd.history_warning_from(10).await, None, "compacted");
 }
 
 /// The store clock that S1 (b) reads (`docs/safety.md` §4.2): a record's

@@ -213,7 +213,7 @@ async fn find_or_grant(
 ) -> Result<Lease, StoreError> {
     let key = format!("{prefix}{CLOCK_KEY}");
     let err = |e| client_error(op, about, e);
-    let mut kv = client.kv_client();
+    let kv = client.kv_client();
     let mut leases = client.lease_client();
     let named = super::retry_unsent(|| {
         let (mut kv, key) = (kv.clone(), key.clone());
@@ -236,7 +236,12 @@ async fn find_or_grant(
         }
     }
     let ttl = i64::try_from(CLOCK_TTL.as_secs()).unwrap_or(i64::MAX);
-    let granted = leases.grant(ttl, None).await.map_err(err)?;
+    let granted = super::retry_unsent(|| {
+        let mut leases = leases.clone();
+        async move { leases.grant(ttl, None).await }
+    })
+    .await
+    .map_err(err)?;
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
@@ -245,7 +250,12 @@ async fn find_or_grant(
             Some(PutOptions::new().with_lease(granted.id())),
         )])
         .or_else([TxnOp::get(key, None)]);
-    let resp = kv.txn(txn).await.map_err(err)?;
+    let resp = super::retry_unsent(|| {
+        let (mut kv, txn) = (kv.clone(), txn.clone());
+        async move { kv.txn(txn).await }
+    })
+    .await
+    .map_err(err)?;
     if resp.succeeded() {
         return Ok(Lease {
             id: granted.id(),
@@ -256,7 +266,13 @@ async fn find_or_grant(
     for r in resp.op_responses() {
         if let TxnOpResponse::Get(g) = r {
             if let Some(kv) = g.kvs().first() {
-                let ttl = leases.time_to_live(kv.lease(), None).await.map_err(err)?;
+                let id = kv.lease();
+                let ttl = super::retry_unsent(|| {
+                    let mut leases = leases.clone();
+                    async move { leases.time_to_live(id, None).await }
+                })
+                .await
+                .map_err(err)?;
                 if ttl.ttl() >= 0 {
                     return Ok(Lease {
                         id: kv.lease(),

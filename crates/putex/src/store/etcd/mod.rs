@@ -482,29 +482,44 @@ impl EtcdStore {
         }
         let start = self.inner.prefix.clone();
         let end = prefix_end(start.as_bytes());
-        let mut stream = retry_unsent(|| {
-            let mut wc = self.inner.client.watch_client();
-            let (start, end) = (start.clone(), end.clone());
-            async move {
-                wc.watch(start, Some(WatchOptions::new().with_range(end)))
-                    .await
+        let mut signed_in_again = false;
+        let stream = loop {
+            let mut stream = retry_unsent(|| {
+                let mut wc = self.inner.client.watch_client();
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    wc.watch(start, Some(WatchOptions::new().with_range(end)))
+                        .await
+                }
+            })
+            .await
+            .map_err(|e| client_error(Op::Watch, filter, e))?;
+            // Registered once etcd says so: what is written after that is fed.
+            match stream.message().await {
+                Ok(Some(r)) if r.created() && !r.canceled() => break stream,
+                // etcd refuses a watch whose token expired by cancelling it
+                // ("invalid auth token"; "permission denied" from etcd 3.5.1),
+                // which the client's own sign-in again does not see: once
+                // signed in again, a watch still refused is refused.
+                Ok(Some(r)) if !signed_in_again && refused_for_its_token(r.cancel_reason()) => {
+                    signed_in_again = true;
+                    self.inner
+                        .client
+                        .refresh_token()
+                        .await
+                        .map_err(|e| client_error(Op::Watch, filter, e))?;
+                }
+                Ok(Some(r)) => {
+                    return Err(StoreError::unknown(
+                        Op::Watch,
+                        filter,
+                        format_args!("etcd did not start the watch: {}", r.cancel_reason()),
+                    ))
+                }
+                Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
+                Err(e) => return Err(client_error(Op::Watch, filter, e)),
             }
-        })
-        .await
-        .map_err(|e| client_error(Op::Watch, filter, e))?;
-        // Registered once etcd says so: what is written after that is fed.
-        match stream.message().await {
-            Ok(Some(r)) if r.created() && !r.canceled() => {}
-            Ok(Some(r)) => {
-                return Err(StoreError::unknown(
-                    Op::Watch,
-                    filter,
-                    format_args!("etcd did not start the watch: {}", r.cancel_reason()),
-                ))
-            }
-            Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
-            Err(e) => return Err(client_error(Op::Watch, filter, e)),
-        }
+        };
         let token = tokio_util::sync::CancellationToken::new();
         *stop = Some(token.clone().drop_guard());
         tokio::spawn(feed(
@@ -535,11 +550,13 @@ impl EtcdStore {
 
     /// How many voting members the cluster has.
     pub async fn members(&self) -> Result<usize, StoreError> {
-        let mut c = self.inner.client.cluster_client();
         let resp = with_deadline(Op::Get, "members", Duration::from_secs(5), async {
-            c.member_list()
-                .await
-                .map_err(|e| client_error(Op::Get, "members", e))
+            retry_unsent(|| {
+                let mut c = self.inner.client.cluster_client();
+                async move { c.member_list().await }
+            })
+            .await
+            .map_err(|e| client_error(Op::Get, "members", e))
         })
         .await?;
         Ok(resp.members().iter().filter(|m| !m.is_learner()).count())
@@ -549,7 +566,46 @@ impl EtcdStore {
     pub fn watches(&self) -> usize {
         self.inner.hub.watches()
     }
+
+    /// A warning when etcd keeps its whole history: revision 1 is still
+    /// readable although the cluster is at revision `min_revision` or
+    /// later. Every renewal is a new revision, and etcd never compacts
+    /// unless told to (`--auto-compaction-retention`, off by default):
+    /// the backend grows until its quota, and then etcd refuses every
+    /// write (`NOSPACE`). `None` when it compacts, when it is younger, or
+    /// when it cannot be asked.
+    pub async fn history_warning_from(&self, min_revision: u64) -> Option<String> {
+        let key = self.full(EPOCH_KEY);
+        let resp = with_deadline(Op::Get, EPOCH_KEY, Duration::from_secs(5), async {
+            retry_unsent(|| {
+                let (mut kv, key) = (self.inner.client.kv_client(), key.clone());
+                let options = GetOptions::new().with_revision(1).with_count_only();
+                async move { kv.get(key, Some(options)).await }
+            })
+            .await
+            .map_err(|e| client_error(Op::Get, EPOCH_KEY, e))
+        })
+        .await
+        .ok()?;
+        let now = resp
+            .header()
+            .map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0));
+        (now >= min_revision).then(|| {
+            format!(
+                "etcd has not compacted its history (revision 1 of {now} is still readable): \
+                 every renewal is a new revision, and without compaction the backend grows \
+                 until its quota (--quota-backend-bytes, 2 GiB by default), when etcd refuses \
+                 every write (NOSPACE); run etcd with --auto-compaction-mode=periodic \
+                 --auto-compaction-retention=1h (docs/stores.md, etcd, History)"
+            )
+        })
+    }
 }
+
+/// The revision from which a cluster that never compacted is warned
+/// about: about 16 hours of one lock with two agents at R = 1 s, past the
+/// first compaction of any periodic retention up to that.
+pub const HISTORY_WARNING_REVISIONS: u64 = 100_000;
 
 /// The first key after every key that starts with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
@@ -810,6 +866,11 @@ fn no_leader(e: &etcd_client::Error) -> bool {
         if s.code() == tonic::Code::Unavailable && s.message().contains("no leader"))
 }
 
+/// Whether etcd cancelled a watch for what may be an expired token.
+fn refused_for_its_token(reason: &str) -> bool {
+    reason.contains("invalid auth token") || reason.contains("permission denied")
+}
+
 /// A revision as etcd's signed integer (revisions never reach 2^63).
 fn rev(r: u64) -> i64 {
     i64::try_from(r).unwrap_or(i64::MAX)
@@ -818,7 +879,9 @@ fn rev(r: u64) -> i64 {
 /// How long the feed waits for the store clock to stamp what it received
 /// before it gives up: then every watch fails and the next starts a new
 /// feed (from the last revision each saw), maybe through another member.
-const FEED_STAMP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longer than [`NO_LEADER_PATIENCE`], so that a reading made again
+/// through an ordinary election does not end the feed.
+const FEED_STAMP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The feed of one handle: every change under the prefix, stamped and
 /// handed to the hub. Ends when the handle is gone; on an error it fails

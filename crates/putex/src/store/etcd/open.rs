@@ -54,7 +54,9 @@ impl EtcdStore {
         if cfg.tls.required {
             options = options.with_tls(tls_options(cfg)?);
         }
-        let client = Client::connect(&cfg.endpoints, Some(options))
+        // Signing in (with a password) asks one member, which may have no
+        // leader: asked again like any call refused before it was taken.
+        let client = super::retry_unsent(|| Client::connect(&cfg.endpoints, Some(options.clone())))
             .await
             .map_err(|e| match client_error(Op::Open, &where_, e) {
                 StoreError::Unknown { reason, .. } => {
@@ -104,7 +106,7 @@ impl EtcdStore {
     /// cluster (a snapshot restored as a new cluster).
     pub(super) async fn ensure_epoch(&self, op: Op, about: &str) -> Result<(), StoreError> {
         let key = self.full(EPOCH_KEY);
-        let mut kv = self.inner.client.kv_client();
+        let kv = self.inner.client.kv_client();
         for _ in 0..5 {
             let resp = super::retry_unsent(|| {
                 let (mut kv, key) = (kv.clone(), key.clone());
@@ -154,7 +156,12 @@ impl EtcdStore {
                 .when([compare])
                 .and_then([TxnOp::put(key.clone(), value, None)]);
             // Won or lost, the next round reads what stands.
-            kv.txn(txn).await.map_err(|e| client_error(op, about, e))?;
+            super::retry_unsent(|| {
+                let (mut kv, txn) = (kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            })
+            .await
+            .map_err(|e| client_error(op, about, e))?;
         }
         Err(StoreError::unknown(
             op,
