@@ -275,7 +275,7 @@ async fn find_or_grant(
                 .map_err(err)?;
                 if ttl.ttl() >= 0 {
                     return Ok(Lease {
-                        id: kv.lease(),
+                        id,
                         granted: ttl.granted_ttl(),
                     });
                 }
