@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::agent::{
     assert_no_overlap, bound, bound_on, dump, events, fast, hooks, putex, serial, sigkill, sleeps,
-    start, starts, status_json, wait_for, wall_ns, Agent, R,
+    start, starts, status_json, wait_for, Agent, R,
 };
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
@@ -61,8 +61,14 @@ fn three_nodes_failover_and_handover(url: &str, bound: Duration) {
     );
     let first = s[0].node.clone();
 
-    // `putex status -o json` sees the holder and three members.
-    let st = status_json(url, "svc");
+    // `putex status -o json` sees the holder and three members (an agent
+    // refused for a slow store at start-up is started again: on a loaded
+    // machine its record can come late).
+    let mut st = status_json(url, "svc");
+    wait_for(Duration::from_secs(10), || {
+        st = status_json(url, "svc");
+        st["members"].as_array().is_some_and(|m| m.len() == 3)
+    });
     assert_eq!(st["holder"], first.as_str(), "{st}");
     assert_eq!(st["state"], "active", "{st}");
     // On etcd a one-shot status has seen every record only just now: no
@@ -83,8 +89,7 @@ fn three_nodes_failover_and_handover(url: &str, bound: Duration) {
 
     // Host crash of the active: agent and keeper SIGKILLed at once.
     let i = agents.iter().position(|a| a.node() == first).unwrap();
-    agents[i].crash();
-    let crashed = wall_ns();
+    let crashed = agents[i].crash();
     assert!(
         wait_for(Duration::from_secs(5), || starts(&ev).len() >= 2),
         "no takeover\n{}",
@@ -97,11 +102,24 @@ fn three_nodes_failover_and_handover(url: &str, bound: Duration) {
     let earliest = R * 3 + R - R; // T + G − R
     let latest = bound + Duration::from_millis(100);
     eprintln!("crash failover: {took:?} (earliest {earliest:?}, bound B + 100 ms = {latest:?})");
-    assert!(
-        second.ns >= crashed + earliest.as_nanos(),
-        "activated {took:?} after the crash, before T + G − R\n{}",
-        dump(&agents.iter().collect::<Vec<_>>(), &ev)
-    );
+    // A holder that stopped itself before the crash (its renewals lapsed:
+    // a machine too busy to run it for T) left nothing to time from the
+    // crash; no overlap is still checked below.
+    let lapsed_before = events(&ev)
+        .into_iter()
+        .find(|l| l.what == "stop" && l.node == first && l.extra != "startup" && l.ns < crashed);
+    if let Some(stop) = &lapsed_before {
+        eprintln!(
+            "the holder stopped ({}) before the crash: no crash failover to time",
+            stop.extra
+        );
+    } else {
+        assert!(
+            second.ns >= crashed + earliest.as_nanos(),
+            "activated {took:?} after the crash, before T + G − R\n{}",
+            dump(&agents.iter().collect::<Vec<_>>(), &ev)
+        );
+    }
     assert!(
         took <= latest,
         "failover took {took:?} > B + 100 ms = {latest:?}"

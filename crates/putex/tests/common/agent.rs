@@ -120,13 +120,16 @@ pub fn sleeps(arg: &str) -> Vec<i32> {
         .collect()
 }
 
+/// The agents' logs, then the hook events: the events come last, where a
+/// report that keeps only the end of a long failure still shows them.
 pub fn dump(agents: &[&Agent], events_file: &Path) -> String {
-    let mut s = format!(
-        "events:\n{}\n",
-        std::fs::read_to_string(events_file).unwrap_or_default()
-    );
+    let mut s = String::new();
     for a in agents {
         s.push_str(&format!("--- {} log:\n{}\n", a.node(), a.log_text()));
     }
+    s.push_str(&format!(
+        "--- events:\n{}",
+        std::fs::read_to_string(events_file).unwrap_or_default()
+    ));
     s
 }
