@@ -164,6 +164,36 @@ pub async fn stream_leader(url: &str) -> Result<String, String> {
         .ok_or_else(|| "the stream has no leader".to_owned())
 }
 
+/// Moves the bucket's stream leader off server `avoid` (`n1`…`n3`): asks
+/// the leader to step down until another server leads, within `within`.
+/// Returns the new leader.
+pub async fn move_stream_leader_off(
+    url: &str,
+    avoid: &str,
+    within: Duration,
+) -> Result<String, String> {
+    let js = connect(url).await?;
+    let until = Instant::now() + within;
+    loop {
+        match stream_leader(url).await {
+            Ok(l) if l != avoid => return Ok(l),
+            Ok(_) => {
+                // The context adds the `$JS.API` prefix; the answer is not
+                // awaited (the next loop reads the leader).
+                let subject = format!("STREAM.LEADER.STEPDOWN.KV_{BUCKET}");
+                let _ = js.send_request(subject, async_nats::Request::new()).await;
+            }
+            Err(_) => {}
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "the stream leader stayed on {avoid} for {within:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Deletes the bucket and creates it again with the settings putex gives
 /// it (history 8, file storage, no expiry): a new stream, a new creation
 /// time, so a new epoch, and revisions that start again from 1.

@@ -248,10 +248,13 @@ impl<'a> World<'a> {
         let store = match kind {
             Kind::Single => Store::Single(Server::start(&dir.join("nats"))?),
             Kind::Cluster | Kind::ClusterLan => {
+                // On loopback the agents reach the servers through fault
+                // proxies, which a reconnect must not slip past; on the LAN
+                // (faults between the servers) they learn every server.
                 let c = if kind == Kind::ClusterLan {
                     NatsCluster::start_on_lan()?
                 } else {
-                    NatsCluster::start()
+                    NatsCluster::start_unadvertised()
                 };
                 let url = format!("{}?replicas=3", c.url());
                 ctx.rt
@@ -934,27 +937,68 @@ fn etcd_leader_cut_off(ctx: &Ctx, clients: EtcdClients) -> Result<RunOut, String
     Ok(w.finish())
 }
 
-/// Three agents, each a client of one NATS server of an R3 cluster whose
-/// servers run in network namespaces of their own; the holder's server cut
-/// off from its two peers (not from its agent) for 3 T, then joined
-/// again. A JetStream server without its peers commits nothing: the holder
-/// cannot renew and must stop within its licence, and an agent on the
-/// majority side take over once the bucket's stream has a leader there.
-/// When the cut-off server led the stream, that takes a NATS raft election
-/// (4–9 s) on top of B; otherwise B. Rejoined, the old holder stands by.
-fn nats_server_isolated(ctx: &Ctx) -> Result<RunOut, String> {
-    let mut w = World::new(ctx, Kind::ClusterLan, FAST3_R200, "server-isolated-r3")?;
-    w.one_agent_per_server()?;
+/// Which NATS server the agents of a server-cut-off scenario are told of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NatsClients {
+    /// Each agent one server of its own (`server-isolated-r3`).
+    OwnServer,
+    /// Every agent the same server, the one then cut off
+    /// (`server-isolated-all-r3`): they learn of the others only from it.
+    AllOnOne,
+}
+
+/// An R3 NATS cluster whose servers run in network namespaces of their
+/// own; the holder's server cut off from its two peers (not from the
+/// agents) for 3 T, then joined again. A JetStream server without its
+/// peers commits nothing: the holder cannot renew and must stop within its
+/// licence, and an agent on the majority side take over once the bucket's
+/// stream has a leader there. When the cut-off server led the stream, that
+/// takes a NATS raft election (4–9 s) on top.
+///
+/// - [`NatsClients::OwnServer`]: agent n(i+1) is a client of server i
+///   only; the others are on the majority side: takeover by B (plus the
+///   election).
+/// - [`NatsClients::AllOnOne`]: every agent is a client of server 0 — the
+///   holder's, cut off. The cut-off server still answers its clients, so
+///   nobody could take over until the rejoin, unless the agents leave it:
+///   a store handle whose calls all go unanswered for `STUCK_AFTER` (1 s)
+///   reconnects to a server picked at random among those the cluster
+///   advertised (`docs/stores.md`). Takeover by B + a few seconds (plus
+///   the election).
+///
+/// The old holder may start again before the rejoin only after it left
+/// its server (then it is an agent like any other).
+fn nats_server_isolated(ctx: &Ctx, clients: NatsClients) -> Result<RunOut, String> {
+    let name = match clients {
+        NatsClients::OwnServer => "server-isolated-r3",
+        NatsClients::AllOnOne => "server-isolated-all-r3",
+    };
+    let mut w = World::new(ctx, Kind::ClusterLan, FAST3_R200, name)?;
+    match clients {
+        NatsClients::OwnServer => w.one_agent_per_server()?,
+        NatsClients::AllOnOne => {
+            for n in AGENTS {
+                w.add_agent_of_server(n, 0)?;
+            }
+        }
+    }
     w.out.expected_starts = 1;
     let active = w.steady()?;
-    let m = agent_index(&active)?;
+    let m = match clients {
+        NatsClients::OwnServer => agent_index(&active)?,
+        NatsClients::AllOnOne => 0,
+    };
     let url = w.direct_url();
     let leader = ctx.rt.block_on(cluster::stream_leader(&url))?;
     // Servers are named n1…n3 like the agents: agent i's server is n(i+1).
     let server = format!("n{}", m + 1);
     let led = leader == server;
     let at = w.fault(format!(
-        "NATS server {server} ({active}'s only server{}) cut off from its peers",
+        "NATS server {server} ({}{}) cut off from its peers",
+        match clients {
+            NatsClients::OwnServer => format!("{active}'s only server"),
+            NatsClients::AllOnOne => "every agent's only server".to_owned(),
+        },
         if led { ", the stream leader" } else { "" }
     ));
     if let Store::Cluster(c) = &w.store {
@@ -965,15 +1009,21 @@ fn nats_server_isolated(ctx: &Ctx) -> Result<RunOut, String> {
     } else {
         Duration::ZERO
     };
-    w.expect_failover(at, election + Duration::from_secs(1));
+    // Leaving the server: one STUCK_AFTER to notice, then each reconnect
+    // lands on one of the two others with odds 2 in 3.
+    let leaving = match clients {
+        NatsClients::OwnServer => Duration::ZERO,
+        NatsClients::AllOnOne => Duration::from_secs(5),
+    };
+    w.expect_failover(at, election + leaving + Duration::from_secs(1));
     let took_over = w.wait_start_after(at, Duration::ZERO);
-    if took_over.as_deref() == Some(active.as_str()) {
-        w.out.errors.push(format!(
-            "{active}, cut off with its server, started again before the rejoin"
+    if clients == NatsClients::OwnServer && took_over.as_deref() == Some(active.as_str()) {
+        w.out.notes.push(format!(
+            "{active}, cut off with its server, took over again: it had left its server"
         ));
     }
-    // The cut lasts 3 T, and past the takeover: a majority agent must take
-    // over while the old leader's server is still cut off.
+    // The cut lasts 3 T, and past the takeover: an agent must take over
+    // while the old leader's server is still cut off.
     let ends = FAST3_R200.t() * 3;
     let elapsed = Duration::from_nanos(w.h.now().saturating_sub(at));
     std::thread::sleep(ends.saturating_sub(elapsed));
@@ -989,6 +1039,50 @@ fn nats_server_isolated(ctx: &Ctx) -> Result<RunOut, String> {
     w.out.notes.push(format!(
         "NATS server {server} cut off at {} (stream leader then {leader}); stream leader after the rejoin {new_leader}",
         ms(at)
+    ));
+    Ok(w.finish())
+}
+
+/// One agent per server of an R3 NATS cluster in network namespaces, at a
+/// lease long enough to ride through (T = 3 s): the bucket's stream leader
+/// moved off the holder's server, then that server cut off from its two
+/// peers (not from its agent) for 3 T. The holder's calls go unanswered;
+/// after `STUCK_AFTER` (1 s) its store handle reconnects to another server
+/// it knows of (advertised by the cluster) and renews there, within its
+/// licence: **zero** transitions. Without the leaving, the holder stopped
+/// at T and an agent on the majority side took over.
+fn nats_server_partitioned(ctx: &Ctx) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, Kind::ClusterLan, ETCD_RIDE, "server-partitioned-r3")?;
+    w.one_agent_per_server()?;
+    w.out.expected_starts = 1;
+    let active = w.steady()?;
+    let m = agent_index(&active)?;
+    let server = format!("n{}", m + 1);
+    let url = w.direct_url();
+    // A cut-off stream leader means a raft election (4–9 s), longer than T.
+    let leader = ctx.rt.block_on(cluster::move_stream_leader_off(
+        &url,
+        &server,
+        Duration::from_secs(30),
+    ))?;
+    // A few renewals through the new stream leader.
+    std::thread::sleep(ETCD_RIDE.r() * 3);
+    let at = w.fault(format!(
+        "NATS server {server} ({active}'s only server; stream leader {leader}) cut off from its peers"
+    ));
+    if let Store::Cluster(c) = &w.store {
+        c.isolate(m)?;
+    }
+    std::thread::sleep(ETCD_RIDE.t() * 3);
+    w.h.fault(format!("NATS server {server} joined again"));
+    if let Store::Cluster(c) = &w.store {
+        c.rejoin(m)?;
+    }
+    std::thread::sleep(ETCD_RIDE.t());
+    w.out.notes.push(format!(
+        "NATS server {server} cut off at {} for {:?} (stream leader {leader})",
+        ms(at),
+        ETCD_RIDE.t() * 3
     ));
     Ok(w.finish())
 }
@@ -1640,7 +1734,28 @@ pub fn all() -> Vec<Scenario> {
             quick_runs: 1,
             full_runs: 2,
             skip: lan_unavailable,
-            run: |ctx, _| nats_server_isolated(ctx),
+            run: |ctx, _| nats_server_isolated(ctx, NatsClients::OwnServer),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "server-partitioned-r3",
+            fault_no: "8",
+            about: "R3 NATS cluster, servers in network namespaces, one agent per server, T = 3 s: the holder's server (the stream leader moved off it) cut off from its peers for 3 T; no failover allowed (the holder leaves its server and renews through the majority)",
+            quick_runs: 1,
+            full_runs: 2,
+            zero_transitions: true,
+            skip: lan_unavailable,
+            run: |ctx, _| nats_server_partitioned(ctx),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "server-isolated-all-r3",
+            fault_no: "3, 8",
+            about: "R3 NATS cluster, servers in network namespaces, every agent a client of one server: that server (the holder's) cut off from its peers for 3 T; the agents must leave it and take over on the majority side",
+            quick_runs: 1,
+            full_runs: 2,
+            skip: lan_unavailable,
+            run: |ctx, _| nats_server_isolated(ctx, NatsClients::AllOnOne),
             ..Scenario::DEFAULTS
         },
         Scenario {

@@ -275,7 +275,21 @@ const LAN_ROUTE_PORT: u16 = 6222;
 
 impl NatsCluster {
     /// Starts three clustered JetStream servers with routes to each other.
+    /// Each tells its clients of the others (a client that knows one
+    /// learns all three).
     pub fn start() -> NatsCluster {
+        Self::start_loopback(true)
+    }
+
+    /// [`NatsCluster::start`], but the servers tell their clients of no
+    /// other server (`--no_advertise`): a client knows only the addresses
+    /// its URL names. For clients behind fault proxies, which a client
+    /// that reconnects must not slip past.
+    pub fn start_unadvertised() -> NatsCluster {
+        Self::start_loopback(false)
+    }
+
+    fn start_loopback(advertise: bool) -> NatsCluster {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let routes = ports
             .iter()
@@ -293,6 +307,9 @@ impl NatsCluster {
                     &format!("nats://127.0.0.1:{port}"),
                     &routes,
                 ));
+                if !advertise {
+                    args.push("--no_advertise=true".into());
+                }
                 NatsServer::spawn(dir, args)
             })
             .collect();

@@ -1,8 +1,8 @@
 //! NATS authentication and TLS against a real nats-server: every kind of
 //! credentials the store URL takes, server TLS with a private CA, mutual
 //! TLS, and what a refusal looks like (a configuration error, at once,
-//! without the secret in the message). Also a stream-leader change on a
-//! 3-node cluster with an R3 bucket.
+//! without the secret in the message). Also, on a 3-node cluster with an R3
+//! bucket: a stream-leader change, and a server gone silent under a client.
 //!
 //! The certificates come from `putex_testkit::pki` and the nkeys from `nkeys`, made
 //! fresh in each test: no external tool.
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use putex::store::{AnyStore, ReadMode, Store, StoreError, StoreUrl};
 
 use crate::common::nats_server::{NatsCluster, NatsServer};
+use crate::store_contract::open_retrying;
 
 /// The deadline for ordinary calls in these tests.
 const T: Duration = Duration::from_secs(5);
@@ -211,16 +212,7 @@ async fn store_nats_cluster_leader_change() {
     let started = Instant::now();
     let mut cluster = NatsCluster::start();
     let url = StoreUrl::parse(&format!("{}?bucket=putex_lc&replicas=3", cluster.url())).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let s = loop {
-        match AnyStore::open(&url).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline && !matches!(e, StoreError::Config { .. }) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("cannot open {url}: {e}"),
-        }
-    };
+    let s = open_retrying(&url).await;
     let still = s.create("lock.still", b"1", T).await.unwrap();
     let moved = s.create("lock.moved", b"1", T).await.unwrap();
     let epoch = s.epoch();
@@ -294,6 +286,81 @@ async fn store_nats_cluster_leader_change() {
     assert!(e.is_conflict(), "{e}");
     s.delete("lock.moved", moved2, T).await.unwrap();
     eprintln!("done after {:?}", started.elapsed());
+}
+
+/// A NATS server that goes silent without closing the connection (a host
+/// powered off, a blackholed route) keeps its clients until their third
+/// unanswered ping: async-nats pings every 60 s by default, which left a
+/// handle on a dead server for up to three minutes; putex pings every
+/// `PING_INTERVAL` (5 s). Here the URL names only a proxy in front of one
+/// server of three, the proxy is blackholed, and calls must work again —
+/// through a server the cluster advertised — within three pings. The
+/// other side: while calls are answered, the handle stays where it is.
+/// (A server cut off from its cluster but still answering is left within
+/// about a second: `scripts/chaos --scenario server-partitioned-r3`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_leaves_a_server_gone_silent() {
+    use crate::common::proxy::{Mode, Proxy};
+    use putex::store::nats::PING_INTERVAL;
+
+    let cluster = NatsCluster::start();
+    let target = format!("127.0.0.1:{}", cluster.servers[0].port());
+    let proxy = Proxy::start(target.parse().unwrap()).await.unwrap();
+    let url = format!("{}?bucket=putex_silent&replicas=3", proxy.url());
+    let url = StoreUrl::parse(&url).unwrap();
+    let s = open_retrying(&url).await;
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let mut token = s.create("lock.silent", b"0", T).await.unwrap();
+    let call = Duration::from_millis(300);
+
+    // Answered calls, for three seconds: no reconnect.
+    let (up_before, _) = proxy.forwarded();
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut i = 0u32;
+    while Instant::now() < until {
+        i += 1;
+        token = s
+            .update("lock.silent", i.to_string().as_bytes(), token, T)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (up_after, _) = proxy.forwarded();
+    assert!(
+        up_after > up_before,
+        "the calls did not go through the proxy"
+    );
+    assert_eq!(
+        n.client().server_info().port,
+        cluster.servers[0].port(),
+        "left a server that answered"
+    );
+
+    // The server goes silent: calls must work again, through another.
+    proxy.set(Mode::Blackhole);
+    let silent = Instant::now();
+    let limit = PING_INTERVAL * 3 + Duration::from_secs(6);
+    let mut failures = 0;
+    let took = loop {
+        match s.get("lock.silent", ReadMode::Leader, call).await {
+            Ok(Some(e)) if e.token == token => break silent.elapsed(),
+            Ok(other) => panic!("read {other:?}, not the last write"),
+            Err(e) if e.is_unknown() && silent.elapsed() < limit => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no call answered within {limit:?} of the silence: {e}"),
+        }
+    };
+    eprintln!(
+        "calls answered again {took:?} after the server went silent ({failures} unanswered), now on port {}",
+        n.client().server_info().port
+    );
+    assert!(failures > 0, "the blackhole changed nothing");
+    // And writes, which go to the stream leader.
+    s.update("lock.silent", b"after", token, T).await.unwrap();
 }
 
 /// A signed NATS JWT (`ed25519-nkey`) with these claims, issued by `iss`

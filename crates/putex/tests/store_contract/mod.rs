@@ -388,7 +388,7 @@ async fn nats_handles(url: &str) -> Vec<AnyStore> {
 }
 
 /// Opens a store, retrying while a fresh cluster elects its leaders.
-async fn open_retrying(url: &StoreUrl) -> AnyStore {
+pub(crate) async fn open_retrying(url: &StoreUrl) -> AnyStore {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match AnyStore::open(url).await {

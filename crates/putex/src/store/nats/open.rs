@@ -73,15 +73,24 @@ impl NatsStore {
         let stale = epoch_stale.clone();
         // The first connection is the one `open` reads the epoch over.
         let connected_before = Arc::new(AtomicBool::new(false));
+        let choice = Arc::new(stuck::ServerChoice::default());
+        let arrived = choice.clone();
+        let choose = choice.clone();
         opts = opts
             .name("putex")
             .connection_timeout(Duration::from_secs(5))
+            .ping_interval(PING_INTERVAL)
+            .reconnect_to_server_callback(move |servers, info| {
+                std::future::ready(choose.pick(&servers, (&info.host, info.port)))
+            })
             .event_callback(move |ev| {
                 let stale = stale.clone();
                 let connected_before = connected_before.clone();
+                let arrived = arrived.clone();
                 async move {
                     match ev {
                         async_nats::Event::Connected => {
+                            arrived.connected();
                             if connected_before.swap(true, Ordering::SeqCst) {
                                 stale.store(true, Ordering::SeqCst)
                             }
@@ -166,6 +175,10 @@ impl NatsStore {
                 hub: super::Hub::new(),
                 admission: tokio::sync::Semaphore::new(super::CALLS_UNDER_WAY),
                 starting: tokio::sync::Mutex::new(None),
+                stuck: stuck::Stuck::default(),
+                choice,
+                echo: tokio::sync::Mutex::new(None),
+                servers: cfg.servers.len(),
             }),
         })
     }
