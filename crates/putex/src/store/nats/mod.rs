@@ -105,8 +105,9 @@ struct Inner {
     starting: tokio::sync::Mutex<Option<tokio_util::sync::DropGuard>>,
     /// Admits [`CALLS_UNDER_WAY`] calls at a time ([`NatsStore::call`]).
     admission: tokio::sync::Semaphore,
-    /// Whether calls are answered: a handle stuck on a server that answers
-    /// nothing reconnects elsewhere ([`stuck`]).
+    /// Whether calls are answered: a handle whose calls go unanswered on a
+    /// server that still answers it (one cut off from its cluster)
+    /// reconnects elsewhere ([`stuck`]).
     stuck: stuck::Stuck,
     /// The server the client connects to, picked by the handle (shared
     /// with the client's reconnect callback).
