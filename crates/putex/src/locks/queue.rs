@@ -213,11 +213,21 @@ impl Ticket {
         self.turn.clone()
     }
 
-    /// Leaves the queue: stops refreshing and removes the ticket.
-    pub async fn leave(mut self) {
+    /// Starts leaving the queue without waiting: the ticket stops being
+    /// refreshed and is removed in the background, and the turn becomes
+    /// `false`. For a waiter that has had its turn and will not want the
+    /// lock again (its command ended): the next in line is admitted while
+    /// it gives the lock back, not after. [`Ticket::leave`] still waits for
+    /// the removal.
+    pub fn start_leaving(&mut self) {
         if let Some(tx) = self.leave.take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Leaves the queue: stops refreshing and removes the ticket.
+    pub async fn leave(mut self) {
+        self.start_leaving();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }

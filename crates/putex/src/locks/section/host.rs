@@ -9,6 +9,10 @@ use super::*;
 pub(super) struct State {
     /// The slot whose agent armed the keeper first: CMD runs under it.
     pub(super) winner: Option<usize>,
+    /// The slot whose agent won its record first (confirming) and has not
+    /// lost it before activating: the only one that competes until it
+    /// arms the keeper.
+    pub(super) claimed: Option<usize>,
     /// The winner's activation began: CMD may be running from then on, so
     /// the winner is never handed to another slot.
     pub(super) activating: bool,
@@ -38,6 +42,30 @@ pub(super) struct State {
     pub(super) spawn_failed: Option<String>,
     /// Slots whose agent must stop (lost the race for CMD).
     pub(super) losers: Vec<usize>,
+    /// Which slots' records are released, as the section's own watch of
+    /// them shows: `None` while unknown (a plain lock, or the watch
+    /// failed).
+    pub(super) free: Option<Vec<bool>>,
+    /// Where this section starts looking among the free slots, so that
+    /// clients admitted together spread over the slots instead of all
+    /// trying the first.
+    pub(super) spread: usize,
+}
+
+impl State {
+    /// The slot to compete for before one armed the keeper: the claimed
+    /// one, else one of those seen released, picked by [`State::spread`];
+    /// `None` when there is none (every slot competes).
+    pub(super) fn preferred_slot(&self) -> Option<usize> {
+        if self.claimed.is_some() {
+            return self.claimed;
+        }
+        let free: Vec<usize> = (self.free.as_ref()?.iter().enumerate())
+            .filter(|(_, f)| **f)
+            .map(|(slot, _)| slot)
+            .collect();
+        (!free.is_empty()).then(|| free[self.spread % free.len()])
+    }
 }
 
 pub(super) struct Shared {
@@ -331,6 +359,21 @@ impl Host for SlotHost {
                 token,
             } => {
                 tracing::debug!(slot = self.slot, %from, %to, %reason, "transition");
+                self.shared.with(|s| {
+                    // The first slot of ours to win its record is the one
+                    // to run CMD under: the others stop competing at once,
+                    // instead of taking slots that other clients wait for
+                    // only to give them back. Lost before activating, it
+                    // claims nothing.
+                    if *to == Role::Confirming {
+                        s.claimed.get_or_insert(self.slot);
+                    } else if matches!(to, Role::Standby | Role::Lapsed)
+                        && s.claimed == Some(self.slot)
+                        && !s.activating
+                    {
+                        s.claimed = None;
+                    }
+                });
                 self.record(*from, *to, reason, *token);
                 let winner = self.shared.is_winner(self.slot);
                 if !winner {
@@ -416,4 +459,56 @@ impl Host for SlotHost {
     fn metrics(&self) -> Option<&crate::observe::metrics::Metrics> {
         self.shared.opts.metrics.as_ref()
     }
+}
+
+/// Keeps [`State::free`] from a watch of every slot's record while the
+/// section runs (the caller aborts it at the end), so that the section
+/// competes for one free slot at a time ([`State::preferred_slot`]). A
+/// failed watch leaves the view unknown — every slot competes, as without
+/// it — and is tried again after a pause.
+pub(super) async fn watch_free_slots(shared: Arc<Shared>, keys: Vec<String>, timeout: Duration) {
+    use futures::StreamExt;
+    loop {
+        // Free means released, and taken at once (S3). An absent record
+        // (never delivered) or a deleted one is not: taking it waits out
+        // the first-use wait (S4), and a holder's staleness is for its
+        // slot's agent to judge.
+        shared.with(|s| s.free = Some(vec![false; keys.len()]));
+        let mut streams = Vec::with_capacity(keys.len());
+        for key in &keys {
+            match shared.store.watch(key, None, timeout).await {
+                Ok(stream) => streams.push(stream),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot watch the slots; every slot competes");
+                    break;
+                }
+            }
+        }
+        if streams.len() == keys.len() {
+            let mut events = futures::stream::select_all(
+                (streams.into_iter().enumerate()).map(|(slot, s)| s.map(move |e| (slot, e))),
+            );
+            while let Some((slot, Ok(event))) = events.next().await {
+                let free = event.entry.is_some_and(|entry| {
+                    matches!(Observed::decode(&entry.value),
+                        Observed::Record(r) if r.state == LockState::Released)
+                });
+                shared.with(|s| {
+                    if let Some(f) = s.free.as_mut() {
+                        f[slot] = free;
+                    }
+                });
+            }
+        }
+        shared.with(|s| s.free = None);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Where a section starts looking among the free slots
+/// ([`State::spread`]): a number of its own, from its instance name.
+pub(super) fn spread_of(instance: &str) -> usize {
+    instance.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    })
 }

@@ -24,9 +24,10 @@
 //! lock) is recorded in `sem.<name>` by its first client's create, so that
 //! of clients disagreeing on N the first definition wins and the others
 //! are refused ([`targets`]). One agent
-//! runs per slot; the first to arm the keeper wins, and CMD runs under that
-//! slot alone. A slot that another agent of ours took at the same moment is
-//! released at once.
+//! runs per slot, and while a slot is seen released only one of them
+//! competes; the first to arm the keeper wins, and CMD runs under that
+//! slot alone. A slot that another agent of ours took at the same moment
+//! is released at once.
 //!
 //! **Waiting** is watch-driven: a release reaches the waiters as a watch
 //! event, and the first waiter in the fair queue ([`crate::locks::queue`]) takes

@@ -175,7 +175,7 @@ async fn run_inner(
             .map(Some)
     };
     let (keeper, ticket) = tokio::join!(start.finish(), join_queue);
-    let (mut keeper, ticket) = match (keeper, ticket) {
+    let (mut keeper, mut ticket) = match (keeper, ticket) {
         (Ok(keeper), Ok(ticket)) => (keeper, ticket),
         (Err(e), ticket) => {
             if let Ok(Some(t)) = ticket {
@@ -209,6 +209,11 @@ async fn run_inner(
     });
 
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
+    // A semaphore watches its slots, to compete for one free slot at a time.
+    let slot_view = (keys.len() > 1).then(|| {
+        shared.with(|s| s.spread = spread_of(&instance));
+        tokio::spawn(watch_free_slots(shared.clone(), keys.clone(), timeout))
+    });
 
     // One agent per slot.
     let mut inputs = Vec::new();
@@ -298,6 +303,12 @@ async fn run_inner(
                 KeeperEvent::ChildExited(exit) => {
                     tracing::debug!(?exit, "command exited");
                     shared.with(|s| s.command_exited(exit, clock::boot_time_now()));
+                    // CMD runs once: the next in line is admitted now and
+                    // is ready when the slot is given back, instead of
+                    // hearing of its turn only after the release.
+                    if let Some(t) = ticket.as_mut() {
+                        t.start_leaving();
+                    }
                     // All that is left is giving the lock back: no watch
                     // needs to hear of other processes' writes at once.
                     if opts.exits_after {
@@ -364,6 +375,9 @@ async fn run_inner(
                 None => break,
             },
         }
+    }
+    if let Some(view) = slot_view {
+        view.abort();
     }
     // The lock is given back: out of line, the keeper told to go, the
     // history written — all at once, each a round trip of its own.

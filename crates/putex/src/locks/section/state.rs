@@ -9,6 +9,12 @@
 //!
 //! - a slot's agent competes only while the fair queue gives us the turn,
 //!   no other slot of ours has won, and the section is not winding down;
+//! - once a slot's record is ours, or while one is visibly released, only
+//!   that slot competes (one CAS, not N that take slots other clients wait
+//!   for, only to give the extra ones back); with none, or the view
+//!   unknown, every slot competes (an absent record, or a dead holder's,
+//!   is taken by the first-use and staleness rules, which only the slot's
+//!   agent applies);
 //! - a slot that lost the race for CMD to another slot of ours is shut
 //!   down at once (its lock is given back);
 //! - the section winds down (every agent shut down, once) when CMD's run
@@ -42,6 +48,11 @@ pub(super) struct Round {
     pub(super) queue_turn: bool,
     /// The slot whose agent armed the keeper first.
     pub(super) winner: Option<usize>,
+    /// The one slot to compete for while no slot has won: the one whose
+    /// record we won first, else one seen released
+    /// ([`State::preferred_slot`]); `None` when there is none, and every
+    /// slot competes.
+    pub(super) preferred: Option<usize>,
     /// Slots that lost the race for CMD since the last round.
     pub(super) losers: Vec<usize>,
     /// CMD's run is over: it exited, the lock was lost, the period was
@@ -55,6 +66,7 @@ impl Round {
         Round {
             queue_turn,
             winner: state.winner,
+            preferred: state.preferred_slot(),
             losers: std::mem::take(&mut state.losers),
             over: state.exit.is_some()
                 || state.lost.is_some()
@@ -127,8 +139,11 @@ impl SectionState {
     pub(super) fn round(&mut self, round: Round) -> Vec<SlotCommand> {
         let mut commands = Vec::new();
         for slot in 0..self.turns_sent.len() {
-            let turn =
-                round.queue_turn && round.winner.is_none_or(|w| w == slot) && !self.winding_down;
+            let ours = match round.winner {
+                Some(w) => w == slot,
+                None => round.preferred.is_none_or(|p| p == slot),
+            };
+            let turn = round.queue_turn && ours && !self.winding_down;
             if self.turns_sent[slot] != Some(turn) {
                 self.turns_sent[slot] = Some(turn);
                 commands.push(SlotCommand::Turn { slot, turn });
@@ -304,6 +319,52 @@ mod tests {
             ..waiting_round()
         };
         assert_eq!(s.round(again), []);
+    }
+
+    #[test]
+    fn with_a_slot_seen_free_only_that_slot_competes() {
+        let mut s = SectionState::new(3);
+        let prefer = |p| Round {
+            preferred: p,
+            ..waiting_round()
+        };
+        assert_eq!(
+            s.round(prefer(Some(2))),
+            [turn(0, false), turn(1, false), turn(2, true)]
+        );
+        // Another client took it; slot 0 is free now.
+        assert_eq!(s.round(prefer(Some(0))), [turn(0, true), turn(2, false)]);
+        // None seen released (or the view is unknown): every slot competes.
+        assert_eq!(s.round(prefer(None)), [turn(1, true), turn(2, true)]);
+        // A winner outranks the preference.
+        let won = Round {
+            winner: Some(1),
+            preferred: Some(0),
+            ..waiting_round()
+        };
+        assert_eq!(s.round(won), [turn(0, false), turn(2, false)]);
+    }
+
+    #[test]
+    fn the_slot_to_compete_for_is_the_claimed_one_else_a_released_one() {
+        let mut state = State {
+            free: Some(vec![false, true, false, true]),
+            spread: 5,
+            ..State::default()
+        };
+        // Clients admitted together start at different released slots.
+        assert_eq!(state.preferred_slot(), Some(3));
+        state.spread = 4;
+        assert_eq!(state.preferred_slot(), Some(1));
+        // The record we won first is the one to keep competing for.
+        state.claimed = Some(2);
+        assert_eq!(state.preferred_slot(), Some(2));
+        state.claimed = None;
+        // Nothing seen released, or no view: every slot competes.
+        state.free = Some(vec![false; 4]);
+        assert_eq!(state.preferred_slot(), None);
+        state.free = None;
+        assert_eq!(state.preferred_slot(), None);
     }
 
     #[test]
