@@ -1010,7 +1010,8 @@ struct Wakeups {
 }
 
 /// The feed of one handle: reads the rows above `last` when this handle
-/// wrote, when the `-wal` file changed (another process wrote), or every
+/// wrote, when the `-wal` file changed (another process wrote; tried again
+/// soon when nothing showed yet, [`next_recheck`]), or every
 /// [`WATCH_POLL`], and hands them to the hub in revision order. Ends when
 /// the handle is gone; on an error (the file replaced, unreadable) it
 /// fails every watch, and the next watch starts a new feed. Once the
@@ -1024,22 +1025,31 @@ async fn feed(
     wake: Wakeups,
     mut wal: Option<WalChanges>,
 ) {
+    // A read sooner than the poll, after a change of the `-wal` file that
+    // showed nothing yet ([`next_recheck`]).
+    let mut recheck: Option<Duration> = None;
     loop {
         if wake.exiting.is_set() {
             if let Some(w) = wal.as_mut() {
                 w.stop();
             }
         }
+        let mut by_wal = false;
         tokio::select! {
             _ = wake.written.notified() => {}
-            _ = tokio::time::sleep(WATCH_POLL) => {}
+            _ = tokio::time::sleep(recheck.unwrap_or(WATCH_POLL)) => {}
             () = async {
                 match wal.as_mut() {
                     Some(w) => w.changed().await,
                     None => std::future::pending().await,
                 }
-            } => {}
+            } => by_wal = true,
             _ = wake.exiting.told.notified() => continue,
+        }
+        // Changes made before this read are read now: their events are
+        // no reason to read again (our own commits' among them).
+        if let Some(w) = wal.as_mut() {
+            w.drain();
         }
         let Some(hub) = hub.upgrade() else { return };
         let polled = on_conn(
@@ -1054,6 +1064,7 @@ async fn feed(
         .await;
         match polled {
             Ok((rows, upto)) => {
+                recheck = next_recheck(by_wal, upto > last, recheck);
                 for row in rows {
                     hub.dispatch(&row_event(epoch, row));
                 }
@@ -1065,6 +1076,36 @@ async fn feed(
             }
         }
     }
+}
+
+/// The first read again after a change of the `-wal` file that showed no
+/// new commit.
+const RECHECK_FIRST: Duration = Duration::from_millis(1);
+
+/// When the feed reads again before its poll. Another process's commit
+/// changes the `-wal` file before it is visible: its frames are written
+/// (and synced) first, and only then does the WAL index say they are
+/// committed. A read woken by the change can fall in between and find
+/// nothing; with no later write to wake the feed, the last commit of a
+/// burst — a release, a ticket removed — would wait for the poll
+/// ([`WATCH_POLL`]). So a read woken by the file that finds nothing is
+/// tried again after [`RECHECK_FIRST`], then after twice as long each time,
+/// until it finds the commit or the wait reaches the poll's. The file's
+/// events that came before a read are drained before it
+/// ([`WalChanges::drain`]), so a commit of this handle's own, read at once,
+/// starts no tries.
+fn next_recheck(by_wal: bool, found: bool, previous: Option<Duration>) -> Option<Duration> {
+    if found {
+        return None;
+    }
+    let next = match (by_wal, previous) {
+        // Another change while trying again: the tries go on as they were
+        // (a busy file does not make them more frequent).
+        (_, Some(d)) => d * 2,
+        (true, None) => RECHECK_FIRST,
+        (false, None) => return None,
+    };
+    (next < WATCH_POLL).then_some(next)
 }
 
 /// Changes to the store's `-wal` file (every commit of every process
@@ -1109,6 +1150,16 @@ impl WalChanges {
             Some(Ok(_)) => {}
             _ => std::future::pending().await,
         }
+    }
+
+    /// Takes the events already there without waiting: the read that
+    /// follows sees their commits, or (not visible yet) is tried again.
+    fn drain(&mut self) {
+        use futures::{FutureExt, StreamExt};
+        if self.watch.is_none() {
+            return;
+        }
+        while let Some(Some(Ok(_))) = self.events.next().now_or_never() {}
     }
 
     /// Removes the watch now, keeping the descriptor. Removing a watch

@@ -334,3 +334,25 @@ async fn prepare_exit_removes_the_inotify_watch_and_watches_still_hear_others() 
     let t = other.update("lock.x", b"3", t, T).await.unwrap();
     assert_eq!(next_event(&mut watch, T).await.revision, t.revision);
 }
+
+#[test]
+fn a_wal_change_that_shows_nothing_yet_is_read_again_soon() {
+    let ms = Duration::from_millis;
+    // Woken by the file, nothing committed yet: again after 1 ms, then
+    // twice as long each time, up to the poll.
+    let mut recheck = next_recheck(true, false, None);
+    let mut waits = Vec::new();
+    while let Some(d) = recheck {
+        waits.push(d);
+        recheck = next_recheck(false, false, recheck);
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64].map(ms));
+    // Found: back to waiting for a change or the poll.
+    assert_eq!(next_recheck(false, true, Some(ms(4))), None);
+    assert_eq!(next_recheck(true, true, None), None);
+    // Another change while trying: the tries go on as they were.
+    assert_eq!(next_recheck(true, false, Some(ms(32))), Some(ms(64)));
+    assert_eq!(next_recheck(true, false, Some(ms(64))), None);
+    // The poll or our own write finding nothing: nothing sooner.
+    assert_eq!(next_recheck(false, false, None), None);
+}
