@@ -14,10 +14,11 @@
 //!   waiter), so a dead waiter never blocks the line;
 //! - [`Ticket::turn`] says whether this waiter is among the first `admit`
 //!   live tickets: the first one for a lock, the first N for a semaphore of
-//!   N slots ([`Ticket::join_admitting`]). Tickets stay until their waiter
-//!   is done, so the holders count among the first: a semaphore's
-//!   waiters behind N holders wait, and the next in line is admitted when a
-//!   holder leaves. The host passes it to the core as
+//!   N slots ([`Ticket::join_admitting`]). Tickets stay while their waiter
+//!   holds, so the holders count among the first: a semaphore's waiters
+//!   behind N holders wait, and the next in line is admitted when a holder
+//!   leaves — a critical section leaves when its command exits, while it
+//!   gives the lock back ([`Ticket::start_leaving`]). The host passes it to the core as
 //!   [`Input::Turn`](putex_core::Input::Turn), which only ever *delays* an
 //!   acquisition: a queue cannot weaken any safety rule, and a waiter that
 //!   is wrongly first (or wrongly not) costs fairness, never exclusion.

@@ -9,9 +9,9 @@ use super::*;
 pub(super) struct State {
     /// The slot whose agent armed the keeper first: CMD runs under it.
     pub(super) winner: Option<usize>,
-    /// The slot whose agent won its record first (confirming) and has not
-    /// lost it before activating: the only one that competes until it
-    /// arms the keeper.
+    /// The slot whose agent took a released record first (confirming,
+    /// no fencing gap owed) and has not lost it before activating: the only
+    /// one that competes until a slot arms the keeper.
     pub(super) claimed: Option<usize>,
     /// The winner's activation began: CMD may be running from then on, so
     /// the winner is never handed to another slot.
@@ -360,12 +360,16 @@ impl Host for SlotHost {
             } => {
                 tracing::debug!(slot = self.slot, %from, %to, %reason, "transition");
                 self.shared.with(|s| {
-                    // The first slot of ours to win its record is the one
-                    // to run CMD under: the others stop competing at once,
-                    // instead of taking slots that other clients wait for
-                    // only to give them back. Lost before activating, it
-                    // claims nothing.
-                    if *to == Role::Confirming {
+                    // The first slot of ours to take a released record is
+                    // the one to run CMD under: the others stop competing
+                    // at once, instead of taking slots that other clients
+                    // wait for only to give them back. (One taken from an
+                    // absent or stale record owes a fencing gap first: a
+                    // released slot may still beat it.) Lost before
+                    // activating, it claims nothing.
+                    let released =
+                        matches!(reason, Reason::AcquiredReleased | Reason::AcquiredHandover);
+                    if *to == Role::Confirming && released {
                         s.claimed.get_or_insert(self.slot);
                     } else if matches!(to, Role::Standby | Role::Lapsed)
                         && s.claimed == Some(self.slot)
@@ -463,42 +467,42 @@ impl Host for SlotHost {
 
 /// Keeps [`State::free`] from a watch of every slot's record while the
 /// section runs (the caller aborts it at the end), so that the section
-/// competes for one free slot at a time ([`State::preferred_slot`]). A
-/// failed watch leaves the view unknown — every slot competes, as without
-/// it — and is tried again after a pause.
+/// competes for one released slot at a time ([`State::preferred_slot`]).
+/// A watch that fails or ends leaves the view unknown — every slot
+/// competes, as without it — and all are started again after a pause.
 pub(super) async fn watch_free_slots(shared: Arc<Shared>, keys: Vec<String>, timeout: Duration) {
     use futures::StreamExt;
     loop {
-        // Free means released, and taken at once (S3). An absent record
-        // (never delivered) or a deleted one is not: taking it waits out
-        // the first-use wait (S4), and a holder's staleness is for its
-        // slot's agent to judge.
-        shared.with(|s| s.free = Some(vec![false; keys.len()]));
-        let mut streams = Vec::with_capacity(keys.len());
-        for key in &keys {
-            match shared.store.watch(key, None, timeout).await {
-                Ok(stream) => streams.push(stream),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot watch the slots; every slot competes");
-                    break;
+        let started = future::join_all(keys.iter().map(|k| shared.store.watch(k, None, timeout)));
+        match started.await.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(streams) => {
+                // Released means taken at once (S3). An absent record
+                // (never delivered) or a deleted one is not: taking it
+                // waits out the first-use wait (S4), and a holder's
+                // staleness is for its slot's agent to judge.
+                shared.with(|s| s.free = Some(vec![false; keys.len()]));
+                // Each stream ends with a marker: the contract lets a watch
+                // end, and one that did would freeze its slot's view.
+                let mut events = futures::stream::select_all(streams.into_iter().enumerate().map(
+                    |(slot, s)| {
+                        (s.map(Some)
+                            .chain(futures::stream::once(future::ready(None))))
+                        .map(move |e| (slot, e))
+                    },
+                ));
+                while let Some((slot, Some(Ok(event)))) = events.next().await {
+                    let free = event.entry.is_some_and(|entry| {
+                        matches!(Observed::decode(&entry.value),
+                            Observed::Record(r) if r.state == LockState::Released)
+                    });
+                    shared.with(|s| {
+                        if let Some(f) = s.free.as_mut() {
+                            f[slot] = free;
+                        }
+                    });
                 }
             }
-        }
-        if streams.len() == keys.len() {
-            let mut events = futures::stream::select_all(
-                (streams.into_iter().enumerate()).map(|(slot, s)| s.map(move |e| (slot, e))),
-            );
-            while let Some((slot, Ok(event))) = events.next().await {
-                let free = event.entry.is_some_and(|entry| {
-                    matches!(Observed::decode(&entry.value),
-                        Observed::Record(r) if r.state == LockState::Released)
-                });
-                shared.with(|s| {
-                    if let Some(f) = s.free.as_mut() {
-                        f[slot] = free;
-                    }
-                });
-            }
+            Err(e) => tracing::debug!(error = %e, "cannot watch the slots; every slot competes"),
         }
         shared.with(|s| s.free = None);
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -26,8 +26,8 @@
 //! are refused ([`targets`]). One agent
 //! runs per slot, and while a slot is seen released only one of them
 //! competes; the first to arm the keeper wins, and CMD runs under that
-//! slot alone. A slot that another agent of ours took at the same moment
-//! is released at once.
+//! slot alone. A slot that another agent of ours took as well is given
+//! back when it would activate.
 //!
 //! **Waiting** is watch-driven: a release reaches the waiters as a watch
 //! event, and the first waiter in the fair queue ([`crate::locks::queue`]) takes

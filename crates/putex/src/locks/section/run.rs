@@ -305,9 +305,14 @@ async fn run_inner(
                     shared.with(|s| s.command_exited(exit, clock::boot_time_now()));
                     // CMD runs once: the next in line is admitted now and
                     // is ready when the slot is given back, instead of
-                    // hearing of its turn only after the release.
-                    if let Some(t) = ticket.as_mut() {
-                        t.start_leaving();
+                    // hearing of its turn only after the release. Not with
+                    // --once: the run is recorded just before the release,
+                    // and a waiter admitted before that could take another
+                    // slot and run again in the same period.
+                    if opts.once.is_none() {
+                        if let Some(t) = ticket.as_mut() {
+                            t.start_leaving();
+                        }
                     }
                     // All that is left is giving the lock back: no watch
                     // needs to hear of other processes' writes at once.

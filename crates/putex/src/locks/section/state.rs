@@ -138,10 +138,14 @@ impl SectionState {
     /// down, and — once the section is over — every agent shut down.
     pub(super) fn round(&mut self, round: Round) -> Vec<SlotCommand> {
         let mut commands = Vec::new();
+        // A slot whose agent is gone (a loser, shut down) competes no
+        // more: preferring it would leave nobody competing.
+        let preferred =
+            (round.preferred).filter(|p| !self.stopped[*p] && !round.losers.contains(p));
         for slot in 0..self.turns_sent.len() {
             let ours = match round.winner {
                 Some(w) => w == slot,
-                None => round.preferred.is_none_or(|p| p == slot),
+                None => preferred.is_none_or(|p| p == slot),
             };
             let turn = round.queue_turn && ours && !self.winding_down;
             if self.turns_sent[slot] != Some(turn) {
@@ -343,6 +347,37 @@ mod tests {
             ..waiting_round()
         };
         assert_eq!(s.round(won), [turn(0, false), turn(2, false)]);
+    }
+
+    #[test]
+    fn a_slot_whose_agent_is_gone_is_never_the_only_one_competing() {
+        let mut s = SectionState::new(3);
+        // Slot 1 lost the race for CMD to slot 0 and is shut down; then
+        // slot 0 lost its record before activating, and slot 1's record is
+        // seen released.
+        s.round(Round {
+            winner: Some(0),
+            losers: vec![1],
+            ..waiting_round()
+        });
+        assert_eq!(
+            s.round(Round {
+                preferred: Some(1),
+                ..waiting_round()
+            }),
+            [turn(1, true), turn(2, true)],
+            "every live slot competes (1's agent is gone and ignores it)"
+        );
+        // The same when the loser and the preference come in one round.
+        let mut s = SectionState::new(2);
+        assert_eq!(
+            s.round(Round {
+                preferred: Some(1),
+                losers: vec![1],
+                ..waiting_round()
+            }),
+            [turn(0, true), turn(1, true), shutdown(1)]
+        );
     }
 
     #[test]
