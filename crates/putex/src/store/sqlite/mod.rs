@@ -1047,9 +1047,10 @@ async fn feed(
             _ = wake.exiting.told.notified() => continue,
         }
         // Changes made before this read are read now: their events are
-        // no reason to read again (our own commits' among them).
+        // no reason to read again (our own commits' among them). One taken
+        // here counts as a wake by the file: its commit may not show yet.
         if let Some(w) = wal.as_mut() {
-            w.drain();
+            by_wal |= w.drain();
         }
         let Some(hub) = hub.upgrade() else { return };
         let polled = on_conn(
@@ -1152,14 +1153,18 @@ impl WalChanges {
         }
     }
 
-    /// Takes the events already there without waiting: the read that
-    /// follows sees their commits, or (not visible yet) is tried again.
-    fn drain(&mut self) {
+    /// Takes the events already there without waiting, and says whether
+    /// there were any: the read that follows sees their commits, or (not
+    /// visible yet) is tried again.
+    fn drain(&mut self) -> bool {
         use futures::{FutureExt, StreamExt};
-        if self.watch.is_none() {
-            return;
+        let mut any = false;
+        if self.watch.is_some() {
+            while let Some(Some(Ok(_))) = self.events.next().now_or_never() {
+                any = true;
+            }
         }
-        while let Some(Some(Ok(_))) = self.events.next().now_or_never() {}
+        any
     }
 
     /// Removes the watch now, keeping the descriptor. Removing a watch
