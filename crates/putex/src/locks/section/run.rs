@@ -209,11 +209,13 @@ async fn run_inner(
     });
 
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
-    // A semaphore watches its slots, to compete for one free slot at a time.
-    let slot_view = (keys.len() > 1).then(|| {
+    // A semaphore watches its slots, to compete for one free slot at a time
+    // (a set: the watch ends with the section, however it ends).
+    let mut slot_view = tokio::task::JoinSet::new();
+    if keys.len() > 1 {
         shared.with(|s| s.spread = spread_of(&instance));
-        tokio::spawn(watch_free_slots(shared.clone(), keys.clone(), timeout))
-    });
+        slot_view.spawn(watch_free_slots(shared.clone(), keys.clone(), timeout));
+    }
 
     // One agent per slot.
     let mut inputs = Vec::new();
@@ -381,9 +383,7 @@ async fn run_inner(
             },
         }
     }
-    if let Some(view) = slot_view {
-        view.abort();
-    }
+    slot_view.abort_all();
     // The lock is given back: out of line, the keeper told to go, the
     // history written — all at once, each a round trip of its own.
     if opts.exits_after {
