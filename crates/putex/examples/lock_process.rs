@@ -375,6 +375,9 @@ fn semaphore_at_its_limit(
         .collect();
     let ms = |ns: u128| ns as f64 / 1e6;
     let first_start = starts.first().map(|t| ms(t.saturating_sub(launched_ns)));
+    let slots_full = starts
+        .get(SLOTS - 1)
+        .map(|t| ms(t.saturating_sub(launched_ns)));
     let mut handoffs: Vec<f64> = starts
         .iter()
         .skip(SLOTS)
@@ -400,11 +403,12 @@ fn semaphore_at_its_limit(
     println!("semaphore, {SLOTS} slots, {CLIENTS} clients holding {HOLD_MS} ms ({store}): {figure}; {vs}");
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     println!(
-        "  where the time goes ({store}): first CMD started {} after the launch; \
-         each CMD held its slot {} (median, by its own lines; {HOLD_MS} ms asked); \
+        "  where the time goes ({store}): first CMD started {} after the launch, \
+         the {SLOTS}th {}; each CMD held its slot {} (median, by its own lines; {HOLD_MS} ms asked); \
          hand-offs (a CMD's end to the next start in its slot) median {}, max {}; \
          last CMD ended {} after the launch",
         opt(first_start),
+        opt(slots_full),
         opt(hold_median),
         opt(handoff_median),
         opt(handoff_max),
@@ -420,7 +424,7 @@ fn semaphore_at_its_limit(
         "store": store, "clients": CLIENTS, "slots": SLOTS, "hold_ms": HOLD_MS,
         "total_ms": ms_f(total), "ideal_ms": ms_f(ideal), "ratio": r,
         "most_inside": most, "ran": ran, "failed": failed,
-        "first_start_ms": first_start, "hold_median_ms": hold_median, "handoff_median_ms": handoff_median,
+        "first_start_ms": first_start, "slots_full_ms": slots_full, "hold_median_ms": hold_median, "handoff_median_ms": handoff_median,
         "handoff_max_ms": handoff_max, "last_end_ms": last_end,
     })
 }
