@@ -373,7 +373,7 @@ async fn remove_ticket(store: &AnyStore, key: &str, mut token: Token, waiter: &W
             tracing::debug!("ticket not removed; it expires");
             return;
         }
-        match store.delete(key, token, timeout).await {
+        match store.retire(key, token, timeout).await {
             Ok(()) => return,
             Err(e @ StoreError::Config { .. }) => {
                 tracing::debug!(error = %e, "ticket not removed; it expires");
@@ -719,7 +719,7 @@ async fn watch_line(
                     let sweeping = sweeping.clone();
                     tokio::spawn(async move {
                         for (k, t) in dead {
-                            if store.delete(&k, t, timeout).await.is_ok() {
+                            if store.retire(&k, t, timeout).await.is_ok() {
                                 tracing::debug!(ticket = %k, "removed an expired ticket");
                             }
                         }

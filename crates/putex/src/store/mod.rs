@@ -59,6 +59,14 @@ pub use names::{Name, NameError, NodeId};
 pub use nats::NatsStore;
 pub use sqlite::SqliteStore;
 
+/// How long a store keeps the trace of a retired key ([`Store::retire`]):
+/// the delete marker (NATS, as a per-message TTL) or tombstone (SQLite)
+/// that tells watchers the key is gone. Long enough for any watcher that
+/// is merely slow (a feed re-established after a server restart or a
+/// leader election, 4–9 s); short enough that a busy queue's markers stay
+/// few (a resource handed on 300 times a second keeps 9,000).
+pub const RETIRED_KEPT: Duration = Duration::from_secs(30);
+
 /// The store operation an error is about.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Op {
@@ -279,6 +287,26 @@ pub trait Store: Send + Sync {
         timeout: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// [`Store::delete`] for a key that is never written again (a waiter's
+    /// ticket, an HTTP grant: their keys name one waiter or one request):
+    /// watchers see the delete as usual, and [`RETIRED_KEPT`] later the
+    /// store forgets the key altogether. A plain delete leaves a delete
+    /// marker (NATS) or a tombstone (SQLite) for good, and every one of
+    /// them costs each later watch of its prefix a delivery: one per
+    /// `putex lock` run, without end (`docs/stores.md`, "Retired keys").
+    /// A watcher that misses more than [`RETIRED_KEPT`] of changes may miss
+    /// such a delete; the records retired this way expire by observation
+    /// anyway (a ticket nobody refreshes is skipped). The default is
+    /// [`Store::delete`] (etcd keeps no deleted key beyond its compaction).
+    fn retire(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.delete(key, expected, timeout)
+    }
+
     /// Watches the keys that `filter` selects: `""` for every key, a prefix
     /// ending in `.` (e.g. `"member.pg."`) for the keys under it, or one key.
     ///
@@ -431,6 +459,15 @@ impl Store for AnyStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         delegate!(self, s => s.delete(key, expected, timeout))
+    }
+
+    async fn retire(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.retire(key, expected, timeout))
     }
 
     async fn watch(

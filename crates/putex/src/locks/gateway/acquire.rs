@@ -329,7 +329,7 @@ impl Gateway {
         let t = self.timeout();
         let key = keys::grant(resource, uid);
         if let Ok(Some(g)) = self.store.get(&key, ReadMode::Any, t).await {
-            let _ = self.store.delete(&key, g.token, t).await;
+            let _ = self.store.retire(&key, g.token, t).await;
         }
     }
 }

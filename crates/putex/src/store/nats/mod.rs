@@ -44,7 +44,7 @@ use super::keys::{validate_filter, validate_key};
 use super::url::{NatsAuth, NatsConfig};
 use super::{
     with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token, WatchEvent,
-    WatchStream,
+    WatchStream, RETIRED_KEPT,
 };
 
 /// The one clock domain of NATS store time.
@@ -65,6 +65,11 @@ const OPEN_ATTEMPT: Duration = Duration::from_secs(1);
 const OPEN_ATTEMPT_MAX: Duration = Duration::from_secs(4);
 
 const KV_OPERATION: &str = "KV-Operation";
+/// A per-message TTL (nats-server 2.11 and later, on a stream that allows
+/// them): the message is removed when it passes.
+const NATS_TTL: &str = "Nats-TTL";
+/// With `sub`: the message replaces every earlier message of its subject.
+const NATS_ROLLUP: &str = "Nats-Rollup";
 const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// "wrong last sequence": the compare-and-swap did not match.
 const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
@@ -117,6 +122,21 @@ struct Inner {
     echo: tokio::sync::Mutex<Option<(String, async_nats::Subscriber)>>,
     /// How many servers the URL names.
     servers: usize,
+    /// Whether the bucket allows per-message TTLs, so that a retired key's
+    /// marker can expire ([`Store::retire`]).
+    ttl_allowed: bool,
+}
+
+/// What a write publishes besides its value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Marker {
+    /// A value.
+    None,
+    /// A delete marker.
+    Delete,
+    /// A purge marker that replaces the key's earlier messages and expires
+    /// after [`RETIRED_KEPT`]: then nothing of the key is left.
+    Retire,
 }
 
 /// How many calls of one handle are under way at once; the rest wait their
@@ -312,7 +332,8 @@ impl NatsStore {
     }
 
     /// Publishes to the key's subject; `expect` is the required last
-    /// revision of the key (0 = none), `delete` writes a delete marker.
+    /// revision of the key (0 = none), `marker` says whether it is a value
+    /// or which marker.
     /// Returns the revision written.
     async fn publish(
         &self,
@@ -320,7 +341,7 @@ impl NatsStore {
         key: &str,
         value: &[u8],
         expect: Option<u64>,
-        delete: bool,
+        marker: Marker,
     ) -> Result<u64, StoreError> {
         let subject = format!("{}{key}", self.inner.subject_prefix);
         let mut headers = HeaderMap::new();
@@ -330,8 +351,14 @@ impl NatsStore {
                 async_nats::HeaderValue::from(rev),
             );
         }
-        if delete {
-            headers.insert(KV_OPERATION, "DEL");
+        match marker {
+            Marker::None => {}
+            Marker::Delete => headers.insert(KV_OPERATION, "DEL"),
+            Marker::Retire => {
+                headers.insert(KV_OPERATION, "PURGE");
+                headers.insert(NATS_ROLLUP, "sub");
+                headers.insert(NATS_TTL, format!("{}s", RETIRED_KEPT.as_secs()).as_str());
+            }
         }
         let ack = self
             .inner
@@ -452,7 +479,7 @@ impl NatsStore {
         key: &str,
         value: &[u8],
         expected: Token,
-        delete: bool,
+        marker: Marker,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
@@ -482,7 +509,7 @@ impl NatsStore {
                     return Err(StoreError::conflict(op, key));
                 }
                 match self
-                    .publish(op, key, value, Some(expected.revision), delete)
+                    .publish(op, key, value, Some(expected.revision), marker)
                     .await
                 {
                     Ok(revision) => Ok(Token::new(epoch, revision)),
@@ -566,7 +593,10 @@ impl Store for NatsStore {
         self.call(Op::Create, key, timeout, || {
             Box::pin(async move {
                 self.refresh_epoch(Op::Create, key).await?;
-                match self.publish(Op::Create, key, value, Some(0), false).await {
+                match self
+                    .publish(Op::Create, key, value, Some(0), Marker::None)
+                    .await
+                {
                     Err(StoreError::Conflict { .. }) => {}
                     other => return other.map(|rev| self.token(rev)),
                 }
@@ -574,7 +604,7 @@ impl Store for NatsStore {
                 // means a compare-and-swap on the marker.
                 match self.raw(key, ReadMode::Leader).await {
                     Ok(Raw::Deleted(rev)) => self
-                        .publish(Op::Create, key, value, Some(rev), false)
+                        .publish(Op::Create, key, value, Some(rev), Marker::None)
                         .await
                         .map(|rev| self.token(rev)),
                     // The first attempt was definitely not applied.
@@ -592,7 +622,7 @@ impl Store for NatsStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
-        self.cas(Op::Update, key, value, expected, false, timeout)
+        self.cas(Op::Update, key, value, expected, Marker::None, timeout)
             .await
     }
 
@@ -601,7 +631,7 @@ impl Store for NatsStore {
         self.call(Op::Put, key, timeout, || {
             Box::pin(async move {
                 self.refresh_epoch(Op::Put, key).await?;
-                self.publish(Op::Put, key, value, None, false)
+                self.publish(Op::Put, key, value, None, Marker::None)
                     .await
                     .map(|rev| self.token(rev))
             })
@@ -615,7 +645,25 @@ impl Store for NatsStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        self.cas(Op::Delete, key, &[], expected, true, timeout)
+        self.cas(Op::Delete, key, &[], expected, Marker::Delete, timeout)
+            .await
+            .map(drop)
+    }
+
+    async fn retire(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        // A bucket that allows no TTLs (a server before 2.11, credentials
+        // that may not update the stream) keeps a delete marker instead.
+        let marker = if self.inner.ttl_allowed {
+            Marker::Retire
+        } else {
+            Marker::Delete
+        };
+        self.cas(Op::Delete, key, &[], expected, marker, timeout)
             .await
             .map(drop)
     }

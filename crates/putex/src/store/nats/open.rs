@@ -148,6 +148,7 @@ impl NatsStore {
         check_bucket(&cfg.bucket, cfg.replicas, &stream_info.config)?;
         let epoch = nanos!(stream_info.created);
         date_revisions(&mut kv, &cfg.bucket, &stream_info).await;
+        let ttl_allowed = allow_ttl(&js, &cfg.bucket, &stream_info).await;
         let subject_prefix = kv.put_prefix.clone().unwrap_or_else(|| kv.prefix.clone());
         // A bucket deleted and re-created under a live connection shows no
         // reconnect: re-read the epoch every EPOCH_RECHECK too, so that a
@@ -179,6 +180,7 @@ impl NatsStore {
                 choice,
                 echo: tokio::sync::Mutex::new(None),
                 servers: cfg.servers.len(),
+                ttl_allowed,
             }),
         })
     }
@@ -292,6 +294,70 @@ async fn date_revisions(kv: &mut kv::Store, bucket: &str, info: &jetstream::stre
     }
 }
 
+/// Lets the bucket's stream take per-message TTLs (nats-server 2.11 and
+/// later), so that the marker of a retired key expires and nothing of the
+/// key is left ([`Store::retire`](crate::store::Store::retire)). False when
+/// that cannot be done (credentials that may not update the stream): then a
+/// retired key leaves a delete marker, as any delete does. Putex sets a TTL
+/// on nothing but those markers.
+async fn allow_ttl(js: &jetstream::Context, bucket: &str, info: &jetstream::stream::Info) -> bool {
+    if info.config.allow_message_ttl {
+        return true;
+    }
+    let stream = &info.config.name;
+    // The stream's configuration as the server has it, with every field
+    // (this client may not know them all, and an update sets each one),
+    // and TTLs allowed.
+    let update = async {
+        let info: serde_json::Value = js
+            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut config = info
+            .get("config")
+            .cloned()
+            .ok_or_else(|| format!("no configuration in {info}"))?;
+        config
+            .as_object_mut()
+            .ok_or("the configuration is no object")?
+            .insert("allow_msg_ttl".into(), true.into());
+        let answer: serde_json::Value = js
+            .request(format!("STREAM.UPDATE.{stream}"), &config)
+            .await
+            .map_err(|e| e.to_string())?;
+        match answer.pointer("/config/allow_msg_ttl") {
+            Some(serde_json::Value::Bool(true)) => Ok(()),
+            _ => Err(answer
+                .get("error")
+                .map_or_else(|| answer.to_string(), ToString::to_string)),
+        }
+    };
+    match tokio::time::timeout(OPEN_ATTEMPT_MAX, update).await {
+        Ok(Ok(())) => {
+            tracing::info!(
+                bucket,
+                "the bucket now allows per-message TTLs: the markers of queue tickets and HTTP grants expire"
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(
+                bucket,
+                error = %e,
+                "cannot let the bucket take per-message TTLs: every queue ticket and HTTP grant leaves a delete marker, and each costs later waiters of its lock (allow_msg_ttl on the stream, or `nats kv compact` now and then)"
+            );
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                bucket,
+                "no answer to allowing per-message TTLs on the bucket; queue tickets and HTTP grants leave delete markers until the next start"
+            );
+            false
+        }
+    }
+}
+
 /// Parses `major.minor.patch[-suffix]`.
 pub(super) fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
     let core = v.trim_start_matches('v').split(['-', '+']).next()?;
@@ -327,12 +393,6 @@ fn check_bucket(
             "NATS bucket {bucket:?} expires records after {:?}: a lock record must never expire. Use a bucket without a TTL (or let putex create one)",
             c.max_age
         )));
-    }
-    if c.allow_message_ttl {
-        tracing::warn!(
-            bucket,
-            "the bucket allows per-message TTLs; putex never sets one"
-        );
     }
     if c.max_messages_per_subject < 2 {
         tracing::warn!(

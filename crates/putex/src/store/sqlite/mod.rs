@@ -57,7 +57,7 @@ use super::hub::Hub;
 use super::keys::{filter_matches, validate_filter, validate_key};
 use super::{
     boot_time_now, wall_nanos, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime,
-    Token, WatchEvent, WatchStream,
+    Token, WatchEvent, WatchStream, RETIRED_KEPT,
 };
 
 /// How often the watch feed reads new revisions when nothing told it of a
@@ -139,6 +139,9 @@ struct Queued {
     key: String,
     value: Option<Vec<u8>>,
     expect: Expect,
+    /// A delete of a retired key ([`Store::retire`]): its siblings'
+    /// tombstones older than [`RETIRED_KEPT`] go with it.
+    retire: bool,
     reply: tokio::sync::oneshot::Sender<Result<Token, StoreError>>,
 }
 
@@ -530,6 +533,20 @@ impl SqliteStore {
         expect: Expect,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
+        self.write_queued(op, key, value, expect, false, timeout)
+            .await
+    }
+
+    /// [`Self::write`], for a retired key's delete too (`retire`).
+    async fn write_queued(
+        &self,
+        op: Op,
+        key: &str,
+        value: Option<&[u8]>,
+        expect: Expect,
+        retire: bool,
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
         validate_key(key)?;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         self.inner.queued.lock().push(Queued {
@@ -537,6 +554,7 @@ impl SqliteStore {
             key: key.to_owned(),
             value: value.map(<[u8]>::to_vec),
             expect,
+            retire,
             reply,
         });
         let inner = self.inner.clone();
@@ -662,7 +680,41 @@ fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<
         to_i64(now.era),
         to_i64(now.nanos)
     ])?;
+    if q.retire {
+        forget_retired_siblings(tx, &q.key, now)?;
+    }
     Ok(Some(from_i64(revision)))
+}
+
+/// Removes the tombstones under `key`'s parent prefix (`queue.<name>.` for
+/// a ticket) that are older than [`RETIRED_KEPT`] — or from another boot,
+/// whose times do not compare — now that a watcher has had that long to see
+/// each ([`Store::retire`]). Only retired keys live under such a prefix, so
+/// every tombstone there is a retired key's.
+fn forget_retired_siblings(
+    tx: &rusqlite::Transaction<'_>,
+    key: &str,
+    now: StoreTime,
+) -> rusqlite::Result<()> {
+    let Some(dot) = key.rfind('.') else {
+        return Ok(());
+    };
+    let prefix = &key[..=dot];
+    // Every key under the prefix sorts before the prefix with its last
+    // `.` raised to `/`.
+    let end = format!("{}/", &key[..dot]);
+    let kept = u64::try_from(RETIRED_KEPT.as_nanos()).unwrap_or(u64::MAX);
+    tx.prepare_cached(
+        "DELETE FROM kv WHERE key > ?1 AND key < ?2 AND value IS NULL
+             AND (era != ?3 OR nanos < ?4)",
+    )?
+    .execute(params![
+        prefix,
+        end,
+        to_i64(now.era),
+        to_i64(now.nanos.saturating_sub(kept))
+    ])?;
+    Ok(())
 }
 
 /// `f`, then the check that the store's files are still the ones the
@@ -874,6 +926,28 @@ impl Store for SqliteStore {
             key,
             None,
             Expect::At(expected.revision),
+            timeout,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn retire(
+        &self,
+        key: &str,
+        expected: Token,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if expected.epoch != self.inner.epoch {
+            validate_key(key)?;
+            return Err(StoreError::conflict(Op::Delete, key));
+        }
+        self.write_queued(
+            Op::Delete,
+            key,
+            None,
+            Expect::At(expected.revision),
+            true,
             timeout,
         )
         .await

@@ -356,3 +356,67 @@ fn a_wal_change_that_shows_nothing_yet_is_read_again_soon() {
     // The poll or our own write finding nothing: nothing sooner.
     assert_eq!(next_recheck(false, false, None), None);
 }
+
+/// A retired key's tombstone stays for watchers; the next retire under the
+/// same prefix removes the tombstones there older than `RETIRED_KEPT` (or
+/// from another boot) and nothing else. Before, every ticket left its
+/// tombstone for good: after 40,000 runs a `putex lock` took 57 ms.
+#[tokio::test]
+async fn retiring_a_key_forgets_its_siblings_old_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    for key in [
+        "queue.s.old",
+        "queue.s.boot",
+        "queue.s.young",
+        "queue.other.old",
+    ] {
+        let t = s.create(key, b"t", T).await.unwrap();
+        s.retire(key, t, T).await.unwrap();
+    }
+    let live = s.create("queue.s.live", b"t", T).await.unwrap();
+    let raw = Connection::open(&path).unwrap();
+    let kept = i64::try_from(RETIRED_KEPT.as_nanos()).unwrap();
+    raw.execute(
+        "UPDATE kv SET nanos = nanos - ?1 - 1 WHERE key IN ('queue.s.old', 'queue.other.old')",
+        [kept],
+    )
+    .unwrap();
+    raw.execute("UPDATE kv SET era = era + 1 WHERE key = 'queue.s.boot'", [])
+        .unwrap();
+    let rows = || -> Vec<String> {
+        let mut st = raw.prepare("SELECT key FROM kv ORDER BY key").unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(rows().len(), 5);
+
+    let t = s.create("queue.s.new", b"t", T).await.unwrap();
+    s.retire("queue.s.new", t, T).await.unwrap();
+    assert_eq!(
+        rows(),
+        [
+            "queue.other.old",
+            "queue.s.live",
+            "queue.s.new",
+            "queue.s.young"
+        ],
+        "the old and other-boot tombstones under queue.s. are gone, the rest stay"
+    );
+    assert!(s
+        .get("queue.s.live", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .is_some_and(|e| e.token == live));
+    // A plain delete removes nothing else.
+    raw.execute(
+        "UPDATE kv SET nanos = nanos - ?1 - 1 WHERE key = 'queue.s.young'",
+        [kept],
+    )
+    .unwrap();
+    s.delete("queue.s.live", live, T).await.unwrap();
+    assert!(rows().contains(&"queue.s.young".to_owned()));
+}
