@@ -1465,3 +1465,58 @@ async fn store_nats_snapshots_miss_no_busy_key() {
     let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
     snapshots_miss_no_busy_key(&s).await;
 }
+
+/// Pruning transition records in one request: every key under the prefix
+/// but the newest `keep` goes, with nothing left of it (no marker, no
+/// tombstone), and nothing outside the prefix is touched. On NATS the
+/// server counts the scan marker's messages among those kept; SQLite
+/// spares the marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_purge_prefix_keeping_keeps_the_newest() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
+    let nats = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    for s in [&nats, &sqlite] {
+        for i in 0..20 {
+            s.put(&format!("history.p.n-{i:02}"), b"{}", T)
+                .await
+                .unwrap();
+        }
+        s.put("history.p.=scan", b"{}", T).await.unwrap();
+        s.put("history.p.n-03", b"{}", T).await.unwrap(); // written again: among the newest
+        s.put("history.q.n-00", b"{}", T).await.unwrap();
+        let (purged, kept) = match s {
+            AnyStore::Nats(n) => (n.purge_prefix_keeping("history.p.", 5, T).await.unwrap(), 4),
+            AnyStore::Sqlite(q) => (
+                q.purge_prefix_keeping("history.p.", 5, "history.p.=scan", T)
+                    .await
+                    .unwrap(),
+                5,
+            ),
+            _ => unreachable!(),
+        };
+        let mut w = s.watch("history.", None, T).await.unwrap();
+        let marker = s.put("history.zz", b"{}", T).await.unwrap();
+        let state = latest(&events_until(&mut w, marker.revision).await);
+        let mut left: Vec<&str> = state
+            .keys()
+            .map(String::as_str)
+            .filter(|k| k.starts_with("history.p.n-"))
+            .collect();
+        left.sort_unstable();
+        let mut want = vec![
+            "history.p.n-03",
+            "history.p.n-19",
+            "history.p.n-18",
+            "history.p.n-17",
+            "history.p.n-16",
+        ];
+        want.truncate(kept);
+        want.sort_unstable();
+        assert_eq!(left, want, "{s:?}");
+        assert!(state.contains_key("history.p.=scan"), "{s:?}");
+        assert!(state.contains_key("history.q.n-00"), "{s:?}");
+        assert!(purged >= 15, "{s:?}: {purged}");
+    }
+}

@@ -48,14 +48,19 @@
 //!
 //! Distinct keys are not bounded by a bucket's per-key history, so the
 //! writers prune: after about one write in [`PRUNE_EVERY`] (when the store
-//! revision of the write is a multiple of it) the writer reads the lock's
-//! records and removes all but the newest [`KEEP`]. On NATS a record is
+//! revision of the write, scrambled, is a multiple of it: [`prune_due`])
+//! the writer reads the lock's records and removes all but the newest
+//! [`KEEP`]. On NATS a record is
 //! removed by purging its subject from the stream, so nothing of it
 //! remains (a plain delete would leave a delete marker and the old value
 //! behind); if the credentials may not purge, it falls back to a delete.
+//! A flush (the exit's) finishes a prune that is due or under way, so a
+//! one-shot command's records are pruned too: before, `putex lock` exited
+//! in the middle of every prune and its lock kept every record ever
+//! written (4,005 after 1,000 runs).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,9 +82,24 @@ pub(crate) use writer::{HistoryWriter, WriterConfig};
 pub const RECORD_VERSION: u32 = 1;
 /// How many transition records per lock the writers keep.
 pub const KEEP: usize = 1000;
-/// The writers prune after a write whose store revision is a multiple of
-/// this: about one write in `PRUNE_EVERY`.
+/// The writers prune after about one write in `PRUNE_EVERY`: one whose
+/// store revision, scrambled ([`prune_due`]), is a multiple of it.
 pub const PRUNE_EVERY: u64 = 32;
+
+/// Whether the write that got `revision` makes a prune due: about one in
+/// `every`, whatever the pattern of revisions. The revision itself would
+/// not do: a `putex lock` run writes the same records in the same order
+/// each time, so its transition records' revisions can keep the same
+/// remainders run after run and never meet a multiple (1,000 runs pruned
+/// nothing). One writer of several racing for the same revisions prunes.
+pub(crate) fn prune_due(revision: u64, every: u64) -> bool {
+    // splitmix64's finaliser: every bit of the revision moves the result.
+    let mut z = revision.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    every > 0 && z.is_multiple_of(every)
+}
 /// Records a writer queues before it drops new ones.
 const QUEUE: usize = 256;
 

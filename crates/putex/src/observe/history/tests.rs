@@ -370,18 +370,13 @@ async fn writer_writes_in_order_and_prunes() {
         // Not recorded.
         w.transition(Role::Starting, Role::Standby, &Reason::Started, None);
     }
+    // The flush finishes the prune that the last write made due, as a
+    // process about to exit needs (`putex lock`): nothing to wait for after.
     w.flush(Duration::from_secs(5)).await;
-    // Pruning runs beside the writes: give the last one a moment.
-    let mut all = Vec::new();
-    for _ in 0..100 {
-        all = read(&store, &"pg".parse().unwrap(), Duration::from_secs(2))
-            .await
-            .unwrap();
-        if all.len() <= 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    drop(w);
+    let all = read(&store, &"pg".parse().unwrap(), Duration::from_secs(2))
+        .await
+        .unwrap();
     assert_eq!(all.len(), 4, "{all:?}");
     let seqs: Vec<u64> = all.iter().map(|s| s.record.seq).collect();
     assert_eq!(seqs, [6, 7, 8, 9]);
@@ -390,4 +385,58 @@ async fn writer_writes_in_order_and_prunes() {
         .starts_with("history.pg.db1.example.com-abcdef01-"));
     assert_eq!(all[3].record.reason_code, "activated");
     assert_eq!(all[3].record.token, Some(Token::new(1, 3)));
+}
+
+/// A one-shot command's writer (`putex lock`): a few records, the exit's
+/// flush, and the runtime gone right after — every task cut off, as at a
+/// process exit. The flush finishes the prune the last record made due;
+/// before, the exit cut every prune short and the lock kept every record
+/// ever written.
+#[test]
+fn a_flush_finishes_the_due_prune_before_the_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let t = Duration::from_secs(2);
+    for run in 0..3 {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let store =
+                AnyStore::from(crate::store::SqliteStore::open(path.clone()).await.unwrap());
+            let mut cfg = WriterConfig::for_test("pg", "a", &format!("i{run}"), t);
+            cfg.keep = 2;
+            cfg.prune_every = 1;
+            let w = HistoryWriter::spawn(store, cfg);
+            for _ in 0..2 {
+                w.transition(Role::Confirming, Role::Active, &Reason::Activated, None);
+                w.transition(Role::Active, Role::SteppingDown, &Reason::Shutdown, None);
+            }
+            w.flush(t).await;
+        });
+        drop(rt);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let left = rt.block_on(async {
+        let store = AnyStore::from(crate::store::SqliteStore::open(path.clone()).await.unwrap());
+        read(&store, &"pg".parse().unwrap(), t).await.unwrap()
+    });
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+/// A prune is due after about one write in `PRUNE_EVERY`, also when the
+/// revisions keep one remainder (a `putex lock` run writing the same
+/// records each time: 1,000 runs whose transition records' revisions were
+/// never a multiple of 32 pruned nothing).
+#[test]
+fn a_prune_is_due_about_once_in_prune_every_whatever_the_revisions() {
+    for (start, step) in [(1_796_006_227_958_561_u64, 32), (5, 64), (1, 1), (7, 4)] {
+        let due = (0..32_000u64)
+            .filter(|i| prune_due(start + i * step, PRUNE_EVERY))
+            .count();
+        assert!(
+            (700..1300).contains(&due),
+            "{start}+{step}k: {due} of 32,000"
+        );
+    }
+    assert!((0..100).all(|r| prune_due(r, 1)));
+    assert!(!(0..100).any(|r| prune_due(r, 0)));
 }

@@ -258,6 +258,34 @@ impl NatsStore {
         .await
     }
 
+    /// Removes every message under `prefix` (ending in `.`) but the newest
+    /// `keep`, in one request to the server (a stream purge with a filter
+    /// and `keep`): nothing of the removed keys remains, and watchers never
+    /// learn of it. For write-once records that nobody reads any more
+    /// (transition records beyond the newest [`KEEP`](crate::observe::history::KEEP));
+    /// never for lock records. Returns how many messages went.
+    pub async fn purge_prefix_keeping(
+        &self,
+        prefix: &str,
+        keep: u64,
+        timeout: Duration,
+    ) -> Result<u64, StoreError> {
+        validate_filter(prefix)?;
+        let filter = format!("{}{}", self.inner.subject_prefix, nats_filter(prefix));
+        with_deadline(Op::Delete, prefix, timeout, async {
+            self.inner
+                .kv
+                .stream
+                .purge()
+                .filter(filter)
+                .keep(keep)
+                .await
+                .map(|r| r.purged)
+                .map_err(|e| StoreError::unknown(Op::Delete, prefix, e))
+        })
+        .await
+    }
+
     /// Re-reads the epoch if a reconnect happened or [`EPOCH_RECHECK`]
     /// passed.
     async fn refresh_epoch(&self, op: Op, key: &str) -> Result<(), StoreError> {

@@ -497,6 +497,39 @@ impl SqliteStore {
         .await
     }
 
+    /// Removes every row under `prefix` (ending in `.`) but the `keep`
+    /// newest (by revision) and `spare`, tombstones included, leaving no
+    /// tombstone: watchers never learn of it. For write-once records that
+    /// nobody reads any more (transition records beyond the newest
+    /// [`KEEP`](crate::observe::history::KEEP), sparing the scan marker);
+    /// never for lock records. Returns how many rows went.
+    pub async fn purge_prefix_keeping(
+        &self,
+        prefix: &str,
+        keep: u64,
+        spare: &str,
+        timeout: Duration,
+    ) -> Result<u64, StoreError> {
+        validate_filter(prefix)?;
+        let Some(stem) = prefix.strip_suffix('.') else {
+            return Err(StoreError::config(format!(
+                "{prefix:?} is no prefix (it must end in `.`)"
+            )));
+        };
+        let (from, to, spare) = (prefix.to_owned(), format!("{stem}/"), spare.to_owned());
+        self.blocking(Op::Delete, prefix, timeout, move |conn| {
+            conn.execute(
+                "DELETE FROM kv WHERE key > ?1 AND key < ?2 AND key != ?3 AND revision NOT IN (
+                     SELECT revision FROM kv WHERE key > ?1 AND key < ?2 AND key != ?3
+                     ORDER BY revision DESC LIMIT ?4)",
+                params![from, to, spare, to_i64(keep)],
+            )
+            .map(|n| n as u64)
+            .map_err(|e| sql_err(Op::Delete, &from, &e))
+        })
+        .await
+    }
+
     /// Runs blocking work on the main connection, within the deadline,
     /// checking after it that the files are still in place.
     async fn blocking<T: Send + 'static>(
