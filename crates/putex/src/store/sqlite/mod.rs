@@ -570,6 +570,24 @@ impl SqliteStore {
             .await
     }
 
+    /// [`Store::delete`], or with `retire` [`Store::retire`].
+    async fn delete_at(
+        &self,
+        key: &str,
+        expected: Token,
+        retire: bool,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if expected.epoch != self.inner.epoch {
+            validate_key(key)?;
+            return Err(StoreError::conflict(Op::Delete, key));
+        }
+        let at = Expect::At(expected.revision);
+        self.write_queued(Op::Delete, key, None, at, retire, timeout)
+            .await
+            .map(drop)
+    }
+
     /// [`Self::write`], for a retired key's delete too (`retire`).
     async fn write_queued(
         &self,
@@ -950,19 +968,7 @@ impl Store for SqliteStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        if expected.epoch != self.inner.epoch {
-            validate_key(key)?;
-            return Err(StoreError::conflict(Op::Delete, key));
-        }
-        self.write(
-            Op::Delete,
-            key,
-            None,
-            Expect::At(expected.revision),
-            timeout,
-        )
-        .await
-        .map(drop)
+        self.delete_at(key, expected, false, timeout).await
     }
 
     async fn retire(
@@ -971,20 +977,7 @@ impl Store for SqliteStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        if expected.epoch != self.inner.epoch {
-            validate_key(key)?;
-            return Err(StoreError::conflict(Op::Delete, key));
-        }
-        self.write_queued(
-            Op::Delete,
-            key,
-            None,
-            Expect::At(expected.revision),
-            true,
-            timeout,
-        )
-        .await
-        .map(drop)
+        self.delete_at(key, expected, true, timeout).await
     }
 
     async fn watch(
