@@ -479,6 +479,18 @@ async fn store_nats_a_retired_key_leaves_nothing_behind() {
     };
     assert!(!stream().await.config.allow_message_ttl);
     let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    // Allowed beside the open, not in its way.
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let asked = Instant::now();
+    while !n.retires_leave_nothing() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "TTLs never allowed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         stream().await.config.allow_message_ttl,
         "putex lets the bucket take TTLs"

@@ -123,8 +123,9 @@ struct Inner {
     /// How many servers the URL names.
     servers: usize,
     /// Whether the bucket allows per-message TTLs, so that a retired key's
-    /// marker can expire ([`Store::retire`]).
-    ttl_allowed: bool,
+    /// marker can expire ([`Store::retire`]). Set once the bucket does:
+    /// at the open, or when the update that allows them returns.
+    ttl_allowed: AtomicBool,
 }
 
 /// What a write publishes besides its value.
@@ -284,6 +285,14 @@ impl NatsStore {
                 .map_err(|e| StoreError::unknown(Op::Delete, prefix, e))
         })
         .await
+    }
+
+    /// Whether a retired key's marker expires ([`Store::retire`]): the
+    /// bucket allows per-message TTLs. An old bucket is made to allow them
+    /// in the background of the open; until then, and if it cannot be,
+    /// retired keys leave delete markers.
+    pub fn retires_leave_nothing(&self) -> bool {
+        self.inner.ttl_allowed.load(Ordering::SeqCst)
     }
 
     /// Re-reads the epoch if a reconnect happened or [`EPOCH_RECHECK`]
@@ -686,7 +695,7 @@ impl Store for NatsStore {
     ) -> Result<(), StoreError> {
         // A bucket that allows no TTLs (a server before 2.11, credentials
         // that may not update the stream) keeps a delete marker instead.
-        let marker = if self.inner.ttl_allowed {
+        let marker = if self.retires_leave_nothing() {
             Marker::Retire
         } else {
             Marker::Delete

@@ -148,7 +148,7 @@ impl NatsStore {
         check_bucket(&cfg.bucket, cfg.replicas, &stream_info.config)?;
         let epoch = nanos!(stream_info.created);
         date_revisions(&mut kv, &cfg.bucket, &stream_info).await;
-        let ttl_allowed = allow_ttl(&js, &cfg.bucket, &stream_info).await;
+        let ttl_allowed = stream_info.config.allow_message_ttl;
         let subject_prefix = kv.put_prefix.clone().unwrap_or_else(|| kv.prefix.clone());
         // A bucket deleted and re-created under a live connection shows no
         // reconnect: re-read the epoch every EPOCH_RECHECK too, so that a
@@ -164,7 +164,7 @@ impl NatsStore {
                 }
             }
         });
-        Ok(NatsStore {
+        let store = NatsStore {
             inner: Arc::new(Inner {
                 client,
                 js,
@@ -180,9 +180,24 @@ impl NatsStore {
                 choice,
                 echo: tokio::sync::Mutex::new(None),
                 servers: cfg.servers.len(),
-                ttl_allowed,
+                ttl_allowed: AtomicBool::new(ttl_allowed),
             }),
-        })
+        };
+        if !ttl_allowed {
+            // Beside the open, not in its way: credentials that may not
+            // update the stream get no answer at all (a permissions
+            // violation), and every `putex lock` would wait for it.
+            let weak = Arc::downgrade(&store.inner);
+            let (js, bucket) = (store.inner.js.clone(), cfg.bucket.clone());
+            tokio::spawn(async move {
+                if allow_ttl(&js, &bucket, &stream_info).await {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.ttl_allowed.store(true, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        Ok(store)
     }
 
     /// [`Self::bucket`], tried again while the answer is unknown (a request
@@ -301,9 +316,6 @@ async fn date_revisions(kv: &mut kv::Store, bucket: &str, info: &jetstream::stre
 /// retired key leaves a delete marker, as any delete does. Putex sets a TTL
 /// on nothing but those markers.
 async fn allow_ttl(js: &jetstream::Context, bucket: &str, info: &jetstream::stream::Info) -> bool {
-    if info.config.allow_message_ttl {
-        return true;
-    }
     let stream = &info.config.name;
     // The stream's configuration as the server has it, with every field
     // (this client may not know them all, and an update sets each one),
@@ -351,7 +363,7 @@ async fn allow_ttl(js: &jetstream::Context, bucket: &str, info: &jetstream::stre
         Err(_) => {
             tracing::warn!(
                 bucket,
-                "no answer to allowing per-message TTLs on the bucket; queue tickets and HTTP grants leave delete markers until the next start"
+                "no answer to allowing per-message TTLs on the bucket (credentials that may not update the stream?): queue tickets and HTTP grants leave delete markers"
             );
             false
         }
