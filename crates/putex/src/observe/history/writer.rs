@@ -357,20 +357,14 @@ pub(super) async fn prune(
     Ok(removed)
 }
 
+/// Deletes one transition record (etcd, memory, or NATS credentials that
+/// may not purge the stream: [`prune`] purges on NATS and SQLite).
 async fn remove(
     store: &AnyStore,
     key: &str,
     token: Token,
     timeout: Duration,
 ) -> Result<(), StoreError> {
-    match store {
-        AnyStore::Nats(nats) => match nats.purge_key(key, timeout).await {
-            Ok(()) => return Ok(()),
-            Err(e) => tracing::debug!(key, error = %e, "cannot purge; deleting instead"),
-        },
-        AnyStore::Sqlite(sqlite) => return sqlite.purge_key(key, token, timeout).await.map(drop),
-        AnyStore::Etcd(_) | AnyStore::Memory(_) => {}
-    }
     match store.delete(key, token, timeout).await {
         // Someone else pruned it first.
         Err(e) if e.is_conflict() => Ok(()),

@@ -236,29 +236,6 @@ impl NatsStore {
         &self.inner.client
     }
 
-    /// Removes every message of `key` from the bucket's stream (a stream
-    /// purge filtered to its subject). Unlike [`Store::delete`], which
-    /// appends a delete marker and keeps the old value in the key's
-    /// history, nothing of the key remains, and watchers see no event.
-    ///
-    /// For write-once records that nobody reads any more (pruned
-    /// transition records, [`crate::observe::history`]); never for lock records.
-    pub async fn purge_key(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
-        validate_key(key)?;
-        let subject = format!("{}{key}", self.inner.subject_prefix);
-        with_deadline(Op::Delete, key, timeout, async {
-            self.inner
-                .kv
-                .stream
-                .purge()
-                .filter(subject)
-                .await
-                .map(drop)
-                .map_err(|e| StoreError::unknown(Op::Delete, key, e))
-        })
-        .await
-    }
-
     /// Removes every message under `prefix` (ending in `.`) but the newest
     /// `keep`, in one request to the server (a stream purge with a filter
     /// and `keep`): nothing of the removed keys remains, and watchers never

@@ -469,34 +469,6 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Removes `key`'s row if it is still at `expected`, leaving no
-    /// tombstone: unlike [`Store::delete`], watchers never learn of it.
-    /// Returns whether a row was removed.
-    ///
-    /// For write-once records that nobody reads any more (pruned
-    /// transition records, [`crate::observe::history`]); never for lock records.
-    pub async fn purge_key(
-        &self,
-        key: &str,
-        expected: Token,
-        timeout: Duration,
-    ) -> Result<bool, StoreError> {
-        validate_key(key)?;
-        if expected.epoch != self.inner.epoch {
-            return Ok(false);
-        }
-        let k = key.to_owned();
-        self.blocking(Op::Delete, key, timeout, move |conn| {
-            conn.execute(
-                "DELETE FROM kv WHERE key = ?1 AND revision = ?2",
-                params![k, to_i64(expected.revision)],
-            )
-            .map(|n| n > 0)
-            .map_err(|e| sql_err(Op::Delete, &k, &e))
-        })
-        .await
-    }
-
     /// Removes every row under `prefix` (ending in `.`) but the `keep`
     /// newest (by revision) and `spare`, tombstones included, leaving no
     /// tombstone: watchers never learn of it. For write-once records that
@@ -511,12 +483,12 @@ impl SqliteStore {
         timeout: Duration,
     ) -> Result<u64, StoreError> {
         validate_filter(prefix)?;
-        let Some(stem) = prefix.strip_suffix('.') else {
+        let Some(to) = past_prefix(prefix) else {
             return Err(StoreError::config(format!(
                 "{prefix:?} is no prefix (it must end in `.`)"
             )));
         };
-        let (from, to, spare) = (prefix.to_owned(), format!("{stem}/"), spare.to_owned());
+        let (from, spare) = (prefix.to_owned(), spare.to_owned());
         self.blocking(Op::Delete, prefix, timeout, move |conn| {
             conn.execute(
                 "DELETE FROM kv WHERE key > ?1 AND key < ?2 AND key != ?3 AND revision NOT IN (
@@ -737,6 +709,13 @@ fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<
     Ok(Some(from_i64(revision)))
 }
 
+/// For a prefix `stem.`: the first key past every key under it, `stem/`
+/// (`/` follows `.`), so that those keys are `> prefix AND < past`. `None`
+/// for anything but a prefix.
+fn past_prefix(prefix: &str) -> Option<String> {
+    prefix.strip_suffix('.').map(|stem| format!("{stem}/"))
+}
+
 /// Removes the tombstones under `key`'s parent prefix (`queue.<name>.` for
 /// a ticket) that are older than [`RETIRED_KEPT`] — or from another boot,
 /// whose times do not compare — now that a watcher has had that long to see
@@ -751,9 +730,7 @@ fn forget_retired_siblings(
         return Ok(());
     };
     let prefix = &key[..=dot];
-    // Every key under the prefix sorts before the prefix with its last
-    // `.` raised to `/`.
-    let end = format!("{}/", &key[..dot]);
+    let end = past_prefix(prefix).expect("ends in `.`");
     let kept = u64::try_from(RETIRED_KEPT.as_nanos()).unwrap_or(u64::MAX);
     tx.prepare_cached(
         "DELETE FROM kv WHERE key > ?1 AND key < ?2 AND value IS NULL
@@ -866,14 +843,13 @@ fn rows_since_in(conn: &Connection, after: u64, filter: &str) -> rusqlite::Resul
         )?
         .query_map(rusqlite::params![a, b], map)?
         .collect::<rusqlite::Result<_>>()?
-    } else if let Some(stem) = filter.strip_suffix('.') {
-        // Keys under `stem.` sort between `stem.` and `stem/` ('/' follows '.').
+    } else if let Some(end) = past_prefix(filter) {
         conn.prepare_cached(
             "SELECT key, value, revision, era, nanos FROM kv
              WHERE key > ?3 AND key < ?4 AND revision > ?1 AND revision <= ?2
              ORDER BY revision",
         )?
-        .query_map(rusqlite::params![a, b, filter, format!("{stem}/")], map)?
+        .query_map(rusqlite::params![a, b, filter, end], map)?
         .collect::<rusqlite::Result<_>>()?
     } else {
         conn.prepare_cached(
