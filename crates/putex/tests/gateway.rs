@@ -245,3 +245,71 @@ async fn a_grant_not_handed_over_in_time_is_given_back() {
     );
     assert!(g.release(&n("late"), &n(&again.uid)).await.unwrap());
 }
+
+/// The grant records in the store, as `(resource, uid)`.
+async fn grant_records(dir: &tempfile::TempDir) -> Vec<(String, String)> {
+    let store = SqliteStore::open(dir.path().join("s.db")).await.unwrap();
+    let mut out: Vec<(String, String)> =
+        putex::store::read_prefix(&store, "grant.", Duration::from_secs(2))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|(key, _)| {
+                let (r, u) = key.strip_prefix("grant.")?.split_once('.')?;
+                Some((r.to_owned(), u.to_owned()))
+            })
+            .collect();
+    out.sort();
+    out
+}
+
+/// A client that lets its lifetime run out releases nothing: the tidy-up
+/// `putex serve` runs removes the grant records of every ended lock (run
+/// out, taken over, released) and keeps those of live grants, which `GET`
+/// still describes in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grant_records_of_ended_locks_are_forgotten_and_live_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(&dir, "gw1").await;
+    for r in ["ran-out", "taken", "live"] {
+        warm(&g, r).await;
+    }
+    assert_eq!(g.forget_ended_grants().await.unwrap(), 0);
+    let ran_out = g.acquire(req("ran-out", 1000, 300)).await.unwrap();
+    let taken = g.acquire(req("taken", 1000, 300)).await.unwrap();
+    let mut live = req("live", 1000, 60_000);
+    live.title = "kept".into();
+    let live = g.acquire(live).await.unwrap();
+    // Nothing has ended yet: nothing is forgotten.
+    assert_eq!(g.forget_ended_grants().await.unwrap(), 0);
+    assert_eq!(grant_records(&dir).await.len(), 3);
+
+    // "taken" runs out and is taken over; "ran-out" just runs out.
+    tokio::time::sleep(Duration::from_millis(300) + DEADLINE).await;
+    let started = Instant::now();
+    let next = loop {
+        match g.acquire(req("taken", 5000, 60_000)).await {
+            Ok(l) => break l,
+            Err(AcquireError::Timeout) if started.elapsed() < Duration::from_secs(10) => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(next.token > taken.token);
+    assert_eq!(grant_records(&dir).await.len(), 4);
+
+    assert_eq!(g.forget_ended_grants().await.unwrap(), 2);
+    let left = grant_records(&dir).await;
+    let expect = |l: &putex::locks::gateway::LockInfo, r: &str| (r.to_owned(), l.uid.clone());
+    assert_eq!(left, {
+        let mut v = vec![expect(&live, "live"), expect(&next, "taken")];
+        v.sort();
+        v
+    });
+    assert!(!left.contains(&expect(&ran_out, "ran-out")));
+    let described = g.get(&n("live"), &n(&live.uid)).await.unwrap().unwrap();
+    assert_eq!(described.title, "kept");
+    // Released ones go at once, and a second tidy-up finds nothing more.
+    assert!(g.release(&n("live"), &n(&live.uid)).await.unwrap());
+    assert_eq!(grant_records(&dir).await, [expect(&next, "taken")]);
+    assert_eq!(g.forget_ended_grants().await.unwrap(), 0);
+}

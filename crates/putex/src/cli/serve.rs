@@ -13,11 +13,12 @@ use std::time::Duration;
 use putex_core::timing::DEFAULT_MAX_DRIFT_PPM;
 use putex_core::Drift;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use super::config::{hostname, parse_drift, parse_duration};
 use super::CliError;
 use crate::http::{self, AdminCredentials, AuthSettings, HttpOptions, Secret, TlsSettings};
-use crate::locks::gateway::{Gateway, GatewayOptions};
+use crate::locks::gateway::{Gateway, GatewayOptions, TIDY_EVERY};
 use crate::shutdown::Shutdown;
 use crate::store::{AnyStore, NodeId, StoreUrl};
 
@@ -223,6 +224,7 @@ pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
         CliError::Other(format!("--listen {}: cannot listen: {e}", settings.listen))
     })?;
     let gateway = Gateway::new(store, settings.gateway);
+    tokio::spawn(tidy_grants(gateway.clone(), shutdown.graceful().clone()));
     let app = http::App::new(gateway, settings.http);
     let graceful = shutdown.graceful().clone();
     let stopping = async move {
@@ -234,6 +236,24 @@ pub async fn run(args: &ServeArgs) -> Result<(), CliError> {
         () = shutdown.aborted().cancelled() => {
             tracing::warn!("second signal: stopping at once");
             Ok(())
+        }
+    }
+}
+
+/// Removes the grant records of ended locks now and every
+/// [`TIDY_EVERY`] until `stop` ([`Gateway::forget_ended_grants`]).
+async fn tidy_grants(gateway: Gateway, stop: CancellationToken) {
+    let mut every = tokio::time::interval(TIDY_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        match gateway.forget_ended_grants().await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(removed = n, "removed the grant records of ended locks"),
+            Err(e) => tracing::debug!(error = %e, "cannot remove the grant records of ended locks"),
         }
     }
 }

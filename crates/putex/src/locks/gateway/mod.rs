@@ -17,7 +17,7 @@
 //! | `lock.<resource>` | the lock record: `node` = the gateway's node id, `instance` = the lock's uid |
 //! | `queue.<resource>.<uid>` | a waiting request's ticket (fair order, [`crate::locks::queue`]) |
 //! | `cancel.<resource>` | an admin cancel: every ticket that arrived before it is cancelled (its waiter ends, and it is no longer listed) |
-//! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET` |
+//! | `grant.<resource>.<uid>` | a granted lock's title, wait, lifetime and times, for `GET`; removed when the lock ends ([`Gateway::forget_ended_grants`] for a lifetime that ran out) |
 //!
 //! The client can only count its lifetime from the moment the `201`
 //! reaches it, after the grant's write and the HTTP hop. So the grant's write advertises `lifetime + D` (D =
@@ -57,8 +57,10 @@ mod read;
 mod release;
 #[cfg(test)]
 mod tests;
+mod tidy;
 
 pub use admin::{AdminAction, Ended};
+pub use tidy::TIDY_EVERY;
 
 /// A request for a lock, as [`Gateway::acquire`] takes it (RDLM's `POST
 /// /locks/{resource}` and `/v1/`'s lock request, parsed).
