@@ -159,18 +159,24 @@ async fn drive(
     mut inputs: InputReceiver,
 ) -> ExitReason {
     let mut inputs_open = true;
-    let (tx, mut rx) = input_channel();
+    let mut tasks = HostTasks::new();
     let mut changes = lock_changes(store.clone(), keys.lock.clone());
     let mut shutdown = std::pin::pin!(shutdown);
     let mut shutting_down = false;
     let mut calls = StoreCalls::new();
+    // One timer, moved only when the machine's next timeout moves: most
+    // steps (a store reply, a watch event) leave it where it was.
+    let mut timer = std::pin::pin!(tokio::time::sleep(NO_TIMEOUT));
+    let mut timer_for = None;
     let exit = loop {
         let mut exited = None;
         while let Some(output) = agent.poll_output() {
             match output {
                 Output::Exit(reason) => exited = Some(reason),
                 other => {
-                    if let Some(input) = dispatch(other, &store, &keys, &host, &tx, &mut calls) {
+                    if let Some(input) =
+                        dispatch(other, &store, &keys, &host, &mut tasks, &mut calls)
+                    {
                         agent.handle(clock::boot_time_now(), input);
                     }
                 }
@@ -183,9 +189,12 @@ async fn drive(
         if let Some(metrics) = host.metrics() {
             metrics.progress();
         }
-        let sleep = agent
-            .poll_timeout()
-            .map_or(Duration::from_secs(3600), clock::until);
+        let next = agent.poll_timeout();
+        if next != timer_for || timer.is_elapsed() {
+            timer_for = next;
+            let sleep = next.map_or(NO_TIMEOUT, clock::until);
+            timer.as_mut().reset(tokio::time::Instant::now() + sleep);
+        }
         // The host's own inputs go first: one it sends while an output is
         // dispatched (the lease library's `Turn(false)` on activation) must
         // reach the machine before anything that output leads to.
@@ -198,12 +207,11 @@ async fn drive(
             Some(input) = calls.next(), if !calls.is_empty() => {
                 agent.handle(clock::boot_time_now(), input);
             }
-            input = rx.next() => {
-                let input = input.expect("the driver holds a sender");
+            input = tasks.next(), if tasks.running > 0 => {
                 agent.handle(clock::boot_time_now(), input);
             }
             Some(input) = changes.next() => agent.handle(clock::boot_time_now(), input),
-            () = tokio::time::sleep(sleep) => agent.handle_timeout(clock::boot_time_now()),
+            () = &mut timer => agent.handle_timeout(clock::boot_time_now()),
             () = &mut shutdown, if !shutting_down => {
                 shutting_down = true;
                 agent.handle(clock::boot_time_now(), Input::Shutdown);
@@ -216,15 +224,43 @@ async fn drive(
 /// Store calls under way, each ending in the input that reports it.
 type StoreCalls = FuturesUnordered<BoxFuture<'static, Input>>;
 
+/// How long the driver sleeps when the machine has no timeout.
+const NO_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Checks, hooks and stops running as tasks of their own, each reporting
+/// back with its input. Their channel is read only while one runs: a
+/// process may run 10,000 drivers, and each look at an empty channel
+/// costs a cache miss or two on every step of every driver.
+struct HostTasks {
+    tx: InputSender,
+    rx: InputReceiver,
+    /// Tasks started whose input has not been taken yet.
+    running: usize,
+}
+
+impl HostTasks {
+    fn new() -> HostTasks {
+        let (tx, rx) = input_channel();
+        HostTasks { tx, rx, running: 0 }
+    }
+
+    /// The next task's input (the driver holds a sender: never ends).
+    async fn next(&mut self) -> Input {
+        let input = self.rx.next().await.expect("the driver holds a sender");
+        self.running -= 1;
+        input
+    }
+}
+
 /// Carries out one output. A store call joins `calls`; a check, hook or stop
 /// that finished on its first poll is returned as the input it makes, and
-/// one still running becomes a task that reports back on `tx`.
+/// one still running becomes one of the host's `tasks`.
 fn dispatch(
     output: Output,
     store: &AnyStore,
     keys: &Keys,
     host: &Arc<dyn Host>,
-    tx: &InputSender,
+    tasks: &mut HostTasks,
     calls: &mut StoreCalls,
 ) -> Option<Input> {
     match output {
@@ -248,7 +284,7 @@ fn dispatch(
             None
         }
         Output::HealthCheck { id, mode, deadline } => {
-            run_or_spawn(host.health_check(mode, deadline), tx, move |ok| {
+            run_or_spawn(host.health_check(mode, deadline), tasks, move |ok| {
                 Input::Health { id, ok }
             })
         }
@@ -256,7 +292,7 @@ fn dispatch(
             token,
             previous,
             deadline,
-        } => run_or_spawn(host.fence(token, previous, deadline), tx, |ok| {
+        } => run_or_spawn(host.fence(token, previous, deadline), tasks, |ok| {
             Input::Hook {
                 hook: putex_core::Hook::Fence,
                 ok,
@@ -266,25 +302,25 @@ fn dispatch(
             token,
             previous,
             deadline,
-        } => run_or_spawn(host.activate(token, previous, deadline), tx, |ok| {
+        } => run_or_spawn(host.activate(token, previous, deadline), tasks, |ok| {
             Input::Hook {
                 hook: putex_core::Hook::Activate,
                 ok,
             }
         }),
         Output::Rejoin { holder, deadline } => {
-            run_or_spawn(host.rejoin(holder, deadline), tx, |ok| Input::Hook {
+            run_or_spawn(host.rejoin(holder, deadline), tasks, |ok| Input::Hook {
                 hook: putex_core::Hook::Rejoin,
                 ok,
             })
         }
         Output::Stop { id, kind, deadline } => {
-            run_or_spawn(host.stop(kind, deadline), tx, move |ok| Input::Stopped {
+            run_or_spawn(host.stop(kind, deadline), tasks, move |ok| Input::Stopped {
                 id,
                 ok,
             })
         }
-        Output::Keeper(command) => run_or_spawn(host.keeper(command), tx, move |ok| {
+        Output::Keeper(command) => run_or_spawn(host.keeper(command), tasks, move |ok| {
             Input::KeeperAck { command, ok }
         }),
         Output::PersistHighest(token) => {
@@ -300,16 +336,17 @@ fn dispatch(
 }
 
 /// Polls `work` once: finished, its input is returned; otherwise it goes on
-/// as a task that sends its input on `tx` when done.
+/// as one of `tasks`, which sends its input when done.
 fn run_or_spawn(
     mut work: BoxFuture<'static, bool>,
-    tx: &InputSender,
+    tasks: &mut HostTasks,
     input: impl FnOnce(bool) -> Input + Send + 'static,
 ) -> Option<Input> {
     if let Some(ok) = (&mut work).now_or_never() {
         return Some(input(ok));
     }
-    let tx = tx.clone();
+    tasks.running += 1;
+    let tx = tasks.tx.clone();
     tokio::spawn(async move {
         let ok = work.await;
         let _ = tx.unbounded_send(input(ok));
