@@ -172,6 +172,16 @@ async fn exhaustion_release_and_reclaim(s: &AnyStore) {
         LockState::Released,
         "never deleted"
     );
+    // The name's record was retired (a purge marker on NATS, whose trace
+    // goes after 30 s): the same name claims again over it, and lets go.
+    let b2 = idpool::claim(s, pool, None, &who("b", "m"), &opts())
+        .await
+        .unwrap();
+    assert_eq!((b2.id, b2.existing), (2, false));
+    let r = idpool::release(s, pool, &who("b", "m"), false, &opts())
+        .await
+        .unwrap();
+    assert!(r.name_record && r.ids == vec![(2, LockState::Released)]);
     let d = idpool::claim(s, pool, None, &who("d", "m"), &opts())
         .await
         .unwrap();

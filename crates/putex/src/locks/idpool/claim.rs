@@ -272,7 +272,7 @@ pub async fn claim<S: Store>(
             Ok(x) => x,
             Err(e) => {
                 // Leave no pending record behind (best effort).
-                let _ = store.delete(&name_key, ours, t).await;
+                let _ = store.retire(&name_key, ours, t).await;
                 return Err(e);
             }
         };
@@ -549,7 +549,7 @@ pub async fn release<S: Store>(
             continue;
         }
         if let Some(e) = name_entry {
-            match store.delete(&name_key, e.token, t).await {
+            match store.retire(&name_key, e.token, t).await {
                 Ok(()) => done.name_record = true,
                 Err(err) if err.is_conflict() => continue,
                 Err(err) if err.is_unknown() => {

@@ -35,7 +35,7 @@
 //! |---|---|
 //! | `id.<pool>.meta` | the pool's range, fixed by its first claim: `{"v":1,"kind":"meta","pool":…,"first":1,"last":254}` |
 //! | `id.<pool>.<n>` | id `n`: a [`LockRecord`] (node = the claim name, machine, instance, state, write id, lease, gap) with the extra fields `pool`, `id` and `kind: "claim"` |
-//! | `id.<pool>.name.<name>` | the name's index record ([`NameRecord`]): `pending` while a claim runs, then `bound` to its id |
+//! | `id.<pool>.name.<name>` | the name's index record ([`NameRecord`]): `pending` while a claim runs, then `bound` to its id; retired at release ([`Store::retire`]: nothing of it stays, so names used once — a job id — do not pile up in every read of the pool) |
 //! | `id.<pool>.scan` | a marker written by every read of the whole pool (see [`crate::store::snapshot_synced`]) |
 //!
 //! An id record is an ordinary lock record so that an id can also be held

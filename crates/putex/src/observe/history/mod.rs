@@ -48,7 +48,7 @@
 //!
 //! Distinct keys are not bounded by a bucket's per-key history, so the
 //! writers prune: after about one write in [`PRUNE_EVERY`] (when the store
-//! revision of the write, scrambled, is a multiple of it: [`prune_due`])
+//! revision of the write, scrambled, is a multiple of it: `prune_due`)
 //! the writer reads the lock's records and removes all but the newest
 //! [`KEEP`]. On NATS a record is
 //! removed by purging its subject from the stream, so nothing of it
@@ -83,7 +83,7 @@ pub const RECORD_VERSION: u32 = 1;
 /// How many transition records per lock the writers keep.
 pub const KEEP: usize = 1000;
 /// The writers prune after about one write in `PRUNE_EVERY`: one whose
-/// store revision, scrambled ([`prune_due`]), is a multiple of it.
+/// store revision, scrambled (`prune_due`), is a multiple of it.
 pub const PRUNE_EVERY: u64 = 32;
 
 /// Whether the write that got `revision` makes a prune due: about one in

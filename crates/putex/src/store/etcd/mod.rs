@@ -10,7 +10,7 @@
 //!   one expects). Every call requires a member with a raft leader: one
 //!   cut off from the quorum refuses at once, before proposing, and the
 //!   call is made again wherever the client sends it next
-//!   ([`retry_unsent`]). A request etcd refuses before it is proposed
+//!   (`retry_unsent`). A request etcd refuses before it is proposed
 //!   (permission denied, no such user, too large, the cluster out of
 //!   space) is a configuration error that names the cause.
 //! - **Reads** are linearizable (etcd's default, never `serializable`):
