@@ -49,11 +49,11 @@
 //! Distinct keys are not bounded by a bucket's per-key history, so the
 //! writers prune: after about one write in [`PRUNE_EVERY`] (when the store
 //! revision of the write, scrambled, is a multiple of it: `prune_due`)
-//! the writer reads the lock's records and removes all but the newest
-//! [`KEEP`]. On NATS a record is
-//! removed by purging its subject from the stream, so nothing of it
-//! remains (a plain delete would leave a delete marker and the old value
-//! behind); if the credentials may not purge, it falls back to a delete.
+//! the writer removes all but the lock's newest [`KEEP`] records. On NATS
+//! and SQLite that is one request, the store doing the counting (a stream
+//! purge with a filter and `keep`, so nothing of a removed record remains;
+//! one `DELETE`); on etcd, or when the credentials may not purge the
+//! stream, the records are read and the oldest deleted one by one.
 //! A flush (the exit's) finishes a prune that is due or under way, so a
 //! one-shot command's records are pruned too: before, `putex lock` exited
 //! in the middle of every prune and its lock kept every record ever
