@@ -820,6 +820,101 @@ async fn store_nats_calls_beyond_the_admission_wait_their_turn_and_all_land() {
     }
 }
 
+/// Every write of a handle is answered on one subscription: a write whose
+/// caller gave up (the server frozen past its deadline) is unknown in time
+/// and leaves nothing waiting; its answer, when the server wakes up, is
+/// dropped, and the writes after it get their own answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_writes_whose_caller_gave_up_leave_nothing_waiting() {
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let t = s.create("lock.gave-up", &json("w0"), T).await.unwrap();
+    server.pause();
+    let writes: Vec<_> = (0..50)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.put(
+                    &format!("lock.gave-up{i}"),
+                    b"x",
+                    Duration::from_millis(300),
+                )
+                .await
+            })
+        })
+        .collect();
+    let cas = s
+        .update("lock.gave-up", &json("w1"), t, Duration::from_millis(300))
+        .await;
+    assert!(matches!(cas, Err(StoreError::Unknown { .. })), "{cas:?}");
+    for w in writes {
+        let e = w.await.unwrap();
+        assert!(matches!(e, Err(StoreError::Unknown { .. })), "{e:?}");
+    }
+    assert_eq!(
+        n.writes_waiting(),
+        0,
+        "the writes that gave up wait no more"
+    );
+    server.resume();
+    // The late answers come and find nobody; the compare-and-swap landed
+    // or not (the leader read tells), and the next one is answered for
+    // itself.
+    let landed = s
+        .get("lock.gave-up", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        landed.value == json("w1") || landed.token == t,
+        "landed, or nothing: {landed:?}"
+    );
+    let next = s
+        .update("lock.gave-up", &json("w2"), landed.token, T)
+        .await
+        .unwrap();
+    assert!(next > landed.token);
+    let stale = s.update("lock.gave-up", &json("w3"), landed.token, T).await;
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(n.writes_waiting(), 0);
+}
+
+/// A write that no stream takes (the bucket deleted under the handle) is
+/// unknown at once — the server says "no responders" — not a conflict, and
+/// not left to its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nats_a_write_nobody_takes_is_unknown_at_once() {
+    let server = NatsServer::start();
+    let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
+    let AnyStore::Nats(n) = &s else {
+        unreachable!()
+    };
+    let t = s.create("lock.gone", &json("w0"), T).await.unwrap();
+    async_nats::jetstream::new(n.client().clone())
+        .delete_key_value("putex")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let e = s
+        .update("lock.gone", &json("w1"), t, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(e.is_unknown(), "{e}");
+    assert!(e.to_string().contains("no responders"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(n.writes_waiting(), 0);
+}
+
 /// A bucket putex creates dates its revisions: they start at its epoch
 /// (its creation time in nanoseconds), so a re-created bucket's revisions
 /// all lie above the old one's, its tokens compare higher, and an old

@@ -1,13 +1,14 @@
 //! The distributed store: a NATS JetStream KV bucket (default `putex`).
 //!
-//! - **Writes** are JetStream publishes to `$KV.<bucket>.<key>` with the
+//! - **Writes** are publishes to `$KV.<bucket>.<key>` with the
 //!   `Nats-Expected-Last-Subject-Sequence` header (0 for a create), made
 //!   here rather than through `kv::Store::update` so that the server's error
-//!   code reaches the classifier: 10071 (wrong last sequence) **and** 10164
-//!   (what a replicated bucket answers; async-nats calls it `Other`) are
-//!   conflicts; a timeout, a lost connection, "no responders" during a
-//!   leader election or anything unrecognised is **unknown** — both
-//!   `create` and `update` have been seen to land after a timeout.
+//!   code reaches the classifier, and answered on one subscription per
+//!   handle ([`acks`]): 10071 (wrong last sequence) **and** 10164 (what a
+//!   replicated bucket answers) are conflicts; a timeout, a lost
+//!   connection, "no responders" during a leader election or anything
+//!   unrecognised is **unknown** — both `create` and `update` have been
+//!   seen to land after a timeout.
 //! - **Reads**: [`ReadMode::Leader`] asks the stream leader for the last
 //!   message of the key's subject (`STREAM.MSG.GET`); [`ReadMode::Any`] uses
 //!   direct get, which any replica may answer.
@@ -126,6 +127,9 @@ struct Inner {
     /// marker can expire ([`Store::retire`]). Set once the bucket does:
     /// at the open, or when the update that allows them returns.
     ttl_allowed: AtomicBool,
+    /// Every write of this handle and the one subscription its answers
+    /// come on.
+    acks: acks::Acks,
 }
 
 /// What a write publishes besides its value.
@@ -195,27 +199,6 @@ macro_rules! nanos {
     ($t:expr) => {
         u64::try_from($t.unix_timestamp_nanos()).unwrap_or(0)
     };
-}
-
-fn publish_error(op: Op, key: &str, e: &jetstream::context::PublishError) -> StoreError {
-    use jetstream::context::PublishErrorKind as K;
-    match e.kind() {
-        K::WrongLastSequence => StoreError::conflict(op, key),
-        K::Other => {
-            let code = std::error::Error::source(e)
-                .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                .map(|j| j.error_code().0);
-            match code {
-                Some(ERR_WRONG_LAST_SEQUENCE | ERR_WRONG_LAST_SEQUENCE_CONSTANT) => {
-                    StoreError::conflict(op, key)
-                }
-                _ => StoreError::unknown(op, key, e),
-            }
-        }
-        // Timed out, broken pipe, no responders (e.g. no stream leader right
-        // now), anything else: the write may or may not have landed.
-        _ => StoreError::unknown(op, key, e),
-    }
 }
 
 impl NatsStore {
@@ -374,15 +357,14 @@ impl NatsStore {
                 headers.insert(NATS_TTL, format!("{}s", RETIRED_KEPT.as_secs()).as_str());
             }
         }
-        let ack = self
-            .inner
-            .js
-            .publish_with_headers(subject, headers, value.to_vec().into())
+        self.inner
+            .acks
+            .publish(subject, headers, value.to_vec())
             .await
-            .map_err(|e| publish_error(op, key, &e))?
-            .await
-            .map_err(|e| publish_error(op, key, &e))?;
-        Ok(ack.sequence)
+            .map_err(|e| match e {
+                acks::WriteError::Conflict => StoreError::conflict(op, key),
+                acks::WriteError::Unknown(why) => StoreError::unknown(op, key, why),
+            })
     }
 
     /// Runs one call of this handle within `timeout`: first the wait for
@@ -733,6 +715,12 @@ impl NatsStore {
         CALLS_UNDER_WAY - self.inner.admission.available_permits()
     }
 
+    /// How many of this handle's writes wait for their answer (a write
+    /// whose caller gave up waits no more).
+    pub fn writes_waiting(&self) -> usize {
+        self.inner.acks.waiting()
+    }
+
     /// The key's last message (a delete marker included) as a watch event,
     /// and its revision (0 when the key never existed).
     async fn read_last(&self, key: &str) -> Result<(Vec<WatchEvent>, u64), StoreError> {
@@ -988,6 +976,7 @@ async fn feed(
     }
 }
 
+mod acks;
 mod open;
 mod stuck;
 #[cfg(test)]

@@ -164,6 +164,13 @@ impl NatsStore {
                 }
             }
         });
+        let acks = super::acks::Acks::start(&client).await.map_err(|e| {
+            StoreError::unknown(
+                Op::Open,
+                &where_,
+                format_args!("cannot subscribe to the answers of writes: {e}"),
+            )
+        })?;
         let store = NatsStore {
             inner: Arc::new(Inner {
                 client,
@@ -181,6 +188,7 @@ impl NatsStore {
                 echo: tokio::sync::Mutex::new(None),
                 servers: cfg.servers.len(),
                 ttl_allowed: AtomicBool::new(ttl_allowed),
+                acks,
             }),
         };
         if !ttl_allowed {

@@ -19,37 +19,6 @@ fn versions() {
 }
 
 #[test]
-fn conflicts_and_unknowns() {
-    use jetstream::context::{PublishError, PublishErrorKind as K};
-    let js_err = |code: u64| {
-        let e: jetstream::Error = serde_json::from_str(&format!(
-            r#"{{"code":400,"err_code":{code},"description":"wrong last sequence"}}"#
-        ))
-        .unwrap();
-        PublishError::with_source(K::Other, e)
-    };
-    // 10164 arrives as `Other` from a replicated stream: still a conflict.
-    for code in [10071, 10164] {
-        assert!(
-            publish_error(Op::Update, "k", &js_err(code)).is_conflict(),
-            "{code}"
-        );
-    }
-    assert!(publish_error(Op::Update, "k", &PublishError::new(K::WrongLastSequence)).is_conflict());
-    // Everything else may have landed.
-    for e in [
-        PublishError::new(K::TimedOut),
-        PublishError::new(K::BrokenPipe),
-        PublishError::new(K::StreamNotFound),
-        PublishError::new(K::Other),
-        js_err(10163),
-        js_err(10077),
-    ] {
-        assert!(publish_error(Op::Update, "k", &e).is_unknown(), "{e:?}");
-    }
-}
-
-#[test]
 fn filters() {
     assert_eq!(nats_filter(""), ">");
     assert_eq!(nats_filter("member.pg."), "member.pg.>");
