@@ -455,6 +455,23 @@ fn scale(dir: &Path, t: &mut Table) {
                 String::new()
             }
         };
+        // The same writes without the leases (NATS): the floor under any
+        // design that renews each lease with a write of its own.
+        let floor = &l["client_floor"];
+        let floor_note = match (
+            floor["store_update_cpu_percent"].as_f64(),
+            floor["jetstream_publish_cpu_percent"].as_f64(),
+        ) {
+            (Some(store), Some(js)) => format!(
+                "; the same {:.0} compare-and-swaps/s without the leases: {store:.1} % through putex's \
+                 NATS store, {js:.1} % through async-nats's JetStream publish",
+                num(floor, "cas_per_s")
+            ),
+            _ => floor["error"]
+                .as_str()
+                .map(|e| format!("; the writes without the leases not measured: {e}"))
+                .unwrap_or_default(),
+        };
         // Issue targets for 10,000 leases at R = 1 s.
         const RSS_TARGET_MB: f64 = 250.0;
         let cpu_target = if store == "nats" { 10.0 } else { 50.0 };
@@ -466,7 +483,7 @@ fn scale(dir: &Path, t: &mut Table) {
             format!(
                 "CPU {:.1} % of a core{server}, peak VmRSS {:.0} MB, store writes {writes:.0}/s over {:.0} s; \
                  {acquired:.0} of {n:.0} acquired after {:.1} s (first use: W + G each, all at once), \
-                 {held:.0} held at the end; {:.0} threads, {:.0} open files{watch}",
+                 {held:.0} held at the end; {:.0} threads, {:.0} open files{watch}{floor_note}",
                 cpu,
                 rss_mb,
                 num(l, "window_s"),

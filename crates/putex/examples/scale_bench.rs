@@ -26,7 +26,12 @@
 //!    was acquired (within `--acquire-limit`, default 43 s = W + G + 30 s;
 //!    25 s with `--quick`) and still held at the end, the
 //!    attempt is repeated with a third as many leases, and each attempt is
-//!    reported.
+//!    reported. On NATS the same writes are then made **without the
+//!    leases**, on the same server: one compare-and-swap per key and
+//!    second for as many keys, spread evenly, with a watch of the keys
+//!    taking every change — once through async-nats's JetStream publish,
+//!    once through putex's NATS store (`Store::update`). That is the floor
+//!    under any design that renews each lease with a write of its own.
 //! 2. **Many agents on one lock** (`--agents`, default 50): `putex run`
 //!    agents (the release binary beside this example, or `--putex PATH`)
 //!    with the fast profile R = 100 ms, F = 3, C = 1 in hook mode with
@@ -52,9 +57,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use putex::core::TimingConfig;
 use putex::locks::lease::{Lease, LeaseOptions};
-use putex::store::{AnyStore, SqliteStore, StoreUrl};
+use putex::store::{AnyStore, SqliteStore, Store, StoreUrl, Token};
 
 use putex_testkit::agent::{events, hooks, starts, Agent, AgentSpec, Line};
 use putex_testkit::bench::lock::{consumers, revision};
@@ -243,6 +249,8 @@ struct ManyLeases {
     release_took: Duration,
     load_start: String,
     load_end: String,
+    /// On NATS: the client library alone at the same rate ([`client_floor`]).
+    client_floor: Option<Result<ClientFloor, String>>,
 }
 
 async fn many_leases(
@@ -353,6 +361,11 @@ async fn many_leases(
     }
     let release_took = t0.elapsed();
     drop(store);
+    // The same server, the same rate, without putex.
+    let client_floor = match &nats {
+        Some(server) => Some(client_floor(&server.url, n, window).await),
+        None => None,
+    };
     drop(nats);
     ManyLeases {
         store: label.to_owned(),
@@ -377,6 +390,7 @@ async fn many_leases(
         release_took,
         load_start,
         load_end: load_average(),
+        client_floor,
     }
 }
 
@@ -416,6 +430,9 @@ impl ManyLeases {
             self.held_at_end,
             self.acquired
         );
+        if let Some(Err(e)) = &self.client_floor {
+            println!("the NATS client alone could not be measured: {e}");
+        }
         println!(
             "{} threads, {} open file descriptors; watches that failed to start: {} during the warm-up, {} in the window{}",
             self.threads,
@@ -463,7 +480,185 @@ impl ManyLeases {
             "release_s": self.release_took.as_secs_f64(),
             "load_start": self.load_start,
             "load_end": self.load_end,
+            "client_floor": match &self.client_floor {
+                Some(Ok(f)) => serde_json::json!({
+                    "cas_per_s": f.rate,
+                    "window_s": f.window.as_secs_f64(),
+                    "jetstream_publish_cpu_percent": f.jetstream_publish,
+                    "store_update_cpu_percent": f.store_update,
+                }),
+                Some(Err(e)) => serde_json::json!({ "error": e }),
+                None => serde_json::Value::Null,
+            },
         })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1b. The same writes without the leases.
+
+/// What `rate` compare-and-swaps a second cost this process without the
+/// leases around them: the floor under any design that renews each lease
+/// with a write of its own.
+struct ClientFloor {
+    rate: usize,
+    window: Duration,
+    /// % of a core through async-nats's JetStream publish (a new inbox,
+    /// a permit and two timers per write: how putex wrote until session 32).
+    jetstream_publish: f64,
+    /// % of a core through putex's NATS store (`Store::update`: every
+    /// write's answer on the handle's one subscription, its deadline, its
+    /// classification).
+    store_update: f64,
+}
+
+/// Measures [`ClientFloor`] against the server at `url`, on a bucket of its
+/// own (`floor`) with `rate` keys, each compare-and-swapped once a second
+/// for `window` (spread evenly, as the leases' renewals are), while a
+/// watch of the whole bucket takes every change, as a handle's one change
+/// feed does. The leases were released and their handle dropped: nothing
+/// else of putex runs meanwhile.
+async fn client_floor(url: &str, rate: usize, window: Duration) -> Result<ClientFloor, String> {
+    let store = AnyStore::open(
+        &StoreUrl::parse(&format!("{url}?bucket=floor")).map_err(|e| e.to_string())?,
+    )
+    .await
+    .map_err(|e| format!("open: {e}"))?;
+    let AnyStore::Nats(nats) = &store else {
+        return Err("not a NATS store".into());
+    };
+    let js = async_nats::jetstream::new(nats.client().clone());
+    let value = vec![b'x'; 300];
+    let keys: Vec<String> = (0..rate).map(|i| format!("floor.k{i}")).collect();
+    let mut tokens = Vec::with_capacity(rate);
+    for key in &keys {
+        let token = store
+            .put(key, &value, Duration::from_secs(5))
+            .await
+            .map_err(|e| format!("put: {e}"))?;
+        tokens.push(token);
+    }
+    let mut feed = store
+        .watch("floor.", None, Duration::from_secs(5))
+        .await
+        .map_err(|e| format!("watch: {e}"))?;
+    let feed = tokio::spawn(async move { while feed.next().await.is_some() {} });
+    let floor = Floor {
+        rate,
+        window,
+        store: &store,
+        js: &js,
+        keys: &keys,
+        value: &value,
+    };
+    let jetstream_publish = floor
+        .run(
+            "async-nats's JetStream publish",
+            Way::JetStreamPublish,
+            &mut tokens,
+        )
+        .await?;
+    let store_update = floor
+        .run("putex's NATS store", Way::Store, &mut tokens)
+        .await?;
+    feed.abort();
+    Ok(ClientFloor {
+        rate,
+        window,
+        jetstream_publish,
+        store_update,
+    })
+}
+
+/// How [`client_floor`] writes.
+#[derive(Clone, Copy)]
+enum Way {
+    /// async-nats's JetStream publish, awaiting its acknowledgement.
+    JetStreamPublish,
+    /// `Store::update` of putex's NATS store: the write a renewal makes,
+    /// without the lease around it.
+    Store,
+}
+
+/// What every run of [`client_floor`] writes with.
+struct Floor<'a> {
+    rate: usize,
+    window: Duration,
+    store: &'a AnyStore,
+    js: &'a async_nats::jetstream::Context,
+    keys: &'a [String],
+    value: &'a [u8],
+}
+
+impl Floor<'_> {
+    /// One way's run: the process's CPU over the window, % of a core.
+    async fn run(&self, label: &str, way: Way, tokens: &mut [Token]) -> Result<f64, String> {
+        let me = std::process::id() as i32;
+        let epoch = self.store.epoch();
+        let cpu0 = cpu_ticks(me);
+        let t0 = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        let mut sent = 0usize;
+        let mut failed = 0usize;
+        let mut calls = futures::stream::FuturesUnordered::new();
+        while t0.elapsed() < self.window {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let due = (t0.elapsed().as_millis() as usize).saturating_mul(self.rate) / 1000;
+                    while sent < due {
+                        let i = sent % self.rate;
+                        sent += 1;
+                        let (key, value, expected) = (self.keys[i].clone(), self.value.to_vec(), tokens[i]);
+                        let call: futures::future::BoxFuture<'static, (usize, Option<Token>)> = match way {
+                            Way::JetStreamPublish => {
+                                let js = self.js.clone();
+                                Box::pin(async move {
+                                    let mut headers = async_nats::HeaderMap::new();
+                                    headers.insert(
+                                        "Nats-Expected-Last-Subject-Sequence",
+                                        async_nats::HeaderValue::from(expected.revision),
+                                    );
+                                    let subject = format!("$KV.floor.{key}");
+                                    let ack = match js.publish_with_headers(subject, headers, value.into()).await {
+                                        Ok(ack) => ack.await.ok().map(|a| Token::new(epoch, a.sequence)),
+                                        Err(_) => None,
+                                    };
+                                    (i, ack)
+                                })
+                            }
+                            Way::Store => {
+                                let store = self.store.clone();
+                                Box::pin(async move {
+                                    let t = store.update(&key, &value, expected, Duration::from_secs(5)).await;
+                                    (i, t.ok())
+                                })
+                            }
+                        };
+                        calls.push(call);
+                    }
+                }
+                Some((i, token)) = calls.next(), if !calls.is_empty() => match token {
+                    Some(token) => tokens[i] = token,
+                    None => failed += 1,
+                },
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = (cpu_ticks(me) - cpu0) as f64 / clock_ticks() as f64 / secs * 100.0;
+        while let Some((i, token)) = calls.next().await {
+            match token {
+                Some(token) => tokens[i] = token,
+                None => failed += 1,
+            }
+        }
+        println!(
+            "without the leases ({label}): {sent} compare-and-swaps in {secs:.1} s, \
+             {failed} failed: {cpu:.1}% of a core"
+        );
+        if failed > 0 {
+            return Err(format!("{label}: {failed} of {sent} writes failed"));
+        }
+        Ok(cpu)
     }
 }
 
