@@ -1088,6 +1088,21 @@ fn h6_a_release_that_conflicts_with_our_own_late_renewal_is_sent_again_over_it()
             );
             assert_ne!(h.agent.role(), Role::SteppingDown);
         } else {
+            // The stop is proven and the keeper let go: the late renewal
+            // extends the licence, but no extension goes to a keeper that
+            // would refuse it (and alarm a script's stderr).
+            let disarmed = h
+                .out
+                .iter()
+                .position(|o| matches!(o, Output::Keeper(KeeperCommand::Disarm)))
+                .expect("the keeper is let go after the proven stop");
+            assert!(
+                !h.out[disarmed..]
+                    .iter()
+                    .any(|o| matches!(o, Output::Keeper(KeeperCommand::Extend(_)))),
+                "an extension after the disarm: {:?}",
+                h.out
+            );
             let (id, expected) = h.release_write();
             assert_eq!(expected, Token::new(1, 9), "released over the late renewal");
             h.reply(id, StoreOutcome::Written(Token::new(1, 10)));

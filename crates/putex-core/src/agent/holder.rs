@@ -173,7 +173,8 @@ impl Agent {
             .tenure
             .as_ref()
             .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
-        if (self.service_may_run() || armed) && !self.paused() {
+        let let_go = self.tenure.as_ref().is_some_and(|t| t.let_go);
+        if (self.service_may_run() || armed) && !self.paused() && !let_go {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
@@ -275,6 +276,17 @@ impl Agent {
         }
     }
 
+    /// Tells the keeper to let the tenure's deadline go: its stop is proven,
+    /// or nothing started under it. No extension follows (the keeper would
+    /// refuse it).
+    pub(super) fn let_keeper_go(&mut self) {
+        self.outputs
+            .push_back(Output::Keeper(KeeperCommand::Disarm));
+        if let Some(t) = self.tenure.as_mut() {
+            t.let_go = true;
+        }
+    }
+
     /// The lock is lost or the licence ended: emergency stop if the service
     /// may run, and forget the lease.
     pub(super) fn lose(&mut self, reason: Reason, token: Option<Token>) {
@@ -358,8 +370,7 @@ impl Agent {
             .as_ref()
             .is_some_and(|t| t.keeper != KeeperArm::NotArmed);
         if armed {
-            self.outputs
-                .push_back(Output::Keeper(KeeperCommand::Disarm));
+            self.let_keeper_go();
         }
         // Stepping down with nothing to stop: renewing until the release
         // lands, exactly as after a proven graceful stop.

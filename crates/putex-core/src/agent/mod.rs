@@ -258,6 +258,11 @@ struct Tenure {
     service: Service,
     /// The keeper's hold on this tenure's deadline.
     keeper: KeeperArm,
+    /// The keeper was told to let the deadline go (`Disarm`): the stop is
+    /// proven, or nothing started. A disarmed keeper refuses extensions,
+    /// so a renewal that lands after it (the release's own-writes read
+    /// finding a late one, H4) sends none.
+    let_go: bool,
 }
 
 /// Whether the keeper holds the tenure's licence deadline. A node leaves
@@ -806,6 +811,7 @@ impl Agent {
                 grace_until: self.now,
             },
             keeper,
+            let_go: false,
         });
         self.start_step = None;
         self.previous = None;

@@ -747,6 +747,7 @@ impl Agent {
             active_token: None,
             service: Service::NotStarted,
             keeper: KeeperArm::NotArmed,
+            let_go: false,
         });
         self.fail_streak = 0;
         self.operator.lag_waived = false;

@@ -106,15 +106,13 @@ impl Agent {
                 self.note_proven();
                 // H6: proven stopped (the graceful stop, or a later one that
                 // escalated it): release.
-                self.outputs
-                    .push_back(Output::Keeper(KeeperCommand::Disarm));
+                self.let_keeper_go();
                 self.write_release();
             }
             Role::Lapsed => {
                 self.note_proven();
                 // Nothing left for the keeper to guard.
-                self.outputs
-                    .push_back(Output::Keeper(KeeperCommand::Disarm));
+                self.let_keeper_go();
                 let release = self.revoked_over.take().filter(|_| self.lock_op.is_none());
                 self.set_role(Role::Standby, Reason::Stopped, None);
                 if let Some(expected) = release {
