@@ -201,6 +201,7 @@ fn locks(dir: &Path, t: &mut Table) {
             "locks: `putex lock` vs `flock`",
             lock_process,
         ),
+        ("lock-process", "locks: a semaphore at its limit", semaphore),
         ("lock-contention", "locks: contention", lock_contention),
     ] {
         match read(dir, name) {
@@ -328,6 +329,60 @@ fn lock_process(l: &Value, t: &mut Table) {
                 etcd.filter(|_| !what.contains("etcdctl"))
                     .map(|e| format!("; {:.1}× `etcdctl lock`", med / e))
                     .unwrap_or_default()
+            ),
+        );
+    }
+}
+
+/// `lock_process`'s semaphore: 16 clients of 4 slots, each holding 100 ms,
+/// started at once, against the ideal ⌈16/4⌉ × 100 ms — and the floor
+/// under its first round: as many clients of different locks started at
+/// once.
+fn semaphore(l: &Value, t: &mut Table) {
+    for sem in l["semaphore"].as_array().cloned().unwrap_or_default() {
+        let store = sem["store"].as_str().unwrap_or("?");
+        let (clients, slots) = (num(&sem, "clients"), num(&sem, "slots"));
+        let (total, ideal, r) = (
+            num(&sem, "total_ms"),
+            num(&sem, "ideal_ms"),
+            num(&sem, "ratio"),
+        );
+        let most = num(&sem, "most_inside");
+        let floor = sem["apart_starts_ms"]
+            .as_array()
+            .and_then(|a| a.get(slots as usize - 1))
+            .and_then(Value::as_f64)
+            .map(|nth| {
+                format!(
+                    "; the floor: {clients:.0} clients of {clients:.0} different locks started at once \
+                     run their {slots:.0}th CMD {} after the launch, where 1.15× leaves {} for the start, \
+                     the hand-offs and the exit",
+                    ms(nth),
+                    ms(ideal * 0.15)
+                )
+            })
+            .unwrap_or_default();
+        t.row(
+            &format!(
+                "semaphore: {clients:.0} `putex lock --limit {slots:.0}` clients holding {:.0} ms, started at once",
+                num(&sem, "hold_ms")
+            ),
+            store,
+            format!(
+                "{} for {:.0} of {clients:.0} ({:.0} failed); {slots:.0}th slot first filled {} after the launch, \
+                 hand-offs median {}, max {}; at most {most:.0} inside",
+                ms(total),
+                num(&sem, "ran"),
+                num(&sem, "failed"),
+                ms(num(&sem, "slots_full_ms")),
+                ms(num(&sem, "handoff_median_ms")),
+                ms(num(&sem, "handoff_max_ms")),
+            ),
+            format!("≤ 1.15× the ideal {}; never more than {slots:.0} inside", ms(ideal)),
+            format!(
+                "{r:.2}× the ideal: {}; at most {most:.0} inside: {}{floor}",
+                verdict(r <= 1.15),
+                verdict(most <= slots)
             ),
         );
     }

@@ -35,6 +35,10 @@
 //!   started and ended. Reported: the total time from the first start to
 //!   the last exit against the ideal ⌈16/4⌉ × 100 ms, and the most CMDs
 //!   ever running at once (never more than 4; 4 while waiters remain).
+//!   Beside it, the floor under its first round on this machine: 16
+//!   `putex lock` clients of 16 *different* locks started at once, none
+//!   waiting for another, and when their CMDs started — a semaphore's 4th
+//!   slot cannot fill before the 4th of these.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -307,6 +311,7 @@ fn semaphore_at_its_limit(
     if let Err(e) = run_once(cmd(&putex_testkit::bench::FAST, "0")) {
         println!("semaphore first use ({store}): {e}");
     }
+    let apart = apart(putex, dir, store, url, CLIENTS);
     let _ = std::fs::remove_file(&log);
     let launched_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -414,11 +419,26 @@ fn semaphore_at_its_limit(
         opt(handoff_max),
         opt(last_end)
     );
+    let apart_note = match &apart {
+        Ok(a) => {
+            let nth = a.get(SLOTS - 1).copied().unwrap_or(f64::NAN);
+            println!(
+                "  the floor ({store}): {CLIENTS} clients of {CLIENTS} different locks started at once, \
+                 no waiting: the {SLOTS}th CMD started {nth:.1} ms after the launch, the last {:.1} ms",
+                a.last().copied().unwrap_or(f64::NAN)
+            );
+            format!("; {CLIENTS} clients of {CLIENTS} different locks at once start their {SLOTS}th CMD {nth:.0} ms after the launch")
+        }
+        Err(e) => {
+            println!("  the floor ({store}) not measured: {e}");
+            String::new()
+        }
+    };
     table.push(
         "semaphore: 16 `putex lock --limit 4` clients holding 100 ms, started at once",
         store,
         figure,
-        vs,
+        format!("{vs}{apart_note}"),
     );
     serde_json::json!({
         "store": store, "clients": CLIENTS, "slots": SLOTS, "hold_ms": HOLD_MS,
@@ -426,7 +446,85 @@ fn semaphore_at_its_limit(
         "most_inside": most, "ran": ran, "failed": failed,
         "first_start_ms": first_start, "slots_full_ms": slots_full, "hold_median_ms": hold_median, "handoff_median_ms": handoff_median,
         "handoff_max_ms": handoff_max, "last_end_ms": last_end,
+        "apart_starts_ms": apart.as_ref().ok(),
+        "apart_error": apart.as_ref().err(),
     })
+}
+
+/// The floor under a semaphore's first round on this machine: `clients`
+/// `putex lock` processes of as many *different* locks (each name used
+/// once first, untimed), started at once as the semaphore's clients are,
+/// none waiting for another; when each CMD started after the launch (ms,
+/// in order). A semaphore of N slots cannot have its N-th CMD running
+/// before the N-th of these starts: what is left is the cost of starting
+/// `clients` processes together on this machine's cores.
+fn apart(
+    putex: &Path,
+    dir: &Path,
+    store: &str,
+    url: &str,
+    clients: usize,
+) -> Result<Vec<f64>, String> {
+    let log = dir.join(format!("apart-{store}.log"));
+    let cmd = |i: usize, extra: &[&str]| {
+        let mut c = Command::new(putex);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+                c.env_remove(k);
+            }
+        }
+        c.env("PUTEX_KEEPER_DIR", dir.join("keepers"))
+            .args(["lock", &format!("apart{i}"), "--store", url])
+            .args(extra)
+            .args(["--", "sh", "-c"])
+            .arg(format!("echo \"+ $(date +%s%N)\" >>'{}'", log.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    };
+    // First use of every name (S4's wait), at once, untimed.
+    let first: Vec<Child> = (0..clients)
+        .map(|i| cmd(i, &putex_testkit::bench::FAST).spawn())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("start putex lock: {e}"))?;
+    for c in first {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "first use: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+    let launched_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let children: Vec<Child> = (0..clients)
+        .map(|i| cmd(i, &[]).spawn())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("start putex lock: {e}"))?;
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "putex lock: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    let mut starts: Vec<f64> = std::fs::read_to_string(&log)
+        .map_err(|e| format!("{}: {e}", log.display()))?
+        .lines()
+        .filter_map(|l| l.strip_prefix("+ ")?.trim().parse::<u128>().ok())
+        .map(|t| t.saturating_sub(launched_ns) as f64 / 1e6)
+        .collect();
+    starts.sort_by(f64::total_cmp);
+    if starts.len() != clients {
+        return Err(format!("{} of {clients} CMDs ran", starts.len()));
+    }
+    Ok(starts)
 }
 
 /// One command timed over several rounds.
