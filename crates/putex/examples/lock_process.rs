@@ -484,36 +484,15 @@ fn apart(
         c
     };
     // First use of every name (S4's wait), at once, untimed.
-    let first: Vec<Child> = (0..clients)
-        .map(|i| cmd(i, &putex_testkit::bench::FAST).spawn())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("start putex lock: {e}"))?;
-    for c in first {
-        let out = c.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "first use: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-    }
+    all_at_once(
+        (0..clients).map(|i| cmd(i, &putex_testkit::bench::FAST)),
+        "first use",
+    )?;
     let _ = std::fs::remove_file(&log);
     let launched_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let children: Vec<Child> = (0..clients)
-        .map(|i| cmd(i, &[]).spawn())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("start putex lock: {e}"))?;
-    for c in children {
-        let out = c.wait_with_output().map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "putex lock: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-    }
+    all_at_once((0..clients).map(|i| cmd(i, &[])), "putex lock")?;
     let mut starts: Vec<f64> = std::fs::read_to_string(&log)
         .map_err(|e| format!("{}: {e}", log.display()))?
         .lines()
@@ -525,6 +504,26 @@ fn apart(
         return Err(format!("{} of {clients} CMDs ran", starts.len()));
     }
     Ok(starts)
+}
+
+/// Starts every command at once and waits for all; the first failure's
+/// stderr, named by `what`.
+fn all_at_once(cmds: impl Iterator<Item = Command>, what: &str) -> Result<(), String> {
+    let children: Vec<Child> = cmds
+        .map(|mut c| c.spawn())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{what}: cannot start putex lock: {e}"))?;
+    let mut failure = None;
+    for c in children {
+        let out = c.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() && failure.is_none() {
+            failure = Some(format!(
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    failure.map_or(Ok(()), Err)
 }
 
 /// One command timed over several rounds.
