@@ -860,9 +860,11 @@ async fn store_nats_writes_whose_caller_gave_up_leave_nothing_waiting() {
         "the writes that gave up wait no more"
     );
     server.resume();
-    // The late answers come and find nobody; the compare-and-swap landed
-    // or not (the leader read tells), and the next one is answered for
-    // itself.
+    // The late answers come and find nobody. A write answered now was
+    // stored after everything sent before it on this connection: the
+    // compare-and-swap has landed or not by then (the leader read tells),
+    // and the next one is answered for itself.
+    s.put("lock.gave-up-after", b"x", T).await.unwrap();
     let landed = s
         .get("lock.gave-up", ReadMode::Leader, T)
         .await
