@@ -668,6 +668,20 @@ mod tests {
         let t = Duration::from_secs(2);
         store.put("probe.p1", b"one", t).await.unwrap();
         let short = Duration::from_millis(300);
+        // A new bucket is made to allow per-message TTLs beside the open
+        // (two requests of the handle's own): only once that is done is
+        // the handle idle, and a blackhole the only reason nothing passes.
+        let AnyStore::Nats(nats) = &store else {
+            unreachable!("a NATS URL")
+        };
+        let idle_by = Instant::now() + Duration::from_secs(5);
+        while !nats.retires_leave_nothing() && Instant::now() < idle_by {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            nats.retires_leave_nothing(),
+            "the bucket never allowed TTLs"
+        );
 
         proxy.set(Mode::Blackhole);
         let before = proxy.forwarded();

@@ -908,7 +908,14 @@ async fn store_nats_a_write_nobody_takes_is_unknown_at_once() {
         .await
         .unwrap_err();
     assert!(e.is_unknown(), "{e}");
-    assert!(e.to_string().contains("no responders"), "{e}");
+    // The handle re-reads its bucket's epoch every 5 s: on a machine slow
+    // enough for that to come first, the epoch read is what finds no
+    // stream (unknown too, as soon).
+    let said = e.to_string();
+    assert!(
+        said.contains("no responders") || said.contains("epoch"),
+        "{e}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
