@@ -288,14 +288,8 @@ fn semaphore_at_its_limit(
     const HOLD_MS: u64 = 100;
     let log = dir.join(format!("sem-{store}.log"));
     let cmd = |extra: &[&str], hold: &str| {
-        let mut c = Command::new(putex);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
-                c.env_remove(k);
-            }
-        }
-        c.env("PUTEX_KEEPER_DIR", dir.join("keepers"))
-            .args(["lock", "sembench", "--limit", "4", "--store", url])
+        let mut c = lock_command(putex, &dir.join("keepers"), "sembench", url);
+        c.args(["--limit", "4"])
             .args(extra)
             .args(["--", "sh", "-c"])
             .arg(format!(
@@ -467,15 +461,8 @@ fn apart(
 ) -> Result<Vec<f64>, String> {
     let log = dir.join(format!("apart-{store}.log"));
     let cmd = |i: usize, extra: &[&str]| {
-        let mut c = Command::new(putex);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
-                c.env_remove(k);
-            }
-        }
-        c.env("PUTEX_KEEPER_DIR", dir.join("keepers"))
-            .args(["lock", &format!("apart{i}"), "--store", url])
-            .args(extra)
+        let mut c = lock_command(putex, &dir.join("keepers"), &format!("apart{i}"), url);
+        c.args(extra)
             .args(["--", "sh", "-c"])
             .arg(format!("echo \"+ $(date +%s%N)\" >>'{}'", log.display()))
             .stdin(Stdio::null())
@@ -579,18 +566,25 @@ fn on_path(bin: &str) -> Option<PathBuf> {
 fn putex_lock(putex: &Path, url: &str, keeper_dir: &Path) -> impl Fn(&[&str]) -> Command {
     let (putex, url, keeper_dir) = (putex.to_owned(), url.to_owned(), keeper_dir.to_owned());
     move |extra: &[&str]| {
-        let mut c = Command::new(&putex);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
-                c.env_remove(k);
-            }
-        }
-        c.env("PUTEX_KEEPER_DIR", &keeper_dir)
-            .args(["lock", CLI_LOCK, "--store", &url])
-            .args(extra)
-            .args(["--", "true"]);
+        let mut c = lock_command(&putex, &keeper_dir, CLI_LOCK, &url);
+        c.args(extra).args(["--", "true"]);
         c
     }
+}
+
+/// `putex lock NAME --store URL` with none of this environment's `PUTEX_*`
+/// settings (nor `NATS_URL`) and keepers in `keeper_dir`; the caller adds
+/// the rest of the line.
+fn lock_command(putex: &Path, keeper_dir: &Path, name: &str, url: &str) -> Command {
+    let mut c = Command::new(putex);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("PUTEX_") || k == "NATS_URL" {
+            c.env_remove(k);
+        }
+    }
+    c.env("PUTEX_KEEPER_DIR", keeper_dir)
+        .args(["lock", name, "--store", url]);
+    c
 }
 
 /// A free loopback port (bound and released: another process could take it
