@@ -76,11 +76,23 @@ pub enum Rule {
     /// went back) is taken as a backwards clock, so (b) falls back to a
     /// further W of the standby's own clock.
     StepRoundingIsBackwards = 1 << 23,
+    /// S6 (z) broken: a record of a re-created bucket that the standby's
+    /// own clock has seen unchanged for W is taken without the store-clock
+    /// witness (S1 b) and the leader read after it (refinement (v)).
+    NewEpochOwnClockOnly = 1 << 24,
+    /// S6 broken: a confirming holder that sees another writer's record
+    /// above its own revision waits only for the own-writes read, which a
+    /// store that lost that record answers with ours.
+    ForeignAboveWhileConfirming = 1 << 25,
+    /// S6 broken: one revision seen with two contents (the store lost the
+    /// first and reused its number) is judged like any new record, so a
+    /// late event of a lost `released` record is taken at once (S3).
+    ReusedRevisionTrusted = 1 << 26,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 24] = [
+    pub const ALL: [Rule; 27] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -105,6 +117,9 @@ impl Rule {
         Rule::IgnoreEligibility,
         Rule::FailbackWithoutHoldDown,
         Rule::StepRoundingIsBackwards,
+        Rule::NewEpochOwnClockOnly,
+        Rule::ForeignAboveWhileConfirming,
+        Rule::ReusedRevisionTrusted,
     ];
 }
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use putex_core::mutation::{Mutations, Rule};
 use putex_core::{
-    Agent, AgentConfig, Entry, HealthMode, Identity, Input, KeeperCommand, LockRecord, LockState,
-    Observed, OpId, Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing,
-    TimingConfig, Token,
+    Agent, AgentConfig, Entry, HealthMode, Identity, Input, KeeperCommand, Key, LockRecord,
+    LockState, Observed, OpId, Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime,
+    Timing, TimingConfig, Token,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -395,6 +395,95 @@ fn s1_takeover_needs_w_on_the_own_clock_and_w_on_the_store_clock() {
     assert!(!h.activated());
     h.advance_to(taken + 2.01);
     assert!(h.activated());
+}
+
+/// S1 refinement (v), both sides: once W has passed on both clocks, a
+/// standby reads the record from the leader before it swaps. A replica
+/// stuck on revision 5 showed it holding contents A; the store lost that
+/// record and reused revision 5 for B, which the standby never judged. The
+/// leader read shows B: no stale takeover with G' (taking B after W of A
+/// would displace a record nobody judged); the standby owes at least the
+/// absent wait. With the leader read switched off
+/// (`StaleTakeoverUnconfirmed`) it swaps at once and activates G' later.
+#[test]
+fn s1_a_stale_takeover_reads_the_leader_after_the_witness() {
+    for switched_off in [false, true] {
+        let mutations = if switched_off {
+            Mutations::only(Rule::StaleTakeoverUnconfirmed)
+        } else {
+            Mutations::NONE
+        };
+        let mut h = Harness::with_config("a", true, mutations);
+        let seen = entry(&holder(LockState::Active, 10_000), 5, 1000.0);
+        look(&mut h, Some(seen.clone()));
+        for second in 1..=10 {
+            h.advance_to(100.0 + f64::from(second));
+            look(&mut h, Some(seen.clone()));
+        }
+        h.advance_to(100.0 + 10.3);
+        let (id, op) = h.store();
+        assert!(matches!(op, StoreOp::Put { .. }), "{op:?}");
+        h.reply(id, StoreOutcome::Written(Token::new(1, 6)));
+        let (id, _) = h.store();
+        let probe = Entry {
+            value: b"{}".to_vec(),
+            token: Token::new(1, 6),
+            time: StoreTime {
+                era: 1,
+                nanos: 1011 * SEC,
+            },
+        };
+        h.reply(id, StoreOutcome::Read(Some(probe)));
+        let (id, op) = h.store();
+        if switched_off {
+            assert!(
+                matches!(op, StoreOp::Update { .. }),
+                "switched off, it swaps at once: {op:?}"
+            );
+        } else {
+            assert!(
+                matches!(op, StoreOp::Get { leader: true, .. }),
+                "no leader read after the witness: {op:?}"
+            );
+            let mut other = holder(LockState::Active, 10_000);
+            other.write = "other-i1-77".into();
+            h.reply(id, StoreOutcome::Read(Some(entry(&other, 5, 1010.0))));
+        }
+        // Whatever it swapped (if anything), it must not be active G' later.
+        let swap = h
+            .out
+            .iter()
+            .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })));
+        let id = match (switched_off, swap) {
+            (true, _) => id,
+            (false, Some(i)) => {
+                let Output::Store(r) = h.out.remove(i) else {
+                    unreachable!()
+                };
+                r.id
+            }
+            (false, None) => continue,
+        };
+        h.reply(id, StoreOutcome::Written(Token::new(1, 7)));
+        let taken = h.now;
+        let mut revision = 7;
+        while h.now < taken + 2.5 {
+            h.advance_to(h.now + 0.5);
+            h.health(true);
+            while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+                let Output::Store(r) = h.out.remove(i) else {
+                    unreachable!()
+                };
+                revision += 1;
+                h.reply(r.id, StoreOutcome::Written(Token::new(1, revision)));
+            }
+        }
+        assert_eq!(
+            h.activated(),
+            switched_off,
+            "switched off: {switched_off}; activated G' after swapping over an unjudged record"
+        );
+    }
 }
 
 /// Holds the lock (over a released record) and returns the harness.
@@ -1118,6 +1207,88 @@ fn h6_a_release_that_conflicts_with_our_own_late_renewal_is_sent_again_over_it()
     }
 }
 
+/// H4 for the release, and H3 read rightly: a stepping-down holder whose
+/// first release's reply never came (its keeper died meanwhile: a second
+/// emergency stop, proven, sent a second release over the same token) finds
+/// the second conflicting and its own-writes read showing the *first*
+/// release. That is its own write, not another node's record: the tenure
+/// ends released, without an emergency stop or a "lost, held by" itself
+/// (found in chaos seeds 1450, 1802, 2300). A release of someone else's
+/// instance at that revision is still a loss.
+#[test]
+fn h6_our_own_earlier_release_found_by_the_own_writes_read_ends_the_tenure_released() {
+    for theirs in [false, true] {
+        let mut h = holding();
+        h.advance_to(h.now + 1.0);
+        h.health(true);
+        let (renewal, _) = h.store();
+        h.reply(renewal, StoreOutcome::Unknown);
+        h.input(Input::Shutdown);
+        h.answer_stop(StopKind::Graceful, true);
+        let (first, op) = h.store();
+        let StoreOp::Update {
+            value: released, ..
+        } = op
+        else {
+            panic!("{op:?}")
+        };
+        // The first release lands (its reply is lost); the keeper dies.
+        h.input(Input::KeeperLost);
+        h.answer_stop(StopKind::Emergency, true);
+        let (second, expected) = h.release_write();
+        assert_eq!(expected, Token::new(1, 8));
+        let _ = first;
+        h.reply(second, StoreOutcome::Conflict);
+        let (read, op) = h.store();
+        assert!(matches!(op, StoreOp::Get { leader: true, .. }), "{op:?}");
+        let found = if theirs {
+            let mut r = holder(LockState::Released, 10_000);
+            r.write = "other-i1-9".into();
+            r.encode()
+        } else {
+            released
+        };
+        h.out.clear();
+        h.reply(
+            read,
+            StoreOutcome::Read(Some(Entry {
+                value: found,
+                token: Token::new(1, 9),
+                time: StoreTime {
+                    era: 1,
+                    nanos: 61 * SEC,
+                },
+            })),
+        );
+        let lost = h.find(|o| {
+            matches!(
+                o,
+                Output::Event(putex_core::Event::Transition {
+                    reason: Reason::Lost(_),
+                    ..
+                })
+            )
+        });
+        if theirs {
+            assert!(lost, "someone else's release taken for ours: {:?}", h.out);
+        } else {
+            assert!(!lost, "our own release taken for a loss: {:?}", h.out);
+            assert!(!h.find(|o| matches!(o, Output::Stop { .. })), "{:?}", h.out);
+            assert!(h.find(|o| matches!(
+                o,
+                Output::Event(putex_core::Event::Transition {
+                    reason: Reason::Released,
+                    ..
+                })
+            )));
+            assert!(h.find(|o| matches!(
+                o,
+                Output::Exit(putex_core::ExitReason::Shutdown { released: true })
+            )));
+        }
+    }
+}
+
 #[test]
 fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
     let mut h = holding();
@@ -1506,6 +1677,37 @@ fn s6_a_holder_of_a_re_created_bucket_is_not_deposed_by_a_newcomer() {
     assert!(!h.activated(), "activated before G' after taking it");
     renew_until(&mut h, taken + 2.5);
     assert!(h.activated(), "not active G' after taking it");
+
+    // Our own clock alone is not enough (S1 b): a standby whose clock
+    // jumped sees W pass while the store's clock says 2 s. It probes and
+    // waits — until the store's clock has W too — and takes nothing
+    // before. With the witness switched off (`NewEpochOwnClockOnly`) it
+    // takes the record on its own clock's word (chaos seeds 127069,
+    // 330876, 361948, 373709, 453510: a holder of the new incarnation
+    // still ran).
+    for switched_off in [false, true] {
+        let mutations = if switched_off {
+            Mutations::only(Rule::NewEpochOwnClockOnly)
+        } else {
+            Mutations::NONE
+        };
+        let mut h = Harness::from_config("a", true, mutations, Some(Token::new(1, 73)));
+        look(&mut h, Some(record(5)));
+        let first = h.now;
+        // 8 s of the agent's clock are 0.2 s of the store's: a jump.
+        let jumped = |now: f64| 105.0 + ((now - first) - 8.0).max(0.2 * (now - first) / 8.0);
+        standby_with_store_clock(&mut h, first + 30.0, &record(5), jumped);
+        let taken_after = h.now - first;
+        if switched_off {
+            assert!(taken_after < 10.6, "the mutation took {taken_after} s");
+        } else {
+            assert!(
+                taken_after >= 8.0 + 10.2,
+                "taken {taken_after} s after first sight, before W on the store's clock"
+            );
+            assert!(acquiring(&h), "never taken once both clocks saw W");
+        }
+    }
 }
 
 /// S6 refinement (w), deterministic: a standby swaps over a `released`
@@ -1568,6 +1770,118 @@ fn s6_a_swap_that_lands_over_a_record_others_took_owes_the_absent_wait() {
     }
 }
 
+/// S6, a rollback deeper than the swap's landing (chaos seed 115352): a
+/// standby swaps over a `released` record (1:29); by watch it sees another
+/// node's acquisition and renewals (1:30–1:33), which a rollback then loses,
+/// and its swap lands at 1:30 — a revision *below* what it saw. The evidence
+/// may come before the swap's reply (refinement (w), `AcquireOverLostRecord`)
+/// or after it, while the keeper's arm is on its way
+/// (`ForeignAboveWhileConfirming`); either way the other node may believe it
+/// holds the lock, and the tenure owes the absent wait W + G', not S3's
+/// nothing. Each rule switched off: it activates as soon as its own-writes
+/// read shows its record.
+#[test]
+fn s6_a_swap_that_lands_below_records_others_wrote_owes_the_absent_wait() {
+    for (rule, evidence_after_reply) in [
+        (None, false),
+        (None, true),
+        (Some(Rule::AcquireOverLostRecord), false),
+        (Some(Rule::ForeignAboveWhileConfirming), true),
+    ] {
+        let mutations = rule.map_or(Mutations::NONE, Mutations::only);
+        let mut h = Harness::with_config("a", true, mutations);
+        h.auto_arm = false;
+        look(
+            &mut h,
+            Some(entry(&holder(LockState::Released, 10_000), 29, 50.0)),
+        );
+        let (id, op) = h.store();
+        assert!(
+            matches!(op, StoreOp::Update { expected, .. } if expected == Token::new(1, 29)),
+            "{op:?}"
+        );
+        let theirs = |revision: u64| {
+            let mut r = holder(LockState::Active, 10_000);
+            r.write = format!("other-i1-{revision}");
+            entry(&r, revision, 50.0 + revision as f64 / 100.0)
+        };
+        let StoreOp::Update { value, .. } = op else {
+            unreachable!()
+        };
+        // What the store holds now, as an own-writes read shows it.
+        let mut current = Entry {
+            value,
+            token: Token::new(1, 30),
+            time: StoreTime {
+                era: 1,
+                nanos: 51 * SEC,
+            },
+        };
+        if !evidence_after_reply {
+            for revision in 30..=33 {
+                h.input(Input::Watch(Some(theirs(revision))));
+            }
+        }
+        h.reply(id, StoreOutcome::Written(Token::new(1, 30)));
+        assert_eq!(h.agent.role(), Role::Confirming);
+        if evidence_after_reply {
+            // Above ours only: one at our own revision is refinement (s).
+            for revision in 31..=33 {
+                h.input(Input::Watch(Some(theirs(revision))));
+            }
+        }
+        // The keeper acknowledges; own-writes reads show our record, which
+        // every renewal moves on.
+        let mut step = |h: &mut Harness, secs: f64| {
+            h.advance_to(h.now + secs);
+            h.health(true);
+            while let Some(i) = h.out.iter().position(|o| {
+                matches!(
+                    o,
+                    Output::Store(_)
+                        | Output::Keeper(KeeperCommand::Arm(_) | KeeperCommand::Extend(_))
+                )
+            }) {
+                match h.out.remove(i) {
+                    Output::Keeper(command) => h.input(Input::KeeperAck { command, ok: true }),
+                    Output::Store(r) => {
+                        let outcome = match r.op {
+                            StoreOp::Get { .. } => StoreOutcome::Read(Some(current.clone())),
+                            StoreOp::Update { value, .. } => {
+                                current.token.revision += 1;
+                                current.value = value;
+                                StoreOutcome::Written(current.token)
+                            }
+                            op => panic!("{op:?}"),
+                        };
+                        h.reply(r.id, outcome);
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        };
+        step(&mut h, 0.01);
+        if rule.is_some() {
+            step(&mut h, 0.01);
+            assert!(h.activated(), "{rule:?} switched off: it activates at once");
+            continue;
+        }
+        assert!(!h.activated(), "activated over records the store lost");
+        for second in 1..=12 {
+            step(&mut h, 1.0);
+            assert!(
+                !h.activated(),
+                "activated {second} s after the swap (evidence after the reply: {evidence_after_reply})"
+            );
+        }
+        step(&mut h, 0.5);
+        assert!(
+            h.activated(),
+            "not active after W + G' (evidence after the reply: {evidence_after_reply})"
+        );
+    }
+}
+
 // ----- operator controls (O1–O4) ----------------------------------------------
 
 fn candidate(node: &str, position: Option<u64>, ready: bool) -> putex_core::Candidate {
@@ -1605,21 +1919,43 @@ fn acquiring(h: &Harness) -> bool {
 }
 
 /// A standby's time passing until `t`: every check passes and every read
-/// shows `found`.
+/// shows `found`. The store's clock runs with the agent's, and read `found`'s
+/// store time when the agent first saw it (for the probe of S1 b).
 fn standby_until(h: &mut Harness, t: f64, found: &Entry) {
+    let from = (h.now, found.time.nanos as f64 / 1e9);
+    standby_with_store_clock(h, t, found, |now| from.1 + (now - from.0));
+}
+
+/// [`standby_until`] with the store's clock given as a function of the
+/// agent's (seconds): the probe's store time (S1 b) is read from it.
+fn standby_with_store_clock(h: &mut Harness, t: f64, found: &Entry, store: impl Fn(f64) -> f64) {
+    let mut probe = Token::new(found.token.epoch, 1_000_000);
     while h.now < t {
         let next = (h.now + 0.25).min(t);
         h.advance_to(next);
         h.health(true);
-        while let Some(i) = h
-            .out
-            .iter()
-            .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Get { .. })))
-        {
+        while let Some(i) = h.out.iter().position(|o| {
+            matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Get { .. } | StoreOp::Put { key: Key::Probe, .. }))
+        }) {
             let Output::Store(r) = h.out.remove(i) else {
                 unreachable!()
             };
-            h.reply(r.id, StoreOutcome::Read(Some(found.clone())));
+            let outcome = match r.op {
+                StoreOp::Put { .. } => {
+                    probe.revision += 1;
+                    StoreOutcome::Written(probe)
+                }
+                StoreOp::Get { key: Key::Probe, .. } => StoreOutcome::Read(Some(Entry {
+                    value: b"{}".to_vec(),
+                    token: probe,
+                    time: StoreTime {
+                        era: found.time.era,
+                        nanos: (store(h.now) * 1e9) as u64,
+                    },
+                })),
+                _ => StoreOutcome::Read(Some(found.clone())),
+            };
+            h.reply(r.id, outcome);
         }
         if acquiring(h) {
             return;
@@ -1959,7 +2295,7 @@ fn mutation_taking_over_a_paused_record_is_seen() {
     let record = entry(&paused_record(), 5, 50.0);
     look(&mut h, Some(record.clone()));
     standby_until(&mut h, 111.0, &record);
-    assert!(h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Put { .. }))));
+    assert!(acquiring(&h), "the paused record was not taken over");
 }
 
 #[test]

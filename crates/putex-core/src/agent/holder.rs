@@ -229,6 +229,18 @@ impl Agent {
         }
         self.note_token(entry.token);
         let record = Observed::decode(&entry.value);
+        // H4 for the release: one of our releases whose reply was lost (the
+        // next one, over the older token, conflicted with it) has landed.
+        // It is ours, not someone else's record: the tenure ends released.
+        if let Some(r) = record.record().filter(|r| {
+            self.role == Role::SteppingDown
+                && r.instance == self.id.instance
+                && r.state == LockState::Released
+                && self.release_writes.contains(&r.write)
+        }) {
+            let write = r.write.clone();
+            return self.on_release_outcome(&write, StoreOutcome::Written(entry.token));
+        }
         let landed = record.record().and_then(|r| {
             (r.instance == self.id.instance && r.state != LockState::Revoked)
                 .then(|| {
@@ -302,6 +314,7 @@ impl Agent {
         }
         self.lease = None;
         self.tenure = None;
+        self.release_writes.clear();
         self.operator.handover_to = None;
         self.operator.pause = PauseState::Off;
         self.operator.unpause_pending = false;

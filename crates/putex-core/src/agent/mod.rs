@@ -222,6 +222,11 @@ struct Acquire {
     /// Set when, while this acquisition was in flight, its expected revision
     /// showed up with other contents (see `over`).
     reused: bool,
+    /// The newest token seen, while this acquisition was on its way (or its
+    /// outcome unknown), on a record that is not ours (another instance's,
+    /// or unreadable): a swap over an older revision that lands after it
+    /// landed on a store that lost that record (S6, refinement (w)).
+    foreign_seen: Option<Token>,
 }
 
 /// Where the service is in this tenure.
@@ -436,11 +441,6 @@ pub struct Agent {
     /// the watch delivered meanwhile may be newer than that without the
     /// store having gone back (S6: only a read below this is a regression).
     trusted_at_read: Option<Token>,
-    /// The newest token seen, while an acquisition of ours was on its way,
-    /// on a record that is not ours (another instance's, or unreadable):
-    /// the acquisition over an older revision that lands after it landed on
-    /// a store that lost that record (S6, refinement (w)).
-    foreign_seen: Option<Token>,
     /// A record with our node id and another machine id was seen at this token.
     duplicate_seen: Option<Token>,
     /// An administrator revoked our tenure's record at this token while the
@@ -475,6 +475,10 @@ pub struct Agent {
     /// The service is proven stopped and the release waits for the
     /// renewal in flight, which it would otherwise conflict with.
     release_wanted: bool,
+    /// The write ids of this tenure's releases sent so far: one whose reply
+    /// was lost may be found landed by an own-writes read (H4 for the
+    /// release), which is our release, not someone else's record (H3).
+    release_writes: Vec<String>,
 
     /// O1–O4: switchover, pause, candidate order, rejoin.
     operator: Operator,
@@ -564,7 +568,6 @@ impl Agent {
             highest: config.highest_token,
             trusted: config.highest_token,
             trusted_at_read: config.highest_token,
-            foreign_seen: None,
             duplicate_seen: None,
             revoked_over: None,
             supervised_stops: config.supervised_stops,
@@ -581,6 +584,7 @@ impl Agent {
             turn: true,
             keep_health: false,
             release_wanted: false,
+            release_writes: Vec::new(),
             operator: Operator {
                 priority: config.priority,
                 max_lag: config.max_lag,
@@ -828,6 +832,7 @@ impl Agent {
             evidence: None,
             floor: None,
             reused: false,
+            foreign_seen: None,
             over: None,
         }
     }
@@ -962,11 +967,14 @@ impl Agent {
                     expected: self.lease.as_ref().expect("renew needs a lease").token,
                 }
             }
-            LockOp::Release { write } => StoreOp::Update {
-                key: Key::Lock,
-                value: self.release_record(write).encode(),
-                expected: self.lease.as_ref().expect("release needs a lease").token,
-            },
+            LockOp::Release { write } => {
+                self.release_writes.push(write.clone());
+                StoreOp::Update {
+                    key: Key::Lock,
+                    value: self.release_record(write).encode(),
+                    expected: self.lease.as_ref().expect("release needs a lease").token,
+                }
+            }
             LockOp::ReleaseRevoked { write, expected } => StoreOp::Update {
                 key: Key::Lock,
                 value: self.record(LockState::Released, write, None),
@@ -1056,10 +1064,10 @@ impl Agent {
             // Only what arrives while an acquisition is on its way can be a
             // record the swap then displaces unseen (a judged record is never
             // below what was seen before it): no decoding on the hot path.
-            if self.acquisition_pending() && self.foreign_seen.is_none_or(|f| e.token > f) {
+            if self.acquisition_pending() {
                 let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
                 if !ours {
-                    self.foreign_seen = Some(e.token);
+                    self.note_foreign_while_acquiring(e.token);
                 }
             }
             if self
@@ -1068,6 +1076,24 @@ impl Agent {
                 && !self.mutations.is(Rule::HolderViewUntrusted)
             {
                 self.trusted = Some(e.token);
+            }
+        }
+    }
+
+    /// Every acquisition on its way, or of unknown outcome, remembers the
+    /// newest foreign record seen meanwhile (S6, refinement (w)).
+    fn note_foreign_while_acquiring(&mut self, token: Token) {
+        let pending = self.lock_op.as_mut().and_then(|p| match &mut p.what {
+            LockOp::Acquire { acquire, .. } => Some(&mut **acquire),
+            _ => None,
+        });
+        let unknown = self
+            .unconfirmed
+            .iter_mut()
+            .filter_map(|u| u.acquire.as_mut());
+        for acquire in pending.into_iter().chain(unknown) {
+            if acquire.foreign_seen.is_none_or(|f| token > f) {
+                acquire.foreign_seen = Some(token);
             }
         }
     }

@@ -104,6 +104,24 @@ impl Agent {
                 _ => self.trusted = Some(self.trusted.map_or(e.token, |t| t.max(e.token))),
             }
         }
+        // S6: one revision with two contents — the store lost the one we saw
+        // first and handed its revision to another write. Which of them is
+        // current, and whose writer still believes it holds the lock, this
+        // node cannot tell: the record is judged as absent (chaos seed
+        // 384865: a late watch event of our own lost release, seen after
+        // the write that reused its revision, was taken as a clean release).
+        if let (Some(e), Some(s)) = (&entry, &self.seen) {
+            if s.entry.is_some_and(|(t, _)| t == e.token)
+                && s.observed != observed
+                && !self.mutations.is(Rule::ReusedRevisionTrusted)
+            {
+                self.outputs.push_back(Output::Event(Event::StoreRegressed {
+                    highest: self.highest.unwrap_or(e.token),
+                    now: e.token,
+                }));
+                absent_like = true;
+            }
+        }
         let key = entry.as_ref().map(|e| (e.token, Some(e.time)));
         // After a rollback a revision can be reused by another write: the
         // same revision with other contents is a new record (S1 a restarts).
@@ -167,18 +185,23 @@ impl Agent {
         // rollback) and handed its revision to us. Its writer may believe it
         // holds the lock until it reads ours: owe what an absent record
         // owes, counted from now (S6).
-        let lease_token = self.lease.as_ref().map(|l| l.token);
-        if Some(e.token) == lease_token && !self.is_lease_write(e) {
-            let Some(tenure) = self.tenure.as_mut() else {
-                return;
-            };
-            let mut acquire = tenure.acquire.clone();
-            self.downgrade_to_absent(&mut acquire, e.token);
-            let wait = self.absent_wait(&acquire);
-            let tenure = self.tenure.as_mut().expect("present");
-            tenure.activate_at = tenure.activate_at.max(self.now + wait);
-            tenure.acquire = acquire;
+        let Some(lease_token) = self.lease.as_ref().map(|l| l.token) else {
             return;
+        };
+        if e.token == lease_token && !self.is_lease_write(e) {
+            return self.owe_absent_wait(e.token);
+        }
+        // Another writer's record above ours: on a store that keeps its
+        // writes it replaced ours, and the own-writes read that follows
+        // ends the tenure (H3). If that read shows ours instead, the store
+        // lost the record we saw, and its writer may believe it holds the
+        // lock (S6): wait as for an absent record either way (chaos seed
+        // 115352, where the evidence arrived after the swap's reply).
+        if e.token.epoch == lease_token.epoch && e.token > lease_token {
+            let ours = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == self.id.instance);
+            if !ours && !self.mutations.is(Rule::ForeignAboveWhileConfirming) {
+                return self.owe_absent_wait(e.token);
+            }
         }
         let Some(tenure) = self.tenure.as_mut() else {
             return;
@@ -190,9 +213,20 @@ impl Agent {
             return;
         }
         let t = *t;
+        if let Some(tenure) = self.tenure.as_mut() {
+            tenure.acquire.over = None;
+        }
+        self.owe_absent_wait(t);
+    }
+
+    /// The confirming tenure rests on a store that lost records (S6): it
+    /// owes what an absent record owes, counted from now.
+    fn owe_absent_wait(&mut self, token: Token) {
+        let Some(tenure) = self.tenure.as_ref() else {
+            return;
+        };
         let mut acquire = tenure.acquire.clone();
-        acquire.over = None;
-        self.downgrade_to_absent(&mut acquire, t);
+        self.downgrade_to_absent(&mut acquire, token);
         let wait = self.absent_wait(&acquire);
         let tenure = self.tenure.as_mut().expect("present");
         tenure.activate_at = tenure.activate_at.max(self.now + wait);
@@ -249,34 +283,34 @@ impl Agent {
             return None;
         }
         let defer = self.deferral();
-        if seen.absent_like {
-            return self
-                .new_epoch_due(seen)
-                .map(|t| t + defer)
-                .filter(|t| *t > self.now);
-        }
-        if let Some(Observed::Record(r)) = &seen.observed {
-            if is_paused(r) && !self.mutations.is(Rule::TakeoverWhilePaused) {
-                return None;
+        let a = if seen.absent_like {
+            // A record of a re-created bucket is judged once unchanged for
+            // W, then with the store's witness like any stale record (S6 z).
+            self.new_epoch_due(seen)? + defer
+        } else {
+            if let Some(Observed::Record(r)) = &seen.observed {
+                if is_paused(r) && !self.mutations.is(Rule::TakeoverWhilePaused) {
+                    return None;
+                }
+                if r.state == LockState::Released {
+                    // O1/O3: a release handed to another node, or one a better
+                    // candidate takes first.
+                    let hold = match &r.to {
+                        Some(to) if *to != self.id.node => r.hold(),
+                        _ => Duration::ZERO,
+                    };
+                    return Some(seen.first_seen + hold.max(defer)).filter(|t| *t > self.now);
+                }
             }
-            if r.state == LockState::Released {
-                // O1/O3: a release handed to another node, or one a better
-                // candidate takes first.
-                let hold = match &r.to {
-                    Some(to) if *to != self.id.node => r.hold(),
-                    _ => Duration::ZERO,
-                };
-                return Some(seen.first_seen + hold.max(defer)).filter(|t| *t > self.now);
-            }
-        }
-        let w = self.wait_for(seen) + defer;
-        let a = seen.first_seen + w;
+            seen.first_seen + self.wait_for(seen) + defer
+        };
         match self.probe {
             Some(p) if Some(p.for_token) == seen.entry.map(|x| x.0) => {
                 Some(a.max(p.at + self.timing.renew()))
             }
             _ => Some(a),
         }
+        .filter(|t| *t > self.now)
     }
 
     /// When a record first seen in a new epoch may be judged as absent: once
@@ -408,21 +442,29 @@ impl Agent {
                     return;
                 }
                 // S6 (z): a record of a re-created bucket unchanged for W
-                // since we first saw it: judged as absent, with that W
-                // already waited (S4 counted from the first sighting), so
+                // since we first saw it on our clock. Our clock alone is one
+                // witness: the store's must agree too, and the leader must
+                // still show the record (S1 b, refinement (v)), exactly as
+                // for a stale record. Then it is judged as absent, with that
+                // W already waited (S4 counted from the first sighting), so
                 // only G' is owed after the swap.
                 let (owed_lease, owed_gap) = self.absent_owed(&seen);
-                let unchanged_for = self.now.saturating_since(seen.first_seen);
-                return self.acquire(Acquire {
-                    kind: AcquireKind::Stale,
-                    owed_lease,
-                    owed_gap,
-                    previous,
-                    evidence: Some((unchanged_for, None)),
-                    floor: None,
-                    reused: false,
-                    over: None,
-                });
+                if self.mutations.is(Rule::NewEpochOwnClockOnly) {
+                    let unchanged_for = self.now.saturating_since(seen.first_seen);
+                    return self.acquire(Acquire {
+                        kind: AcquireKind::Stale,
+                        owed_lease,
+                        owed_gap,
+                        previous,
+                        evidence: Some((unchanged_for, None)),
+                        floor: None,
+                        reused: false,
+                        foreign_seen: None,
+                        over: None,
+                    });
+                }
+                let w = self.timing.staleness_wait(owed_lease);
+                return self.take_when_witnessed(&seen, w, owed_lease, owed_gap, previous);
             }
             // S4/S6: take it, then wait W + G' (`absent_owed`): a holder
             // whose record is gone may not know it yet.
@@ -435,6 +477,7 @@ impl Agent {
                 evidence: None,
                 floor: None,
                 reused: false,
+                foreign_seen: None,
                 over: None,
             });
         }
@@ -458,7 +501,23 @@ impl Agent {
         if self.now < seen.first_seen + w + defer + spread {
             return;
         }
-        match self.probe_verdict(&seen, w) {
+        let owed_gap = gap_of(&self.timing, &seen.observed);
+        self.take_when_witnessed(&seen, w, self.timing.lease(), owed_gap, previous);
+    }
+
+    /// S1: a record our own clock has seen unchanged for `w` is taken over
+    /// only once the store's clock agrees (b) and a leader read after that
+    /// witness still shows the very record (refinement (v)); then by a
+    /// compare-and-swap on its revision, owing `owed_gap` before activating.
+    fn take_when_witnessed(
+        &mut self,
+        seen: &Seen,
+        w: Duration,
+        owed_lease: Duration,
+        owed_gap: Duration,
+        previous: Option<String>,
+    ) {
+        match self.probe_verdict(seen, w) {
             ProbeVerdict::Stale
                 if !self.mutations.is(Rule::StaleTakeoverUnconfirmed)
                     && self
@@ -472,7 +531,6 @@ impl Agent {
                 }
             }
             ProbeVerdict::Stale => {
-                let owed_gap = gap_of(&self.timing, &seen.observed);
                 let unchanged_for = self.now.saturating_since(seen.first_seen);
                 let store_age = match (self.probe, seen.entry) {
                     (Some(p), Some((_, Some(time)))) => match self.store_gap(p.time, time) {
@@ -483,12 +541,13 @@ impl Agent {
                 };
                 self.acquire(Acquire {
                     kind: AcquireKind::Stale,
-                    owed_lease: self.timing.lease(),
+                    owed_lease,
                     owed_gap,
                     previous,
                     evidence: Some((unchanged_for, store_age)),
                     floor: None,
                     reused: false,
+                    foreign_seen: None,
                     over: None,
                 });
             }
@@ -538,6 +597,7 @@ impl Agent {
             evidence: None,
             floor: None,
             reused: false,
+            foreign_seen: None,
             over: None,
         });
     }
@@ -679,10 +739,15 @@ impl Agent {
         // A foreign record newer than the revision we replaced, seen while
         // our compare-and-swap was on its way, yet the swap landed: the
         // store lost that record (a rollback) and its writer may believe it
-        // holds the lock (S6, refinement (w)).
+        // holds the lock (S6, refinement (w)). Above our own new revision
+        // too: on a store that keeps its writes such a record replaced
+        // ours, and the tenure is lost anyway (H3), so the wait costs
+        // nothing there; after a rollback deeper than our landing it is
+        // the only evidence (chaos seed 115352).
         let lost_newer = acquire.over.as_ref().is_some_and(|(t, _)| {
-            self.foreign_seen
-                .is_some_and(|f| f.epoch == t.epoch && f > *t && f <= token)
+            acquire
+                .foreign_seen
+                .is_some_and(|f| f.epoch == t.epoch && f > *t)
         }) && !self.mutations.is(Rule::AcquireOverLostRecord);
         let reused = match (&acquire.over, &self.seen) {
             _ if ours_reused => Some(token),

@@ -105,7 +105,11 @@ impl Agent {
             Role::SteppingDown => {
                 self.note_proven();
                 // H6: proven stopped (the graceful stop, or a later one that
-                // escalated it): release.
+                // escalated it): release. Nothing is left to escalate: the
+                // stop timeout no longer applies (an emergency stop of a
+                // service proven down would only abandon the release on
+                // its way and send another).
+                self.step_down_deadline = None;
                 self.let_keeper_go();
                 self.write_release();
             }
@@ -207,6 +211,7 @@ impl Agent {
         let written = self.release_record(write);
         self.lease = None;
         self.tenure = None;
+        self.release_writes.clear();
         self.unconfirmed.clear();
         self.step_down_deadline = None;
         self.operator.handover_to = None;

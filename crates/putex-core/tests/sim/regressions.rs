@@ -261,3 +261,73 @@ regression!(
     Profile::Operator,
     5747
 );
+// Found by a sweep of seeds 10,000–499,999 of the session-32 core (issue
+// 42): a standby whose traffic was held swapped over a release it saw in the
+// held watch; the same batch showed another node's acquisition and renewals
+// above it, which a rollback had lost; the swap landed on the restored
+// release at a revision *below* them, and the node activated at once (S3)
+// beside the node whose writes were lost. Refinement (w) counted only a
+// foreign record at or below the swap's own revision. Fixed: any foreign
+// record above the replaced one, seen while the swap was on its way, is a
+// lost record; one seen after the reply, while confirming, owes the absent
+// wait too.
+regression!(
+    r27_a_swap_that_lands_below_lost_records_owes_the_absent_wait,
+    Profile::Chaos,
+    115352
+);
+// Found by the same sweep, five seeds of one flaw in S6 (z): a record of a
+// re-created bucket unchanged for W on the standby's own clock was taken
+// without the store-clock witness (S1 b) and the leader read (v). A
+// standby whose clock jumped forward took a live holder's record of the new
+// incarnation while an old-incarnation holder still ran (the store replaced,
+// then a jump). Fixed: such a record is taken like any stale record, with
+// both witnesses.
+regression!(
+    r28_a_re_created_buckets_record_needs_the_store_clock_witness,
+    Profile::Chaos,
+    127069
+);
+regression!(
+    r29_a_re_created_buckets_record_needs_the_store_clock_witness_too,
+    Profile::Chaos,
+    330876
+);
+regression!(
+    r30_a_replaced_stores_record_needs_the_store_clock_witness,
+    Profile::Chaos,
+    373709
+);
+regression!(
+    r31_a_re_created_buckets_record_needs_both_witnesses,
+    Profile::Chaos,
+    361948
+);
+regression!(
+    r32_a_re_created_buckets_record_needs_both_witnesses_too,
+    Profile::Chaos,
+    453510
+);
+// Found by the same sweep: a node released (2:110), a rollback lost the
+// release, another node's write reused revision 2:110, and the late watch
+// event of the lost release reached the first node after the newer record
+// at the same revision. It took "its release" at once (S3), swapping over
+// the other node's record. Fixed: one revision seen with two contents is a
+// store regression, judged as absent (S6).
+regression!(
+    r33_one_revision_with_two_contents_is_a_regression,
+    Profile::Chaos,
+    384865
+);
+// Found by the same sweep; a checker artifact. A node restarted right
+// after a rollback it knew nothing of and took its own old release; the
+// checker thought it had witnessed the rollback because a *new* record at a
+// reused revision number pushed its highest seen number past the lost one.
+// The checker now judges "witnessed" by the lost records' identity
+// (revision and contents), per rollback, and excuses only an overlap with a
+// node whose records that rollback lost; every other check stays on.
+regression!(
+    r34_a_rollback_is_witnessed_by_its_lost_records_not_their_numbers,
+    Profile::Chaos,
+    242205
+);

@@ -224,6 +224,14 @@ pub struct Host {
     /// its release from the reply, before any watch shows it (O1's hold
     /// runs from there).
     release_writes: HashMap<OpId, (Token, u64)>,
+    /// Its lock writes the store applied, by request: the reply tells the
+    /// host its record exists (it knows what it wrote).
+    lock_writes: HashMap<OpId, (Token, u64)>,
+    /// Every lock record (revision and contents) this host has known to
+    /// exist: delivered by a read or the watch, or its own write
+    /// acknowledged (host-wide, like its disk). A rollback's lost records
+    /// are "witnessed" by a host only if one of them is here.
+    pub witnessed: std::collections::HashSet<(Token, u64)>,
 }
 
 impl Host {
@@ -267,6 +275,8 @@ pub struct Store {
     admin_writes: u64,
     /// The highest revision a rollback lost.
     pub lost_high: Option<Token>,
+    /// Each rollback's lost lock records: revision, contents, writer's node.
+    pub lost: Vec<Vec<(Token, u64, String)>>,
 }
 
 impl Store {
@@ -375,6 +385,8 @@ impl World {
                     member: None,
                     ready_view: HashMap::new(),
                     release_writes: HashMap::new(),
+                    lock_writes: HashMap::new(),
+                    witnessed: Default::default(),
                 }
             })
             .collect();
@@ -390,6 +402,7 @@ impl World {
             log: Vec::new(),
             admin_writes: 0,
             lost_high: None,
+            lost: Vec::new(),
         };
         let check = Checker::new(&sc);
         let mut w = World {
@@ -721,6 +734,9 @@ impl World {
             if let Some(key) = host.release_writes.remove(id) {
                 host.first_seen.entry(key).or_insert(local);
             }
+            if let Some(key) = host.lock_writes.remove(id) {
+                host.witnessed.insert(key);
+            }
         }
         if let Input::Members(members) = input {
             host.ready_view
@@ -731,6 +747,7 @@ impl World {
         }
         match entry {
             Some(Some(e)) => {
+                host.witnessed.insert((e.token, fingerprint(&e.value)));
                 host.first_seen
                     .entry((e.token, fingerprint(&e.value)))
                     .or_insert(local);
@@ -1009,19 +1026,36 @@ impl World {
             .filter(|&o| o != h && self.hosts[o].running)
             .collect();
         // A store that lost acknowledged writes broke its contract. A node
-        // that never saw what was lost cannot know (S6 works only for those
-        // that did); only the fencing token protects then. Such activations
-        // are counted, not judged by (a) and (d).
+        // that never knew a record the store lost (by revision *and*
+        // contents: later writes reuse the lost revisions) cannot tell (S6
+        // works only for those that did); only the fencing token protects
+        // it then from the writers of the lost records. Such an activation
+        // may overlap with a node whose records were lost, and on a token
+        // the rollback handed out again it is not judged by (b) and (d).
+        // Judged per rollback: the ones this host knows nothing of.
         let host = &self.hosts[h];
-        if let Some(lost) = self.store.lost_high {
-            if host.max_seen.is_none_or(|m| m < lost) && token <= lost {
-                self.check.stats.unwitnessed_rollbacks += 1;
-                let host = &mut self.hosts[h];
-                host.activated_in_tenure = true;
-                host.running = true;
-                self.check.activated(h, token, now);
-                return;
-            }
+        let unwitnessed: Vec<&Vec<(Token, u64, String)>> = self
+            .store
+            .lost
+            .iter()
+            .filter(|lost| {
+                !lost
+                    .iter()
+                    .any(|(t, f, _)| host.witnessed.contains(&(*t, *f)))
+            })
+            .collect();
+        let excused = |o: usize| {
+            let node = format!("node{o}");
+            unwitnessed
+                .iter()
+                .any(|lost| lost.iter().any(|(_, _, n)| *n == node))
+        };
+        let running: Vec<usize> = running.into_iter().filter(|&o| !excused(o)).collect();
+        let judged = !unwitnessed
+            .iter()
+            .any(|lost| lost.iter().any(|(t, _, _)| token <= *t));
+        if !unwitnessed.is_empty() {
+            self.check.stats.unwitnessed_rollbacks += 1;
         }
         // (f) the service starts only under an armed keeper.
         let host = &self.hosts[h];
@@ -1047,11 +1081,13 @@ impl World {
         }
         // (b) tokens of successive holders increase; no one acts on a regressed one.
         let host = &self.hosts[h];
-        self.check.token(h, token, host.max_seen_before_tenure, now);
-        // (d) not earlier than the node's own rules allow on its own clock.
-        let verdict = crate::check::earliest_activation(self, h, local);
-        if let Err(msg) = verdict {
-            self.check.fail("d/early", now, format!("h{h}: {msg}"));
+        if judged {
+            self.check.token(h, token, host.max_seen_before_tenure, now);
+            // (d) not earlier than the node's own rules allow on its own clock.
+            let verdict = crate::check::earliest_activation(self, h, local);
+            if let Err(msg) = verdict {
+                self.check.fail("d/early", now, format!("h{h}: {msg}"));
+            }
         }
         let host = &mut self.hosts[h];
         host.activated_in_tenure = true;
@@ -1138,7 +1174,10 @@ impl World {
                 if self.store.current().is_some() {
                     StoreOutcome::Conflict
                 } else {
-                    StoreOutcome::Written(self.write_lock(value))
+                    let key = fingerprint(&value);
+                    let token = self.write_lock(value);
+                    self.hosts[h].lock_writes.insert(id, (token, key));
+                    StoreOutcome::Written(token)
                 }
             }
             StoreOp::Update {
@@ -1155,6 +1194,7 @@ impl World {
                     if released {
                         self.hosts[h].release_writes.insert(id, (token, key));
                     }
+                    self.hosts[h].lock_writes.insert(id, (token, key));
                     StoreOutcome::Written(token)
                 } else {
                     StoreOutcome::Conflict
@@ -1163,7 +1203,12 @@ impl World {
             StoreOp::Put {
                 key: Key::Lock,
                 value,
-            } => StoreOutcome::Written(self.write_lock(value)),
+            } => {
+                let key = fingerprint(&value);
+                let token = self.write_lock(value);
+                self.hosts[h].lock_writes.insert(id, (token, key));
+                StoreOutcome::Written(token)
+            }
             StoreOp::Put {
                 key: Key::Probe,
                 value,
@@ -1587,6 +1632,17 @@ impl World {
                 let old_rev = self.store.rev;
                 let new_rev = old_rev.saturating_sub(k).max(floor);
                 self.store.rev = new_rev;
+                let mut lost = Vec::new();
+                for v in &self.store.versions {
+                    if let Some(e) = v.entry.as_ref().filter(|e| e.token.revision > new_rev) {
+                        let node = match Observed::decode(&e.value) {
+                            Observed::Record(r) => r.node,
+                            Observed::Garbage => String::new(),
+                        };
+                        lost.push((e.token, fingerprint(&e.value), node));
+                    }
+                }
+                self.store.lost.push(lost);
                 self.store
                     .versions
                     .retain(|v| v.entry.as_ref().is_none_or(|e| e.token.revision <= new_rev));
