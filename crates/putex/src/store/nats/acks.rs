@@ -5,10 +5,11 @@
 //! an error. The NATS client's own JetStream publish makes a new inbox name
 //! for every write, takes a permit, and runs two timers of its own: at
 //! 10,000 writes a second, half as much CPU again as one subscription for
-//! every answer (`docs/performance.md`, "Session 32"). Here every write of
-//! a handle is answered on one wildcard subscription made when the handle
-//! opens, `<inbox>.<n>` for the n-th write, and a task hands each answer to
-//! the write waiting for it.
+//! every answer (session 32 in `docs/performance-history.md`:
+//! `#session-32-2026-12-01-one-subscription-for-every-writes-answer-the-floors-under-the-last-two-targets`).
+//! Here every write of a handle is answered on one wildcard subscription
+//! made when the handle opens, `<inbox>.<n>` for the n-th write, and a task
+//! hands each answer to the write waiting for it.
 //!
 //! What a write's outcome means is the store contract's: an answer that
 //! says "wrong last sequence" (10071, or 10164 from a replicated stream) is

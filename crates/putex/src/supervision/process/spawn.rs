@@ -6,8 +6,10 @@
 //! cgroups takes the kernel's cgroup-wide thread-group lock for writing,
 //! which waits for an RCU grace period: 5–20 ms on a busy host, and it is on
 //! the switchover path twice (the old holder's deactivate hook, the new
-//! holder's activate hook; `docs/performance.md`). A process *created* in the
-//! scope takes that lock only for reading, so nothing waits.
+//! holder's activate hook; session 15 in `docs/performance-history.md`:
+//! `#session-15-2026-11-27-hooks-created-in-their-cgroup-scope-postgresql-beside-patroni`).
+//! A process *created* in the scope takes that lock only for reading, so
+//! nothing waits.
 //!
 //! [`spawn_into`] forks with `clone3`, giving the scope's directory as the
 //! child's cgroup, and `execve`s the command in the child; between the two
