@@ -331,3 +331,22 @@ regression!(
     Profile::Chaos,
     242205
 );
+// Found by the million-seed sweep of the session-33 core, two more checker
+// artifacts of the same kind as r34: a standby cut off one way (every reply
+// and event held back) kept swapping over the release it had seen; a
+// rollback lost that release, another node's write reused its revision,
+// and the swap landed over that write. The standby was shown nothing after
+// the rollback but its own landing, above everything it knew: nothing could
+// tell it. The checker now asks for *evidence* of a rollback — a lost record
+// of another writer, then a record written since at or below it — before it
+// holds a node to S6 (`RollbackView`).
+regression!(
+    r35_a_rollback_with_nothing_shown_since_is_not_witnessed,
+    Profile::Chaos,
+    311349
+);
+regression!(
+    r36_a_rollback_with_nothing_shown_since_is_not_witnessed_too,
+    Profile::Chaos,
+    324459
+);

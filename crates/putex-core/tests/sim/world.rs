@@ -224,14 +224,29 @@ pub struct Host {
     /// its release from the reply, before any watch shows it (O1's hold
     /// runs from there).
     release_writes: HashMap<OpId, (Token, u64)>,
-    /// Its lock writes the store applied, by request: the reply tells the
-    /// host its record exists (it knows what it wrote).
+    /// Per rollback (index into `Store::lost`), what this host was shown
+    /// of it (host-wide, like its disk): see [`RollbackView`].
+    pub rollbacks: Vec<RollbackView>,
+    /// Its lock writes the store applied, by request: the reply shows the
+    /// host where its own write landed.
     lock_writes: HashMap<OpId, (Token, u64)>,
-    /// Every lock record (revision and contents) this host has known to
-    /// exist: delivered by a read or the watch, or its own write
-    /// acknowledged (host-wide, like its disk). A rollback's lost records
-    /// are "witnessed" by a host only if one of them is here.
-    pub witnessed: std::collections::HashSet<(Token, u64)>,
+}
+
+/// What one host was shown of one rollback. A node can tell that the store
+/// went back only if it knew a record the rollback lost *and* was shown,
+/// after the rollback, a record written since at or below that record's
+/// revision (a lower revision, or the same one with other contents): that
+/// is what S6 reads. A node that knew no lost record of another writer, or
+/// was shown since only records above what it knew (its own swap landing
+/// above its view, after a one-way partition held back everything else:
+/// chaos seeds 311349, 324459), sees a store whose history looks whole.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RollbackView {
+    /// The highest lost record of another writer the host was shown.
+    pub known_lost: Option<Token>,
+    /// A record written after the rollback, at or below `known_lost`, was
+    /// shown to the host after it knew `known_lost`.
+    pub evidence: bool,
 }
 
 impl Host {
@@ -275,8 +290,11 @@ pub struct Store {
     admin_writes: u64,
     /// The highest revision a rollback lost.
     pub lost_high: Option<Token>,
-    /// Each rollback's lost lock records: revision, contents, writer's node.
-    pub lost: Vec<Vec<(Token, u64, String)>>,
+    /// Each rollback: when (real time) and its lost lock records
+    /// (revision, contents, writer's node).
+    pub lost: Vec<(u64, Vec<(Token, u64, String)>)>,
+    /// When each lock record (revision, contents) was written, real time.
+    pub written_at: HashMap<(Token, u64), u64>,
 }
 
 impl Store {
@@ -385,8 +403,8 @@ impl World {
                     member: None,
                     ready_view: HashMap::new(),
                     release_writes: HashMap::new(),
+                    rollbacks: Vec::new(),
                     lock_writes: HashMap::new(),
-                    witnessed: Default::default(),
                 }
             })
             .collect();
@@ -403,6 +421,7 @@ impl World {
             admin_writes: 0,
             lost_high: None,
             lost: Vec::new(),
+            written_at: HashMap::new(),
         };
         let check = Checker::new(&sc);
         let mut w = World {
@@ -717,6 +736,27 @@ impl World {
         }
     }
 
+    /// A lock record shown to a host (delivered, or its own write's reply):
+    /// what it tells the host of each rollback ([`RollbackView`]).
+    fn shown(store: &Store, host: &mut Host, token: Token, fp: u64, own: bool) {
+        if host.rollbacks.len() < store.lost.len() {
+            host.rollbacks
+                .resize(store.lost.len(), RollbackView::default());
+        }
+        let written = store.written_at.get(&(token, fp)).copied();
+        for ((at, lost), view) in store.lost.iter().zip(host.rollbacks.iter_mut()) {
+            if !own && lost.iter().any(|(t, f, _)| *t == token && *f == fp) {
+                view.known_lost = view.known_lost.max(Some(token));
+            } else if written.is_some_and(|w| w > *at)
+                && view
+                    .known_lost
+                    .is_some_and(|k| k.epoch == token.epoch && token <= k)
+            {
+                view.evidence = true;
+            }
+        }
+    }
+
     /// What the checkers need to know about what a host has seen.
     fn note_input(&mut self, h: usize, input: &Input) {
         let local = self.hosts[h].local(self.now);
@@ -734,8 +774,16 @@ impl World {
             if let Some(key) = host.release_writes.remove(id) {
                 host.first_seen.entry(key).or_insert(local);
             }
-            if let Some(key) = host.lock_writes.remove(id) {
-                host.witnessed.insert(key);
+            if let Some((token, fp)) = host.lock_writes.remove(id) {
+                if matches!(
+                    input,
+                    Input::Store {
+                        outcome: StoreOutcome::Written(_),
+                        ..
+                    }
+                ) {
+                    Self::shown(&self.store, host, token, fp, true);
+                }
             }
         }
         if let Input::Members(members) = input {
@@ -747,11 +795,11 @@ impl World {
         }
         match entry {
             Some(Some(e)) => {
-                host.witnessed.insert((e.token, fingerprint(&e.value)));
                 host.first_seen
                     .entry((e.token, fingerprint(&e.value)))
                     .or_insert(local);
                 let own = matches!(Observed::decode(&e.value), Observed::Record(r) if r.instance == host.instance);
+                Self::shown(&self.store, host, e.token, fingerprint(&e.value), own);
                 if own {
                     return; // our own records say nothing about other holders
                 }
@@ -1026,23 +1074,22 @@ impl World {
             .filter(|&o| o != h && self.hosts[o].running)
             .collect();
         // A store that lost acknowledged writes broke its contract. A node
-        // that never knew a record the store lost (by revision *and*
-        // contents: later writes reuse the lost revisions) cannot tell (S6
-        // works only for those that did); only the fencing token protects
-        // it then from the writers of the lost records. Such an activation
-        // may overlap with a node whose records were lost, and on a token
-        // the rollback handed out again it is not judged by (b) and (d).
-        // Judged per rollback: the ones this host knows nothing of.
+        // that was never shown evidence of a rollback ([`RollbackView`]:
+        // a lost record of another writer, then a record written since at
+        // or below it) cannot tell (S6 works only for those that were);
+        // only the fencing token protects it then from the writers of the
+        // lost records. Such an activation may overlap with a node whose
+        // records that rollback lost, and on a token at or below one that
+        // rollback lost it is not judged by (b) and (d). Every other check
+        // stays on.
         let host = &self.hosts[h];
         let unwitnessed: Vec<&Vec<(Token, u64, String)>> = self
             .store
             .lost
             .iter()
-            .filter(|lost| {
-                !lost
-                    .iter()
-                    .any(|(t, f, _)| host.witnessed.contains(&(*t, *f)))
-            })
+            .enumerate()
+            .filter(|(i, _)| !host.rollbacks.get(*i).is_some_and(|v| v.evidence))
+            .map(|(_, (_, lost))| lost)
             .collect();
         let excused = |o: usize| {
             let node = format!("node{o}");
@@ -1203,12 +1250,7 @@ impl World {
             StoreOp::Put {
                 key: Key::Lock,
                 value,
-            } => {
-                let key = fingerprint(&value);
-                let token = self.write_lock(value);
-                self.hosts[h].lock_writes.insert(id, (token, key));
-                StoreOutcome::Written(token)
-            }
+            } => StoreOutcome::Written(self.write_lock(value)),
             StoreOp::Put {
                 key: Key::Probe,
                 value,
@@ -1238,6 +1280,9 @@ impl World {
             }
             _ => false,
         };
+        self.store
+            .written_at
+            .insert((token, fingerprint(&entry.value)), self.now);
         self.store.log.push(Applied {
             token,
             prev,
@@ -1642,7 +1687,7 @@ impl World {
                         lost.push((e.token, fingerprint(&e.value), node));
                     }
                 }
-                self.store.lost.push(lost);
+                self.store.lost.push((self.now, lost));
                 self.store
                     .versions
                     .retain(|v| v.entry.as_ref().is_none_or(|e| e.token.revision <= new_rev));
