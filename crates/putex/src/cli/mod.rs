@@ -8,6 +8,7 @@
 //!
 //! | module | command |
 //! |---|---|
+//! | `app` | the commands and their flags as clap reads them (`main.rs` parses them) |
 //! | `config` | the agent's flags, environment, config file and defaults |
 //! | `check` | `putex check`: validate and print the timeline |
 //! | `control` | `putex switchover`, `putex pause`, `putex resume`: the operator's requests (O1, O2) |
@@ -34,6 +35,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
+pub mod app;
 pub mod check;
 pub mod config;
 pub mod control;
