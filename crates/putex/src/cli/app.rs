@@ -16,13 +16,15 @@ use crate::cli::LogFormat;
 /// Run a piece of work in exactly one place at a time, and move it safely
 /// when that place dies.
 ///
-/// putex coordinates through NATS JetStream KV (production) or an embedded
-/// SQLite store (one machine, the default). `putex run` is the failover
-/// agent; `putex check` validates its settings and prints the timeline;
-/// `putex status` shows holders and members; `putex history` shows who held
-/// a lock when and why it moved, and `putex watch` follows a lock live;
-/// `putex demo` shows a failover; `putex completions` and `putex man` print
-/// shell completions and the manual.
+/// putex coordinates through NATS JetStream KV or etcd (across hosts) or an
+/// embedded SQLite store (one machine, the default; per user unless
+/// --store names a file every user can write). `putex run` is the failover
+/// agent and `putex check` validates its settings; `putex lock` runs a
+/// command under a lock, `putex id` claims unique ids, `putex serve` is the
+/// HTTP lock gateway; `putex status`, `history` and `watch` show who holds
+/// what and why it moved, `putex switchover`, `pause` and `resume` steer a
+/// lock; `putex demo` shows a failover; `putex completions` and `putex man`
+/// print shell completions and the manual.
 #[derive(Parser, Debug)]
 #[command(name = "putex", version, about, long_about, after_help = crate::cli::EXIT_CODES_HELP)]
 pub struct Cli {
