@@ -4,6 +4,7 @@ mod agent_e2e;
 mod agent_faults;
 mod agent_http;
 mod agent_lib;
+mod cli_docs;
 mod cli_env;
 mod common;
 mod fuzz;

@@ -93,9 +93,8 @@ pub struct AgentArgs {
     /// The lock name: [A-Za-z0-9_-]{1,64}.
     #[arg(long, env = "PUTEX_LOCK")]
     pub lock: Option<String>,
-    /// The store URL: `nats://host:port[,...][?options]`, `sqlite:` or
-    /// sqlite:///path.db (default: the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::AGENT_STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::AGENT_STORE_HELP, long_help = crate::cli::AGENT_STORE_HELP)]
     pub store: Option<String>,
     /// This node's id (default: the hostname).
     #[arg(long, env = "PUTEX_NODE")]

@@ -55,8 +55,8 @@ pub struct SwitchoverArgs {
     /// --at's delay plus 30s].
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
     pub wait: Option<Duration>,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
 }
 
@@ -72,8 +72,8 @@ pub struct PauseArgs {
     /// How long to wait for the holder to apply it.
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "10s")]
     pub wait: Duration,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
 }
 
@@ -92,8 +92,8 @@ pub struct ResumeArgs {
     /// How long to wait for the holder to resume.
     #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, default_value = "10s")]
     pub wait: Duration,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
 }
 

@@ -24,8 +24,8 @@ pub struct HistoryArgs {
     /// The lock.
     #[arg(value_name = "NAME")]
     pub name: String,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]

@@ -74,8 +74,8 @@ pub struct Common {
     /// The pool: 1 to 64 characters from A-Z a-z 0-9 _ -.
     #[arg(value_name = "POOL")]
     pub pool: String,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
     /// Deadline of each store call.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]

@@ -28,8 +28,9 @@ Exit codes:
   64           usage error: a flag, name or argument is wrong, or --limit
                differs from the limit the name was first used with
   69           the store cannot be reached or opened
-  70           internal failure (the keeper or a lock machine failed); a stop not
-               yet proven is retried while the lock is kept, never an exit
+  70           internal failure: the keeper or a lock machine failed (the stop is
+               then not proven: the lock is not released and goes stale); a
+               stop not yet proven is retried while the lock is kept, never an exit
   75           not acquired: the lock is held (--no-wait, or --wait ran out);
                --conflict-exit-code changes it
   76           the lock was lost while CMD ran; CMD and its whole tree were stopped
@@ -78,9 +79,8 @@ pub struct LockArgs {
     /// The lock name: [A-Za-z0-9_-]{1,64}.
     #[arg(value_name = "NAME")]
     pub name: String,
-    /// The store URL: `nats://host:port[,...][?options]`, `sqlite:` or
-    /// sqlite:///path.db [default: the embedded SQLite store].
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
     /// This node's id [default: the hostname].
     #[arg(long, env = "PUTEX_NODE")]

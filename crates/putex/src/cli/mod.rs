@@ -8,6 +8,7 @@
 //!
 //! | module | command |
 //! |---|---|
+//! | `app` | the commands and their flags as clap reads them (`main.rs` parses them) |
 //! | `config` | the agent's flags, environment, config file and defaults |
 //! | `check` | `putex check`: validate and print the timeline |
 //! | `control` | `putex switchover`, `putex pause`, `putex resume`: the operator's requests (O1, O2) |
@@ -30,10 +31,16 @@
 //! | 2 | usage or configuration error: the message names the flag or key |
 //! | 3 | the store is unreachable or refused to open |
 //! | 4 | another agent already runs this lock on this host (lock file), or another machine uses this node id |
+//! | 5 | `switchover`, `pause`, `resume`: `--wait` ran out ([`control::TIMED_OUT`]) |
+//!
+//! `putex lock` and `putex id` exit with codes of their own ([`sysexits`]),
+//! so that theirs do not collide with the small codes a script's command
+//! returns.
 
 use std::fmt;
 use std::process::ExitCode;
 
+pub mod app;
 pub mod check;
 pub mod config;
 pub mod control;
@@ -79,6 +86,30 @@ pub fn unset_empty_vars() -> Vec<String> {
     empty
 }
 
+/// The kinds of store URL, for every `--store` help.
+macro_rules! store_urls {
+    () => {
+        "The store URL: nats://HOST:PORT[,...][?OPTIONS] (NATS JetStream KV), \
+         etcd://HOST:PORT[,...][?OPTIONS] (etcd), sqlite:///PATH.db (an embedded \
+         SQLite file), or sqlite: (this user's embedded store, \
+         $XDG_STATE_HOME/putex/store.db, else ~/.local/state/putex/store.db)"
+    };
+}
+
+/// `--store`'s help: every kind of store and where the default comes from
+/// (`StoreUrl::from_env`).
+pub const STORE_HELP: &str = concat!(
+    store_urls!(),
+    " [default: PUTEX_STORE, else NATS_URL, else sqlite:]"
+);
+
+/// `putex run`'s and `putex check`'s `--store` help: the config file's
+/// `store` comes between the variables.
+pub const AGENT_STORE_HELP: &str = concat!(
+    store_urls!(),
+    " [default: PUTEX_STORE, else the config file's store, else NATS_URL, else sqlite:]"
+);
+
 /// Text for `putex --help` listing the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
@@ -86,7 +117,9 @@ Exit codes:
   1  other failure (e.g. a stop that could not be proven)
   2  usage or configuration error (the message names the flag or key)
   3  store unreachable
-  4  another agent runs this lock on this host, or another machine uses this node id";
+  4  another agent runs this lock on this host, or another machine uses this node id
+  5  switchover, pause, resume: --wait ran out
+putex lock and putex id exit with codes of their own (64 and up): see their --help.";
 
 /// Why a command failed, and which exit code that is.
 #[derive(Debug)]
@@ -114,7 +147,7 @@ pub enum CliError {
 /// | 64 | `USAGE` | a flag, name or argument is wrong (the message names it) |
 /// | 65 | `DATAERR` | `putex id check` found an inconsistency |
 /// | 69 | `UNAVAILABLE` | the store cannot be reached or opened |
-/// | 70 | `SOFTWARE` | internal failure: a stop that could not be proven, the keeper failed |
+/// | 70 | `SOFTWARE` | internal failure: the keeper or a lock machine failed (the command's stop is then not proven: the lock is not released and goes stale). A stop not yet proven is no exit: `putex lock` keeps the lock, retries the kill and raises the alarm until the tree is gone |
 /// | 75 | `TEMPFAIL` | not acquired: the lock is held (`--no-wait`, `--wait` ran out), or an id pool is exhausted |
 /// | 76 | `LOST` | the lock was lost while the command ran; it and its whole tree were stopped |
 /// | 124 | `TIMEOUT` | `--max-duration` passed; the command and its tree were stopped (as `timeout(1)`) |
@@ -128,7 +161,7 @@ pub mod sysexits {
     pub const DATAERR: u8 = 65;
     /// The store cannot be reached or opened.
     pub const UNAVAILABLE: u8 = 69;
-    /// Internal failure (an unproven stop, the keeper).
+    /// Internal failure: the keeper or a lock machine failed.
     pub const SOFTWARE: u8 = 70;
     /// Not acquired (held by another, or the pool is exhausted).
     pub const TEMPFAIL: u8 = 75;

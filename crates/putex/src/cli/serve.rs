@@ -31,9 +31,8 @@ pub struct ServeArgs {
     /// The address to listen on (`0.0.0.0:8888` for every interface).
     #[arg(long, env = "PUTEX_LISTEN", default_value = DEFAULT_LISTEN, value_name = "ADDR")]
     pub listen: String,
-    /// The store URL: `nats://host:port[,...][?options]`, `sqlite:` or
-    /// sqlite:///path.db [default: PUTEX_STORE, NATS_URL, else the embedded SQLite store].
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
     /// This gateway's node id, written as the holder of its locks [default: the hostname].
     #[arg(long, env = "PUTEX_NODE")]

@@ -38,8 +38,8 @@ pub struct WatchArgs {
     /// The lock.
     #[arg(value_name = "NAME")]
     pub name: String,
-    /// The store URL (default: PUTEX_STORE, NATS_URL, else the embedded SQLite store).
-    #[arg(long, env = "PUTEX_STORE")]
+    /// The store URL (help: [`crate::cli::STORE_HELP`]).
+    #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
     pub store: Option<String>,
     /// How many of the last transitions to show.
     #[arg(long, value_name = "N", default_value_t = 5)]

@@ -36,10 +36,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use parking_lot::Mutex;
 
-use super::{client_error, CLOCK_KEY};
+use super::client::{self, Client};
+use super::{client_error, pb, CLOCK_KEY};
 use crate::store::{Op, StoreError, StoreTime};
 
 /// How long the shared clock lease runs before a new one is granted (a day:
@@ -155,13 +155,10 @@ impl Clock {
         let mut why = "the etcd clock lease kept vanishing";
         for _ in 0..3 {
             let l = self.lease(client, prefix, op, about).await?;
-            let ttl = super::retry_unsent(|| {
-                let mut c = client.lease_client();
-                async move { c.time_to_live(l.id, None).await }
-            })
-            .await
-            .map_err(|e| client_error(op, about, e))?;
-            if ttl.ttl() < 0 {
+            let ttl = super::retry_unsent(|| client.lease_time_to_live(l.id))
+                .await
+                .map_err(|e| client_error(op, about, e))?;
+            if ttl.ttl < 0 {
                 // Expired or revoked: a new lease, and readings from 0.
                 let mut lease = self.lease.lock().await;
                 if lease.is_some_and(|now| now.id == l.id) {
@@ -170,8 +167,9 @@ impl Clock {
                 continue;
             }
             let admitted = ttl
-                .header()
-                .is_some_and(|h| self.terms.lock().admit(h.cluster_id(), h.raft_term()));
+                .header
+                .as_ref()
+                .is_some_and(|h| self.terms.lock().admit(h.cluster_id, h.raft_term));
             if !admitted {
                 // A deposed leader's reading: asked again (it may reach a
                 // current member); else unknown, and the probe comes again.
@@ -179,7 +177,7 @@ impl Clock {
                     "an etcd member answered the clock from an older raft term (a deposed leader)";
                 continue;
             }
-            return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl())).unwrap_or(0));
+            return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl)).unwrap_or(0));
         }
         Err(StoreError::unknown(op, about, why))
     }
@@ -213,72 +211,58 @@ async fn find_or_grant(
 ) -> Result<Lease, StoreError> {
     let key = format!("{prefix}{CLOCK_KEY}");
     let err = |e| client_error(op, about, e);
-    let kv = client.kv_client();
-    let mut leases = client.lease_client();
-    let named = super::retry_unsent(|| {
-        let (mut kv, key) = (kv.clone(), key.clone());
-        async move { kv.get(key, None).await }
-    })
-    .await
-    .map_err(err)?;
-    if let Some(id) = named.kvs().first().map(|kv| kv.lease()) {
-        let ttl = super::retry_unsent(|| {
-            let mut leases = leases.clone();
-            async move { leases.time_to_live(id, None).await }
-        })
+    let named = pb::RangeRequest {
+        key: key.clone().into_bytes(),
+        ..Default::default()
+    };
+    let named = super::retry_unsent(|| client.range(named.clone()))
         .await
         .map_err(err)?;
-        if ttl.ttl() >= 0 {
+    if let Some(id) = named.kvs.first().map(|kv| kv.lease) {
+        let ttl = super::retry_unsent(|| client.lease_time_to_live(id))
+            .await
+            .map_err(err)?;
+        if ttl.ttl >= 0 {
             return Ok(Lease {
                 id,
-                granted: ttl.granted_ttl(),
+                granted: ttl.granted_ttl,
             });
         }
     }
     let ttl = i64::try_from(CLOCK_TTL.as_secs()).unwrap_or(i64::MAX);
-    let granted = super::retry_unsent(|| {
-        let mut leases = leases.clone();
-        async move { leases.grant(ttl, None).await }
-    })
-    .await
-    .map_err(err)?;
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
+    let granted = super::retry_unsent(|| client.lease_grant(ttl))
+        .await
+        .map_err(err)?;
+    let txn = client::txn(
+        [client::create_revision_is(key.clone(), 0)],
+        [client::put_op(
             key.clone(),
-            granted.id().to_string(),
-            Some(PutOptions::new().with_lease(granted.id())),
-        )])
-        .or_else([TxnOp::get(key, None)]);
-    let resp = super::retry_unsent(|| {
-        let (mut kv, txn) = (kv.clone(), txn.clone());
-        async move { kv.txn(txn).await }
-    })
-    .await
-    .map_err(err)?;
-    if resp.succeeded() {
+            granted.id.to_string(),
+            granted.id,
+        )],
+        [client::get_op(key)],
+    );
+    let resp = super::retry_unsent(|| client.txn(txn.clone()))
+        .await
+        .map_err(err)?;
+    if resp.succeeded {
         return Ok(Lease {
-            id: granted.id(),
-            granted: granted.ttl(),
+            id: granted.id,
+            granted: granted.ttl,
         });
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), leases.revoke(granted.id())).await;
-    for r in resp.op_responses() {
-        if let TxnOpResponse::Get(g) = r {
-            if let Some(kv) = g.kvs().first() {
-                let id = kv.lease();
-                let ttl = super::retry_unsent(|| {
-                    let mut leases = leases.clone();
-                    async move { leases.time_to_live(id, None).await }
-                })
+    let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(granted.id)).await;
+    for g in client::ranges(&resp) {
+        if let Some(kv) = g.kvs.first() {
+            let id = kv.lease;
+            let ttl = super::retry_unsent(|| client.lease_time_to_live(id))
                 .await
                 .map_err(err)?;
-                if ttl.ttl() >= 0 {
-                    return Ok(Lease {
-                        id,
-                        granted: ttl.granted_ttl(),
-                    });
-                }
+            if ttl.ttl >= 0 {
+                return Ok(Lease {
+                    id,
+                    granted: ttl.granted_ttl,
+                });
             }
         }
     }

@@ -56,10 +56,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, ResponseHeader, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
-};
 use parking_lot::Mutex;
 
 use super::hub::Hub;
@@ -69,9 +65,14 @@ use super::{
     WatchStream,
 };
 
+mod api;
+mod client;
 mod clock;
 mod open;
 
+use api::etcdserverpb::{self as pb, ResponseHeader};
+use api::mvccpb::KeyValue;
+use client::{Client, Error as ClientError};
 use clock::Clock;
 
 pub use clock::{CLOCK_STEP, CLOCK_TTL};
@@ -126,11 +127,10 @@ impl fmt::Debug for EtcdStore {
 /// Classifies a client error: refused before it was proposed (a
 /// configuration problem), or anything else (unknown: it may have been
 /// applied).
-fn client_error(op: Op, key: &str, e: etcd_client::Error) -> StoreError {
-    use etcd_client::Error as E;
+fn client_error(op: Op, key: &str, e: ClientError) -> StoreError {
     use tonic::Code;
     match e {
-        E::GRpcStatus(status) => match status.code() {
+        ClientError::Status(status) => match status.code() {
             Code::PermissionDenied
             | Code::Unauthenticated
             | Code::InvalidArgument
@@ -147,9 +147,8 @@ fn client_error(op: Op, key: &str, e: etcd_client::Error) -> StoreError {
             }
             _ => StoreError::unknown(op, key, format!("etcd: {}", status.message())),
         },
-        E::InvalidArgs(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
-        E::InvalidUri(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
-        other => StoreError::unknown(op, key, format!("etcd: {other}")),
+        ClientError::Config(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
+        other @ ClientError::Internal(_) => StoreError::unknown(op, key, format!("etcd: {other}")),
     }
 }
 
@@ -218,18 +217,18 @@ impl EtcdStore {
             ));
         };
         let opened = self.inner.cluster.load(Ordering::Acquire);
-        if h.cluster_id() != opened {
+        if h.cluster_id != opened {
             self.inner.epoch_stale.store(true, Ordering::Release);
             return Err(StoreError::unknown(
                 op,
                 key,
                 format_args!(
                     "the etcd cluster answering ({:x}) is not the one opened ({opened:x}); a write may or may not have been applied, and the epoch is read again",
-                    h.cluster_id()
+                    h.cluster_id
                 ),
             ));
         }
-        u64::try_from(h.revision())
+        u64::try_from(h.revision)
             .map_err(|_| StoreError::unknown(op, key, "etcd answered a negative revision"))
     }
 
@@ -248,8 +247,8 @@ impl EtcdStore {
         op: Op,
         key: &str,
         expected_epoch: Option<u64>,
-        compare: Compare,
-        then: TxnOp,
+        compare: pb::Compare,
+        then: pb::RequestOp,
     ) -> Result<Token, StoreError> {
         self.fresh_epoch(op, key).await?;
         let epoch_key = self.full(EPOCH_KEY);
@@ -257,35 +256,27 @@ impl EtcdStore {
         if expected_epoch.is_some_and(|e| e != epoch) {
             return Err(StoreError::conflict(op, key));
         }
-        let txn = Txn::new()
-            .when([
-                compare,
-                Compare::value(epoch_key.clone(), CompareOp::Equal, bytes.clone()),
-            ])
-            .and_then([then])
-            .or_else([TxnOp::get(epoch_key, None)]);
-        let resp = detached(self.inner.client.kv_client(), |kv| async move {
-            retry_unsent(|| {
-                let (mut kv, txn) = (kv.clone(), txn.clone());
-                async move { kv.txn(txn).await }
-            })
-            .await
+        let txn = client::txn(
+            [compare, client::value_is(epoch_key.clone(), bytes.clone())],
+            [then],
+            [client::get_op(epoch_key)],
+        );
+        let resp = detached(self.inner.client.clone(), |client| async move {
+            retry_unsent(|| client.txn(txn.clone())).await
         })
         .await
         .map_err(|e| client_error(op, key, e))?;
-        let revision = self.check_cluster(op, key, resp.header())?;
-        if resp.succeeded() {
+        let revision = self.check_cluster(op, key, resp.header.as_ref())?;
+        if resp.succeeded {
             return Ok(Token::new(epoch, revision));
         }
         // Not applied. If the epoch record changed, adopt it: the next read
         // carries the new epoch.
-        for r in resp.op_responses() {
-            if let TxnOpResponse::Get(g) = r {
-                match g.kvs().first() {
-                    Some(e) if e.value() != bytes.as_slice() => self.adopt_epoch(e.value()),
-                    None => self.inner.epoch_stale.store(true, Ordering::Release),
-                    _ => {}
-                }
+        for g in client::ranges(&resp) {
+            match g.kvs.first() {
+                Some(e) if e.value != bytes => self.adopt_epoch(&e.value),
+                None => self.inner.epoch_stale.store(true, Ordering::Release),
+                _ => {}
             }
         }
         Err(StoreError::conflict(op, key))
@@ -341,9 +332,9 @@ impl EtcdStore {
 
     fn raw_of(&self, kv: &KeyValue) -> Option<Raw> {
         Some(Raw {
-            key: self.short(kv.key())?.to_owned(),
-            revision: u64::try_from(kv.mod_revision()).ok()?,
-            value: Some(kv.value().to_vec()),
+            key: self.short(&kv.key)?.to_owned(),
+            revision: u64::try_from(kv.mod_revision).ok()?,
+            value: Some(kv.value.clone()),
         })
     }
 
@@ -363,17 +354,17 @@ impl EtcdStore {
     /// left out), and the revision read at.
     async fn read_range(&self, filter: &str) -> Result<(Vec<Raw>, u64), StoreError> {
         let (start, end) = self.range(filter);
-        let options = (!end.is_empty()).then(|| GetOptions::new().with_range(end));
-        let resp = retry_unsent(|| {
-            let mut kv = self.inner.client.kv_client();
-            let (start, options) = (start.clone(), options.clone());
-            async move { kv.get(start, options).await }
-        })
-        .await
-        .map_err(|e| client_error(Op::Watch, filter, e))?;
-        let upto = self.check_cluster(Op::Watch, filter, resp.header())?;
+        let request = pb::RangeRequest {
+            key: start.into_bytes(),
+            range_end: end,
+            ..Default::default()
+        };
+        let resp = retry_unsent(|| self.inner.client.range(request.clone()))
+            .await
+            .map_err(|e| client_error(Op::Watch, filter, e))?;
+        let upto = self.check_cluster(Op::Watch, filter, resp.header.as_ref())?;
         let mut raws: Vec<Raw> = resp
-            .kvs()
+            .kvs
             .iter()
             .filter_map(|kv| self.raw_of(kv))
             .filter(|r| filter_matches(filter, &r.key))
@@ -398,18 +389,13 @@ impl EtcdStore {
         if from > upto {
             return Ok((Vec::new(), upto));
         }
-        let start = self.inner.prefix.clone();
-        let end = prefix_end(start.as_bytes());
-        let options = WatchOptions::new()
-            .with_range(end)
-            .with_start_revision(rev(from));
-        let mut stream = retry_unsent(|| {
-            let mut wc = self.inner.client.watch_client();
-            let (start, options) = (start.clone(), options.clone());
-            async move { wc.watch(start, Some(options)).await }
-        })
-        .await
-        .map_err(|e| client_error(Op::Watch, filter, e))?;
+        let request = pb::WatchCreateRequest {
+            start_revision: rev(from),
+            ..self.whole_prefix()
+        };
+        let mut stream = retry_unsent(|| self.inner.client.watch(request.clone()))
+            .await
+            .map_err(|e| client_error(Op::Watch, filter, e))?;
         let marker_key = self.full(CATCH_UP_KEY);
         let mut marker: Option<u64> = None;
         let mut raws = Vec::new();
@@ -425,35 +411,35 @@ impl EtcdStore {
                 }
                 Err(e) => return Err(client_error(Op::Watch, filter, e)),
             };
-            if resp.compact_revision() > 0 {
+            if resp.compact_revision > 0 {
                 // Compacted: the latest state stands for the changes.
                 let latest = now.into_iter().filter(|r| r.revision >= from).collect();
                 return Ok((latest, upto));
             }
-            if resp.canceled() {
+            if resp.canceled {
                 return Err(StoreError::unknown(
                     Op::Watch,
                     filter,
-                    format_args!("the catch-up watch was cancelled: {}", resp.cancel_reason()),
+                    format_args!("the catch-up watch was cancelled: {}", resp.cancel_reason),
                 ));
             }
-            if resp.created() {
+            if resp.created {
                 // Registered: what is written from now on comes after all
                 // it owes. The marker's revision is where to stop.
-                let put = retry_unsent(|| {
-                    let mut kv = self.inner.client.kv_client();
-                    let marker_key = marker_key.clone();
-                    async move { kv.put(marker_key, Vec::new(), None).await }
-                })
-                .await
-                .map_err(|e| client_error(Op::Watch, filter, e))?;
-                marker = Some(self.check_cluster(Op::Watch, filter, put.header())?);
+                let request = pb::PutRequest {
+                    key: marker_key.clone().into_bytes(),
+                    ..Default::default()
+                };
+                let put = retry_unsent(|| self.inner.client.put(request.clone()))
+                    .await
+                    .map_err(|e| client_error(Op::Watch, filter, e))?;
+                marker = Some(self.check_cluster(Op::Watch, filter, put.header.as_ref())?);
                 continue;
             }
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                let revision = u64::try_from(kv.mod_revision()).unwrap_or(0);
-                if kv.key() == marker_key.as_bytes() {
+            for ev in &resp.events {
+                let Some(kv) = &ev.kv else { continue };
+                let revision = u64::try_from(kv.mod_revision).unwrap_or(0);
+                if kv.key == marker_key.as_bytes() {
                     if marker.is_some_and(|m| revision >= m) {
                         return Ok((raws, upto));
                     }
@@ -465,11 +451,21 @@ impl EtcdStore {
                 if !filter_matches(filter, &raw.key) || raw.revision > upto {
                     continue;
                 }
-                if ev.event_type() == EventType::Delete {
+                if client::is_delete(ev) {
                     raw.value = None;
                 }
                 raws.push(raw);
             }
+        }
+    }
+
+    /// A watch of every key under the prefix, from now on.
+    fn whole_prefix(&self) -> pb::WatchCreateRequest {
+        let start = self.inner.prefix.clone().into_bytes();
+        pb::WatchCreateRequest {
+            range_end: prefix_end(&start),
+            key: start,
+            ..Default::default()
         }
     }
 
@@ -480,28 +476,20 @@ impl EtcdStore {
         if self.inner.hub.is_live() {
             return Ok(());
         }
-        let start = self.inner.prefix.clone();
-        let end = prefix_end(start.as_bytes());
+        let request = self.whole_prefix();
         let mut signed_in_again = false;
         let stream = loop {
-            let mut stream = retry_unsent(|| {
-                let mut wc = self.inner.client.watch_client();
-                let (start, end) = (start.clone(), end.clone());
-                async move {
-                    wc.watch(start, Some(WatchOptions::new().with_range(end)))
-                        .await
-                }
-            })
-            .await
-            .map_err(|e| client_error(Op::Watch, filter, e))?;
+            let mut stream = retry_unsent(|| self.inner.client.watch(request.clone()))
+                .await
+                .map_err(|e| client_error(Op::Watch, filter, e))?;
             // Registered once etcd says so: what is written after that is fed.
             match stream.message().await {
-                Ok(Some(r)) if r.created() && !r.canceled() => break stream,
+                Ok(Some(r)) if r.created && !r.canceled => break stream,
                 // etcd refuses a watch whose token expired by cancelling it
                 // ("invalid auth token"; "permission denied" from etcd 3.5.1),
                 // which the client's own sign-in again does not see: once
                 // signed in again, a watch still refused is refused.
-                Ok(Some(r)) if !signed_in_again && refused_for_its_token(r.cancel_reason()) => {
+                Ok(Some(r)) if !signed_in_again && refused_for_its_token(&r.cancel_reason) => {
                     signed_in_again = true;
                     self.inner
                         .client
@@ -513,7 +501,7 @@ impl EtcdStore {
                     return Err(StoreError::unknown(
                         Op::Watch,
                         filter,
-                        format_args!("etcd did not start the watch: {}", r.cancel_reason()),
+                        format_args!("etcd did not start the watch: {}", r.cancel_reason),
                     ))
                 }
                 Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
@@ -551,15 +539,12 @@ impl EtcdStore {
     /// How many voting members the cluster has.
     pub async fn members(&self) -> Result<usize, StoreError> {
         let resp = with_deadline(Op::Get, "members", Duration::from_secs(5), async {
-            retry_unsent(|| {
-                let mut c = self.inner.client.cluster_client();
-                async move { c.member_list().await }
-            })
-            .await
-            .map_err(|e| client_error(Op::Get, "members", e))
+            retry_unsent(|| self.inner.client.member_list())
+                .await
+                .map_err(|e| client_error(Op::Get, "members", e))
         })
         .await?;
-        Ok(resp.members().iter().filter(|m| !m.is_learner()).count())
+        Ok(resp.members.iter().filter(|m| !m.is_learner).count())
     }
 
     /// How many watches this handle's feed serves (all share one etcd watch).
@@ -577,19 +562,21 @@ impl EtcdStore {
     pub async fn history_warning_from(&self, min_revision: u64) -> Option<String> {
         let key = self.full(EPOCH_KEY);
         let resp = with_deadline(Op::Get, EPOCH_KEY, Duration::from_secs(5), async {
-            retry_unsent(|| {
-                let (mut kv, key) = (self.inner.client.kv_client(), key.clone());
-                let options = GetOptions::new().with_revision(1).with_count_only();
-                async move { kv.get(key, Some(options)).await }
-            })
-            .await
-            .map_err(|e| client_error(Op::Get, EPOCH_KEY, e))
+            let request = pb::RangeRequest {
+                key: key.into_bytes(),
+                revision: 1,
+                count_only: true,
+                ..Default::default()
+            };
+            retry_unsent(|| self.inner.client.range(request.clone()))
+                .await
+                .map_err(|e| client_error(Op::Get, EPOCH_KEY, e))
         })
         .await
         .ok()?;
         let now = resp
-            .header()
-            .map_or(0, |h| u64::try_from(h.revision()).unwrap_or(0));
+            .header
+            .map_or(0, |h| u64::try_from(h.revision).unwrap_or(0));
         (now >= min_revision).then(|| {
             format!(
                 "etcd has not compacted its history (revision 1 of {now} is still readable): \
@@ -638,14 +625,15 @@ impl Store for EtcdStore {
         with_deadline(Op::Get, key, timeout, async {
             self.fresh_epoch(Op::Get, key).await?;
             let full = self.full(key);
-            let resp = retry_unsent(|| {
-                let (mut kv, full) = (self.inner.client.kv_client(), full.clone());
-                async move { kv.get(full, None).await }
-            })
-            .await
-            .map_err(|e| client_error(Op::Get, key, e))?;
-            self.check_cluster(Op::Get, key, resp.header())?;
-            let raws: Vec<Raw> = resp.kvs().iter().filter_map(|kv| self.raw_of(kv)).collect();
+            let request = pb::RangeRequest {
+                key: full.into_bytes(),
+                ..Default::default()
+            };
+            let resp = retry_unsent(|| self.inner.client.range(request.clone()))
+                .await
+                .map_err(|e| client_error(Op::Get, key, e))?;
+            self.check_cluster(Op::Get, key, resp.header.as_ref())?;
+            let raws: Vec<Raw> = resp.kvs.iter().filter_map(|kv| self.raw_of(kv)).collect();
             if raws.is_empty() {
                 self.inner.clock.forget(key);
                 return Ok(None);
@@ -669,8 +657,8 @@ impl Store for EtcdStore {
                 Op::Create,
                 key,
                 None,
-                Compare::create_revision(full.clone(), CompareOp::Equal, 0),
-                TxnOp::put(full, value.to_vec(), None),
+                client::create_revision_is(full.clone(), 0),
+                client::put_op(full, value, 0),
             )
             .await
         })
@@ -691,8 +679,8 @@ impl Store for EtcdStore {
                 Op::Update,
                 key,
                 Some(expected.epoch),
-                Compare::mod_revision(full.clone(), CompareOp::Equal, rev(expected.revision)),
-                TxnOp::put(full, value.to_vec(), None),
+                client::mod_revision_is(full.clone(), rev(expected.revision)),
+                client::put_op(full, value, 0),
             )
             .await
         })
@@ -703,17 +691,17 @@ impl Store for EtcdStore {
         validate_key(key)?;
         with_deadline(Op::Put, key, timeout, async {
             self.fresh_epoch(Op::Put, key).await?;
-            let (full, value) = (self.full(key), value.to_vec());
-            let resp = detached(self.inner.client.kv_client(), |kv| async move {
-                retry_unsent(|| {
-                    let (mut kv, full, value) = (kv.clone(), full.clone(), value.clone());
-                    async move { kv.put(full, value, None).await }
-                })
-                .await
+            let request = pb::PutRequest {
+                key: self.full(key).into_bytes(),
+                value: value.to_vec(),
+                ..Default::default()
+            };
+            let resp = detached(self.inner.client.clone(), |client| async move {
+                retry_unsent(|| client.put(request.clone())).await
             })
             .await
             .map_err(|e| client_error(Op::Put, key, e))?;
-            let revision = self.check_cluster(Op::Put, key, resp.header())?;
+            let revision = self.check_cluster(Op::Put, key, resp.header.as_ref())?;
             Ok(self.token(revision))
         })
         .await
@@ -732,8 +720,8 @@ impl Store for EtcdStore {
                 Op::Delete,
                 key,
                 Some(expected.epoch),
-                Compare::mod_revision(full.clone(), CompareOp::Equal, rev(expected.revision)),
-                TxnOp::delete(full, None),
+                client::mod_revision_is(full.clone(), rev(expected.revision)),
+                client::delete_op(full),
             )
             .await?;
             self.inner.clock.forget(key);
@@ -778,14 +766,14 @@ impl Store for EtcdStore {
 /// Runs a write on a task of its own, so that a caller whose deadline
 /// passed does not cancel it half-sent: it goes on to its end, landed or
 /// not, and the caller's outcome is unknown either way (H4 finds it).
-async fn detached<C, F, T>(client: C, call: impl FnOnce(C) -> F) -> Result<T, etcd_client::Error>
+async fn detached<C, F, T>(client: C, call: impl FnOnce(C) -> F) -> Result<T, ClientError>
 where
-    F: std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    F: std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
     T: Send + 'static,
 {
     match tokio::spawn(call(client)).await {
         Ok(r) => r,
-        Err(e) => Err(etcd_client::Error::Internal(format!(
+        Err(e) => Err(ClientError::Internal(format!(
             "the write's task ended: {e}"
         ))),
     }
@@ -825,10 +813,10 @@ const NO_LEADER_PAUSE: Duration = Duration::from_millis(10);
 ///   deadline, and the next try goes wherever the balancer sends it.
 ///
 /// A call that etcd took is never repeated (a write may have landed).
-pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
+pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, ClientError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
 {
     let started = tokio::time::Instant::now();
     let mut tries = 0;
@@ -844,12 +832,11 @@ where
 }
 
 /// Whether a call failed connecting, so nothing of it reached etcd.
-fn never_sent(e: &etcd_client::Error) -> bool {
-    let text = match e {
-        etcd_client::Error::GRpcStatus(s) => s.message().to_owned(),
-        etcd_client::Error::TransportError(t) => t.to_string(),
-        _ => return false,
+fn never_sent(e: &ClientError) -> bool {
+    let ClientError::Status(s) = e else {
+        return false;
     };
+    let text = s.message();
     [
         "tcp connect error",
         "Connection refused",
@@ -861,8 +848,8 @@ fn never_sent(e: &etcd_client::Error) -> bool {
 
 /// Whether a member refused a call for want of a raft leader (etcd's
 /// `ErrGRPCNoLeader`, the answer when a required leader is absent).
-fn no_leader(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s)
+fn no_leader(e: &ClientError) -> bool {
+    matches!(e, ClientError::Status(s)
         if s.code() == tonic::Code::Unavailable && s.message().contains("no leader"))
 }
 
@@ -889,7 +876,7 @@ const FEED_STAMP_TIMEOUT: Duration = Duration::from_secs(3);
 async fn feed(
     hub: std::sync::Weak<Hub>,
     store: std::sync::Weak<Inner>,
-    mut stream: etcd_client::WatchStream,
+    mut stream: client::WatchStream,
     stop: tokio_util::sync::CancellationToken,
 ) {
     loop {
@@ -902,29 +889,27 @@ async fn feed(
         };
         let store = EtcdStore { inner };
         let failed = match next {
-            Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                StoreError::unknown(
-                    Op::Watch,
-                    "",
-                    format_args!("etcd cancelled the watch feed: {}", resp.cancel_reason()),
-                )
-            }
+            Ok(Some(resp)) if resp.canceled || resp.compact_revision > 0 => StoreError::unknown(
+                Op::Watch,
+                "",
+                format_args!("etcd cancelled the watch feed: {}", resp.cancel_reason),
+            ),
             Ok(Some(resp)) => {
-                if let Err(e) = store.check_cluster(Op::Watch, "", resp.header()) {
+                if let Err(e) = store.check_cluster(Op::Watch, "", resp.header.as_ref()) {
                     e
                 } else {
                     let epoch_key = store.full(EPOCH_KEY);
                     let mut raws = Vec::new();
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        if kv.key() == epoch_key.as_bytes() && ev.event_type() == EventType::Put {
-                            store.adopt_epoch(kv.value());
+                    for ev in &resp.events {
+                        let Some(kv) = &ev.kv else { continue };
+                        if kv.key == epoch_key.as_bytes() && !client::is_delete(ev) {
+                            store.adopt_epoch(&kv.value);
                             continue;
                         }
                         let Some(mut raw) = store.raw_of(kv) else {
                             continue;
                         };
-                        if ev.event_type() == EventType::Delete {
+                        if client::is_delete(ev) {
                             raw.value = None;
                         }
                         raws.push(raw);

@@ -5,11 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp,
-};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use super::{client_error, Clock, EpochRecord, EtcdStore, Inner, EPOCH_KEY, OPEN_TIMEOUT};
+use super::client::{self, Client, Options};
+use super::{client_error, pb, Clock, EpochRecord, EtcdStore, Inner, EPOCH_KEY, OPEN_TIMEOUT};
 use crate::store::hub::Hub;
 use crate::store::url::EtcdConfig;
 use crate::store::{wall_nanos, Op, StoreError};
@@ -31,32 +30,30 @@ impl EtcdStore {
 
     async fn open_inner(cfg: &EtcdConfig) -> Result<EtcdStore, StoreError> {
         let where_ = cfg.endpoints.join(",");
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true)
-            // Every call asks for a member with a raft leader: one cut off
-            // from the quorum refuses at once ("no leader") instead of
-            // holding reads and writes it cannot serve until the caller's
-            // deadline, and cancels its watches after a few election
-            // timeouts without one, so the feed starts again elsewhere.
-            .with_require_leader(true);
-        if let Some((user, password)) = &cfg.user {
-            // etcd's token expires: unused for --auth-token-ttl (300 s by
-            // default), at a member's restart, or at its TTL (JWT). A call
-            // refused for an expired token ("invalid auth token", checked
-            // before anything is proposed) signs in again and is made once
-            // more, instead of failing as a configuration error.
-            options = options
-                .with_user(user.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        if cfg.tls.required {
-            options = options.with_tls(tls_options(cfg)?);
-        }
+        // Every call asks for a member with a raft leader (`client.rs`):
+        // one cut off from the quorum refuses at once ("no leader") instead
+        // of holding reads and writes it cannot serve until the caller's
+        // deadline, and cancels its watches after a few election timeouts
+        // without one, so the feed starts again elsewhere. With a user,
+        // the client signs in again when etcd's token expired (unused for
+        // --auth-token-ttl, 300 s by default, at a member's restart, or at
+        // its TTL with JWT): a call refused for an expired token ("invalid
+        // auth token", checked before anything is proposed) is made once
+        // more, instead of failing as a configuration error.
+        let options = Options {
+            connect_timeout: Duration::from_secs(5),
+            keep_alive_interval: Duration::from_secs(5),
+            keep_alive_timeout: Duration::from_secs(5),
+            user: cfg.user.clone(),
+            tls: if cfg.tls.required {
+                Some(tls_options(cfg)?)
+            } else {
+                None
+            },
+        };
         // Signing in (with a password) asks one member, which may have no
         // leader: asked again like any call refused before it was taken.
-        let client = super::retry_unsent(|| Client::connect(&cfg.endpoints, Some(options.clone())))
+        let client = super::retry_unsent(|| Client::connect(&cfg.endpoints, &options))
             .await
             .map_err(|e| match client_error(Op::Open, &where_, e) {
                 StoreError::Unknown { reason, .. } => {
@@ -77,14 +74,15 @@ impl EtcdStore {
                 starting: tokio::sync::Mutex::new(None),
             }),
         };
-        let mut maintenance = store.inner.client.maintenance_client();
-        let (status, epoch) =
-            tokio::join!(maintenance.status(), store.ensure_epoch(Op::Open, &where_));
+        let (status, epoch) = tokio::join!(
+            store.inner.client.status(),
+            store.ensure_epoch(Op::Open, &where_)
+        );
         epoch?;
         // A member too old is refused; a status we may not read is no
         // reason to refuse (the epoch read worked).
         if let Ok(status) = status {
-            let version = status.version();
+            let version = status.version.as_str();
             if parse_version(version).is_some_and(|v| v < MIN_SERVER) {
                 return Err(StoreError::config(format!(
                     "etcd at {where_} is version {version}; putex needs etcd >= {}.{}",
@@ -106,28 +104,26 @@ impl EtcdStore {
     /// cluster (a snapshot restored as a new cluster).
     pub(super) async fn ensure_epoch(&self, op: Op, about: &str) -> Result<(), StoreError> {
         let key = self.full(EPOCH_KEY);
-        let kv = self.inner.client.kv_client();
+        let client = &self.inner.client;
+        let read = pb::RangeRequest {
+            key: key.clone().into_bytes(),
+            ..Default::default()
+        };
         for _ in 0..5 {
-            let resp = super::retry_unsent(|| {
-                let (mut kv, key) = (kv.clone(), key.clone());
-                async move { kv.get(key, None).await }
-            })
-            .await
-            .map_err(|e| client_error(op, about, e))?;
-            let cluster = resp.header().map(|h| h.cluster_id()).unwrap_or(0);
-            let (compare, epoch) = match resp.kvs().first() {
-                None => (
-                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                    wall_nanos(),
-                ),
+            let resp = super::retry_unsent(|| client.range(read.clone()))
+                .await
+                .map_err(|e| client_error(op, about, e))?;
+            let cluster = resp.header.as_ref().map_or(0, |h| h.cluster_id);
+            let (compare, epoch) = match resp.kvs.first() {
+                None => (client::create_revision_is(key.clone(), 0), wall_nanos()),
                 Some(e) => {
-                    let record: EpochRecord = serde_json::from_slice(e.value()).map_err(|err| {
+                    let record: EpochRecord = serde_json::from_slice(&e.value).map_err(|err| {
                         StoreError::config(format!(
                             "the etcd record {key} is not putex's epoch record ({err}); is the prefix used by something else? Choose another with prefix="
                         ))
                     })?;
                     if record.cluster == cluster {
-                        self.set_epoch(record.epoch, e.value());
+                        self.set_epoch(record.epoch, &e.value);
                         self.inner.cluster.store(cluster, Ordering::Release);
                         self.inner.epoch_stale.store(false, Ordering::Release);
                         return Ok(());
@@ -141,7 +137,7 @@ impl EtcdStore {
                         "the etcd cluster is not the one that wrote the epoch record (restored from a snapshot?): starting a new epoch"
                     );
                     (
-                        Compare::mod_revision(key.clone(), CompareOp::Equal, e.mod_revision()),
+                        client::mod_revision_is(key.clone(), e.mod_revision),
                         wall_nanos().max(record.epoch + 1),
                     )
                 }
@@ -152,16 +148,11 @@ impl EtcdStore {
                 cluster,
             })
             .expect("serialisable");
-            let txn = Txn::new()
-                .when([compare])
-                .and_then([TxnOp::put(key.clone(), value, None)]);
+            let txn = client::txn([compare], [client::put_op(key.clone(), value, 0)], []);
             // Won or lost, the next round reads what stands.
-            super::retry_unsent(|| {
-                let (mut kv, txn) = (kv.clone(), txn.clone());
-                async move { kv.txn(txn).await }
-            })
-            .await
-            .map_err(|e| client_error(op, about, e))?;
+            super::retry_unsent(|| client.txn(txn.clone()))
+                .await
+                .map_err(|e| client_error(op, about, e))?;
         }
         Err(StoreError::unknown(
             op,
@@ -181,13 +172,13 @@ fn parse_version(v: &str) -> Option<(u64, u64)> {
 }
 
 /// TLS settings from the URL's files; without `tls_ca`, the system's roots.
-fn tls_options(cfg: &EtcdConfig) -> Result<TlsOptions, StoreError> {
+fn tls_options(cfg: &EtcdConfig) -> Result<ClientTlsConfig, StoreError> {
     let read = |what: &str, path: &std::path::Path| {
         std::fs::read(path).map_err(|e| {
             StoreError::config(format!("etcd {what}: cannot read {}: {e}", path.display()))
         })
     };
-    let mut tls = TlsOptions::new();
+    let mut tls = ClientTlsConfig::new();
     match &cfg.tls.ca {
         Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(read("tls_ca", ca)?)),
         None => tls = tls.with_native_roots(),
