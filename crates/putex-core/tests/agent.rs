@@ -260,6 +260,17 @@ fn s4_first_use_waits_w_plus_g_after_creating() {
     assert!(matches!(op, StoreOp::Create { .. }), "{op:?}");
     h.reply(id, StoreOutcome::Written(Token::new(1, 1)));
     assert_eq!(h.agent.role(), Role::Confirming);
+    // Never in silence: the host is told how long and why, at once.
+    let said = h.out.iter().find_map(|o| match o {
+        Output::Event(putex_core::Event::AbsentWait { wait, why }) => Some((*wait, *why)),
+        _ => None,
+    });
+    let (wait, why) = said.expect("no AbsentWait event for the first use");
+    assert_eq!(why, putex_core::AbsentWhy::FirstUse);
+    assert!(
+        (wait.as_secs_f64() - 12.202).abs() < 0.01,
+        "the wait said is {wait:?}, not W + G'"
+    );
     // Keep renewing through the wait; W(10 s) + G = 12.202 s.
     let mut revision = 1;
     for second in 1..=12 {
@@ -1744,6 +1755,17 @@ fn s6_a_swap_that_lands_over_a_record_others_took_owes_the_absent_wait() {
         } else {
             assert_eq!(h.agent.role(), Role::Confirming);
             assert!(!h.activated(), "activated over a lost record");
+            assert!(
+                h.find(|o| matches!(
+                    o,
+                    Output::Event(putex_core::Event::AbsentWait {
+                        why: putex_core::AbsentWhy::StoreWentBack,
+                        ..
+                    })
+                )),
+                "the wait was not said: {:?}",
+                h.out
+            );
             // W(10 s) + G'(2 s) ≈ 12.2 s later, not before.
             let mut revision = 38;
             for second in 1..=12 {

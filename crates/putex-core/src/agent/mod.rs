@@ -70,8 +70,8 @@ mod stopping;
 mod vocabulary;
 
 pub use self::vocabulary::{
-    Blocker, Candidate, CheckId, Event, ExitReason, HealthMode, Hook, Input, KeeperCommand,
-    LossCause, Output, Reason, Role, StopId, StopKind,
+    AbsentWhy, Blocker, Candidate, CheckId, Event, ExitReason, HealthMode, Hook, Input,
+    KeeperCommand, LossCause, Output, Reason, Role, StopId, StopKind,
 };
 
 /// How many recent lock-record operations are remembered for their late

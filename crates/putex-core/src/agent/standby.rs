@@ -231,6 +231,11 @@ impl Agent {
         let tenure = self.tenure.as_mut().expect("present");
         tenure.activate_at = tenure.activate_at.max(self.now + wait);
         tenure.acquire = acquire;
+        let wait = tenure.activate_at.saturating_since(self.now);
+        self.outputs.push_back(Output::Event(Event::AbsentWait {
+            wait,
+            why: AbsentWhy::StoreWentBack,
+        }));
     }
 
     /// A holder sees the record change under it (from a watch or poll).
@@ -817,6 +822,23 @@ impl Agent {
         self.fail_streak = 0;
         self.operator.lag_waived = false;
         self.set_role(Role::Confirming, reason, Some(token));
+        if let Some(t) = self
+            .tenure
+            .as_ref()
+            .filter(|t| t.acquire.kind == AcquireKind::Absent)
+        {
+            // Never in silence: say what the activation waits for (S4, S6).
+            let why = if t.acquire.over.is_none() && reused.is_none() {
+                AbsentWhy::FirstUse
+            } else {
+                AbsentWhy::StoreWentBack
+            };
+            let wait = t.activate_at.saturating_since(self.now);
+            if !wait.is_zero() {
+                self.outputs
+                    .push_back(Output::Event(Event::AbsentWait { wait, why }));
+            }
+        }
         // A foreign write newer than ours was already seen while the reply
         // was on its way: settle it with an own-writes read before
         // activating (H3; `try_activate` waits for the read).

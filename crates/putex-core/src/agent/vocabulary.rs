@@ -509,6 +509,44 @@ pub enum Event {
     ResumeRefused,
     /// The rejoin hook succeeded: this node may take over again (O4).
     Rejoined,
+    /// The tenure holds the lock but waits `wait` (on this node's clock,
+    /// from now) before it may start anything, in case a holder whose
+    /// record the store lost or never showed is still running (S4, S6).
+    /// Hosts say so: a wait of W + G' must never pass in silence.
+    AbsentWait {
+        /// How long the activation waits from now.
+        wait: Duration,
+        /// Why it waits.
+        why: AbsentWhy,
+    },
+}
+
+/// Why a tenure owes the absent-record wait ([`Event::AbsentWait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbsentWhy {
+    /// The lock record was absent: this name's first use on this store, or
+    /// its record was removed (S4).
+    FirstUse,
+    /// The store lost records this node saw, or handed a revision out twice
+    /// (S6): a holder may believe it still holds the lock.
+    StoreWentBack,
+}
+
+impl AbsentWhy {
+    /// For people: what the wait is for, and where the rule is explained.
+    pub fn explain(self) -> &'static str {
+        match self {
+            AbsentWhy::FirstUse => {
+                "its record is absent (the name's first use on this store, or a record \
+                 someone removed), and a holder whose record the store lost could still be \
+                 running; later runs start at once (docs/safety.md, S4)"
+            }
+            AbsentWhy::StoreWentBack => {
+                "the store lost records this node had seen, and a holder whose record it lost \
+                 could still be running (docs/safety.md, S6)"
+            }
+        }
+    }
 }
 
 /// Something the driver must do.

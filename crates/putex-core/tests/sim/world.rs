@@ -258,6 +258,18 @@ impl Host {
     }
 }
 
+/// A lock record a rollback lost: revision, contents (fingerprint), the
+/// writer's node.
+pub type LostRecord = (Token, u64, String);
+
+/// One rollback of the store, for the checkers.
+pub struct RolledBack {
+    /// When, real time.
+    pub at: u64,
+    /// The lock records it lost.
+    pub lost: Vec<LostRecord>,
+}
+
 /// A lock write the store applied, for the checkers.
 #[derive(Clone, Debug)]
 pub struct Applied {
@@ -290,9 +302,8 @@ pub struct Store {
     admin_writes: u64,
     /// The highest revision a rollback lost.
     pub lost_high: Option<Token>,
-    /// Each rollback: when (real time) and its lost lock records
-    /// (revision, contents, writer's node).
-    pub lost: Vec<(u64, Vec<(Token, u64, String)>)>,
+    /// Each rollback: when and what it lost.
+    pub lost: Vec<RolledBack>,
     /// When each lock record (revision, contents) was written, real time.
     pub written_at: HashMap<(Token, u64), u64>,
 }
@@ -744,10 +755,10 @@ impl World {
                 .resize(store.lost.len(), RollbackView::default());
         }
         let written = store.written_at.get(&(token, fp)).copied();
-        for ((at, lost), view) in store.lost.iter().zip(host.rollbacks.iter_mut()) {
-            if !own && lost.iter().any(|(t, f, _)| *t == token && *f == fp) {
+        for (rollback, view) in store.lost.iter().zip(host.rollbacks.iter_mut()) {
+            if !own && rollback.lost.iter().any(|(t, f, _)| *t == token && *f == fp) {
                 view.known_lost = view.known_lost.max(Some(token));
-            } else if written.is_some_and(|w| w > *at)
+            } else if written.is_some_and(|w| w > rollback.at)
                 && view
                     .known_lost
                     .is_some_and(|k| k.epoch == token.epoch && token <= k)
@@ -1083,13 +1094,13 @@ impl World {
         // rollback lost it is not judged by (b) and (d). Every other check
         // stays on.
         let host = &self.hosts[h];
-        let unwitnessed: Vec<&Vec<(Token, u64, String)>> = self
+        let unwitnessed: Vec<&Vec<LostRecord>> = self
             .store
             .lost
             .iter()
             .enumerate()
             .filter(|(i, _)| !host.rollbacks.get(*i).is_some_and(|v| v.evidence))
-            .map(|(_, (_, lost))| lost)
+            .map(|(_, r)| &r.lost)
             .collect();
         let excused = |o: usize| {
             let node = format!("node{o}");
@@ -1687,7 +1698,7 @@ impl World {
                         lost.push((e.token, fingerprint(&e.value), node));
                     }
                 }
-                self.store.lost.push((self.now, lost));
+                self.store.lost.push(RolledBack { at: self.now, lost });
                 self.store
                     .versions
                     .retain(|v| v.entry.as_ref().is_none_or(|e| e.token.revision <= new_rev));

@@ -740,6 +740,13 @@ impl Host for AgentHost {
                     );
                 }
             }
+            Event::AbsentWait { wait, why } => tracing::warn!(
+                wait_ms = wait.as_millis() as u64,
+                "lock {:?} taken; waiting {:.1} s before activating: {}",
+                self.inner.lock_name.as_str(),
+                wait.as_secs_f64(),
+                why.explain()
+            ),
             Event::StopProven { after } => {
                 self.inner.metrics.stop_unproven(false);
                 self.set(|st| st.unproven = None);

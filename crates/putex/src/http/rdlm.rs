@@ -389,6 +389,11 @@ pub(crate) async fn acquire(
         Err(AcquireFailure::Gateway(AcquireError::Timeout)) => {
             StatusCode::REQUEST_TIMEOUT.into_response()
         }
+        // A fresh resource's first grant waits W + G' (S4): say so in the
+        // body (RDLM clients read only the status).
+        Err(AcquireFailure::Gateway(e @ AcquireError::TimeoutInAbsentWait { .. })) => {
+            (StatusCode::REQUEST_TIMEOUT, e.to_string()).into_response()
+        }
         Err(AcquireFailure::Gateway(AcquireError::Cancelled)) => {
             StatusCode::CONFLICT.into_response()
         }

@@ -204,6 +204,14 @@ impl Host for LockHost {
     fn persist_highest(&self, _token: Token) {}
 
     fn event(&self, event: &Event) {
+        if let Event::AbsentWait { wait, why } = event {
+            // Never in silence (S4): `putex id` and library users see it.
+            tracing::warn!(
+                "taken; waiting {:.1} s before it is held: {}",
+                wait.as_secs_f64(),
+                why.explain()
+            );
+        }
         let Event::Transition {
             from,
             to,

@@ -114,6 +114,9 @@ impl From<StoreError> for ApiError {
 impl From<AcquireFailure> for ApiError {
     fn from(f: AcquireFailure) -> Self {
         match f {
+            AcquireFailure::Gateway(e @ AcquireError::TimeoutInAbsentWait { .. }) => {
+                ApiError::new(ErrorCode::Timeout, e.to_string())
+            }
             AcquireFailure::Gateway(AcquireError::Timeout) => {
                 ApiError::new(ErrorCode::Timeout, AcquireError::Timeout.to_string())
             }

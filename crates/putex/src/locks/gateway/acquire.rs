@@ -123,11 +123,13 @@ impl Gateway {
         agent.handle(clock::boot_time_now(), Input::Turn(false));
         let (granted_tx, mut granted) = mpsc::unbounded_channel();
         let (role_tx, role) = tokio::sync::watch::channel(Role::Starting);
+        let (absent_tx, absent) = tokio::sync::watch::channel(None);
         let host = Arc::new(GatewayHost {
             resource: req.resource.clone(),
             highest: self.highest.clone(),
             granted: granted_tx,
             role: role_tx,
+            absent: absent_tx,
             history: crate::observe::history::HistoryWriter::spawn(
                 self.store.clone(),
                 crate::observe::history::WriterConfig::new(
@@ -178,7 +180,16 @@ impl Gateway {
                         None => cancel_watch = None,
                     }
                 }
-                () = tokio::time::sleep_until(deadline) => break Err(AcquireError::Timeout),
+                () = tokio::time::sleep_until(deadline) => {
+                    // Never in silence: a fresh name's wait says why (S4).
+                    break Err(match *absent.borrow() {
+                        Some((wait, why)) => AcquireError::TimeoutInAbsentWait {
+                            wait_s: wait.as_secs_f64(),
+                            why: why.explain(),
+                        },
+                        None => AcquireError::Timeout,
+                    });
+                }
                 _ = &mut cancelled => break Err(AcquireError::Timeout),
                 _ = &mut driver => break Err(AcquireError::Timeout),
             }
@@ -342,6 +353,8 @@ struct GatewayHost {
     highest: Arc<parking_lot::Mutex<HashMap<Name, Token>>>,
     granted: mpsc::UnboundedSender<Token>,
     role: tokio::sync::watch::Sender<Role>,
+    /// The absent-record wait the tenure owes, once it owes one (S4, S6).
+    absent: tokio::sync::watch::Sender<Option<(Duration, AbsentWhy)>>,
     /// Transition records for `putex history` (the acquisition; the
     /// client's release is no transition of this agent).
     history: crate::observe::history::HistoryWriter,
@@ -376,6 +389,15 @@ impl Host for GatewayHost {
     }
 
     fn event(&self, event: &Event) {
+        if let Event::AbsentWait { wait, why } = event {
+            tracing::info!(
+                resource = %self.resource,
+                "taken; waiting {:.1} s before granting: {}",
+                wait.as_secs_f64(),
+                why.explain()
+            );
+            self.absent.send_replace(Some((*wait, *why)));
+        }
         if let Event::Transition {
             from,
             to,

@@ -40,8 +40,8 @@ use futures::future::{self, BoxFuture, FutureExt};
 use futures::StreamExt;
 use putex_core::record::ceil_millis;
 use putex_core::{
-    Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand, LockRecord,
-    LockState, Observed, Role, StopKind, StoreTime, Timing, TimingConfig, Token,
+    AbsentWhy, Agent, AgentConfig, Event, HealthMode, Identity, Input, Instant, KeeperCommand,
+    LockRecord, LockState, Observed, Role, StopKind, StoreTime, Timing, TimingConfig, Token,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
@@ -114,6 +114,16 @@ pub enum AcquireError {
     /// The wait ran out (RDLM: 408).
     #[error("not acquired within the wait")]
     Timeout,
+    /// The wait ran out while the lock, taken, waited before it could be
+    /// granted (RDLM: 408): its record was absent or the store went back
+    /// (S4, S6). Says how long that wait was and why.
+    #[error("not acquired within the wait: the lock was taken, but must wait {wait_s:.1} s before it is granted, because {why}")]
+    TimeoutInAbsentWait {
+        /// The whole absent-record wait, in seconds.
+        wait_s: f64,
+        /// Why, for people ([`putex_core::AbsentWhy::explain`]).
+        why: &'static str,
+    },
     /// An administrator deleted the waiting request (RDLM: 409).
     #[error("the waiting request was deleted by an administrator")]
     Cancelled,

@@ -50,6 +50,8 @@ pub(super) struct State {
     /// clients admitted together spread over the slots instead of all
     /// trying the first.
     pub(super) spread: usize,
+    /// A slot's absent-record wait was told on stderr (S4): once per run.
+    pub(super) absent_wait_said: bool,
 }
 
 impl State {
@@ -447,6 +449,21 @@ impl Host for SlotHost {
             | Event::Unpaused
             | Event::ResumeRefused
             | Event::Rejoined => {}
+            Event::AbsentWait { wait, why } => {
+                // Once per run, not once per semaphore slot.
+                if !self
+                    .shared
+                    .with(|s| std::mem::replace(&mut s.absent_wait_said, true))
+                {
+                    tracing::warn!(
+                        slot = self.slot,
+                        "{:?} taken; waiting {:.1} s before running the command: {}",
+                        self.shared.opts.name.as_str(),
+                        wait.as_secs_f64(),
+                        why.explain()
+                    );
+                }
+            }
             Event::StopProven { after } => {
                 if let Some(m) = &self.shared.opts.metrics {
                     m.stop_unproven(false);
