@@ -14,6 +14,7 @@ mod id_pool;
 mod lease;
 mod lock;
 mod operator;
+mod packaging;
 mod postgres;
 mod serve;
 mod store_auth;
