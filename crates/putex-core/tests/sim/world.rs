@@ -756,7 +756,12 @@ impl World {
         }
         let written = store.written_at.get(&(token, fp)).copied();
         for (rollback, view) in store.lost.iter().zip(host.rollbacks.iter_mut()) {
-            if !own && rollback.lost.iter().any(|(t, f, _)| *t == token && *f == fp) {
+            if !own
+                && rollback
+                    .lost
+                    .iter()
+                    .any(|(t, f, _)| *t == token && *f == fp)
+            {
                 view.known_lost = view.known_lost.max(Some(token));
             } else if written.is_some_and(|w| w > rollback.at)
                 && view
