@@ -99,7 +99,7 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
     // release is its target's alone for D.
     let defer = t.renew() * 2;
     println!(
-        "with candidates (--priority, --position): a node the best candidate outranks acts          D = {} later, so the crash failover bound is at most {}",
+        "with candidates (--priority, --position): a node the best candidate outranks acts D = {} later, so the crash failover bound is at most {}",
         Human(defer),
         Human(timeline.crash_failover + defer)
     );
