@@ -173,7 +173,7 @@ mod tests {
         m.facts.p99_cas = Some(Duration::from_millis(20));
         let e = check_store(&s.timing, &m).unwrap_err().to_string();
         assert!(
-            e.starts_with("--renew (100ms) must be at least ten times"),
+            e.starts_with("--renew (100 ms) must be at least ten times"),
             "{e}"
         );
     }
