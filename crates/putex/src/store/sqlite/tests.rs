@@ -420,3 +420,26 @@ async fn retiring_a_key_forgets_its_siblings_old_tombstones() {
     s.delete("queue.s.live", live, T).await.unwrap();
     assert!(rows().contains(&"queue.s.young".to_owned()));
 }
+
+/// Measurements take turns across handles (processes, in real use): while
+/// one handle holds its turn another waits, and it gets the turn as soon
+/// as the first is done — not a poll of seconds later.
+#[tokio::test]
+async fn measurement_turns_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let a = SqliteStore::open(path.clone()).await.unwrap();
+    let b = SqliteStore::open(path.clone()).await.unwrap();
+    let first = a.measurement_turn().await.expect("a free turn");
+    assert!(with_suffix(&path, "-measure").exists());
+    let mut second = Box::pin(b.measurement_turn());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut second)
+            .await
+            .is_err(),
+        "two turns at once"
+    );
+    drop(first);
+    let got = tokio::time::timeout(Duration::from_millis(200), &mut second).await;
+    assert!(matches!(got, Ok(Some(_))), "the turn did not pass on");
+}
