@@ -6,6 +6,7 @@ mod agent_http;
 mod agent_lib;
 mod cli_env;
 mod common;
+mod demo;
 mod fuzz;
 mod gateway;
 mod history;

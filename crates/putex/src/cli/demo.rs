@@ -9,6 +9,10 @@
 //! measured failover time and the bound B = W + G' + three store round trips
 //! from the timeline, and stops the survivors with SIGTERM (graceful stop,
 //! release).
+//!
+//! An agent that exits on its own (a refused start, a crash) ends the demo
+//! at once with its last log lines; on any failure the temporary directory
+//! (store and logs) is kept and named, as with `--keep`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -27,7 +31,8 @@ use crate::supervision::process::pids_matching;
 /// `putex demo` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {
-    /// Keep the temporary directory (store, logs) afterwards.
+    /// Keep the temporary directory (store, logs) after a run that
+    /// succeeded too; a run that failed always keeps it.
     #[arg(long)]
     pub keep: bool,
 }
@@ -39,6 +44,41 @@ struct Node {
     name: &'static str,
     child: tokio::process::Child,
     keeper_dir: PathBuf,
+    /// Killed on purpose (the host crash): its exit is no failure.
+    crashed: bool,
+}
+
+/// How many lines of a failed agent's log the demo shows.
+const LOG_TAIL: usize = 8;
+
+/// The last [`LOG_TAIL`] lines of `node`'s log, indented.
+fn log_tail(dir: &Path, node: &str) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("{node}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+    if tail.is_empty() {
+        return "  (its log is empty)".into();
+    }
+    tail.iter()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An error for the first agent (not crashed on purpose) that has exited:
+/// how it ended and its last log lines.
+fn exited(dir: &Path, nodes: &mut [Node]) -> Option<CliError> {
+    for n in nodes.iter_mut().filter(|n| !n.crashed) {
+        if let Ok(Some(status)) = n.child.try_wait() {
+            return Some(other(format!(
+                "{}'s agent exited ({status}); the end of {}:\n{}",
+                n.name,
+                dir.join(format!("{}.log", n.name)).display(),
+                log_tail(dir, n.name)
+            )));
+        }
+    }
+    None
 }
 
 fn other(e: impl std::fmt::Display) -> CliError {
@@ -58,23 +98,29 @@ fn markers(dir: &Path) -> Vec<(String, i32)> {
     out
 }
 
-/// Waits until a node other than `except` has a marker; returns it and when.
+/// Waits until a node other than `except` has a marker: `Ok` with it and
+/// when, or `Ok(None)` after `within`. An agent that exits meanwhile ends
+/// the wait at once: `Err` with its last log lines.
 async fn wait_active(
     dir: &Path,
+    nodes: &mut [Node],
     except: Option<&str>,
     within: Duration,
-) -> Option<(String, i32, Instant)> {
+) -> Result<Option<(String, i32, Instant)>, CliError> {
     let until = Instant::now() + within;
     while Instant::now() < until {
         if let Some((n, pid)) = markers(dir)
             .into_iter()
             .find(|(n, _)| Some(n.as_str()) != except)
         {
-            return Some((n, pid, Instant::now()));
+            return Ok(Some((n, pid, Instant::now())));
+        }
+        if let Some(e) = exited(dir, nodes) {
+            return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    None
+    Ok(None)
 }
 
 /// `putex demo`.
@@ -82,8 +128,9 @@ pub async fn run(args: &DemoArgs) -> Result<(), CliError> {
     let dir = std::env::temp_dir().join(format!("putex-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(other)?;
     let result = demo(&dir).await;
-    if args.keep {
-        println!("kept {}", dir.display());
+    if args.keep || result.is_err() {
+        // A failure's evidence stays, whatever was asked.
+        eprintln!("kept {} (the store and the agents' logs)", dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -162,6 +209,7 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
             name,
             child,
             keeper_dir,
+            crashed: false,
         });
     }
     println!(
@@ -201,12 +249,19 @@ async fn crash_and_fail_over(
     timeline: &putex_core::Timeline,
     stamp: &impl Fn(Instant) -> String,
 ) -> Result<(), CliError> {
-    let Some((first, service_pid, at)) = wait_active(dir, None, Duration::from_secs(15)).await
+    let Some((first, service_pid, at)) =
+        wait_active(dir, nodes, None, Duration::from_secs(15)).await?
     else {
-        return Err(other("no agent became active within 15 s; see the logs"));
+        return Err(other(format!(
+            "no agent became active within 15 s; the agents' logs are {}/node-*.log",
+            dir.display()
+        )));
     };
     println!("{} {first} active", stamp(at));
     tokio::time::sleep(Duration::from_secs(1)).await;
+    if let Some(e) = exited(dir, nodes) {
+        return Err(e);
+    }
     let active_now: Vec<String> = markers(dir).into_iter().map(|(n, _)| n).collect();
     if active_now.len() != 1 {
         return Err(other(format!(
@@ -225,6 +280,7 @@ async fn crash_and_fail_over(
         .expect("the active node is one of ours");
     let keeper_pids = pids_matching(&node.keeper_dir.display().to_string());
     let agent_pid = node.child.id().map(|p| p as i32);
+    node.crashed = true;
     let _ = std::fs::remove_file(dir.join(format!("active-{first}")));
     for pid in agent_pid
         .into_iter()
@@ -241,10 +297,11 @@ async fn crash_and_fail_over(
     );
 
     let within = timeline.crash_failover * 3 + Duration::from_secs(2);
-    let Some((second, _, at)) = wait_active(dir, Some(&first), within).await else {
+    let Some((second, _, at)) = wait_active(dir, nodes, Some(&first), within).await? else {
         return Err(other(format!(
-            "no standby took over within {}",
-            Human(within)
+            "no standby took over within {}; the agents' logs are {}/node-*.log",
+            Human(within),
+            dir.display()
         )));
     };
     let took = at.saturating_duration_since(crashed);
