@@ -54,6 +54,12 @@ pub const REMEASURE_FOR: Duration = Duration::from_secs(3);
 /// The most measurements [`measure_store`] makes.
 pub const CAS_MEASUREMENTS_MAX: usize = 10;
 
+/// How many compare-and-swaps of one measurement may go unanswered within
+/// their deadline (each counts as a sample of the whole deadline) before
+/// the measurement fails: a stalled `fsync` on a busy disk is a slow
+/// sample, a store that does not answer fails the start within seconds.
+pub const UNANSWERED_SAMPLES: usize = 3;
+
 /// The pause before a measurement is made again.
 pub const REMEASURE_PAUSE: Duration = Duration::from_millis(200);
 
@@ -172,12 +178,35 @@ async fn measure_once(
         AnyStore::Sqlite(s) => s.measurement_turn().await,
         _ => None,
     };
-    let mut token = store.put(&key, value, timeout).await?;
+    // The probe record's revision: as it is, or a first one written.
+    let mut token = match store.get(&key, ReadMode::Leader, timeout).await? {
+        Some(entry) => entry.token,
+        None => store.put(&key, value, timeout).await?,
+    };
     let mut samples = Vec::with_capacity(CAS_SAMPLES);
+    let mut unanswered = 0;
     for _ in 0..CAS_SAMPLES {
         let started = Instant::now();
-        token = store.update(&key, value, token, timeout).await?;
-        samples.push(started.elapsed());
+        match store.update(&key, value, token, timeout).await {
+            Ok(t) => {
+                token = t;
+                samples.push(started.elapsed());
+            }
+            // A compare-and-swap without an answer in time (an fsync that
+            // stalled behind other writes to a busy disk) is a slow
+            // sample, not a broken store: it counts as the whole timeout,
+            // and the probe's revision is read again (the write may have
+            // landed). More than UNANSWERED_SAMPLES fail the measurement.
+            Err(e) if e.is_unknown() && unanswered < UNANSWERED_SAMPLES => {
+                unanswered += 1;
+                samples.push(started.elapsed().max(timeout));
+                token = match store.get(&key, ReadMode::Leader, timeout).await? {
+                    Some(entry) => entry.token,
+                    None => store.put(&key, value, timeout).await?,
+                };
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     // A read, so a store that answers writes but not reads is caught here.
     store.get(&key, ReadMode::Any, timeout).await?;
@@ -216,5 +245,41 @@ async fn replicas(store: &AnyStore) -> usize {
             }
         },
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::Fault;
+    use crate::store::MemoryStore;
+
+    /// A compare-and-swap that lands but is answered only after its
+    /// deadline (a stalled fsync) is a slow sample, not a failed start;
+    /// more than [`UNANSWERED_SAMPLES`] fail the measurement.
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_samples_are_slow_until_too_many_fail_the_measurement() {
+        let memory = MemoryStore::new();
+        let store = AnyStore::from(memory.clone());
+        let node: NodeId = "n1".parse().unwrap();
+        let key = keys::probe(&node);
+        let t = Duration::from_secs(1);
+        store.put(&key, b"{}", t).await.unwrap();
+        memory.inject_on(&key, Fault::ApplyThenStall);
+        let m = measure_store(&store, &node, t, None).await.unwrap();
+        assert!(m.facts.p99_cas < Some(t), "one slow sample is not the p99");
+        for _ in 0..UNANSWERED_SAMPLES {
+            memory.inject_on(&key, Fault::Stall);
+        }
+        let m = measure_store(&store, &node, t, None).await.unwrap();
+        assert_eq!(m.facts.p99_cas, Some(t), "each counts as the deadline");
+        for _ in 0..=UNANSWERED_SAMPLES {
+            memory.inject_on(&key, Fault::ApplyThenStall);
+        }
+        let e = measure_store(&store, &node, t, None).await.unwrap_err();
+        assert!(
+            matches!(e, MeasureError::Store(ref s) if s.is_unknown()),
+            "{e}"
+        );
     }
 }
