@@ -12,7 +12,11 @@
 //!
 //! An agent that exits on its own (a refused start, a crash) ends the demo
 //! at once with its last log lines; on any failure the temporary directory
-//! (store and logs) is kept and named, as with `--keep`.
+//! (store and logs) is kept and named, as with `--keep`. A node counts as
+//! active while its service runs (its marker names a live pid). Two at
+//! once fail the demo; a holder that lapses on a busy machine (its service
+//! stopped first, a standby takes over after W + G) is reported, and the
+//! crash goes to whoever is active then.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -85,17 +89,31 @@ fn other(e: impl std::fmt::Display) -> CliError {
     CliError::Other(format!("demo: {e}"))
 }
 
-/// The service markers present: (node, service pid).
+/// The services running: (node, service pid) of each marker whose service
+/// still runs. A service leaves its marker when it starts and none when it
+/// is stopped (a lapse's emergency stop), so a marker alone says only that
+/// the node was active once.
 fn markers(dir: &Path) -> Vec<(String, i32)> {
     let mut out = Vec::new();
     for n in NODES {
         if let Ok(s) = std::fs::read_to_string(dir.join(format!("active-{n}"))) {
             if let Ok(pid) = s.trim().parse() {
-                out.push((n.to_string(), pid));
+                if running(pid) {
+                    out.push((n.to_string(), pid));
+                }
             }
         }
     }
     out
+}
+
+/// Whether `pid` runs (exists and is no zombie).
+fn running(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('Z')))
+            .is_some_and(|zombie| !zombie)
 }
 
 /// Waits until a node other than `except` has a marker: `Ok` with it and
@@ -258,15 +276,47 @@ async fn crash_and_fail_over(
         )));
     };
     println!("{} {first} active", stamp(at));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    if let Some(e) = exited(dir, nodes) {
-        return Err(e);
-    }
-    let active_now: Vec<String> = markers(dir).into_iter().map(|(n, _)| n).collect();
-    if active_now.len() != 1 {
-        return Err(other(format!(
-            "expected exactly one active node, found {active_now:?}"
-        )));
+    // A second of steady state, watched: never two services at once. A
+    // holder may lapse meanwhile on a busy machine (a renewal that misses
+    // its licence T = 300 ms): it stops its service first, and a standby
+    // takes over no earlier than W + G later. That is the rules at work,
+    // not a failure; the demo says so and goes on with the new holder.
+    // The second starts again with each new holder, for at most 10 s.
+    let (mut first, mut service_pid) = (first, service_pid);
+    let mut steady_until = Instant::now() + Duration::from_secs(1);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < steady_until {
+        if Instant::now() >= give_up {
+            return Err(other(format!(
+                "no holder stayed active for a second in 10 s (each lapsed: this machine is too \
+                 busy for R = 100 ms); the agents' logs are {}/node-*.log",
+                dir.display()
+            )));
+        }
+        if let Some(e) = exited(dir, nodes) {
+            return Err(e);
+        }
+        match markers(dir).as_slice() {
+            // Between a lapse and the takeover: not steady yet.
+            [] => steady_until = Instant::now() + Duration::from_secs(1),
+            [(n, _)] if *n == first => {}
+            [(n, pid)] => {
+                println!(
+                    "{} {n} active: {first} lapsed (no renewal within its licence T on this busy \
+                     machine) and stopped its service first",
+                    stamp(Instant::now())
+                );
+                (first, service_pid) = (n.clone(), *pid);
+                steady_until = Instant::now() + Duration::from_secs(1);
+            }
+            two => {
+                return Err(other(format!(
+                    "two services ran at once: {two:?}; the agents' logs are {}/node-*.log",
+                    dir.display()
+                )))
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     println!(
         "{} steady: exactly one active ({first}), two standing by",
