@@ -1,6 +1,7 @@
 //! `putex demo` as a newcomer runs it: three agents on a temporary SQLite
 //! store, a host crash, a failover — with this build, in a temporary
-//! directory of the test's own (`TMPDIR`).
+//! directory of the test's own (`TMPDIR`), in memory where there is
+//! `/dev/shm` as the demo's own directory is.
 //!
 //! - r53: the three agents start together; each measured the store's
 //!   compare-and-swaps while the other two did the same, so all three
@@ -17,6 +18,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::agent::{putex, serial};
 use putex_testkit::agent::output_text;
+
+/// The test's `TMPDIR` for the demo: in memory where it can be.
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
+}
 
 /// `putex demo --keep` with `TMPDIR` set to `tmp` and `env` added.
 fn demo(tmp: &Path, env: &[(&str, &str)]) -> Output {
@@ -44,7 +52,7 @@ fn demo_dir(tmp: &Path) -> PathBuf {
 #[test]
 fn r53_demo_agents_started_together_do_not_refuse_each_others_store() {
     let _serial = serial();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     let out = demo(tmp.path(), &[]);
     let text = output_text(&out);
     let dir = demo_dir(tmp.path());
@@ -80,7 +88,7 @@ fn r53_demo_agents_started_together_do_not_refuse_each_others_store() {
 #[test]
 fn demo_an_agent_that_exits_is_shown_at_once_and_the_directory_kept() {
     let _serial = serial();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     // The agents read PUTEX_* like any `putex run`: a --max-lease below
     // their lease makes every one of them refuse to start.
     let began = Instant::now();

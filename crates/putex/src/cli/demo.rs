@@ -1,7 +1,9 @@
 //! `putex demo`: three agents on a temporary SQLite store, a host crash, the
 //! failover measured against its bound.
 //!
-//! The demo starts three `putex run` processes of this binary (nodes
+//! The demo's directory (store, logs, markers) is in memory (`/dev/shm`)
+//! unless `TMPDIR` says otherwise ([`demo_dir`]). The demo starts three
+//! `putex run` processes of this binary (nodes
 //! `node-1`…`node-3`, fast timing R = 100 ms, F = 3, C = 1) in child mode
 //! with a trivial service that leaves a marker file when it starts. It waits
 //! for one to be active, then crashes that "host": SIGKILL of the agent, its
@@ -141,10 +143,33 @@ async fn wait_active(
     Ok(None)
 }
 
+/// Where the shared memory is, for the demo's throwaway store.
+const SHM: &str = "/dev/shm";
+
+/// Makes the demo's directory, `putex-demo-PID`: under `$TMPDIR` when it is
+/// set, else in memory (`/dev/shm`) when there is one, else in the
+/// system's temporary directory. A throwaway store gains nothing from
+/// `fsync`, and on a busy disk one `fsync` can outlast the 40 ms a renewal
+/// has at R = 100 ms (2–4 s were seen beside other builds): on `/tmp` the
+/// demo's holders lapsed one after another, each stopping its service and
+/// a standby taking over, while the store was the disk's.
+fn demo_dir() -> Result<PathBuf, CliError> {
+    let name = format!("putex-demo-{}", std::process::id());
+    let tmpdir_set = std::env::var_os("TMPDIR").is_some_and(|v| !v.is_empty());
+    if !tmpdir_set {
+        let dir = Path::new(SHM).join(&name);
+        if std::fs::create_dir_all(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    let dir = std::env::temp_dir().join(name);
+    std::fs::create_dir_all(&dir).map_err(other)?;
+    Ok(dir)
+}
+
 /// `putex demo`.
 pub async fn run(args: &DemoArgs) -> Result<(), CliError> {
-    let dir = std::env::temp_dir().join(format!("putex-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(other)?;
+    let dir = demo_dir()?;
     let result = demo(&dir).await;
     if args.keep || result.is_err() {
         // A failure's evidence stays, whatever was asked.
