@@ -22,7 +22,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::mutation::{Mutations, Rule};
-use crate::time::Drift;
+use crate::time::{Drift, Human};
 
 /// Default renewal interval R.
 pub const DEFAULT_RENEW: Duration = Duration::from_secs(1);
@@ -160,7 +160,7 @@ pub enum TimingError {
     },
     /// A duration option, or T = F·R or G = C·R, is longer than
     /// [`MAX_DURATION`].
-    #[error("{option} is longer than the longest supported duration ({max:?}, about 584 years)")]
+    #[error("{option} is longer than the longest supported duration (about 584 years)")]
     TooLong {
         /// The option, e.g. `--renew`, or `--renew × --failures` for T.
         option: &'static str,
@@ -177,8 +177,11 @@ pub enum TimingError {
     },
     /// A round does not fit in R.
     #[error(
-        "--healthcheck-timeout ({healthcheck:?}) + --store-timeout ({store:?}) must be shorter \
-         than --renew ({renew:?}): a renewal round must fit in one interval"
+        "--healthcheck-timeout ({}) + --store-timeout ({}) must be shorter than --renew ({}): \
+         a renewal round must fit in one interval",
+        Human(*healthcheck),
+        Human(*store),
+        Human(*renew)
     )]
     RoundTooLong {
         /// Health-check timeout.
@@ -190,9 +193,12 @@ pub enum TimingError {
     },
     /// The emergency stop does not fit in the fencing gap.
     #[error(
-        "--emergency-timeout {emergency:?} exceeds the budget G·(1−ε)/(1+ε) − margin = {budget:?} \
-         (G = {gap:?}, margin = {margin:?}); raise --confirm or --renew, or lower \
-         --emergency-timeout or --sched-margin"
+        "--emergency-timeout {} exceeds the budget G·(1−ε)/(1+ε) − margin = {} (G = {}, \
+         margin = {}); raise --confirm or --renew, or lower --emergency-timeout or --sched-margin",
+        Human(*emergency),
+        Human(*budget),
+        Human(*gap),
+        Human(*margin)
     )]
     EmergencyOverBudget {
         /// The emergency-stop timeout.
@@ -206,7 +212,9 @@ pub enum TimingError {
     },
     /// `--max-lease` is shorter than this node's own lease.
     #[error(
-        "--max-lease ({max_lease:?}) is shorter than this node's own lease T = F·R = {lease:?}"
+        "--max-lease ({}) is shorter than this node's own lease T = F·R = {}",
+        Human(*max_lease),
+        Human(*lease)
     )]
     MaxLeaseTooShort {
         /// The value given.
@@ -216,7 +224,9 @@ pub enum TimingError {
     },
     /// `--max-gap` is shorter than this node's own fencing gap.
     #[error(
-        "--max-gap ({max_gap:?}) is shorter than this node's own fencing gap G = C·R = {gap:?}"
+        "--max-gap ({}) is shorter than this node's own fencing gap G = C·R = {}",
+        Human(*max_gap),
+        Human(*gap)
     )]
     MaxGapTooShort {
         /// The value given.
@@ -226,21 +236,27 @@ pub enum TimingError {
     },
     /// R is too short for the store's latency.
     #[error(
-        "--renew ({renew:?}) must be at least ten times the store's p99 compare-and-swap \
-         latency ({p99:?}); use --renew {suggest:?} or more"
+        "--renew ({}) must be at least ten times the store's p99 compare-and-swap latency ({}); \
+         use --renew {} or more",
+        Human(*renew),
+        Human(*p99),
+        FlagValue(*suggest)
     )]
     RenewTooShortForStore {
         /// R.
         renew: Duration,
         /// Measured p99 CAS latency.
         p99: Duration,
-        /// 10 × p99.
+        /// 10 × p99, rounded up to two significant digits of milliseconds
+        /// (at least 1 ms): a value to pass as `--renew`.
         suggest: Duration,
     },
     /// T is shorter than a stream-leader election on a replicated bucket.
     #[error(
-        "lease T = F·R = {lease:?} is shorter than {min:?} on a replicated bucket: a stream-leader \
-         election would cause a failover; raise --failures or --renew, or pass --allow-short-lease"
+        "lease T = F·R = {} is shorter than {} on a replicated bucket: a stream-leader election \
+         would cause a failover; raise --failures or --renew, or pass --allow-short-lease",
+        Human(*lease),
+        Human(*min)
     )]
     ShortLeaseOnReplicatedStore {
         /// T.
@@ -248,6 +264,37 @@ pub enum TimingError {
         /// The minimum.
         min: Duration,
     },
+}
+
+/// `d` rounded up to two significant digits of whole milliseconds, at least
+/// 1 ms: a suggestion that is not below what it suggests and reads well
+/// (126.09374 ms becomes 130 ms, 1261 ms becomes 1300 ms).
+fn round_up_for_flag(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000).max(1);
+    let mut step = 1;
+    while ms / step >= 100 {
+        step *= 10;
+    }
+    let rounded = ms.div_ceil(step) * step;
+    Duration::from_millis(u64::try_from(rounded).unwrap_or(u64::MAX))
+}
+
+/// A duration written as a flag value (`130ms`, `2s`): what
+/// [`humantime`-style](https://docs.rs/humantime) duration flags accept,
+/// with no space, so that it can be copied into a command line. Whole
+/// seconds are written in seconds, anything else in milliseconds (rounded
+/// up).
+struct FlagValue(Duration);
+
+impl fmt::Display for FlagValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_nanos().div_ceil(1_000_000);
+        if ms > 0 && ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
 }
 
 /// What the driver learned about the store, for the checks that depend on it.
@@ -507,7 +554,7 @@ impl Timing {
                 return Err(TimingError::RenewTooShortForStore {
                     renew: self.renew(),
                     p99,
-                    suggest: p99.saturating_mul(10),
+                    suggest: round_up_for_flag(p99.saturating_mul(10)),
                 });
             }
         }
@@ -527,10 +574,18 @@ impl Timing {
     pub fn advertised_timing_warning(&self, lease: Duration, gap: Duration) -> Option<String> {
         let mut over = Vec::new();
         if let Some(max) = self.max_lease().filter(|m| lease > *m) {
-            over.push(format!("lease {lease:?}, above --max-lease {max:?}"));
+            over.push(format!(
+                "lease {}, above --max-lease {}",
+                Human(lease),
+                Human(max)
+            ));
         }
         if let Some(max) = self.max_gap().filter(|m| gap > *m) {
-            over.push(format!("fencing gap {gap:?}, above --max-gap {max:?}"));
+            over.push(format!(
+                "fencing gap {}, above --max-gap {}",
+                Human(gap),
+                Human(max)
+            ));
         }
         (!over.is_empty()).then(|| {
             format!(
@@ -716,15 +771,15 @@ mod tests {
         c.confirm = 1;
         let e = c.validate().unwrap_err().to_string();
         assert!(
-            e.starts_with("--emergency-timeout 1.5s exceeds the budget"),
+            e.starts_with("--emergency-timeout 1.5 s exceeds the budget"),
             "{e}"
         );
-        assert!(e.contains("= 930ms"), "{e}");
+        assert!(e.contains("= 930 ms"), "{e}");
         c.confirm = 2;
         c.healthcheck_timeout = Some(Duration::from_millis(700));
         let e = c.validate().unwrap_err().to_string();
         assert!(
-            e.starts_with("--healthcheck-timeout (700ms) + --store-timeout (400ms)"),
+            e.starts_with("--healthcheck-timeout (700 ms) + --store-timeout (400 ms)"),
             "{e}"
         );
     }
@@ -737,7 +792,7 @@ mod tests {
         };
         assert_eq!(
             c.validate().unwrap_err().to_string(),
-            "--max-gap (1s) is shorter than this node's own fencing gap G = C·R = 2s"
+            "--max-gap (1 s) is shorter than this node's own fencing gap G = C·R = 2 s"
         );
         c.max_gap = Some(Duration::from_secs(5));
         c.max_lease = Some(Duration::from_secs(30));
@@ -754,12 +809,56 @@ mod tests {
         let w = t
             .advertised_timing_warning(Duration::from_secs(10), Duration::from_secs(8))
             .unwrap();
-        assert!(w.contains("fencing gap 8s, above --max-gap 5s"), "{w}");
+        assert!(w.contains("fencing gap 8 s, above --max-gap 5 s"), "{w}");
         assert!(t
             .advertised_timing_warning(Duration::from_secs(10), Duration::from_secs(2))
             .is_none());
         let plain = TimingConfig::default().validate().unwrap();
         assert_eq!(plain.gap_unknown(), plain.gap());
+    }
+
+    /// r52: the refusal printed `126.09374ms` (Debug) for people and as
+    /// the value to pass: now three significant digits for what was
+    /// measured and a rounded-up flag value for what to pass.
+    #[test]
+    fn r52_store_refusals_print_durations_for_people() {
+        let fast = TimingConfig {
+            renew: Duration::from_millis(100),
+            failures: 3,
+            confirm: 1,
+            ..TimingConfig::default()
+        }
+        .validate()
+        .unwrap();
+        let facts = StoreFacts {
+            p99_cas: Some(Duration::from_nanos(12_609_374)),
+            replicated: false,
+        };
+        let e = fast.check_store(&facts).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--renew (100 ms) must be at least ten times the store's p99 compare-and-swap \
+             latency (12.6 ms); use --renew 130ms or more"
+        );
+        assert!(matches!(
+            e,
+            TimingError::RenewTooShortForStore { suggest, .. } if suggest == Duration::from_millis(130)
+        ));
+        let ms = Duration::from_millis;
+        let up = |d: Duration| FlagValue(round_up_for_flag(d)).to_string();
+        assert_eq!(up(Duration::from_nanos(126_093_740)), "130ms");
+        assert_eq!(up(ms(100)), "100ms");
+        assert_eq!(up(Duration::from_micros(99_100)), "100ms");
+        assert_eq!(up(ms(1261)), "1300ms");
+        assert_eq!(up(ms(2000)), "2s");
+        assert_eq!(up(Duration::from_micros(12_600_001)), "13s");
+        assert_eq!(up(Duration::from_micros(50)), "1ms");
+        assert_eq!(up(ms(7)), "7ms");
+        // Never below what it suggests.
+        for n in [1u64, 9, 99, 101, 999, 1001, 12_345, 987_654_321] {
+            let d = Duration::from_micros(n * 37);
+            assert!(round_up_for_flag(d) >= d, "{d:?}");
+        }
     }
 
     #[test]

@@ -254,7 +254,9 @@ impl Agent {
         let mut cmd = putex_command(&spec.putex);
         if let Some((uid, gid)) = spec.user {
             use std::os::unix::process::CommandExt;
-            cmd.uid(uid).gid(gid);
+            // From its log directory: this process's may be one that user
+            // cannot enter (a checkout in a 0700 home).
+            cmd.uid(uid).gid(gid).current_dir(&spec.log_dir);
         }
         let child = cmd
             .args(["run", "--lock", &spec.lock, "--store", &spec.url])

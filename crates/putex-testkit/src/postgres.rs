@@ -16,8 +16,18 @@
 //! the recipe's hooks (`packaging/postgresql/putex-pg`): the first holder
 //! starts `n1` as the primary, the others follow it as replicas.
 //! Dropping the cluster stops every server (`immediate`) and removes it.
+//!
+//! What the `postgres` user runs comes from the cluster's directory, not
+//! from the checkout: a checkout in a directory other users cannot enter
+//! (a 0700 home, common for root) left it unable to start `target/…/putex`
+//! or read the recipe's hooks ("start putex run: Permission denied").
+//! [`PgCluster::runnable`] links or copies the binary into `bin/` there,
+//! the hook script is copied at creation, and both are checked as that
+//! user; a directory it cannot enter at all fails the test at once, saying
+//! which and why.
 
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -132,6 +142,9 @@ impl PgNode {
 /// A primary and its replicas, created stopped.
 pub struct PgCluster {
     dir: tempfile::TempDir,
+    /// The recipe's hook script as the cluster's user runs it (a copy in
+    /// the cluster's directory when that user is another).
+    hooks: PathBuf,
     /// PostgreSQL's programs.
     pub bin: PathBuf,
     /// The nodes; `n1` is the first primary.
@@ -180,6 +193,21 @@ impl PgCluster {
                 .expect("give the cluster's directory to postgres");
             }
         }
+        if let Some(user) = user {
+            user_can(user, "-w", dir.path());
+        }
+        let hooks = match user {
+            Some(user) => {
+                let bin = staging_dir(dir.path());
+                let to = bin.join("putex-pg");
+                std::fs::copy(putex_pg_script(), &to).expect("copy the recipe's hooks");
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod the recipe's hooks");
+                user_can(user, "-r", &to);
+                to
+            }
+            None => putex_pg_script(),
+        };
         let nodes: Vec<PgNode> = (1..=n)
             .map(|i| PgNode {
                 name: format!("n{i}"),
@@ -190,6 +218,7 @@ impl PgCluster {
             .collect();
         let cluster = PgCluster {
             dir,
+            hooks,
             bin,
             nodes,
             user,
@@ -266,6 +295,31 @@ impl PgCluster {
         self.dir.path()
     }
 
+    /// `program` (the built `putex`) where the cluster's user can run it:
+    /// itself when that user is this one, else a hard link in the
+    /// cluster's `bin/` (a copy, mode 0755, when a link cannot be made or
+    /// the file is not executable by others), checked as that user.
+    pub fn runnable(&self, program: &Path) -> PathBuf {
+        let Some(user) = self.user else {
+            return program.to_owned();
+        };
+        let name = program.file_name().expect("a program's file name");
+        let to = staging_dir(self.dir()).join(name);
+        if !to.exists() {
+            let open_to_all = std::fs::metadata(program)
+                .map(|m| m.permissions().mode() & 0o005 == 0o005)
+                .unwrap_or(false);
+            if !open_to_all || std::fs::hard_link(program, &to).is_err() {
+                std::fs::copy(program, &to)
+                    .unwrap_or_else(|e| panic!("copy {} for postgres: {e}", program.display()));
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod the copy");
+            }
+        }
+        user_can(user, "-x", &to);
+        to
+    }
+
     /// A command for one of PostgreSQL's programs, run as the cluster's user.
     pub fn pg(&self, program: &str) -> Command {
         let mut cmd = Command::new(self.bin.join(program));
@@ -274,10 +328,11 @@ impl PgCluster {
     }
 
     /// Makes `cmd` run as the cluster's user, with the cluster's directory as
-    /// its home.
+    /// its home and its working directory (this process's may be one that
+    /// user cannot enter).
     pub fn as_user(&self, cmd: &mut Command) {
         if let Some((uid, gid)) = self.user {
-            cmd.uid(uid).gid(gid);
+            cmd.uid(uid).gid(gid).current_dir(self.dir.path());
         }
         cmd.env("HOME", self.dir.path());
     }
@@ -365,7 +420,7 @@ impl PgCluster {
         );
         let path = bin.join("systemctl");
         std::fs::write(&path, script).expect("write the systemctl stand-in");
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
             .expect("chmod the stand-in");
         std::fs::write(self.dir().join("systemctl.log"), "").expect("systemctl.log");
         if let Some((uid, gid)) = self.user {
@@ -425,7 +480,7 @@ impl PgCluster {
     /// The `putex run` flags of the recipe for node `i`: every hook,
     /// `--advertise` and `--position`.
     pub fn hook_flags(&self, i: usize) -> Vec<String> {
-        let script = putex_pg_script();
+        let script = &self.hooks;
         let hook = |cmd: &str| {
             format!(
                 "sh {} -c {} {cmd}",
@@ -455,9 +510,11 @@ impl PgCluster {
     /// ([`PgCluster::hook_flags`]), its keeper directory and log in the
     /// cluster's directory, run as the cluster's user with that directory
     /// as its home (and the `systemctl` stand-in first on `PATH` when in
-    /// use); timing and other flags are the caller's.
+    /// use); timing and other flags are the caller's. `putex` is run from
+    /// where that user can ([`PgCluster::runnable`]).
     pub fn agent_spec(&self, putex: &Path, url: &str, i: usize) -> AgentSpec {
-        let mut spec = AgentSpec::new(putex, url, "pg", &self.nodes[i].name, self.dir())
+        let putex = self.runnable(putex);
+        let mut spec = AgentSpec::new(&putex, url, "pg", &self.nodes[i].name, self.dir())
             .args(&self.hook_flags(i))
             .env(&[("HOME", self.dir().display().to_string())])
             .run_as(self.user);
@@ -518,6 +575,57 @@ impl Drop for PgCluster {
             self.kill_server(i);
         }
     }
+}
+
+/// `bin/` in the cluster's directory, for what its user runs.
+fn staging_dir(cluster: &Path) -> PathBuf {
+    let bin = cluster.join("bin");
+    std::fs::create_dir_all(&bin).expect("the cluster's bin directory");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the cluster's bin directory");
+    bin
+}
+
+/// Checks that `user` passes `test FLAG PATH` (`-x`, `-r`, `-w`), or fails
+/// the test at once naming the first directory on the way that it cannot
+/// enter.
+fn user_can(user: (u32, u32), flag: &str, path: &Path) {
+    let ok = Command::new("test")
+        .arg(flag)
+        .arg(path)
+        .uid(user.0)
+        .gid(user.1)
+        .stdin(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return;
+    }
+    let closed = path.ancestors().skip(1).find(|dir| {
+        !Command::new("test")
+            .arg("-x")
+            .arg(dir)
+            .uid(user.0)
+            .gid(user.1)
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    let why = match closed {
+        Some(dir) => format!(
+            "it cannot enter {} (mode {:o}): set TMPDIR to a directory it can reach, \
+             e.g. TMPDIR=/tmp",
+            dir.display(),
+            std::fs::metadata(dir)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .unwrap_or(0)
+        ),
+        None => "the file's own mode forbids it".into(),
+    };
+    panic!(
+        "the postgres user (uid {}) fails `test {flag} {}`: {why}",
+        user.0,
+        path.display()
+    );
 }
 
 fn append(path: &Path, text: &str) {

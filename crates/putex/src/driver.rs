@@ -273,6 +273,13 @@ fn dispatch(
                 let op = op_name(&request.op);
                 let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
+                tracing::trace!(
+                    op,
+                    key = %key,
+                    outcome = outcome_name(&outcome),
+                    took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    "store call"
+                );
                 if let Some(metrics) = metrics {
                     metrics.store_call(op, outcome_name(&outcome), started.elapsed());
                 }

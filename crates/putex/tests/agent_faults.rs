@@ -108,6 +108,46 @@ fn ms(ns: u128) -> Duration {
     Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
 }
 
+/// How long after `fault` (a [`wall_ns`] reading) the event at `ns`
+/// happened; zero for one before it. Callers first make sure that the
+/// events they measure came after the fault ([`lapsed_before`]).
+fn after(fault: u128, ns: u128) -> Duration {
+    ms(ns.saturating_sub(fault))
+}
+
+/// `Err` when `node`'s service stopped (a stop other than the start-up
+/// one) before `fault`: the holder lapsed on its own — with R = 100 ms a
+/// loaded machine (CI runs other work alongside) can delay a renewal past
+/// T — so a test of what the fault does learns nothing from this try.
+fn lapsed_before(c: &Cluster, node: &str, fault: u128, what: &str) -> Result<(), String> {
+    match c
+        .events()
+        .iter()
+        .find(|l| l.what == "stop" && l.node == node && l.extra != "startup" && l.ns < fault)
+    {
+        Some(l) => Err(format!(
+            "{node} lapsed {:?} before the {what} ({} stop)\n{}",
+            after(l.ns, fault),
+            l.extra,
+            c.dump()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Runs `one_try` until it returns `Ok`, at most three times: a try that
+/// returns `Err` (the holder lapsed before the fault, [`lapsed_before`];
+/// nothing overlapped, every try checks that) says nothing about the fault.
+fn tries(what: &str, mut one_try: impl FnMut() -> Result<(), String>) {
+    for attempt in 1..=3 {
+        match one_try() {
+            Ok(()) => return,
+            Err(why) => eprintln!("try {attempt}: {why}; trying again"),
+        }
+    }
+    panic!("the holder lapsed before the {what} in three tries: the machine is too loaded");
+}
+
 /// A test's agents, events file and health control directory.
 struct Cluster {
     dir: tempfile::TempDir,
@@ -307,13 +347,19 @@ on_nats_and_etcd!(
 );
 
 fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
+    tries("checks failed", || k_failed_try(server));
+}
+
+/// One try of the step-down test; `Err` when the holder lapsed before its
+/// checks began to fail.
+fn k_failed_try(server: &dyn StoreServer) -> Result<(), String> {
     let mut c = Cluster::new(&server.url());
     // K = 2 < F = 3. With K = F the K-th failed check races the licence: the
     // holder skipped K − 1 renewals, so its licence ends just as the K-th
     // check is due, and it often lapses (an emergency stop, no release)
     // instead of stepping down.
     let extra = ["--start-grace", "0s", "--unhealthy", "2"];
-    c.steady(("n1", None), &["n2", "n3"], &extra);
+    c.try_steady(("n1", None), &["n2", "n3"], &extra)?;
 
     let sick = wall_ns();
     c.set_health("n1", "sick");
@@ -323,6 +369,7 @@ fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
         c.dump()
     );
     std::thread::sleep(R * 3);
+    lapsed_before(&c, "n1", sick, "checks failed")?;
     let all = c.events();
     let stop = all
         .iter()
@@ -330,7 +377,7 @@ fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
         .expect("n1 stopped")
         .clone();
     let next = c.starts()[1].clone();
-    let detect = ms(stop.ns - sick);
+    let detect = after(sick, stop.ns);
     let handover = ms(next.ns.saturating_sub(stop.ns));
     eprintln!(
         "K = 2 failed checks → graceful stop after {detect:?}; next start {handover:?} later"
@@ -358,6 +405,7 @@ fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
     // The unhealthy node stays up as a standby.
     assert!(c.agents[0].child.try_wait().unwrap().is_none(), "{log}");
     c.maybe_dump();
+    Ok(())
 }
 
 on_nats_and_etcd!(
@@ -682,17 +730,7 @@ on_nats_and_etcd!(
 );
 
 fn the_holder_cut_off_from_the_store_stops_before_anyone_starts(server: &dyn StoreServer) {
-    // With R = 100 ms a loaded machine (CI runs other tests alongside) can
-    // delay a renewal past T, and the holder lapses on its own before the
-    // cut: safely (every try checks that nothing overlapped), but such a try
-    // says nothing about the cut, so it runs again, at most three times.
-    for attempt in 1..=3 {
-        match cut_off_try(server) {
-            Ok(()) => return,
-            Err(why) => eprintln!("try {attempt}: {why}; trying again"),
-        }
-    }
-    panic!("the holder lapsed before the cut in three tries: the machine is too loaded");
+    tries("cut", || cut_off_try(server));
 }
 
 /// One try of the cut-off test; `Err` when the holder lapsed before the cut.
@@ -714,12 +752,7 @@ fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
     std::thread::sleep(R);
     let all = c.events();
     assert_no_overlap(&all, &[], &c.dump());
-    if all
-        .iter()
-        .any(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup" && l.ns < cut)
-    {
-        return Err(format!("n1 lapsed before the cut\n{}", c.dump()));
-    }
+    lapsed_before(&c, "n1", cut, "cut")?;
     let stop = all
         .iter()
         .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
@@ -729,9 +762,9 @@ fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
     eprintln!(
         "cut off: n1 stopped ({}) {:?} after the cut; {} started {:?} after the cut",
         stop.extra,
-        ms(stop.ns - cut),
+        after(cut, stop.ns),
         next.node,
-        ms(next.ns - cut)
+        after(cut, next.ns)
     );
     assert!(
         stop.ns < next.ns,
@@ -740,9 +773,9 @@ fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
     );
     // Its licence ended at most T after its last renewal, sent before the cut.
     assert!(
-        ms(stop.ns - cut) <= T + HOOK_SLACK,
+        after(cut, stop.ns) <= T + HOOK_SLACK,
         "the isolated holder stopped {:?} after the cut\n{}",
-        ms(stop.ns - cut),
+        after(cut, stop.ns),
         c.dump()
     );
     assert_no_overlap(&all, &[], &c.dump());
@@ -863,9 +896,14 @@ on_nats_and_etcd!(
 );
 
 fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn StoreServer) {
+    tries("pause", || store_pause_try(server));
+}
+
+/// One try of the pause test; `Err` when the holder lapsed before the pause.
+fn store_pause_try(server: &dyn StoreServer) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
-    c.steady(("n1", None), &["n2", "n3"], &[]);
+    c.try_steady(("n1", None), &["n2", "n3"], &[])?;
     let paused = wall_ns();
     server.pause();
     std::thread::sleep(T * 3);
@@ -874,6 +912,7 @@ fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn St
         .into_iter()
         .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup");
     server.resume();
+    lapsed_before(&c, "n1", paused, "pause")?;
     let stop = stopped_by_then.unwrap_or_else(|| {
         panic!(
             "the holder did not lapse while the store was paused\n{}",
@@ -883,12 +922,12 @@ fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn St
     eprintln!(
         "store paused for 3 T: n1 stopped ({}) {:?} after the pause began",
         stop.extra,
-        ms(stop.ns - paused)
+        after(paused, stop.ns)
     );
     assert!(
-        ms(stop.ns - paused) <= T + HOOK_SLACK,
+        after(paused, stop.ns) <= T + HOOK_SLACK,
         "n1 stopped {:?} after the pause began\n{}",
-        ms(stop.ns - paused),
+        after(paused, stop.ns),
         c.dump()
     );
     assert_one_active_and_stable(&c, Duration::from_secs(5) + bound_for(&url));
@@ -902,6 +941,7 @@ fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn St
     );
     assert_no_overlap(&all, &[], &c.dump());
     c.maybe_dump();
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -912,10 +952,23 @@ on_nats_and_etcd!(
     a_frozen_agent_is_covered_by_its_keeper
 );
 
+/// What it measures: SIGSTOP of the holder's agent (not of its keeper or
+/// service) at `frozen`; the keeper alone must stop the service by the
+/// licence's end, at most T after the freeze (its deadline is the last
+/// renewal's send time + T, and that renewal was sent before the freeze),
+/// and before anyone else starts it. A stop from before the freeze is no
+/// keeper's work: the holder lapsed on its own, and the test tries again
+/// (it once took that stop for the keeper's and underflowed computing
+/// "stop − freeze").
 fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+    tries("freeze", || frozen_agent_try(server));
+}
+
+/// One try of the freeze test; `Err` when the holder lapsed before it.
+fn frozen_agent_try(server: &dyn StoreServer) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
-    c.steady(("n1", None), &["n2", "n3"], &[]);
+    c.try_steady(("n1", None), &["n2", "n3"], &[])?;
     let pid = Pid::from_raw(c.agent("n1").pid());
     let frozen = wall_ns();
     kill(pid, Signal::SIGSTOP).unwrap();
@@ -927,6 +980,7 @@ fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
     });
     let during = c.events();
     kill(pid, Signal::SIGCONT).unwrap();
+    lapsed_before(&c, "n1", frozen, "freeze")?;
     let stop = during
         .iter()
         .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
@@ -936,14 +990,14 @@ fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
     eprintln!(
         "agent frozen: the keeper stopped the service ({}) {:?} after SIGSTOP; next start {:?} after it",
         stop.extra,
-        ms(stop.ns - frozen),
-        next.map(|n| ms(n.ns - frozen))
+        after(frozen, stop.ns),
+        next.map(|n| after(frozen, n.ns))
     );
     assert_eq!(stop.extra, "emergency", "{}", c.dump());
     assert!(
-        ms(stop.ns - frozen) <= T + HOOK_SLACK,
+        after(frozen, stop.ns) <= T + HOOK_SLACK,
         "the keeper stopped {:?} after the freeze\n{}",
-        ms(stop.ns - frozen),
+        after(frozen, stop.ns),
         c.dump()
     );
     let next = next.unwrap_or_else(|| panic!("nobody took over within 2 B\n{}", c.dump()));
@@ -959,6 +1013,7 @@ fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
     assert_eq!(c.running(), vec![next.node.clone()], "{}", c.dump());
     assert_no_overlap(&c.events(), &[], &c.dump());
     c.maybe_dump();
+    Ok(())
 }
 
 on_nats_and_etcd!(
@@ -967,9 +1022,14 @@ on_nats_and_etcd!(
 );
 
 fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+    tries("kill", || killed_agent_try(server));
+}
+
+/// One try of the kill test; `Err` when the holder lapsed before the kill.
+fn killed_agent_try(server: &dyn StoreServer) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
-    c.steady(("n1", None), &["n2", "n3"], &[]);
+    c.try_steady(("n1", None), &["n2", "n3"], &[])?;
     // kill -9 of the agent alone: its keeper and service live on, and
     // nothing restarts the agent.
     let killed = wall_ns();
@@ -979,6 +1039,7 @@ fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
             .iter()
             .any(|l| l.what == "start" && l.node != "n1")
     });
+    lapsed_before(&c, "n1", killed, "kill")?;
     let lines = c.events();
     let stop = lines
         .iter()
@@ -993,14 +1054,14 @@ fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
     eprintln!(
         "agent killed: the keeper stopped the service ({}) {:?} after the kill; next start {:?} after it",
         stop.extra,
-        ms(stop.ns - killed),
-        ms(next.ns - killed)
+        after(killed, stop.ns),
+        after(killed, next.ns)
     );
     assert_eq!(stop.extra, "emergency", "{}", c.dump());
     assert!(
-        ms(stop.ns - killed) <= T + HOOK_SLACK,
+        after(killed, stop.ns) <= T + HOOK_SLACK,
         "the keeper stopped {:?} after the kill\n{}",
-        ms(stop.ns - killed),
+        after(killed, stop.ns),
         c.dump()
     );
     assert!(
@@ -1010,6 +1071,7 @@ fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
     );
     assert_no_overlap(&lines, &[], &c.dump());
     c.maybe_dump();
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ mod agent_lib;
 mod cli_docs;
 mod cli_env;
 mod common;
+mod demo;
 mod fuzz;
 mod gateway;
 mod history;

@@ -51,9 +51,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use putex_core::time::Human;
-use putex_core::{
-    Agent, AgentConfig, ExitReason, Identity, Instant, PreviousInstance, StopKind, TimingError,
-};
+use putex_core::{Agent, AgentConfig, ExitReason, Identity, Instant, PreviousInstance, StopKind};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
@@ -79,7 +77,7 @@ use crate::identity;
 use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::store::keys;
-use crate::store::measure::{measure_store, MeasureError};
+use crate::store::measure::{measure_store, MeasureError, StoreCheckError};
 use crate::store::{AnyStore, Store, StoreError};
 use crate::supervision::hooks::HookRunner;
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
@@ -126,9 +124,10 @@ pub enum AgentError {
     /// Measuring the store failed.
     #[error(transparent)]
     Measure(#[from] MeasureError),
-    /// The timing does not suit the store (measured p99, replication).
+    /// The timing does not suit the store (measured p99, replication): the
+    /// rule broken and how the store was measured.
     #[error(transparent)]
-    Timing(#[from] TimingError),
+    Timing(#[from] StoreCheckError),
     /// The settings name no lock (`check` settings, not `run` ones).
     #[error("no lock to run for (--lock)")]
     NoLock,
@@ -229,7 +228,7 @@ pub async fn run(
         Some(settings.timing.renew()),
     )
     .await?;
-    settings.timing.check_store(&m.facts)?;
+    m.check(&settings.timing)?;
     tracing::info!(
         store = %settings.store,
         replicas = m.replicas,

@@ -1,7 +1,9 @@
 //! `putex demo`: three agents on a temporary SQLite store, a host crash, the
 //! failover measured against its bound.
 //!
-//! The demo starts three `putex run` processes of this binary (nodes
+//! The demo's directory (store, logs, markers) is in memory (`/dev/shm`)
+//! unless `TMPDIR` says otherwise ([`demo_dir`]). The demo starts three
+//! `putex run` processes of this binary (nodes
 //! `node-1`…`node-3`, fast timing R = 100 ms, F = 3, C = 1) in child mode
 //! with a trivial service that leaves a marker file when it starts. It waits
 //! for one to be active, then crashes that "host": SIGKILL of the agent, its
@@ -9,6 +11,14 @@
 //! measured failover time and the bound B = W + G' + three store round trips
 //! from the timeline, and stops the survivors with SIGTERM (graceful stop,
 //! release).
+//!
+//! An agent that exits on its own (a refused start, a crash) ends the demo
+//! at once with its last log lines; on any failure the temporary directory
+//! (store and logs) is kept and named, as with `--keep`. A node counts as
+//! active while its service runs (its marker names a live pid). Two at
+//! once fail the demo; a holder that lapses on a busy machine (its service
+//! stopped first, a standby takes over after W + G) is reported, and the
+//! crash goes to whoever is active then.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -27,7 +37,8 @@ use crate::supervision::process::pids_matching;
 /// `putex demo` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {
-    /// Keep the temporary directory (store, logs) afterwards.
+    /// Keep the temporary directory (store, logs) after a run that
+    /// succeeded too; a run that failed always keeps it.
     #[arg(long)]
     pub keep: bool,
 }
@@ -39,51 +50,130 @@ struct Node {
     name: &'static str,
     child: tokio::process::Child,
     keeper_dir: PathBuf,
+    /// Killed on purpose (the host crash): its exit is no failure.
+    crashed: bool,
+}
+
+/// How many lines of a failed agent's log the demo shows.
+const LOG_TAIL: usize = 8;
+
+/// The last [`LOG_TAIL`] lines of `node`'s log, indented.
+fn log_tail(dir: &Path, node: &str) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("{node}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+    if tail.is_empty() {
+        return "  (its log is empty)".into();
+    }
+    tail.iter()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An error for the first agent (not crashed on purpose) that has exited:
+/// how it ended and its last log lines.
+fn exited(dir: &Path, nodes: &mut [Node]) -> Option<CliError> {
+    for n in nodes.iter_mut().filter(|n| !n.crashed) {
+        if let Ok(Some(status)) = n.child.try_wait() {
+            return Some(other(format!(
+                "{}'s agent exited ({status}); the end of {}:\n{}",
+                n.name,
+                dir.join(format!("{}.log", n.name)).display(),
+                log_tail(dir, n.name)
+            )));
+        }
+    }
+    None
 }
 
 fn other(e: impl std::fmt::Display) -> CliError {
     CliError::Other(format!("demo: {e}"))
 }
 
-/// The service markers present: (node, service pid).
+/// The services running: (node, service pid) of each marker whose service
+/// still runs. A service leaves its marker when it starts and none when it
+/// is stopped (a lapse's emergency stop), so a marker alone says only that
+/// the node was active once.
 fn markers(dir: &Path) -> Vec<(String, i32)> {
     let mut out = Vec::new();
     for n in NODES {
         if let Ok(s) = std::fs::read_to_string(dir.join(format!("active-{n}"))) {
             if let Ok(pid) = s.trim().parse() {
-                out.push((n.to_string(), pid));
+                if running(pid) {
+                    out.push((n.to_string(), pid));
+                }
             }
         }
     }
     out
 }
 
-/// Waits until a node other than `except` has a marker; returns it and when.
+/// Whether `pid` runs (exists and is no zombie).
+fn running(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| Some(s[s.rfind(')')? + 2..].starts_with('Z')))
+            .is_some_and(|zombie| !zombie)
+}
+
+/// Waits until a node other than `except` has a marker: `Ok` with it and
+/// when, or `Ok(None)` after `within`. An agent that exits meanwhile ends
+/// the wait at once: `Err` with its last log lines.
 async fn wait_active(
     dir: &Path,
+    nodes: &mut [Node],
     except: Option<&str>,
     within: Duration,
-) -> Option<(String, i32, Instant)> {
+) -> Result<Option<(String, i32, Instant)>, CliError> {
     let until = Instant::now() + within;
     while Instant::now() < until {
         if let Some((n, pid)) = markers(dir)
             .into_iter()
             .find(|(n, _)| Some(n.as_str()) != except)
         {
-            return Some((n, pid, Instant::now()));
+            return Ok(Some((n, pid, Instant::now())));
+        }
+        if let Some(e) = exited(dir, nodes) {
+            return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    None
+    Ok(None)
+}
+
+/// Where the shared memory is, for the demo's throwaway store.
+const SHM: &str = "/dev/shm";
+
+/// Makes the demo's directory, `putex-demo-PID`: under `$TMPDIR` when it is
+/// set, else in memory (`/dev/shm`) when there is one, else in the
+/// system's temporary directory. A throwaway store gains nothing from
+/// `fsync`, and on a busy disk one `fsync` can outlast the 40 ms a renewal
+/// has at R = 100 ms (2–4 s were seen beside other builds): on `/tmp` the
+/// demo's holders lapsed one after another, each stopping its service and
+/// a standby taking over, while the store was the disk's.
+fn demo_dir() -> Result<PathBuf, CliError> {
+    let name = format!("putex-demo-{}", std::process::id());
+    let tmpdir_set = std::env::var_os("TMPDIR").is_some_and(|v| !v.is_empty());
+    if !tmpdir_set {
+        let dir = Path::new(SHM).join(&name);
+        if std::fs::create_dir_all(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    let dir = std::env::temp_dir().join(name);
+    std::fs::create_dir_all(&dir).map_err(other)?;
+    Ok(dir)
 }
 
 /// `putex demo`.
 pub async fn run(args: &DemoArgs) -> Result<(), CliError> {
-    let dir = std::env::temp_dir().join(format!("putex-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(other)?;
+    let dir = demo_dir()?;
     let result = demo(&dir).await;
-    if args.keep {
-        println!("kept {}", dir.display());
+    if args.keep || result.is_err() {
+        // A failure's evidence stays, whatever was asked.
+        eprintln!("kept {} (the store and the agents' logs)", dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -162,6 +252,7 @@ async fn demo(dir: &Path) -> Result<(), CliError> {
             name,
             child,
             keeper_dir,
+            crashed: false,
         });
     }
     println!(
@@ -201,17 +292,56 @@ async fn crash_and_fail_over(
     timeline: &putex_core::Timeline,
     stamp: &impl Fn(Instant) -> String,
 ) -> Result<(), CliError> {
-    let Some((first, service_pid, at)) = wait_active(dir, None, Duration::from_secs(15)).await
+    let Some((first, service_pid, at)) =
+        wait_active(dir, nodes, None, Duration::from_secs(15)).await?
     else {
-        return Err(other("no agent became active within 15 s; see the logs"));
+        return Err(other(format!(
+            "no agent became active within 15 s; the agents' logs are {}/node-*.log",
+            dir.display()
+        )));
     };
     println!("{} {first} active", stamp(at));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let active_now: Vec<String> = markers(dir).into_iter().map(|(n, _)| n).collect();
-    if active_now.len() != 1 {
-        return Err(other(format!(
-            "expected exactly one active node, found {active_now:?}"
-        )));
+    // A second of steady state, watched: never two services at once. A
+    // holder may lapse meanwhile on a busy machine (a renewal that misses
+    // its licence T = 300 ms): it stops its service first, and a standby
+    // takes over no earlier than W + G later. That is the rules at work,
+    // not a failure; the demo says so and goes on with the new holder.
+    // The second starts again with each new holder, for at most 10 s.
+    let (mut first, mut service_pid) = (first, service_pid);
+    let mut steady_until = Instant::now() + Duration::from_secs(1);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < steady_until {
+        if Instant::now() >= give_up {
+            return Err(other(format!(
+                "no holder stayed active for a second in 10 s (each lapsed: this machine is too \
+                 busy for R = 100 ms); the agents' logs are {}/node-*.log",
+                dir.display()
+            )));
+        }
+        if let Some(e) = exited(dir, nodes) {
+            return Err(e);
+        }
+        match markers(dir).as_slice() {
+            // Between a lapse and the takeover: not steady yet.
+            [] => steady_until = Instant::now() + Duration::from_secs(1),
+            [(n, _)] if *n == first => {}
+            [(n, pid)] => {
+                println!(
+                    "{} {n} active: {first} lapsed (no renewal within its licence T on this busy \
+                     machine) and stopped its service first",
+                    stamp(Instant::now())
+                );
+                (first, service_pid) = (n.clone(), *pid);
+                steady_until = Instant::now() + Duration::from_secs(1);
+            }
+            two => {
+                return Err(other(format!(
+                    "two services ran at once: {two:?}; the agents' logs are {}/node-*.log",
+                    dir.display()
+                )))
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     println!(
         "{} steady: exactly one active ({first}), two standing by",
@@ -225,6 +355,7 @@ async fn crash_and_fail_over(
         .expect("the active node is one of ours");
     let keeper_pids = pids_matching(&node.keeper_dir.display().to_string());
     let agent_pid = node.child.id().map(|p| p as i32);
+    node.crashed = true;
     let _ = std::fs::remove_file(dir.join(format!("active-{first}")));
     for pid in agent_pid
         .into_iter()
@@ -241,10 +372,11 @@ async fn crash_and_fail_over(
     );
 
     let within = timeline.crash_failover * 3 + Duration::from_secs(2);
-    let Some((second, _, at)) = wait_active(dir, Some(&first), within).await else {
+    let Some((second, _, at)) = wait_active(dir, nodes, Some(&first), within).await? else {
         return Err(other(format!(
-            "no standby took over within {}",
-            Human(within)
+            "no standby took over within {}; the agents' logs are {}/node-*.log",
+            Human(within),
+            dir.display()
         )));
     };
     let took = at.saturating_duration_since(crashed);

@@ -20,12 +20,21 @@
 //!   counts as infinitely old (`docs/stores.md`).
 //! - **Group commit**: writes that queue while the connection is busy commit
 //!   together, one transaction and one fsync for all, each still its own
-//!   compare-and-swap in queue order (`SqliteStore::write`).
+//!   compare-and-swap in queue order (`SqliteStore::write`). The batch is
+//!   taken once SQLite's write lock is won, which another process's commit
+//!   can hold for seconds on a busy disk: writes whose callers gave up
+//!   meanwhile are left out, writes queued meanwhile join.
+//! - **Reads** (`get`, a watch's catch-up) use a read-only connection of
+//!   their own, so they never queue behind this handle's writes.
 //! - **Watch**: one feed per handle reads the rows above the last seen
 //!   revision when this handle wrote, when another process wrote (inotify
 //!   on the `-wal` file) and every [`WATCH_POLL`]. The table keeps only the
 //!   latest change per key (deletes as markers), so a watcher may see
 //!   several quick changes of one key as its latest.
+//! - **Measurements take turns**: the start-up measurement of the store's
+//!   compare-and-swaps ([`crate::store::measure`]) holds an exclusive
+//!   `flock` on `<database>-measure` ([`SqliteStore::measurement_turn`]),
+//!   so processes started together do not time each other's writes.
 //! - Every blocking call runs in [`tokio::task::spawn_blocking`]; a call
 //!   that outlives its deadline is reported unknown and may still commit.
 //! - **The file deleted or replaced under a handle**: SQLite keeps using the
@@ -88,6 +97,22 @@ fn busy_wait(tries: i32) -> bool {
     true
 }
 
+/// How long [`SqliteStore::measurement_turn`] waits for another process's
+/// measurement to end before measuring anyway.
+const TURN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How often [`SqliteStore::measurement_turn`] looks whether the turn is
+/// free.
+const TURN_POLL: Duration = Duration::from_millis(5);
+
+/// This process's turn to measure the store alone
+/// ([`SqliteStore::measurement_turn`]); dropping it (or the process
+/// ending) passes the turn on.
+#[derive(Debug)]
+pub struct MeasurementTurn {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
 /// A handle on the embedded store; clones share one connection.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
@@ -98,8 +123,12 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     epoch: u64,
-    /// The connection for reads and writes; the watch feed opens its own.
+    /// The connection for writes; the watch feed opens its own.
     conn: Arc<Mutex<Connection>>,
+    /// A read-only connection for reads ([`SqliteStore::reading`]): a read
+    /// never queues behind this handle's writes, which may wait seconds for
+    /// SQLite's write lock while another process commits.
+    reader: Arc<Mutex<Connection>>,
     /// The files the connection opened, checked around every call.
     files: Arc<Files>,
     /// Every watch on this handle, fed by one poller ([`feed`]).
@@ -434,6 +463,14 @@ impl SqliteStore {
             })
             .map_err(|e| cfg("cannot read the epoch", &e))?;
         tx.commit().map_err(|e| cfg("cannot initialise", &e))?;
+        let mut reader = Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| cfg("cannot open for reading", &e))?;
+        reader
+            .busy_handler(Some(busy_wait))
+            .map_err(|e| cfg("busy handler", &e))?;
         // The connection has the database, its -wal and its -shm open now.
         // A file that was there before must still be the one (else it was
         // replaced while opening, and the connection may have the old one).
@@ -451,6 +488,7 @@ impl SqliteStore {
                 path,
                 epoch: from_i64(epoch),
                 conn: Arc::new(Mutex::new(conn)),
+                reader: Arc::new(Mutex::new(reader)),
                 files: Arc::new(files),
                 hub: Hub::new(),
                 starting: tokio::sync::Mutex::new(()),
@@ -460,6 +498,47 @@ impl SqliteStore {
                 commits: std::sync::atomic::AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Waits for this process's turn to time compare-and-swaps on the
+    /// store ([`crate::store::measure`]): an exclusive `flock` on the file
+    /// `<database>-measure` beside it, so that processes started together
+    /// measure one after another instead of timing each other's writes (its
+    /// writers queue for one file lock). Waits at most [`TURN_PATIENCE`]
+    /// (a measurement takes well under a second); `None` when the turn
+    /// could not be had, and the caller measures anyway.
+    pub async fn measurement_turn(&self) -> Option<MeasurementTurn> {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = with_suffix(&self.inner.path, "-measure");
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            // Another user's file: a lock needs no write access.
+            .or_else(|_| std::fs::File::open(&path));
+        let mut file = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "no measurement turn");
+                return None;
+            }
+        };
+        let began = tokio::time::Instant::now();
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Some(MeasurementTurn { _lock: lock }),
+                Err((f, nix::errno::Errno::EWOULDBLOCK)) if began.elapsed() < TURN_PATIENCE => {
+                    file = f;
+                    tokio::time::sleep(TURN_POLL).await;
+                }
+                Err((_, e)) => {
+                    tracing::debug!(path = %path.display(), error = %e, "no measurement turn");
+                    return None;
+                }
+            }
+        }
     }
 
     /// The database file this handle opened, as given to
@@ -522,14 +601,39 @@ impl SqliteStore {
         .await
     }
 
+    /// Runs a read on the read-only connection, within the deadline,
+    /// checking after it that the files are still in place. It sees every
+    /// write committed before it began, this handle's own included (they
+    /// are answered only once committed): WAL readers never wait for a
+    /// writer.
+    async fn reading<T: Send + 'static>(
+        &self,
+        op: Op,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let files = self.inner.files.clone();
+        on_conn(
+            self.inner.reader.clone(),
+            op,
+            key,
+            timeout,
+            checked(files, op, key, f),
+        )
+        .await
+    }
+
     /// One write: queued, then committed by whichever call takes the
     /// connection next — this one, or another already waiting — together
     /// with every write queued by then, in one transaction (group commit:
     /// a thousand leases renewing at once cost a few fsyncs, not a
     /// thousand). Each write in the batch is its own compare-and-swap,
     /// decided in queue order against what the writes before it left, so
-    /// one write's conflict does not touch the others. A write whose caller
-    /// gave up before its batch began is left out: it never lands late.
+    /// one write's conflict does not touch the others. The batch is what is
+    /// queued once SQLite's write lock is won ([`commit_queued`]): a write
+    /// whose caller gave up before then is left out (it never lands late),
+    /// and one queued while the lock was awaited joins.
     async fn write(
         &self,
         op: Op,
@@ -588,11 +692,10 @@ impl SqliteStore {
                 biased;
                 r = &mut answer => return r.unwrap_or_else(|_| Err(lost(key))),
                 mut conn = inner.conn.clone().lock_owned() => {
-                    let batch = std::mem::take(&mut *inner.queued.lock());
-                    if !batch.is_empty() {
+                    if !inner.queued.lock().is_empty() {
                         let handle = inner.clone();
                         let committed = tokio::task::spawn_blocking(move || {
-                            commit_batch(&mut conn, &handle, batch)
+                            commit_queued(&mut conn, &handle)
                         })
                         .await
                         .unwrap_or(false);
@@ -608,29 +711,47 @@ impl SqliteStore {
     }
 }
 
-/// Commits `batch` in one `BEGIN IMMEDIATE` transaction: each write checks
-/// its own expectation (a conflict leaves the rest alone), takes the next
-/// revision and the store time, and every caller hears its outcome once
-/// the commit and the check of the files are done. Any other failure is
-/// every write's: unknown (or a configuration error), nothing committed
+/// Takes SQLite's write lock (`BEGIN IMMEDIATE`, waiting in the busy
+/// handler while another connection writes), then commits every write
+/// queued by then in that one transaction: each write checks its own
+/// expectation (a conflict leaves the rest alone), takes the next revision
+/// and the store time, and every caller hears its outcome once the commit
+/// and the check of the files are done. Any other failure is every
+/// queued write's: unknown (or a configuration error), nothing committed
 /// that anyone is told of as done. Returns whether anything was written.
-fn commit_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Queued>) -> bool {
-    // Callers that gave up before the batch began (their deadline passed):
+///
+/// The queue is taken only once the lock is won, not before the wait for
+/// it: another process's commit can hold the lock for seconds (its `fsync`
+/// behind other writes to a busy disk: 2 s and 4 s were seen), and a write
+/// whose caller gave up meanwhile must not commit — its caller heard
+/// "unknown" and has sent a fresher one (a renewal), which would otherwise
+/// wait for a second turn at the lock and a second `fsync` behind it. Taken
+/// after the wait, the stale write is left out and the fresh one lands in
+/// the first transaction.
+fn commit_queued(conn: &mut Connection, inner: &Inner) -> bool {
+    let began = std::time::Instant::now();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate);
+    let locked = began.elapsed();
+    // Callers that gave up before the lock was won (their deadline passed):
     // left out, so a write that timed out never lands late.
-    let batch: Vec<Queued> = batch.into_iter().filter(|q| !q.reply.is_closed()).collect();
-    if batch.is_empty() {
-        return false;
-    }
+    let batch: Vec<Queued> = std::mem::take(&mut *inner.queued.lock())
+        .into_iter()
+        .filter(|q| !q.reply.is_closed())
+        .collect();
     let fail_all = |batch: Vec<Queued>, e: &rusqlite::Error| {
         for q in batch {
             let _ = q.reply.send(Err(sql_err(q.op, &q.key, e)));
         }
         false
     };
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let tx = match tx {
         Ok(tx) => tx,
         Err(e) => return fail_all(batch, &e),
     };
+    if batch.is_empty() {
+        // Nothing left to write: the transaction ends without a commit.
+        return false;
+    }
     let mut outcomes = Vec::with_capacity(batch.len());
     for q in &batch {
         match apply(&tx, q) {
@@ -644,6 +765,12 @@ fn commit_batch(conn: &mut Connection, inner: &Inner, batch: Vec<Queued>) -> boo
     if let Err(e) = tx.commit() {
         return fail_all(batch, &e);
     }
+    tracing::trace!(
+        writes = batch.len(),
+        lock_wait_us = u64::try_from(locked.as_micros()).unwrap_or(u64::MAX),
+        commit_us = u64::try_from((began.elapsed() - locked).as_micros()).unwrap_or(u64::MAX),
+        "sqlite transaction committed"
+    );
     inner
         .commits
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -880,7 +1007,7 @@ impl Store for SqliteStore {
         validate_key(key)?;
         let epoch = self.inner.epoch;
         let k = key.to_owned();
-        self.blocking(Op::Get, key, timeout, move |conn| {
+        self.reading(Op::Get, key, timeout, move |conn| {
             let row: Option<(Option<Vec<u8>>, i64, i64, i64)> = conn
                 .prepare_cached("SELECT value, revision, era, nanos FROM kv WHERE key = ?1")
                 .and_then(|mut s| {
@@ -975,7 +1102,7 @@ impl Store for SqliteStore {
         let after = from_revision.map_or(0, |r| r.saturating_sub(1));
         let f = filter.to_owned();
         let (rows, upto) = self
-            .blocking(Op::Watch, filter, timeout, move |conn| {
+            .reading(Op::Watch, filter, timeout, move |conn| {
                 rows_since(conn, after, &f).map_err(|e| sql_err(Op::Watch, &f, &e))
             })
             .await?;

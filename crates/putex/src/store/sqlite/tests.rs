@@ -420,3 +420,125 @@ async fn retiring_a_key_forgets_its_siblings_old_tombstones() {
     s.delete("queue.s.live", live, T).await.unwrap();
     assert!(rows().contains(&"queue.s.young".to_owned()));
 }
+
+/// Measurements take turns across handles (processes, in real use): while
+/// one handle holds its turn another waits, and it gets the turn as soon
+/// as the first is done — not a poll of seconds later.
+#[tokio::test]
+async fn measurement_turns_exclude_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let a = SqliteStore::open(path.clone()).await.unwrap();
+    let b = SqliteStore::open(path.clone()).await.unwrap();
+    let first = a.measurement_turn().await.expect("a free turn");
+    assert!(with_suffix(&path, "-measure").exists());
+    let mut second = Box::pin(b.measurement_turn());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut second)
+            .await
+            .is_err(),
+        "two turns at once"
+    );
+    drop(first);
+    let got = tokio::time::timeout(Duration::from_millis(200), &mut second).await;
+    assert!(matches!(got, Ok(Some(_))), "the turn did not pass on");
+}
+
+/// Another connection holding SQLite's write lock for `hold` (a process
+/// whose commit waits for a slow `fsync`): returns once the lock is held;
+/// the thread gives it up after `hold`.
+fn hold_write_lock(path: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
+    let held = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let (path, barrier) = (path.to_owned(), held.clone());
+    let thread = std::thread::spawn(move || {
+        let mut c = Connection::open(path).unwrap();
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        barrier.wait();
+        std::thread::sleep(hold);
+        tx.commit().unwrap();
+    });
+    held.wait();
+    thread
+}
+
+/// r54: a write whose caller gave up while its transaction waited for the
+/// write lock (another process's slow commit) never lands, and a write
+/// queued meanwhile — the holder's next renewal — lands in the first
+/// transaction after the wait, not a second turn at the lock later. (The
+/// batch used to be taken before the wait: the stale write committed, and
+/// the fresh one waited for the lock and an `fsync` once more; with
+/// several processes on a busy disk a holder's renewal waited seconds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r54_a_write_given_up_while_waiting_for_the_lock_never_lands_and_the_next_joins() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    s.put("lock.before", b"x", T).await.unwrap();
+    let commits = s.inner.commits.load(Relaxed);
+    let blocker =
+        tokio::task::block_in_place(|| hold_write_lock(&path, Duration::from_millis(400)));
+    let stale = s.put("lock.stale", b"x", Duration::from_millis(50)).await;
+    assert!(
+        matches!(stale, Err(StoreError::Unknown { .. })),
+        "{stale:?}"
+    );
+    let fresh = {
+        let s = s.clone();
+        tokio::spawn(async move { s.put("lock.fresh", b"x", T).await })
+    };
+    // Both in the queue: the first transaction still waits for the lock.
+    queued(&s, 2).await;
+    let fresh = fresh.await.unwrap();
+    tokio::task::block_in_place(|| blocker.join().unwrap());
+    assert!(fresh.is_ok(), "{fresh:?}");
+    assert_eq!(
+        s.inner.commits.load(Relaxed),
+        commits + 1,
+        "one transaction"
+    );
+    assert_eq!(
+        s.get("lock.stale", ReadMode::Leader, T).await.unwrap(),
+        None
+    );
+    assert!(s
+        .get("lock.fresh", ReadMode::Leader, T)
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// r55: a read is answered while this handle's write waits for the write
+/// lock, from what was committed; once the write lands it is read. (Reads
+/// shared the writes' connection and queued behind such a write: a
+/// holder's read before its next renewal timed out for as long as another
+/// process's commit held the lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r55_a_read_does_not_wait_for_this_handles_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    let t = s.put("lock.a", b"1", T).await.unwrap();
+    let blocker =
+        tokio::task::block_in_place(|| hold_write_lock(&path, Duration::from_millis(500)));
+    let write = {
+        let s = s.clone();
+        tokio::spawn(async move { s.update("lock.a", b"2", t, T).await })
+    };
+    queued(&s, 1).await;
+    let started = std::time::Instant::now();
+    let read = s
+        .get("lock.a", ReadMode::Leader, Duration::from_millis(200))
+        .await;
+    let took = started.elapsed();
+    let entry = read.unwrap().expect("the committed record");
+    assert_eq!(entry.value, b"1");
+    assert!(took < Duration::from_millis(200), "{took:?}");
+    assert!(!write.is_finished(), "the write waits for the lock");
+    tokio::task::block_in_place(|| blocker.join().unwrap());
+    write.await.unwrap().unwrap();
+    let entry = s.get("lock.a", ReadMode::Leader, T).await.unwrap().unwrap();
+    assert_eq!(entry.value, b"2");
+}
