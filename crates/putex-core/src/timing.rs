@@ -289,7 +289,7 @@ struct FlagValue(Duration);
 impl fmt::Display for FlagValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_nanos().div_ceil(1_000_000);
-        if ms > 0 && ms % 1000 == 0 {
+        if ms > 0 && ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")

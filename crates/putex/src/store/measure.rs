@@ -86,7 +86,7 @@ impl StoreMeasurement {
             .check_store(&self.facts)
             .map_err(|rule| StoreCheckError {
                 rule,
-                measured: self.clone(),
+                measured: Box::new(self.clone()),
             })
     }
 }
@@ -123,8 +123,8 @@ impl fmt::Display for StoreMeasurement {
 pub struct StoreCheckError {
     /// The rule broken.
     pub rule: TimingError,
-    /// What was measured.
-    pub measured: StoreMeasurement,
+    /// What was measured (boxed: an error stays small to return).
+    pub measured: Box<StoreMeasurement>,
 }
 
 /// Learns the store facts: replication, and the p99 of [`CAS_SAMPLES`]
