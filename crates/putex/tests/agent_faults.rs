@@ -864,14 +864,20 @@ on_nats_and_etcd!(
 );
 
 fn a_store_pause_shorter_than_t_changes_nothing(server: &dyn StoreServer) {
+    // R = 500 ms (T = 1.5 s) and pauses of T/3: each pause outlasts a
+    // renewal's turn, so a renewal is held or times out in it, and still
+    // leaves a second of the licence for the store to answer again. With
+    // R = 100 ms the same test measured a loaded machine more than the
+    // pause (CI: the etcd holder lapsed once in a suite beside a build).
+    let t = Duration::from_millis(1500);
     let mut c = Cluster::new(&server.url());
-    c.steady(("n1", None), &["n2", "n3"], &[]);
+    c.steady(("n1", None), &["n2", "n3"], &["--renew", "500ms"]);
     let before = (c.events().len(), c.transitions());
     for _ in 0..3 {
         server.pause();
-        std::thread::sleep(T / 3);
+        std::thread::sleep(t / 3);
         server.resume();
-        std::thread::sleep(T * 2);
+        std::thread::sleep(t * 2);
     }
     std::thread::sleep(Duration::from_secs(1));
     let after = (c.events().len(), c.transitions());
