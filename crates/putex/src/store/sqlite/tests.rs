@@ -69,12 +69,12 @@ async fn a_write_waits_for_another_connections_transaction() {
     assert!(t.revision > 0);
     assert!(written >= committed, "wrote inside the other's transaction");
     let after = written - committed;
-    // One try every millisecond: the write lands a try or two after the
-    // commit (SQLite's own handler, 100 ms apart by then, about 80 ms after).
-    assert!(
-        after < Duration::from_millis(50),
-        "{after:?} after the commit"
-    );
+    // It lands soon after the commit, not when a busy timeout ends. (One
+    // try every BUSY_POLL: on a quiet machine a try or two after it, where
+    // SQLite's own handler, 100 ms apart by then, lands up to 100 ms after;
+    // a loaded machine delays the waking thread by more than that, so the
+    // fine figure is no assertion here: CI once saw 73 ms beside a sweep.)
+    assert!(after < Duration::from_secs(1), "{after:?} after the commit");
 }
 
 /// The handler gives up after about [`BUSY_TIMEOUT`] of tries.
@@ -521,8 +521,10 @@ async fn r55_a_read_does_not_wait_for_this_handles_write() {
     let path = dir.path().join("store.db");
     let s = SqliteStore::open(path.clone()).await.unwrap();
     let t = s.put("lock.a", b"1", T).await.unwrap();
-    let blocker =
-        tokio::task::block_in_place(|| hold_write_lock(&path, Duration::from_millis(500)));
+    // The other process holds the lock for 3 s and the read may take 2:
+    // a read that waited for the write would time out, and a loaded
+    // machine does not fail a read that did not wait.
+    let blocker = tokio::task::block_in_place(|| hold_write_lock(&path, Duration::from_secs(3)));
     let write = {
         let s = s.clone();
         tokio::spawn(async move { s.update("lock.a", b"2", t, T).await })
@@ -530,12 +532,13 @@ async fn r55_a_read_does_not_wait_for_this_handles_write() {
     queued(&s, 1).await;
     let started = std::time::Instant::now();
     let read = s
-        .get("lock.a", ReadMode::Leader, Duration::from_millis(200))
+        .get("lock.a", ReadMode::Leader, Duration::from_secs(2))
         .await;
     let took = started.elapsed();
-    let entry = read.unwrap().expect("the committed record");
+    let entry = read
+        .unwrap_or_else(|e| panic!("the read waited ({took:?}): {e}"))
+        .expect("the committed record");
     assert_eq!(entry.value, b"1");
-    assert!(took < Duration::from_millis(200), "{took:?}");
     assert!(!write.is_finished(), "the write waits for the lock");
     tokio::task::block_in_place(|| blocker.join().unwrap());
     write.await.unwrap().unwrap();
