@@ -1188,14 +1188,23 @@ fn service_runs(tag: &str) -> bool {
 }
 
 /// Samples which of two services run, every 2 ms, until stopped; returns
-/// whether they ever ran at the same time.
+/// whether they ever ran at the same time: the old service `a` seen
+/// running *after* the new service `b` was.
+///
+/// A sample reads `/proc` three times per service, which takes tens of
+/// milliseconds on a loaded machine, so the order matters. `b` is looked
+/// for first: once started it runs until the test ends, so `a` found after
+/// it means both ran at that moment. (Looked for the other way round, an
+/// `a` that stopped between the two looks counted as an overlap: a CI run
+/// reported one while the test's own watch had seen `a` gone before `b`
+/// started.)
 fn overlap_monitor(a: String, b: String) -> (Arc<AtomicBool>, std::thread::JoinHandle<bool>) {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let handle = std::thread::spawn(move || {
         let mut both = false;
         while !s.load(Ordering::SeqCst) {
-            if !service_sleeps(&a).is_empty() && !service_sleeps(&b).is_empty() {
+            if !service_sleeps(&b).is_empty() && !service_sleeps(&a).is_empty() {
                 both = true;
             }
             std::thread::sleep(Duration::from_millis(2));

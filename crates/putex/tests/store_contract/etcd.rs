@@ -97,7 +97,7 @@ async fn store_unknown_etcd_sigstop() {
     let server = EtcdServer::start();
     let s = open_retrying(&url_of(&[server.endpoint()], "")).await;
     let server = &server;
-    unknown_then_landed(&s, Landing::Cas, || {
+    unknown_then(&s, Landing::Cas, Then::Lands, || {
         server.pause();
         move || server.resume()
     })

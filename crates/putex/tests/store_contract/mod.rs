@@ -325,7 +325,7 @@ async fn contract(handles: &[AnyStore]) {
     concurrent_cas(handles).await;
 }
 
-/// Which write [`unknown_then_landed`] leaves unanswered.
+/// Which write [`unknown_then`] leaves unanswered.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Landing {
     /// A compare-and-swap: the renewal H4 is about.
@@ -337,12 +337,26 @@ enum Landing {
     Put,
 }
 
-/// A write reported Unknown that landed is found by its write id with a
-/// leader read. `stall` makes the store unresponsive and returns a closure
-/// that makes it responsive again.
-async fn unknown_then_landed<F: FnOnce()>(
+/// What becomes of a write reported Unknown, by store.
+#[derive(PartialEq, Eq)]
+enum Then {
+    /// It was sent before the stall was noticed: it lands, and a leader
+    /// read finds it by its write id.
+    Lands,
+    /// The store drops a write whose caller gave up before it could be
+    /// applied (SQLite: before the write lock was won,
+    /// `r54_a_write_given_up_while_waiting_for_the_lock_never_lands_and_the_next_joins`).
+    NeverLands,
+}
+
+/// A write times out as Unknown within its deadline; then, as `then` says,
+/// a leader read finds it by its write id, or finds that it never landed.
+/// `stall` makes the store unresponsive and returns a closure that makes
+/// it responsive again.
+async fn unknown_then<F: FnOnce()>(
     s: &AnyStore,
     landing: Landing,
+    then: Then,
     stall: impl FnOnce() -> F,
 ) {
     let k = "lock.unknown";
@@ -365,6 +379,18 @@ async fn unknown_then_landed<F: FnOnce()>(
         started.elapsed()
     );
     unstall();
+    if then == Then::NeverLands {
+        // Given up before it could be applied: it is never applied later.
+        // (A write that would land does so within milliseconds of the
+        // store's answering again.)
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let e = s.get(k, ReadMode::Leader, T).await.unwrap().unwrap();
+        assert_eq!(e.value, json("w-0"), "the given-up write landed late");
+        assert_eq!(e.token, t);
+        // The old token is still current: a compare-and-swap on it wins.
+        s.update(k, &json("w-2"), t, T).await.unwrap();
+        return;
+    }
     // The write was sent before the stall was noticed: it lands.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -668,7 +694,7 @@ async fn store_contract_nats_cluster_r3() {
 async fn store_unknown_memory_fault() {
     let m = MemoryStore::new();
     let s = AnyStore::from(m.clone());
-    unknown_then_landed(&s, Landing::Cas, || {
+    unknown_then(&s, Landing::Cas, Then::Lands, || {
         m.inject(putex::store::memory::Fault::ApplyThenStall);
         || {}
     })
@@ -692,7 +718,8 @@ async fn store_unknown_memory_fault() {
 }
 
 /// Another process holds SQLite's write lock past our deadline: unknown;
-/// once it lets go, the write lands.
+/// once it lets go, the write is not applied (its caller gave up before
+/// the lock was won), and the old token is still current.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_unknown_sqlite_locked() {
     let dir = tempfile::tempdir().unwrap();
@@ -711,7 +738,7 @@ async fn store_unknown_sqlite_locked() {
         release_rx.recv().unwrap();
         t.rollback().unwrap();
     });
-    unknown_then_landed(&s, Landing::Cas, || {
+    unknown_then(&s, Landing::Cas, Then::NeverLands, || {
         go_tx.send(()).unwrap();
         locked_rx.recv().unwrap();
         move || {
@@ -731,7 +758,7 @@ async fn store_unknown_nats_sigstop() {
     let server = NatsServer::start();
     let s = open_retrying(&StoreUrl::parse(&server.url).unwrap()).await;
     let server = &server;
-    unknown_then_landed(&s, Landing::Put, || {
+    unknown_then(&s, Landing::Put, Then::Lands, || {
         server.pause();
         move || server.resume()
     })
