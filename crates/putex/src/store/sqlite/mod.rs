@@ -590,15 +590,8 @@ impl SqliteStore {
         timeout: Duration,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let files = self.inner.files.clone();
-        on_conn(
-            self.inner.conn.clone(),
-            op,
-            key,
-            timeout,
-            checked(files, op, key, f),
-        )
-        .await
+        let conn = self.inner.conn.clone();
+        self.checked_on(conn, op, key, timeout, f).await
     }
 
     /// Runs a read on the read-only connection, within the deadline,
@@ -613,15 +606,21 @@ impl SqliteStore {
         timeout: Duration,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let conn = self.inner.reader.clone();
+        self.checked_on(conn, op, key, timeout, f).await
+    }
+
+    /// [`on_conn`] with the check that the files are still in place.
+    async fn checked_on<T: Send + 'static>(
+        &self,
+        conn: Arc<Mutex<Connection>>,
+        op: Op,
+        key: &str,
+        timeout: Duration,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         let files = self.inner.files.clone();
-        on_conn(
-            self.inner.reader.clone(),
-            op,
-            key,
-            timeout,
-            checked(files, op, key, f),
-        )
-        .await
+        on_conn(conn, op, key, timeout, checked(files, op, key, f)).await
     }
 
     /// One write: queued, then committed by whichever call takes the
