@@ -3,24 +3,24 @@
 //! 100 ms, F = 3, C = 1), with hooks that append `start`/`stop` lines to a
 //! file so that the tests can check who ran the service when.
 //!
-//! The tests run one at a time (a static mutex): their bounds are tens of
-//! milliseconds, and two of them at once on a small machine would measure
-//! each other. Every agent, keeper and service is killed on drop. The
+//! Each test holds a `timing_slot`: their bounds are tens of milliseconds,
+//! so only a few run at once (more on a small machine would measure each
+//! other). Every agent, keeper and service is killed on drop. The
 //! helpers are in `common/agent.rs`; the fault tests in `agent_faults.rs`.
 
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::agent::{
-    assert_no_overlap, bound, bound_on, dump, events, fast, hooks, putex, serial, sigkill, sleeps,
-    start, starts, status_json, wait_for, Agent, R,
+    assert_no_overlap, bound, bound_on, dump, events, fast, hooks, putex, sigkill, sleeps, start,
+    starts, status_json, timing_slot, wait_for, Agent, R,
 };
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
 #[test]
 fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     three_nodes_failover_and_handover(&server.url, bound());
 }
@@ -29,7 +29,7 @@ fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
 /// B + up to 2 s + R there (`docs/stores.md`).
 #[test]
 fn agent_three_nodes_one_active_crash_failover_and_graceful_handover_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     let url = format!("etcd://{}", server.endpoint());
     three_nodes_failover_and_handover(&url, bound_on(Duration::from_secs(1)));
@@ -210,14 +210,14 @@ impl Kind {
 
 #[test]
 fn agent_child_mode_leaves_no_process_behind() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     child_mode_leaves_no_process_behind(&server.url, Kind::Nats);
 }
 
 #[test]
 fn agent_child_mode_leaves_no_process_behind_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     child_mode_leaves_no_process_behind(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
 }
@@ -238,14 +238,14 @@ fn child_mode_leaves_no_process_behind(url: &str, kind: Kind) {
 
 #[test]
 fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     second_on_the_same_host_is_refused(&server.url);
 }
 
 #[test]
 fn agent_second_on_the_same_host_is_refused_by_the_lock_file_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     second_on_the_same_host_is_refused(&format!("etcd://{}", server.endpoint()));
 }
@@ -291,7 +291,7 @@ fn check(args: &[&str]) -> Output {
 /// (T < 10 s) is refused unless `--allow-short-lease`.
 #[test]
 fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let cluster = crate::common::nats_server::NatsCluster::start();
     check_refuses_a_short_lease(&format!("{}?bucket=putex_short&replicas=3", cluster.url()));
 }
@@ -300,7 +300,7 @@ fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
 /// only after an election timeout).
 #[test]
 fn agent_check_refuses_a_short_lease_on_a_3_member_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let cluster = crate::common::etcd_server::EtcdCluster::start(3);
     check_refuses_a_short_lease(&format!("etcd://{}", cluster.endpoints().join(",")));
 }
@@ -331,7 +331,7 @@ fn check_refuses_a_short_lease(url: &str) {
 
 #[test]
 fn agent_check_rejects_bad_options_by_name_and_prints_the_timeline() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let url = server.url.as_str();
     let cases: [(&[&str], &str); 3] = [
@@ -441,14 +441,14 @@ fn agent_check_prints_the_etcd_bound_without_reaching_the_store() {
 
 #[test]
 fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     restarted_after_sigkill_adopts_its_keeper(&server.url, Kind::Nats);
 }
 
 #[test]
 fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     restarted_after_sigkill_adopts_its_keeper(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
 }
@@ -504,14 +504,14 @@ fn restarted_after_sigkill_adopts_its_keeper(url: &str, kind: Kind) {
 
 #[test]
 fn agent_second_signal_makes_an_emergency_stop_and_exits() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     second_signal_makes_an_emergency_stop(&server.url, Kind::Nats);
 }
 
 #[test]
 fn agent_second_signal_makes_an_emergency_stop_and_exits_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     second_signal_makes_an_emergency_stop(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
 }
@@ -562,7 +562,7 @@ fn second_signal_makes_an_emergency_stop(url: &str, kind: Kind) {
 /// old holder's service stopped.
 #[test]
 fn agent_sqlite_store_deleted_under_the_holder_never_two_active() {
-    let _serial = serial();
+    let _slot = timing_slot();
     // On tmpfs where there is one, and R = 200 ms: R must be ten times the
     // store's p99 compare-and-swap, and a loaded disk's fsync can take
     // longer than 10 ms.

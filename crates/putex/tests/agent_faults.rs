@@ -3,7 +3,7 @@
 //! on both, `on_nats_and_etcd!`; etcd's takeovers wait longer, its store
 //! clock reads in whole seconds: `bound_for`), fast timing (R = 100 ms,
 //! F = 3, C = 1), hooks that append `start`/`stop` lines to a file (helpers
-//! in `common/agent.rs`, shared with `agent_e2e.rs` and serialised with it).
+//! in `common/agent.rs`, shared with `agent_e2e.rs`, a few timing-sensitive tests at once).
 //!
 //! - health: K failed `active` checks step the holder down with a release;
 //!   flapping checks under `--successes`/`--unhealthy` cause no transition;
@@ -24,7 +24,7 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 
 use crate::common::agent::{
-    assert_no_overlap, bound_for, dump, events, fast, hooks, serial, start, starts, wait_for,
+    assert_no_overlap, bound_for, dump, events, fast, hooks, start, starts, timing_slot, wait_for,
     wall_ns, Agent, Line, R,
 };
 use crate::common::etcd_server::EtcdServer;
@@ -84,13 +84,13 @@ macro_rules! on_nats_and_etcd {
 
             #[test]
             fn nats() {
-                let _serial = serial();
+                let _slot = timing_slot();
                 $body(&NatsServer::start());
             }
 
             #[test]
             fn etcd() {
-                let _serial = serial();
+                let _slot = timing_slot();
                 $body(&EtcdServer::start());
             }
         }

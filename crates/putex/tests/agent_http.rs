@@ -17,14 +17,14 @@ macro_rules! on_nats_and_etcd {
 
             #[test]
             fn nats() {
-                let _serial = $crate::common::agent::serial();
+                let _slot = $crate::common::agent::timing_slot();
                 let server = $crate::common::nats_server::NatsServer::start();
                 $body(&server.url);
             }
 
             #[test]
             fn etcd() {
-                let _serial = $crate::common::agent::serial();
+                let _slot = $crate::common::agent::timing_slot();
                 let server = $crate::common::etcd_server::EtcdServer::start();
                 $body(&format!("etcd://{}", server.endpoint()));
             }

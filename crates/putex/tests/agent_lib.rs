@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::agent_http::http_get;
 use crate::common::agent::{
-    assert_no_overlap, bound, events, putex_bin, serial, starts, wall_ns, Line, R,
+    assert_no_overlap, bound, events, putex_bin, starts, timing_slot, wall_ns, Line, TimingSlot, R,
 };
 use crate::common::n;
 use crate::common::nats_server::NatsServer;
@@ -145,7 +145,7 @@ impl Drop for Sweep {
 
 /// What each test runs on, torn down in this order: the runtime (every
 /// agent task stops), the [`Sweep`] (their keepers), the nats-server, the
-/// directory, and last the lock that runs these tests one at a time.
+/// directory, and last its [`TimingSlot`] (a few such tests at once).
 struct Bed {
     rt: tokio::runtime::Runtime,
     _sweep: Sweep,
@@ -153,12 +153,12 @@ struct Bed {
     dir: tempfile::TempDir,
     /// The file the hooks append `start`/`stop` lines to.
     ev: PathBuf,
-    _serial: std::sync::MutexGuard<'static, ()>,
+    _slot: TimingSlot,
 }
 
 impl Bed {
     fn new() -> Bed {
-        let serial = serial();
+        let slot = timing_slot();
         let server = NatsServer::start();
         let dir = tempfile::tempdir().unwrap();
         Bed {
@@ -167,7 +167,7 @@ impl Bed {
             server,
             ev: dir.path().join("events"),
             dir,
-            _serial: serial,
+            _slot: slot,
         }
     }
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::agent::{putex, serial};
+use crate::common::agent::{putex, timing_slot};
 use putex_testkit::agent::output_text;
 
 /// The test's `TMPDIR` for the demo: in memory where it can be.
@@ -51,7 +51,7 @@ fn demo_dir(tmp: &Path) -> PathBuf {
 
 #[test]
 fn r53_demo_agents_started_together_do_not_refuse_each_others_store() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let tmp = scratch();
     let out = demo(tmp.path(), &[]);
     let text = output_text(&out);
@@ -87,7 +87,7 @@ fn r53_demo_agents_started_together_do_not_refuse_each_others_store() {
 
 #[test]
 fn demo_an_agent_that_exits_is_shown_at_once_and_the_directory_kept() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let tmp = scratch();
     // The agents read PUTEX_* like any `putex run`: a --max-lease below
     // their lease makes every one of them refuse to start.

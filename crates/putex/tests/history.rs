@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::common::agent::{
-    dump, fast, hooks, putex, putex_json, serial, start, starts, wait_for, Agent,
+    dump, fast, hooks, putex, putex_json, start, starts, timing_slot, wait_for, Agent,
 };
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
@@ -84,7 +84,7 @@ impl Drop for Watch {
 
 #[test]
 fn history_and_watch_follow_a_crash_failover() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     follow_a_crash_failover(&server.url, true);
 }
@@ -92,7 +92,7 @@ fn history_and_watch_follow_a_crash_failover() {
 /// On etcd the takeover waits for the store clock too (whole seconds).
 #[test]
 fn history_and_watch_follow_a_crash_failover_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     follow_a_crash_failover(&format!("etcd://{}", server.endpoint()), false);
 }

@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use putex::store::{keys, AnyStore, SqliteStore, Store};
 
-use crate::common::agent::{putex, putex_json, serial, KillOnDrop};
+use crate::common::agent::{putex, putex_json, timing_slot, KillOnDrop};
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 use crate::common::proxy::{Mode, Proxy};
@@ -350,7 +350,7 @@ fn holder_cut_off_loses_its_command_first(env: &Env, store: SocketAddr, scheme: 
 
 #[test]
 fn a_holder_cut_off_from_the_store_loses_its_command_first() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let addr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
     holder_cut_off_loses_its_command_first(&Env::nats(&server), addr, "nats");
@@ -358,7 +358,7 @@ fn a_holder_cut_off_from_the_store_loses_its_command_first() {
 
 #[test]
 fn a_holder_cut_off_from_the_store_loses_its_command_first_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     let addr = server.endpoint().parse().unwrap();
     holder_cut_off_loses_its_command_first(&Env::etcd(&server), addr, "etcd");
@@ -380,14 +380,14 @@ fn frozen_holder_loses_its_command_to_the_keeper(env: &Env) {
 
 #[test]
 fn a_frozen_holder_loses_its_command_to_the_keeper() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     frozen_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
 }
 
 #[test]
 fn a_frozen_holder_loses_its_command_to_the_keeper_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     frozen_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
 }
@@ -402,14 +402,14 @@ fn killed_holder_loses_its_command_to_the_keeper(env: &Env) {
 
 #[test]
 fn a_killed_holder_loses_its_command_to_the_keeper() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     killed_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
 }
 
 #[test]
 fn a_killed_holder_loses_its_command_to_the_keeper_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     killed_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
 }
@@ -639,14 +639,14 @@ fn semaphore_runs_n_at_once(env: &Env, limit: u32, clients: usize, secs: f64, tt
 
 #[test]
 fn semaphore_runs_n_at_once_on_nats() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     semaphore_runs_n_at_once(&Env::nats(&server), 2, 6, 1.0, "1s");
 }
 
 #[test]
 fn semaphore_runs_n_at_once_on_sqlite() {
-    let _serial = serial();
+    let _slot = timing_slot();
     // Holds long against a hand-off on a busy machine (a process start,
     // a few store writes), or "4 inside at once" measures the machine.
     // --ttl 3s: 8 clients of 4 slot agents each share 2 cores and one
@@ -658,7 +658,7 @@ fn semaphore_runs_n_at_once_on_sqlite() {
 
 #[test]
 fn semaphore_runs_n_at_once_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     semaphore_runs_n_at_once(&Env::etcd(&server), 2, 6, 1.0, "1s");
 }
@@ -699,20 +699,20 @@ fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients(env: &Env) {
 
 #[test]
 fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_sqlite() {
-    let _serial = serial();
+    let _slot = timing_slot();
     a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::sqlite());
 }
 
 #[test]
 fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_nats() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::nats(&server));
 }
 
 #[test]
 fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::etcd(&server));
 }
@@ -1049,14 +1049,14 @@ fn times(env: &Env) -> Vec<(String, String, u128)> {
 
 #[test]
 fn waiters_take_turns_in_arrival_order_within_milliseconds() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     waiters_take_turns(&Env::nats(&server));
 }
 
 #[test]
 fn waiters_take_turns_in_arrival_order_within_milliseconds_on_etcd() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = EtcdServer::start();
     waiters_take_turns(&Env::etcd(&server));
 }
@@ -1099,7 +1099,7 @@ fn waiters_take_turns(env: &Env) {
 
 #[test]
 fn status_shows_the_holders_title_and_the_line() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let env = Env::sqlite();
     assert_eq!(code(env.lock("line", &[], "true")), 0);
     let mut holder = env
@@ -1156,7 +1156,7 @@ fn status_shows_the_holders_title_and_the_line() {
 
 #[test]
 fn a_dead_waiter_does_not_block_the_queue() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let env = Env::sqlite();
     assert_eq!(code(env.lock("queue", &[], "true")), 0);
     let mut holder = env.lock("queue", &[], &timed("h", 1.0)).spawn().unwrap();
@@ -1201,7 +1201,7 @@ fn leased_id(env: &Env, script: &str) -> Command {
 
 #[test]
 fn leased_ids_are_distinct_and_die_with_their_holder() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let env = Env::sqlite();
     // Two concurrent leases: two distinct ids, each only while CMD runs.
     let script = r#"echo "$PUTEX_ID" >> "$D/ids"; sleep 0.5"#;
@@ -1266,7 +1266,7 @@ fn leased_ids_are_distinct_and_die_with_their_holder() {
 /// tree running. On the old code nothing stopped them.
 #[test]
 fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let env = Env::nats(&server);
     let mut first = env

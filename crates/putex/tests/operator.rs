@@ -17,8 +17,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::common::agent::{
-    assert_no_overlap, bound_for, dump, events, fast, hooks, putex, serial, start, starts,
-    status_json, wait_for, wall_ns, Agent, R,
+    assert_no_overlap, bound_for, dump, events, fast, hooks, putex, start, starts, status_json,
+    timing_slot, wait_for, wall_ns, Agent, R,
 };
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
@@ -34,7 +34,7 @@ macro_rules! all_stores {
 
             #[test]
             fn nats() {
-                let _serial = serial();
+                let _slot = timing_slot();
                 let server = NatsServer::start();
                 let dir = tempfile::tempdir().unwrap();
                 $body(&server.url, dir.path());
@@ -42,7 +42,7 @@ macro_rules! all_stores {
 
             #[test]
             fn embedded_store() {
-                let _serial = serial();
+                let _slot = timing_slot();
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("store.db").display());
                 $body(&url, dir.path());
@@ -50,7 +50,7 @@ macro_rules! all_stores {
 
             #[test]
             fn etcd() {
-                let _serial = serial();
+                let _slot = timing_slot();
                 let server = EtcdServer::start();
                 let dir = tempfile::tempdir().unwrap();
                 $body(&format!("etcd://{}", server.endpoint()), dir.path());
@@ -963,7 +963,7 @@ mod operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holde
 
     #[test]
     fn nats() {
-        let _serial = serial();
+        let _slot = timing_slot();
         let server = NatsServer::start();
         let dir = tempfile::tempdir().unwrap();
         let addr = format!("127.0.0.1:{}", server.port());
@@ -972,7 +972,7 @@ mod operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holde
 
     #[test]
     fn etcd() {
-        let _serial = serial();
+        let _slot = timing_slot();
         let server = EtcdServer::start();
         let dir = tempfile::tempdir().unwrap();
         let url = format!("etcd://{}", server.endpoint());

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
 
-use crate::common::agent::{putex, putex_bin, serial, start, wait_for, wall_ns, Agent};
+use crate::common::agent::{putex, putex_bin, start, timing_slot, wait_for, wall_ns, Agent};
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
@@ -165,7 +165,7 @@ fn postgres_switchover_with_postgresql_run_as_a_systemd_unit() {
 }
 
 fn switchover_case(kind: Kind, service: bool) {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = StoreServer::start(kind);
     let url = server.url();
     let mut pg = PgCluster::create(3, false);
@@ -259,7 +259,7 @@ fn switchover_case(kind: Kind, service: bool) {
 /// then the old primary's agent restarts, rewinds it and follows the new
 /// primary — never a second primary.
 fn crash_case(kind: Kind, sync: bool) {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = StoreServer::start(kind);
     let url = server.url();
     let pg = PgCluster::create(3, sync);
@@ -421,7 +421,7 @@ fn postgres_crash_of_the_primary_host_asynchronous() {
 /// `stopped`: n3's server is stopped before the crash (its follow starts it,
 /// and it replays the WAL n2 never had before it is found out).
 fn ahead_case(stopped: bool) {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(3, false);
     let mut agents = vec![agent(&server.url, &pg, 0, &[])];
@@ -515,7 +515,7 @@ fn postgres_a_stopped_replica_ahead_of_the_promoted_one_is_rewound_and_follows()
 /// same primary goes on, and failover works again.
 #[test]
 fn postgres_pause_restart_the_primary_resume_and_no_failover() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(3, false);
     let agents = cluster(&server.url, &pg, &[]);
@@ -584,7 +584,7 @@ fn postgres_pause_restart_the_primary_resume_and_no_failover() {
 /// the lock stays unheld; once its replay resumes and catches up, it is.
 #[test]
 fn postgres_a_lagging_replica_is_not_promoted_until_it_catches_up() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(2, false);
     let mut agents = cluster(&server.url, &pg, &["--max-lag", "65536"]);
@@ -650,7 +650,7 @@ fn postgres_a_wedged_primary_cut_off_is_killed_before_a_replica_is_promoted() {
 
 fn cut_off_case(wedged: bool) {
     use crate::common::proxy::{Mode, Proxy};
-    let _serial = serial();
+    let _slot = timing_slot();
     let server = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let proxy = rt
@@ -745,7 +745,7 @@ fn cut_off_case(wedged: bool) {
 /// `packaging/postgresql/demo`, as a newcomer runs it, with this build.
 #[test]
 fn postgres_the_demo_runs_and_shows_the_failover_and_the_rejoin() {
-    let _serial = serial();
+    let _slot = timing_slot();
     let demo = putex_testkit::postgres::putex_pg_script().with_file_name("demo");
     let out = std::process::Command::new(demo)
         .env("PUTEX", crate::common::agent::putex_bin())
