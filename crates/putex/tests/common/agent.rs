@@ -5,8 +5,8 @@
 //!
 //! The tests that use them hold a [`timing_slot`]: their bounds are tens of
 //! milliseconds, so they run one at a time unless `PUTEX_TEST_TIMING_SLOTS`
-//! allows more (`scripts/test` sets it); many at once on a small machine
-//! would measure each other rather than putex. Every agent, keeper and
+//! allows more (for a larger machine); many at once on a small one would
+//! measure each other rather than putex. Every agent, keeper and
 //! service is killed on drop.
 
 use std::path::Path;
@@ -28,8 +28,8 @@ static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 /// The default of `PUTEX_TEST_TIMING_SLOTS`: one at a time, as a plain
 /// `cargo test` on any machine can afford. On 2 cores, six at once (three
 /// of them these, with debug builds of putex, etcd and PostgreSQL) pushed
-/// the store's p99 from 4 to 30 ms and licences lapsed: measured, not
-/// guessed (`scripts/test` says what it uses).
+/// the store's p99 from 4 to 30 ms and licences lapsed, and two at once
+/// still failed on time (`scripts/test` keeps the default).
 const DEFAULT_TIMING_SLOTS: usize = 1;
 
 /// A place among the timing-sensitive tests running at once, held until
