@@ -193,6 +193,30 @@ fn eight_clients_count_exactly_on_etcd() {
     counter_is_exact(&Env::etcd(&server));
 }
 
+/// Two hosts that run `putex lock` with one node id (S5): the waiter sees
+/// a live record with its own node id from another machine and ends with
+/// an error that says so (exit 70), not "not acquired" (75), which it once
+/// reported although it would have waited forever.
+#[test]
+fn a_waiter_with_another_hosts_node_id_says_so() {
+    let env = Env::sqlite();
+    let mut holder = env.lock("dup", &[], "sleep 4");
+    holder.env("PUTEX_NODE", "same").env("PUTEX_MACHINE_ID", "m1");
+    let mut holder = holder.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut waiter = env.lock("dup", &[], "true");
+    waiter.env("PUTEX_NODE", "same").env("PUTEX_MACHINE_ID", "m2");
+    let out = waiter.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(70), "{stderr}");
+    assert!(
+        stderr.contains("another machine (m1)") && stderr.contains("same node id"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not acquired"), "{stderr}");
+    assert_eq!(holder.wait().unwrap().code(), Some(0));
+}
+
 /// CMD's output goes where `putex lock`'s was sent, as with `flock`: its
 /// stdout to `putex lock`'s stdout (a file, a pipe, `$(…)`), its stderr
 /// to stderr; `putex lock` itself writes nothing to stdout. (CMD runs

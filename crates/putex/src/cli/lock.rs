@@ -30,7 +30,8 @@ Exit codes:
   69           the store cannot be reached or opened
   70           internal failure: the keeper or a lock machine failed (the stop is
                then not proven: the lock is not released and goes stale); a
-               stop not yet proven is retried while the lock is kept, never an exit
+               stop not yet proven is retried while the lock is kept, never an exit;
+               or another host uses this lock with the same --node
   75           not acquired: the lock is held (--no-wait, or --wait ran out);
                --conflict-exit-code changes it
   76           the lock was lost while CMD ran; CMD and its whole tree were stopped
@@ -361,6 +362,7 @@ fn section_error(e: SectionError) -> CliError {
     match e {
         SectionError::Store(e) => CliError::Exit(sysexits::UNAVAILABLE, format!("store: {e}")),
         SectionError::Keeper(m) => CliError::Exit(sysexits::SOFTWARE, m),
+        e @ SectionError::DuplicateNode { .. } => CliError::Exit(sysexits::SOFTWARE, e.to_string()),
         refused => usage(refusal(&refused)),
     }
 }

@@ -282,9 +282,18 @@ pub enum SectionError {
     /// The store failed in a way retrying will not fix, or did not answer.
     #[error("store: {0}")]
     Store(#[from] StoreError),
-    /// The keeper could not be started.
+    /// The keeper could not be started, or could not prove a stop.
     #[error("keeper: {0}")]
     Keeper(String),
+    /// Another host runs this lock with our node id (S5).
+    #[error(
+        "another machine ({machine}) uses this lock with the same node id: give each host its \
+         own --node (PUTEX_NODE; default: the host name)"
+    )]
+    DuplicateNode {
+        /// The other machine's id.
+        machine: String,
+    },
 }
 
 impl SectionError {

@@ -373,7 +373,7 @@ async fn run_inner(
             joined = drivers.join_next() => match joined {
                 Some(Ok((slot, exit))) => {
                     tracing::debug!(slot, ?exit, "slot agent exited");
-                    section.on_agent_exit(slot);
+                    section.on_agent_exit(slot, &exit);
                 }
                 Some(Err(e)) => {
                     tracing::error!(error = %e, "slot agent failed");

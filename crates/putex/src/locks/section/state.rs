@@ -25,6 +25,8 @@
 //!   tree may still run), then a run already done, a loss, a timeout, a
 //!   finished run, set-up errors, an interruption, and last "not acquired".
 
+use putex_core::agent::ExitReason;
+
 use super::host::State;
 use super::*;
 
@@ -113,6 +115,9 @@ pub(super) struct SectionState {
     interrupted: Option<i32>,
     /// The wait ran out, or an agent ended on its own.
     not_acquired: bool,
+    /// Why an agent ended without being told to (S5's duplicate node id,
+    /// a failed start-up stop): the section's error, not "not acquired".
+    ended_on_its_own: Option<SectionError>,
     /// CMD ran past `max_duration`.
     timed_out: bool,
     /// An agent task failed: its stop is not proven.
@@ -129,6 +134,7 @@ impl SectionState {
             acquiring: false,
             interrupted: None,
             not_acquired: false,
+            ended_on_its_own: None,
             timed_out: false,
             unproven: false,
         }
@@ -204,11 +210,25 @@ impl SectionState {
         self.timed_out = true;
     }
 
-    /// A slot's agent ended. One that was not told to (a failed start-up)
-    /// ends the section.
-    pub(super) fn on_agent_exit(&mut self, slot: usize) {
+    /// A slot's agent ended, for `exit`. One that was not told to (another
+    /// host runs with our node id, a failed start-up) ends the section with
+    /// that as its error.
+    pub(super) fn on_agent_exit(&mut self, slot: usize, exit: &ExitReason) {
         if !self.stopped[slot] {
             self.not_acquired = true;
+            if self.ended_on_its_own.is_none() {
+                self.ended_on_its_own = match exit {
+                    ExitReason::Shutdown { .. } => None,
+                    ExitReason::DuplicateNode { machine } => Some(SectionError::DuplicateNode {
+                        machine: machine.clone(),
+                    }),
+                    ExitReason::StartupStopFailed => Some(SectionError::Keeper(
+                        "the start-up stop failed: a command of an earlier run may still run; \
+                         not starting"
+                            .into(),
+                    )),
+                };
+            }
         }
     }
 
@@ -245,6 +265,8 @@ impl SectionState {
             )));
         } else if let Some(signal) = self.interrupted {
             Outcome::Interrupted { signal }
+        } else if let Some(e) = self.ended_on_its_own {
+            return Conclusion::Error(e);
         } else {
             return Conclusion::NotAcquired;
         };
@@ -441,7 +463,7 @@ mod tests {
             losers: vec![1],
             ..waiting_round()
         });
-        s.on_agent_exit(1);
+        s.on_agent_exit(1, &ExitReason::Shutdown { released: false });
         assert_eq!(
             s.round(Round {
                 winner: Some(0),
@@ -449,7 +471,12 @@ mod tests {
             }),
             []
         );
-        s.on_agent_exit(0);
+        s.on_agent_exit(
+            0,
+            &ExitReason::DuplicateNode {
+                machine: "m2".into(),
+            },
+        );
         assert_eq!(
             s.round(Round {
                 winner: Some(0),
@@ -457,6 +484,11 @@ mod tests {
             }),
             [shutdown(0), shutdown(1)]
         );
+        // Its reason is the section's error, not "not acquired".
+        assert!(matches!(
+            s.conclude(State::default(), None),
+            Conclusion::Error(SectionError::DuplicateNode { machine }) if machine == "m2"
+        ));
     }
 
     #[test]
