@@ -233,7 +233,10 @@ fn run_self_test(ctx: &Ctx) -> Row {
              (try {} of {TRIES}) …",
             attempt + 1
         );
-        match (honest.run)(ctx, &mut rng) {
+        let slot = putex_testkit::timing::timing_slot();
+        let out = (honest.run)(ctx, &mut rng);
+        drop(slot);
+        match out {
             Ok(out) => {
                 let mut probe = Row::default();
                 scenarios::judge(&honest, &out, &mut probe, seed);

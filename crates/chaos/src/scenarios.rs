@@ -24,6 +24,7 @@ use crate::report::Row;
 use crate::resource::{show_token, Event, History, Resource};
 use putex_testkit::etcd_server::EtcdCluster;
 use putex_testkit::proxy::{Mode, Proxy};
+use putex_testkit::timing::timing_slot;
 
 /// What every scenario shares.
 pub struct Ctx {
@@ -2245,9 +2246,14 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
         let seed = seeds[i];
         let runs = seeds.len();
         let mut rng = Rng::new(seed ^ hash(sc.name));
+        // One timing-sensitive run on the machine at a time, beside
+        // scripts/test's other tests (putex_testkit::timing).
+        let slot = timing_slot();
         let started = Instant::now();
         eprintln!("chaos: {} run {}/{runs} (seed {seed}) …", sc.name, i + 1);
-        let out = match (sc.run)(ctx, &mut rng) {
+        let out = (sc.run)(ctx, &mut rng);
+        drop(slot);
+        let out = match out {
             Ok(out) => out,
             Err(e) => {
                 row.failures

@@ -26,6 +26,8 @@
 //!   holds, delays or resets traffic on command (partitions without
 //!   touching the host's network).
 //! - [`procfs`]: `/proc` readings for the benchmarks' figures.
+//! - [`timing`]: turns for the timing-sensitive tests, within a process and
+//!   across the processes `scripts/test` runs side by side.
 //! - [`watch_failures`]: a tracing layer counting watches that failed to
 //!   start.
 //!
@@ -42,4 +44,5 @@ pub mod pki;
 pub mod postgres;
 pub mod procfs;
 pub mod proxy;
+pub mod timing;
 pub mod watch_failures;

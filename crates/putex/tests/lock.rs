@@ -201,11 +201,15 @@ fn eight_clients_count_exactly_on_etcd() {
 fn a_waiter_with_another_hosts_node_id_says_so() {
     let env = Env::sqlite();
     let mut holder = env.lock("dup", &[], "sleep 4");
-    holder.env("PUTEX_NODE", "same").env("PUTEX_MACHINE_ID", "m1");
+    holder
+        .env("PUTEX_NODE", "same")
+        .env("PUTEX_MACHINE_ID", "m1");
     let mut holder = holder.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let mut waiter = env.lock("dup", &[], "true");
-    waiter.env("PUTEX_NODE", "same").env("PUTEX_MACHINE_ID", "m2");
+    waiter
+        .env("PUTEX_NODE", "same")
+        .env("PUTEX_MACHINE_ID", "m2");
     let out = waiter.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(70), "{stderr}");

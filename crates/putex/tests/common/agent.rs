@@ -3,15 +3,15 @@
 //! binary with the fast profile, on top of [`putex_testkit::agent`] (agent
 //! processes, hook lines and checks over them).
 //!
-//! The tests that use them hold a [`timing_slot`]: their bounds are tens of
-//! milliseconds, so they run one at a time unless `PUTEX_TEST_TIMING_SLOTS`
-//! allows more (for a larger machine); many at once on a small one would
-//! measure each other rather than putex. Every agent, keeper and
+//! The tests that use them hold a [`timing_slot`]
+//! ([`putex_testkit::timing`]): their bounds are tens of milliseconds, so
+//! they run one at a time unless `PUTEX_TEST_TIMING_SLOTS` allows more (for
+//! a larger machine); many at once on a small one would measure each other
+//! rather than putex. Every agent, keeper and
 //! service is killed on drop.
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use putex::core::TimingConfig;
@@ -21,45 +21,7 @@ pub use putex_testkit::agent::{
     assert_no_overlap, events, hooks, sigkill, starts, wait_for, wall_ns, Agent, AgentSpec,
     KillOnDrop, Line,
 };
-
-/// Timing-sensitive tests running now, and the signal that one ended.
-static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
-
-/// The default of `PUTEX_TEST_TIMING_SLOTS`: one at a time, as a plain
-/// `cargo test` on any machine can afford. On 2 cores, six at once (three
-/// of them these, with debug builds of putex, etcd and PostgreSQL) pushed
-/// the store's p99 from 4 to 30 ms and licences lapsed, and two at once
-/// still failed on time (`scripts/test` keeps the default).
-const DEFAULT_TIMING_SLOTS: usize = 1;
-
-/// A place among the timing-sensitive tests running at once, held until
-/// dropped.
-pub struct TimingSlot(());
-
-impl Drop for TimingSlot {
-    fn drop(&mut self) {
-        let (running, ended) = &RUNNING;
-        *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        ended.notify_one();
-    }
-}
-
-/// Waits for a [`TimingSlot`]: at most `PUTEX_TEST_TIMING_SLOTS` (default
-/// 1: one at a time) timing-sensitive tests run at once.
-pub fn timing_slot() -> TimingSlot {
-    let slots = std::env::var("PUTEX_TEST_TIMING_SLOTS")
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .unwrap_or(DEFAULT_TIMING_SLOTS)
-        .max(1);
-    let (running, ended) = &RUNNING;
-    let mut n = running.lock().unwrap_or_else(|e| e.into_inner());
-    while *n >= slots {
-        n = ended.wait(n).unwrap_or_else(|e| e.into_inner());
-    }
-    *n += 1;
-    TimingSlot(())
-}
+pub use putex_testkit::timing::{timing_slot, TimingSlot};
 
 pub const R: Duration = Duration::from_millis(100);
 
