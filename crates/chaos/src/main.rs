@@ -233,10 +233,7 @@ fn run_self_test(ctx: &Ctx) -> Row {
              (try {} of {TRIES}) …",
             attempt + 1
         );
-        let slot = putex_testkit::timing::timing_slot();
-        let out = (honest.run)(ctx, &mut rng);
-        drop(slot);
-        match out {
+        match (honest.run)(ctx, &mut rng) {
             Ok(out) => {
                 let mut probe = Row::default();
                 scenarios::judge(&honest, &out, &mut probe, seed);

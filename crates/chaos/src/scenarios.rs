@@ -24,7 +24,7 @@ use crate::report::Row;
 use crate::resource::{show_token, Event, History, Resource};
 use putex_testkit::etcd_server::EtcdCluster;
 use putex_testkit::proxy::{Mode, Proxy};
-use putex_testkit::timing::timing_slot;
+use putex_testkit::timing::{timing_slot, TimingSlot};
 
 /// What every scenario shares.
 pub struct Ctx {
@@ -230,6 +230,10 @@ pub struct World<'a> {
     dir: PathBuf,
     /// What the run leaves.
     pub out: RunOut,
+    /// This run's turn among the machine's timing-sensitive tests
+    /// (putex_testkit::timing), from the moment its store is up until
+    /// everything above is gone.
+    _turn: TimingSlot,
 }
 
 impl<'a> World<'a> {
@@ -265,6 +269,9 @@ impl<'a> World<'a> {
             Kind::Etcd3 => Store::Etcd(EtcdCluster::start(3)),
             Kind::Etcd3Lan => Store::Etcd(EtcdCluster::start_on_lan(3)?),
         };
+        // Starting servers measures nothing: the turn begins with the
+        // agents, beside scripts/test's other timing-sensitive tests.
+        let turn = timing_slot();
         let mut extra_flags = vec![
             "--healthcheck".to_owned(),
             "true".into(),
@@ -295,6 +302,7 @@ impl<'a> World<'a> {
                 dir,
                 ..RunOut::default()
             },
+            _turn: turn,
         };
         w.out.bound = Some(w.bound());
         Ok(w)
@@ -2246,14 +2254,9 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
         let seed = seeds[i];
         let runs = seeds.len();
         let mut rng = Rng::new(seed ^ hash(sc.name));
-        // One timing-sensitive run on the machine at a time, beside
-        // scripts/test's other tests (putex_testkit::timing).
-        let slot = timing_slot();
         let started = Instant::now();
         eprintln!("chaos: {} run {}/{runs} (seed {seed}) …", sc.name, i + 1);
-        let out = (sc.run)(ctx, &mut rng);
-        drop(slot);
-        let out = match out {
+        let out = match (sc.run)(ctx, &mut rng) {
             Ok(out) => out,
             Err(e) => {
                 row.failures

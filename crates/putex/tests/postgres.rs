@@ -165,13 +165,15 @@ fn postgres_switchover_with_postgresql_run_as_a_systemd_unit() {
 }
 
 fn switchover_case(kind: Kind, service: bool) {
-    let _slot = timing_slot();
     let server = StoreServer::start(kind);
     let url = server.url();
     let mut pg = PgCluster::create(3, false);
     if service {
         pg.use_systemctl_stand_in();
     }
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     let agents = cluster(&url, &pg, &[]);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(
@@ -259,10 +261,12 @@ fn switchover_case(kind: Kind, service: bool) {
 /// then the old primary's agent restarts, rewinds it and follows the new
 /// primary — never a second primary.
 fn crash_case(kind: Kind, sync: bool) {
-    let _slot = timing_slot();
     let server = StoreServer::start(kind);
     let url = server.url();
     let pg = PgCluster::create(3, sync);
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
     let mut agents = cluster(&url, &pg, extra);
     let writer = Writer::start(pg.primary_conninfo());
@@ -421,9 +425,11 @@ fn postgres_crash_of_the_primary_host_asynchronous() {
 /// `stopped`: n3's server is stopped before the crash (its follow starts it,
 /// and it replays the WAL n2 never had before it is found out).
 fn ahead_case(stopped: bool) {
-    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(3, false);
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     let mut agents = vec![agent(&server.url, &pg, 0, &[])];
     assert!(
         wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
@@ -515,9 +521,11 @@ fn postgres_a_stopped_replica_ahead_of_the_promoted_one_is_rewound_and_follows()
 /// same primary goes on, and failover works again.
 #[test]
 fn postgres_pause_restart_the_primary_resume_and_no_failover() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(3, false);
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     let agents = cluster(&server.url, &pg, &[]);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
@@ -584,9 +592,11 @@ fn postgres_pause_restart_the_primary_resume_and_no_failover() {
 /// the lock stays unheld; once its replay resumes and catches up, it is.
 #[test]
 fn postgres_a_lagging_replica_is_not_promoted_until_it_catches_up() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
     let pg = PgCluster::create(2, false);
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     let mut agents = cluster(&server.url, &pg, &["--max-lag", "65536"]);
     pg.sql(1, "select pg_wal_replay_pause()").unwrap();
     let writer = Writer::start(pg.primary_conninfo());
@@ -650,7 +660,6 @@ fn postgres_a_wedged_primary_cut_off_is_killed_before_a_replica_is_promoted() {
 
 fn cut_off_case(wedged: bool) {
     use crate::common::proxy::{Mode, Proxy};
-    let _slot = timing_slot();
     let server = NatsServer::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let proxy = rt
@@ -659,6 +668,9 @@ fn cut_off_case(wedged: bool) {
         ))
         .unwrap();
     let mut pg = PgCluster::create(2, false);
+    // The turn among timing-sensitive tests starts once the servers are
+    // made (initdb, base backups: seconds of work that measures nothing).
+    let _slot = timing_slot();
     if wedged {
         // Its fast step goes through `timeout 1 systemctl stop`.
         pg.use_systemctl_stand_in();
