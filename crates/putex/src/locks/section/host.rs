@@ -18,6 +18,10 @@ pub(super) struct State {
     pub(super) activating: bool,
     /// The winner's token once CMD was spawned.
     pub(super) spawned: Option<Token>,
+    /// The token CMD is being spawned with, from the moment it is asked
+    /// of the keeper: the keeper's report of CMD's exit can be read before
+    /// the task that asked hears that it started.
+    pub(super) spawning: Option<Token>,
     /// When CMD was spawned (for `max_duration`).
     pub(super) spawned_at: Option<tokio::time::Instant>,
     /// CMD's exit.
@@ -236,6 +240,7 @@ impl Host for SlotHost {
                 env.push(("PUTEX_TITLE".into(), t.clone()));
             }
             env.extend(o.env.iter().cloned());
+            shared.with(|s| s.spawning = Some(token));
             let spawned = shared
                 .ops
                 .spawn_child(o.argv.clone(), env, Box::new(|| true));

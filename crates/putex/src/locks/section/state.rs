@@ -251,7 +251,9 @@ impl SectionState {
                 after: max_duration.unwrap_or_default(),
                 released: state.released,
             }
-        } else if let (Some(exit), Some(token)) = (state.exit, state.spawned) {
+        } else if let (Some(exit), Some(token)) = (state.exit, state.spawned.or(state.spawning)) {
+            // CMD's exit, as the keeper reported it: it ran, even if the
+            // section wound down before the spawn's own answer was read.
             Outcome::Finished {
                 exit,
                 token,
@@ -554,6 +556,26 @@ mod tests {
         assert!(matches!(
             s.conclude(state, Some(after)),
             Conclusion::Outcome(Outcome::TimedOut { after: a, released: true }) if a == after
+        ));
+    }
+
+    /// The keeper's report that CMD exited was read, and the section wound
+    /// down, before the task that asked for the spawn heard its answer:
+    /// CMD ran to its end, which is not "not acquired" (exit 75).
+    #[test]
+    fn an_exit_read_before_the_spawns_answer_is_a_finished_run() {
+        let state = State {
+            spawning: Some(Token::new(1, 7)),
+            exit: Some(Exit {
+                code: Some(0),
+                signal: None,
+            }),
+            ..State::default()
+        };
+        assert!(matches!(
+            SectionState::new(1).conclude(state, None),
+            Conclusion::Outcome(Outcome::Finished { token, exit, .. })
+                if token == Token::new(1, 7) && exit.code == Some(0)
         ));
     }
 
