@@ -17,6 +17,7 @@ use putex::supervision::keeper::{
     socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent,
 };
 use putex::supervision::process::{proc_table, CgroupRoot, TreeInfo};
+use putex_testkit::timing::timing_slot;
 
 fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
     KeeperConfig {
@@ -167,6 +168,8 @@ async fn next_event(c: &mut KeeperClient) -> KeeperEvent {
 }
 
 async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
+    // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
+    let _slot = timing_slot();
     let dir = tempfile::tempdir().unwrap();
     let (mut client, _cleanup, args) =
         start(dir.path(), &format!("fire{tag}"), cgroup, tag, true).await;
@@ -267,6 +270,8 @@ async fn supervision_agent_stand_in() {
 #[tokio::test]
 async fn supervision_keeper_fires_while_agent_process_sigstopped() {
     use tokio::io::AsyncBufReadExt;
+    // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
+    let _slot = timing_slot();
     let dir = tempfile::tempdir().unwrap();
     let (client, _cleanup, args) = start(dir.path(), "sigstop", true, "14", false).await;
     drop(client);
@@ -350,6 +355,8 @@ async fn supervision_late_extension_is_refused() {
 
 #[tokio::test]
 async fn supervision_keeper_killed_is_noticed_at_once() {
+    // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
+    let _slot = timing_slot();
     let dir = tempfile::tempdir().unwrap();
     let (mut client, _cleanup, args) = start(dir.path(), "lost", true, "21", false).await;
     let pid = client.status().await.unwrap().pid;
@@ -469,6 +476,8 @@ async fn supervision_keeper_killed_without_cgroup_the_agent_still_kills_the_whol
 }
 
 async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
+    // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
+    let _slot = timing_slot();
     let dir = tempfile::tempdir().unwrap();
     let (client, _cleanup, args) =
         start(dir.path(), &format!("stop{tag}"), cgroup, tag, true).await;
