@@ -88,11 +88,21 @@ pub enum Rule {
     /// first and reused its number) is judged like any new record, so a
     /// late event of a lost `released` record is taken at once (S3).
     ReusedRevisionTrusted = 1 << 26,
+    /// S4 refinement broken, in the store: a store that loses acknowledged
+    /// writes proves a vacancy anyway (the simulation's store only; a real
+    /// store's proof is its driver's, `docs/safety.md` S4).
+    VacancyOnLossyStore = 1 << 27,
+    /// S4 refinement broken, in the store: a key someone deleted counts as
+    /// never used.
+    VacancyIgnoresDelete = 1 << 28,
+    /// S4 refinement broken, in the store: a vacancy counted from before
+    /// the store itself was made (a re-created bucket, a replaced file).
+    VacancyIgnoresStoreAge = 1 << 29,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 27] = [
+    pub const ALL: [Rule; 30] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -120,6 +130,9 @@ impl Rule {
         Rule::NewEpochOwnClockOnly,
         Rule::ForeignAboveWhileConfirming,
         Rule::ReusedRevisionTrusted,
+        Rule::VacancyOnLossyStore,
+        Rule::VacancyIgnoresDelete,
+        Rule::VacancyIgnoresStoreAge,
     ];
 }
 

@@ -187,6 +187,19 @@ pub struct StoreRequest {
 pub enum StoreOutcome {
     /// A write was applied and produced this token.
     Written(Token),
+    /// A create of the lock record was applied and produced `token`, and
+    /// the store proves that no record was at the key for at least
+    /// `vacant_for` before it: real time, measured on a clock whose rate is
+    /// within ε and that never jumps (`docs/safety.md`, S4, "When an absent
+    /// record proves vacancy"). A store that cannot prove it answers a
+    /// create with [`StoreOutcome::Written`], which counts as vacant for no
+    /// time at all.
+    Created {
+        /// The token of the create.
+        token: Token,
+        /// How long the key was provably without a record before it.
+        vacant_for: std::time::Duration,
+    },
     /// A read found this entry, or nothing.
     Read(Option<Entry>),
     /// The compare-and-swap or create definitely did not apply.
@@ -195,6 +208,17 @@ pub enum StoreOutcome {
     Unknown,
     /// The store refused the request for a reason retrying will not fix.
     Failed(String),
+}
+
+impl StoreOutcome {
+    /// The token of an applied write ([`StoreOutcome::Written`] or
+    /// [`StoreOutcome::Created`]).
+    pub fn written(&self) -> Option<Token> {
+        match self {
+            StoreOutcome::Written(t) | StoreOutcome::Created { token: t, .. } => Some(*t),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -290,6 +290,67 @@ fn s4_first_use_waits_w_plus_g_after_creating() {
     assert_eq!(h.agent.role(), Role::Active);
 }
 
+/// S4 refined: a create that the store proves vacant for at least W + G'
+/// activates at once, and says nothing of a wait.
+#[test]
+fn s4_a_create_proven_vacant_long_enough_activates_at_once() {
+    let mut h = Harness::new("a");
+    look(&mut h, None);
+    let (id, op) = h.store();
+    assert!(matches!(op, StoreOp::Create { .. }), "{op:?}");
+    h.reply(
+        id,
+        StoreOutcome::Created {
+            token: Token::new(1, 1),
+            vacant_for: Duration::from_secs(3600),
+        },
+    );
+    assert!(h.activated(), "a proven vacancy owes no wait");
+    assert!(
+        !h.out
+            .iter()
+            .any(|o| matches!(o, Output::Event(putex_core::Event::AbsentWait { .. }))),
+        "no wait to announce"
+    );
+}
+
+/// S4 refined: a store made moments ago proves a short vacancy; what is
+/// left of W + G' is waited, and said, with its reason.
+#[test]
+fn s4_a_short_vacancy_leaves_the_rest_of_the_wait() {
+    let mut h = Harness::new("a");
+    look(&mut h, None);
+    let (id, _) = h.store();
+    h.reply(
+        id,
+        StoreOutcome::Created {
+            token: Token::new(1, 1),
+            vacant_for: Duration::from_secs(10),
+        },
+    );
+    let said = h.out.iter().find_map(|o| match o {
+        Output::Event(putex_core::Event::AbsentWait { wait, why }) => Some((*wait, *why)),
+        _ => None,
+    });
+    let (wait, why) = said.expect("no AbsentWait event");
+    assert_eq!(why, putex_core::AbsentWhy::YoungStore);
+    assert!(
+        (wait.as_secs_f64() - 2.202).abs() < 0.01,
+        "the wait said is {wait:?}, not W + G' - 10 s"
+    );
+    h.advance_to(101.0);
+    h.health(true);
+    if let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+        let Output::Store(r) = h.out.remove(i) else {
+            unreachable!()
+        };
+        h.reply(r.id, StoreOutcome::Written(Token::new(1, 2)));
+    }
+    assert!(!h.activated(), "activated before the rest of the wait");
+    h.advance_to(102.3);
+    assert!(h.activated());
+}
+
 #[test]
 fn s3_a_released_record_is_taken_and_activated_at_once() {
     let mut h = Harness::new("a");

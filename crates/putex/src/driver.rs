@@ -372,7 +372,7 @@ fn op_name(op: &StoreOp) -> &'static str {
 
 fn outcome_name(outcome: &StoreOutcome) -> &'static str {
     match outcome {
-        StoreOutcome::Written(_) | StoreOutcome::Read(_) => "ok",
+        StoreOutcome::Written(_) | StoreOutcome::Created { .. } | StoreOutcome::Read(_) => "ok",
         StoreOutcome::Conflict => "conflict",
         StoreOutcome::Unknown => "unknown",
         StoreOutcome::Failed(_) => "failed",
@@ -399,6 +399,20 @@ async fn perform(store: &AnyStore, key: &str, op: StoreOp, timeout: Duration) ->
             };
             return match store.get(key, mode, timeout).await {
                 Ok(entry) => StoreOutcome::Read(entry),
+                Err(e) => failed(&e),
+            };
+        }
+        StoreOp::Create {
+            key: Key::Lock,
+            value,
+        } => {
+            // S4 refined: the store says how long the key was vacant.
+            return match store.create_vacant(key, &value, timeout).await {
+                Ok(c) if c.vacant_for.is_zero() => StoreOutcome::Written(c.token),
+                Ok(c) => StoreOutcome::Created {
+                    token: c.token,
+                    vacant_for: c.vacant_for,
+                },
                 Err(e) => failed(&e),
             };
         }

@@ -35,6 +35,10 @@ impl Agent {
         if let Some(p) = &self.probe_op {
             if p.id == id {
                 let step = self.probe_op.take().expect("checked").what;
+                let outcome = match outcome {
+                    StoreOutcome::Created { token, .. } => StoreOutcome::Written(token),
+                    o => o,
+                };
                 self.on_probe(step, outcome);
                 return;
             }
@@ -51,6 +55,14 @@ impl Agent {
             return;
         }
         let what = self.lock_op.take().expect("checked").what;
+        // Only an acquisition's create can prove a vacancy (S4); to every
+        // other request a `Created` answer is a plain write.
+        let outcome = match outcome {
+            StoreOutcome::Created { token, .. } if !matches!(what, LockOp::Acquire { .. }) => {
+                StoreOutcome::Written(token)
+            }
+            o => o,
+        };
         match what {
             LockOp::Poll => {
                 if let StoreOutcome::Read(entry) = outcome {
@@ -128,7 +140,7 @@ impl Agent {
             return; // H1: an ack after the licence ended restores nothing
         }
         match outcome {
-            StoreOutcome::Written(token) => {
+            StoreOutcome::Written(token) | StoreOutcome::Created { token, .. } => {
                 let from = if self.mutations.is(Rule::LicenceFromAck) {
                     self.now
                 } else {

@@ -708,7 +708,12 @@ impl Agent {
             return;
         }
         match outcome {
-            StoreOutcome::Written(token) => self.on_acquired(token, write, sent, acquire),
+            StoreOutcome::Written(token) => {
+                self.on_acquired(token, write, sent, acquire, Duration::ZERO)
+            }
+            StoreOutcome::Created { token, vacant_for } => {
+                self.on_acquired(token, write, sent, acquire, vacant_for)
+            }
             StoreOutcome::Conflict => {
                 // Someone else moved first; look again at the leader.
                 self.seen = None;
@@ -727,12 +732,15 @@ impl Agent {
     }
 
     /// S2/S3/S4: the acquisition landed; work out when we may activate.
+    /// `vacant_for`: how long the store proves the key was without a record
+    /// before our create (zero for every other write, and when it cannot).
     pub(super) fn on_acquired(
         &mut self,
         token: Token,
         write: String,
         sent: Instant,
         mut acquire: Acquire,
+        vacant_for: Duration,
     ) {
         let floor = acquire.floor;
         // Our new revision already seen holding someone else's write: the
@@ -785,7 +793,19 @@ impl Agent {
             _ if no_gap => Duration::ZERO,
             AcquireKind::Stale => acquire.owed_gap,
             AcquireKind::Resume => self.timing.gap(),
-            AcquireKind::Absent => self.absent_wait(&acquire),
+            AcquireKind::Absent => {
+                let wait = self.absent_wait(&acquire);
+                // S4, refined: a first use whose key the store proves was
+                // vacant owes only what is left of the wait; real time at
+                // least `vacant_for` (within ε) passed already since any
+                // holder's last write to it.
+                let first_use = acquire.over.is_none() && reused.is_none();
+                if first_use {
+                    wait.saturating_sub(vacant_for)
+                } else {
+                    wait
+                }
+            }
         };
         self.lease = Some(Lease {
             token,
@@ -829,7 +849,11 @@ impl Agent {
         {
             // Never in silence: say what the activation waits for (S4, S6).
             let why = if t.acquire.over.is_none() && reused.is_none() {
-                AbsentWhy::FirstUse
+                if vacant_for.is_zero() {
+                    AbsentWhy::FirstUse
+                } else {
+                    AbsentWhy::YoungStore
+                }
             } else {
                 AbsentWhy::StoreWentBack
             };
@@ -899,7 +923,9 @@ impl Agent {
             return false;
         }
         self.lock_op = None;
-        self.on_acquired(entry.token, u.write, u.sent, acquire);
+        // Adopted from a read: the create's answer, and with it any proof
+        // of vacancy, never arrived.
+        self.on_acquired(entry.token, u.write, u.sent, acquire, Duration::ZERO);
         true
     }
 }

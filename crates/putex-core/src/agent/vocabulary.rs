@@ -525,8 +525,13 @@ pub enum Event {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AbsentWhy {
     /// The lock record was absent: this name's first use on this store, or
-    /// its record was removed (S4).
+    /// its record was removed, and the store cannot prove that no holder's
+    /// record was lost (S4).
     FirstUse,
+    /// The store proves the lock record was never there since the store
+    /// was made, but it was made less than W + G' ago: a holder of the
+    /// store it replaced could still be running (S4).
+    YoungStore,
     /// The store lost records this node saw, or handed a revision out twice
     /// (S6): a holder may believe it still holds the lock.
     StoreWentBack,
@@ -538,8 +543,14 @@ impl AbsentWhy {
         match self {
             AbsentWhy::FirstUse => {
                 "its record is absent (the name's first use on this store, or a record \
-                 someone removed), and a holder whose record the store lost could still be \
-                 running; later runs start at once (docs/safety.md, S4)"
+                 someone removed) and this store cannot prove that no holder's record was \
+                 lost, so such a holder could still be running; later runs start at once \
+                 (docs/safety.md, S4)"
+            }
+            AbsentWhy::YoungStore => {
+                "the store was made moments ago, and a holder of a store it replaced could \
+                 still be running; names used after the first W + G' of a store start at \
+                 once (docs/safety.md, S4)"
             }
             AbsentWhy::StoreWentBack => {
                 "the store lost records this node had seen, and a holder whose record it lost \

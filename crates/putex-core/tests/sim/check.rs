@@ -224,7 +224,11 @@ pub fn earliest_activation(w: &World, h: usize, local: u64) -> Result<(), String
         let since = host
             .absent_before_tenure
             .ok_or("created a record it never saw absent")?;
-        let need = since + wait(t.staleness_wait(t.lease_unknown()) + t.gap_unknown());
+        // Less what the store proved of the key's vacancy (S4 refined).
+        let vacant_for = host.vacancy_given.get(&tenure).copied().unwrap_or_default();
+        let owed =
+            (t.staleness_wait(t.lease_unknown()) + t.gap_unknown()).saturating_sub(vacant_for);
+        let need = since + wait(owed);
         return if local >= need {
             Ok(())
         } else {

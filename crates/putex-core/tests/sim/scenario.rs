@@ -47,6 +47,11 @@ pub enum Profile {
     /// record's rounded up and a probe's down; standby clocks jump while
     /// the holder is cut off, holders crash, the store's clock steps.
     EtcdClock,
+    /// Chaos on a store that keeps every acknowledged write and proves how
+    /// long a key was vacant (the embedded store, S4 refined): no
+    /// rollbacks, a clock that never jumps; records deleted by an operator,
+    /// buckets re-created and files replaced under running holders.
+    Durable,
 }
 
 impl Profile {
@@ -64,6 +69,7 @@ impl Profile {
             Profile::ClockJumps => "clock-jumps",
             Profile::Operator => "operator",
             Profile::EtcdClock => "etcd-clock",
+            Profile::Durable => "durable",
         }
     }
 
@@ -81,6 +87,7 @@ impl Profile {
             Profile::ClockJumps,
             Profile::Operator,
             Profile::EtcdClock,
+            Profile::Durable,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -148,6 +155,9 @@ pub enum FaultKind {
     /// O2: failover is paused for a while, then resumed (forced with a
     /// revocation once the paused holder's host is down).
     Pause,
+    /// An operator deletes the lock record (`kv del`, a row deleted): the
+    /// store keeps a delete marker.
+    OperatorDelete,
 }
 
 /// One concrete run.
@@ -201,6 +211,11 @@ pub struct Scenario {
     /// stamps records (etcd: 1 s); zero: the store stamps its writes
     /// exactly (NATS, the embedded store).
     pub store_step: Duration,
+    /// The store keeps every acknowledged write and answers a create of
+    /// the lock record with how long the key was vacant (S4 refined).
+    pub durable: bool,
+    /// How old the store is when the run starts (ns of its clock).
+    pub store_age: u64,
     pub mutations: Mutations,
 }
 
@@ -341,6 +356,8 @@ impl Scenario {
             priorities: vec![1; hosts],
             failback_after: None,
             store_step: Duration::ZERO,
+            durable: false,
+            store_age: 0,
             mutations,
         };
         use FaultKind::*;
@@ -395,6 +412,33 @@ impl Scenario {
                 (KeeperDeath, 3),
             ],
             Profile::ClockJumps => vec![(IsolateAndJump, 5), (NodeJump, 1), (Partition, 1)],
+            // Chaos without what a durable store with a steady clock does
+            // not do (rollbacks, store-clock steps, leader changes), and
+            // more of what empties a key under a running holder.
+            Profile::Durable => vec![
+                (HostCrash, 6),
+                (AgentKill, 5),
+                (Stall, 5),
+                (Partition, 5),
+                (OneWay, 4),
+                (StorePause, 3),
+                (OperatorDelete, 3),
+                (Recreate, 2),
+                (NodeJump, 2),
+                (Garbage, 1),
+                (Revoke, 1),
+                (HealthFlap, 4),
+                (Shutdown, 3),
+                (StaleView, 2),
+                (ChildExit, 2),
+                (Release, 2),
+                (HoldTraffic, 3),
+                (IsolateAndJump, 1),
+                (StuckStop, 2),
+                (KeeperDeath, 2),
+                (StoreReplaced, 2),
+                (WatchReplay, 2),
+            ],
             Profile::EtcdClock => vec![
                 (IsolateAndJump, 5),
                 (NodeJump, 1),
@@ -449,6 +493,11 @@ impl Scenario {
         }
         if profile == Profile::StaleView {
             s.replica_lag = 0;
+        }
+        if profile == Profile::Durable {
+            s.durable = true;
+            // A store made moments ago, one a little older, one of long ago.
+            s.store_age = *rng.pick(&[0, failover / 3, 3600 * SEC]);
         }
         if profile == Profile::EtcdClock {
             // A witness lands up to two steps and a probe period late.

@@ -15,6 +15,8 @@ use putex_core::{
     StopKind, StoreOp, StoreOutcome, StoreTime, Timing, Token,
 };
 
+use putex_core::mutation::Rule;
+
 use crate::check::Checker;
 use crate::clock::Clock;
 use crate::rng::Rng;
@@ -203,6 +205,8 @@ pub struct Host {
     /// Local time the tenure's acquisition was acknowledged.
     pub tenure_ack: Option<u64>,
     pub absent_before_tenure: Option<u64>,
+    /// The vacancy the store proved to each of this host's creates (S4).
+    pub vacancy_given: HashMap<Token, std::time::Duration>,
     pub activated_in_tenure: bool,
     /// The tenure was taken over a `released` record (S3): one that never
     /// started anything may be given back.
@@ -306,6 +310,10 @@ pub struct Store {
     pub lost: Vec<RolledBack>,
     /// When each lock record (revision, contents) was written, real time.
     pub written_at: HashMap<(Token, u64), u64>,
+    /// When this epoch began, on the store's clock.
+    epoch_began: u64,
+    /// Someone deleted the lock record in this epoch: a marker is left.
+    deleted: bool,
 }
 
 impl Store {
@@ -405,6 +413,7 @@ impl World {
                     tenure_token: None,
                     tenure_ack: None,
                     absent_before_tenure: None,
+                    vacancy_given: HashMap::new(),
                     activated_in_tenure: false,
                     tenure_over_release: false,
                     previous_instance: None,
@@ -433,6 +442,8 @@ impl World {
             lost_high: None,
             lost: Vec::new(),
             written_at: HashMap::new(),
+            epoch_began: (1_700_000_000 * SEC).saturating_sub(sc.store_age),
+            deleted: false,
         };
         let check = Checker::new(&sc);
         let mut w = World {
@@ -1237,10 +1248,17 @@ impl World {
                 if self.store.current().is_some() {
                     StoreOutcome::Conflict
                 } else {
+                    let vacant_for = self.vacancy();
                     let key = fingerprint(&value);
                     let token = self.write_lock(value);
                     self.hosts[h].lock_writes.insert(id, (token, key));
-                    StoreOutcome::Written(token)
+                    match vacant_for {
+                        Some(vacant_for) => {
+                            self.hosts[h].vacancy_given.insert(token, vacant_for);
+                            StoreOutcome::Created { token, vacant_for }
+                        }
+                        None => StoreOutcome::Written(token),
+                    }
                 }
             }
             StoreOp::Update {
@@ -1284,6 +1302,27 @@ impl World {
             } => StoreOutcome::Conflict,
         };
         self.reply(h, gen, id, outcome);
+    }
+
+    /// S4 refined: how long the store proves the lock key was vacant, as a
+    /// durable store with a steady clock proves it: since the epoch began,
+    /// and not at all over a delete marker or on a store that loses
+    /// writes. `None`: no proof (a plain `Written`).
+    fn vacancy(&self) -> Option<std::time::Duration> {
+        let m = self.sc.mutations;
+        if !self.sc.durable && !m.is(Rule::VacancyOnLossyStore) {
+            return None;
+        }
+        if self.store.deleted && !m.is(Rule::VacancyIgnoresDelete) {
+            return None;
+        }
+        let began = if m.is(Rule::VacancyIgnoresStoreAge) {
+            0
+        } else {
+            self.store.epoch_began
+        };
+        let now = self.store.clock.local(self.now);
+        Some(std::time::Duration::from_nanos(now.saturating_sub(began)))
     }
 
     fn write_lock(&mut self, value: Vec<u8>) -> Token {
@@ -1721,6 +1760,18 @@ impl World {
                 self.recreate();
                 self.last_instant_fault = self.now;
             }
+            OperatorDelete => {
+                if self.store.current().is_some() {
+                    self.store.rev += 1;
+                    self.store.deleted = true;
+                    self.store.versions.push(Version {
+                        real: self.now,
+                        entry: None,
+                    });
+                    self.broadcast(None);
+                    self.last_instant_fault = self.now;
+                }
+            }
             StoreReplaced => {
                 // The store's file is replaced by a new, empty one. Every
                 // handle notices at its next call (the path no longer names
@@ -2024,6 +2075,8 @@ impl World {
     /// The bucket is deleted and made anew: a new epoch, nothing in it.
     fn recreate(&mut self) {
         self.store.epoch += 1;
+        self.store.epoch_began = self.store.clock.local(self.now);
+        self.store.deleted = false;
         self.store.rev = 0;
         self.store.versions.clear();
         self.store.probes.iter_mut().for_each(|p| *p = None);

@@ -335,7 +335,8 @@ impl Lock {
     /// Waits until this lock is held and returns its fencing token (at once
     /// if it is held already).
     ///
-    /// On first use of a name (no record yet) this takes W + G (S4); over a
+    /// On first use of a name (no record yet) this takes W + G' (S4; less
+    /// what the store proves of the name's vacancy: `docs/stores.md`); over a
     /// released record it takes one CAS once the record is known (S3); over
     /// a live holder it waits for that holder to release or go stale.
     /// Cancel-safe: a cancelled acquisition never leaves the lock held.
@@ -504,7 +505,8 @@ pub struct Lease {
 impl Lease {
     /// Waits until this process holds lock `options.name`.
     ///
-    /// On first use of a name (no record yet) this takes W + G (S4); over a
+    /// On first use of a name (no record yet) this takes W + G' (S4; less
+    /// what the store proves of the name's vacancy: `docs/stores.md`); over a
     /// released record it takes a few store round trips (S3); over a live
     /// holder it waits for that holder to release or go stale.
     pub async fn acquire(store: AnyStore, options: LeaseOptions) -> Result<Lease, LeaseError> {

@@ -39,7 +39,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-pub use putex_core::store::{Entry, StoreTime, Token};
+pub use putex_core::store::{Entry, StoreGap, StoreTime, Token};
 
 pub mod etcd;
 mod hub;
@@ -201,6 +201,17 @@ pub enum ReadMode {
     Leader,
 }
 
+/// A lock record's create ([`Store::create_vacant`]): its token, and how
+/// long the store proves the key was without a record before it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Created {
+    /// The create's token.
+    pub token: Token,
+    /// Real time (within ε, on a clock that never jumps) the key was
+    /// provably vacant before the create; zero when the store cannot tell.
+    pub vacant_for: Duration,
+}
+
 /// One change seen by a watch.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct WatchEvent {
@@ -256,6 +267,25 @@ pub trait Store: Send + Sync {
         value: &[u8],
         timeout: Duration,
     ) -> impl Future<Output = Result<Token, StoreError>> + Send;
+
+    /// [`Store::create`] of a lock record, with how long this store proves
+    /// the key was vacant before it (S4 refined: `docs/safety.md`, "When an
+    /// absent record proves vacancy"; `docs/stores.md`, "First use"). The
+    /// default proves nothing: a store that may lose acknowledged writes,
+    /// or whose clock may jump, answers zero.
+    fn create_vacant(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Created, StoreError>> + Send {
+        async move {
+            Ok(Created {
+                token: self.create(key, value, timeout).await?,
+                vacant_for: Duration::ZERO,
+            })
+        }
+    }
 
     /// Compare-and-swap: writes only if the record is still at `expected`.
     /// An `expected.epoch` other than the store's is a conflict: a re-created
@@ -436,6 +466,15 @@ impl Store for AnyStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         delegate!(self, s => s.create(key, value, timeout))
+    }
+
+    async fn create_vacant(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Created, StoreError> {
+        delegate!(self, s => s.create_vacant(key, value, timeout))
     }
 
     async fn update(

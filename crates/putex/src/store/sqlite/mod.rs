@@ -65,8 +65,8 @@ use tokio::sync::Mutex;
 use super::hub::Hub;
 use super::keys::{filter_matches, validate_filter, validate_key};
 use super::{
-    boot_time_now, wall_nanos, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime,
-    Token, WatchEvent, WatchStream, RETIRED_KEPT,
+    boot_time_now, wall_nanos, with_deadline, Created, Entry, Op, ReadMode, Store, StoreError,
+    StoreGap, StoreTime, Token, WatchEvent, WatchStream, RETIRED_KEPT,
 };
 
 /// How often the watch feed reads new revisions when nothing told it of a
@@ -123,6 +123,8 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     epoch: u64,
+    /// When this file was made, as far as anyone can prove ([`made_at`]).
+    made: StoreTime,
     /// The connection for writes; the watch feed opens its own.
     conn: Arc<Mutex<Connection>>,
     /// A read-only connection for reads ([`SqliteStore::reading`]): a read
@@ -171,7 +173,18 @@ struct Queued {
     /// A delete of a retired key ([`Store::retire`]): its siblings'
     /// tombstones older than [`RETIRED_KEPT`] go with it.
     retire: bool,
-    reply: tokio::sync::oneshot::Sender<Result<Token, StoreError>>,
+    reply: tokio::sync::oneshot::Sender<Result<Written, StoreError>>,
+}
+
+/// A write the batch applied: its token, and for a create whether the key
+/// never had a row in this file (no record, no delete marker, no recorded
+/// delete: [`Created::vacant_for`]).
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    token: Token,
+    pristine: bool,
+    /// The store time the write was stamped with.
+    at: StoreTime,
 }
 
 /// Why the store's files are not (or no longer) the ones to use.
@@ -236,6 +249,42 @@ fn file_id(path: &Path) -> Result<Option<FileId>, FileError> {
             source,
         }),
     }
+}
+
+/// When the database at `path` was made, as far as anyone can prove (S4
+/// refined, `docs/stores.md`): the store time kept in `meta` with the
+/// device and inode of the file it was made as. A file that is not that one
+/// — a copy, a backup put back, a file from before these rows existed —
+/// counts as made now and the rows are written anew: whatever it holds, a
+/// holder of the file it replaced may still be running.
+fn made_at(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreTime, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let read = |name: &str| -> Result<Option<u64>, String> {
+        tx.query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
+            r.get::<_, i64>(0)
+        })
+        .optional()
+        .map(|v| v.map(from_i64))
+        .map_err(|e| e.to_string())
+    };
+    let same_file = read("made_dev")? == Some(meta.dev()) && read("made_ino")? == Some(meta.ino());
+    if let (true, Some(era), Some(nanos)) = (same_file, read("made_era")?, read("made_nanos")?) {
+        return Ok(StoreTime { era, nanos });
+    }
+    let now = boot_time_now();
+    for (name, value) in [
+        ("made_dev", meta.dev()),
+        ("made_ino", meta.ino()),
+        ("made_era", now.era),
+        ("made_nanos", now.nanos),
+    ] {
+        tx.execute(
+            "INSERT OR REPLACE INTO meta (name, value) VALUES (?1, ?2)",
+            params![name, to_i64(value)],
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(now)
 }
 
 /// `path` with `suffix` appended: how SQLite names a database's `-wal` and
@@ -462,6 +511,14 @@ impl SqliteStore {
                 r.get(0)
             })
             .map_err(|e| cfg("cannot read the epoch", &e))?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS deleted (key TEXT PRIMARY KEY);
+             CREATE TRIGGER IF NOT EXISTS record_deletes AFTER DELETE ON kv
+                 WHEN old.value IS NOT NULL AND old.key NOT LIKE 'history.%'
+                 BEGIN INSERT OR IGNORE INTO deleted (key) VALUES (old.key); END;",
+        )
+        .map_err(|e| cfg("cannot create tables", &e))?;
+        let made = made_at(&tx, &path).map_err(|e| cfg("cannot read when it was made", &e))?;
         tx.commit().map_err(|e| cfg("cannot initialise", &e))?;
         let mut reader = Connection::open_with_flags(
             &path,
@@ -487,6 +544,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 epoch: from_i64(epoch),
+                made,
                 conn: Arc::new(Mutex::new(conn)),
                 reader: Arc::new(Mutex::new(reader)),
                 files: Arc::new(files),
@@ -643,6 +701,7 @@ impl SqliteStore {
     ) -> Result<Token, StoreError> {
         self.write_queued(op, key, value, expect, false, timeout)
             .await
+            .map(|w| w.token)
     }
 
     /// [`Store::delete`], or with `retire` [`Store::retire`].
@@ -672,7 +731,7 @@ impl SqliteStore {
         expect: Expect,
         retire: bool,
         timeout: Duration,
-    ) -> Result<Token, StoreError> {
+    ) -> Result<Written, StoreError> {
         validate_key(key)?;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         self.inner.queued.lock().push(Queued {
@@ -780,9 +839,13 @@ fn commit_queued(conn: &mut Connection, inner: &Inner) -> bool {
     for (q, applied) in batch.into_iter().zip(outcomes) {
         let outcome = match (&lost, applied) {
             (Some(e), _) => Err(StoreError::unknown(q.op, &q.key, e)),
-            (None, Some(revision)) => {
+            (None, Some((revision, pristine, at))) => {
                 wrote = true;
-                Ok(Token::new(inner.epoch, revision))
+                Ok(Written {
+                    token: Token::new(inner.epoch, revision),
+                    pristine,
+                    at,
+                })
             }
             (None, None) => Err(StoreError::conflict(q.op, &q.key)),
         };
@@ -791,9 +854,13 @@ fn commit_queued(conn: &mut Connection, inner: &Inner) -> bool {
     wrote
 }
 
-/// One queued write inside the batch's transaction: its revision, or
+/// One queued write inside the batch's transaction: its revision, whether
+/// the key never had a row ([`Written::pristine`]) and its store time, or
 /// `None` when its expectation does not hold (a conflict).
-fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<u64>> {
+fn apply(
+    tx: &rusqlite::Transaction<'_>,
+    q: &Queued,
+) -> rusqlite::Result<Option<(u64, bool, StoreTime)>> {
     let current: Option<(i64, bool)> = tx
         .prepare_cached("SELECT revision, value IS NULL FROM kv WHERE key = ?1")?
         .query_row([&q.key], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -809,6 +876,14 @@ fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<
     if !ok {
         return Ok(None);
     }
+    // No row at all (not even a delete marker) and no delete recorded by
+    // the trigger: nothing was ever at this key in this file.
+    let pristine = current.is_none()
+        && tx
+            .prepare_cached("SELECT 1 FROM deleted WHERE key = ?1")?
+            .query_row([&q.key], |_| Ok(()))
+            .optional()?
+            .is_none();
     let revision: i64 = tx
         .prepare_cached(
             "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
@@ -832,7 +907,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, q: &Queued) -> rusqlite::Result<Option<
     if q.retire {
         forget_retired_siblings(tx, &q.key, now)?;
     }
-    Ok(Some(from_i64(revision)))
+    Ok(Some((from_i64(revision), pristine, now)))
 }
 
 /// For a prefix `stem.`: the first key past every key under it, `stem/`
@@ -1036,6 +1111,36 @@ impl Store for SqliteStore {
     ) -> Result<Token, StoreError> {
         self.write(Op::Create, key, Some(value), Expect::Absent, timeout)
             .await
+    }
+
+    /// Vacant since the file was made, if the key never had a row in it
+    /// (`docs/stores.md`, "First use"): the file keeps every acknowledged
+    /// write (`synchronous=FULL`), putex never deletes a lock record, a
+    /// delete by anyone else is kept (a marker, or a row in `deleted`), and
+    /// a replaced file counts as made when it was first opened. The clock
+    /// is `CLOCK_BOOTTIME`, which never jumps; a file made in an earlier
+    /// boot is vacant for as long as this boot has run and longer: no
+    /// process of that boot holds anything now.
+    async fn create_vacant(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Created, StoreError> {
+        let made = self.inner.made;
+        let w = self
+            .write_queued(Op::Create, key, Some(value), Expect::Absent, false, timeout)
+            .await?;
+        let vacant_for = match w.at.gap_since(made) {
+            _ if !w.pristine => Duration::ZERO,
+            StoreGap::Forward(d) => d,
+            StoreGap::Unbounded => Duration::MAX,
+            StoreGap::Backwards => Duration::ZERO,
+        };
+        Ok(Created {
+            token: w.token,
+            vacant_for,
+        })
     }
 
     async fn update(

@@ -545,3 +545,61 @@ async fn r55_a_read_does_not_wait_for_this_handles_write() {
     let entry = s.get("lock.a", ReadMode::Leader, T).await.unwrap().unwrap();
     assert_eq!(entry.value, b"2");
 }
+
+/// S4 refined (`docs/stores.md`, "First use"): a key that never had a row
+/// is vacant since the file was made; one with a delete marker, or whose
+/// row someone deleted by hand, is not; a file put back from a copy counts
+/// as made when it was first opened as that file; reopening keeps it.
+#[tokio::test]
+async fn a_create_says_how_long_the_key_was_vacant() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    let made = s.inner.made;
+    // A file made a minute ago (in this boot).
+    let minute = Duration::from_secs(60);
+    let backdate = |path: &Path, by: Duration| {
+        let c = Connection::open(path).unwrap();
+        c.execute(
+            "UPDATE meta SET value = value - ?1 WHERE name = 'made_nanos'",
+            [i64::try_from(by.as_nanos()).unwrap()],
+        )
+        .unwrap();
+    };
+    backdate(&path, minute);
+    drop(s);
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    assert_eq!(s.inner.made.era, made.era, "reopened: the same file");
+    let fresh = s.create_vacant("lock.fresh", b"x", T).await.unwrap();
+    assert!(fresh.vacant_for >= minute, "{fresh:?}");
+    // Taken again after a release: not a create at all, but a create of a
+    // key that has a row (a marker) proves nothing.
+    let t = s.create("lock.gone", b"x", T).await.unwrap();
+    s.delete("lock.gone", t, T).await.unwrap();
+    let again = s.create_vacant("lock.gone", b"y", T).await.unwrap();
+    assert_eq!(again.vacant_for, Duration::ZERO, "over a delete marker");
+    // A row deleted by hand leaves no marker; the trigger remembers it.
+    s.create("lock.by-hand", b"x", T).await.unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute("DELETE FROM kv WHERE key = 'lock.by-hand'", [])
+        .unwrap();
+    let by_hand = s.create_vacant("lock.by-hand", b"y", T).await.unwrap();
+    assert_eq!(by_hand.vacant_for, Duration::ZERO, "over a deleted row");
+    // A conflict is a conflict.
+    assert!(matches!(
+        s.create_vacant("lock.fresh", b"z", T).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    drop(s);
+    // A copy put back in place of the file: made when first opened as such.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    std::fs::rename(&copy, &path).unwrap();
+    let s = SqliteStore::open(path.clone()).await.unwrap();
+    let restored = s.create_vacant("lock.new", b"x", T).await.unwrap();
+    assert!(restored.vacant_for < minute, "{restored:?}");
+}
