@@ -362,32 +362,7 @@ impl Scenario {
         };
         use FaultKind::*;
         s.faults = match profile {
-            Profile::Chaos => vec![
-                (HostCrash, 6),
-                (AgentKill, 5),
-                (Stall, 5),
-                (Partition, 5),
-                (OneWay, 4),
-                (StorePause, 3),
-                (Rollback, 1),
-                (Recreate, 1),
-                (NodeJump, 2),
-                (StoreJump, 2),
-                (Garbage, 1),
-                (Revoke, 1),
-                (HealthFlap, 4),
-                (Shutdown, 3),
-                (StaleView, 2),
-                (ChildExit, 2),
-                (Release, 2),
-                (HoldTraffic, 3),
-                (IsolateAndJump, 1),
-                (StuckStop, 2),
-                (KeeperDeath, 2),
-                (StoreReplaced, 1),
-                (LeaderChange, 2),
-                (WatchReplay, 2),
-            ],
+            Profile::Chaos => chaos_faults(),
             Profile::Jitter | Profile::Lossy => vec![],
             Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
             Profile::Skewed => vec![(Partition, 4), (Stall, 3), (HostCrash, 1), (AgentKill, 1)],
@@ -415,30 +390,15 @@ impl Scenario {
             // Chaos without what a durable store with a steady clock does
             // not do (rollbacks, store-clock steps, leader changes), and
             // more of what empties a key under a running holder.
-            Profile::Durable => vec![
-                (HostCrash, 6),
-                (AgentKill, 5),
-                (Stall, 5),
-                (Partition, 5),
-                (OneWay, 4),
-                (StorePause, 3),
-                (OperatorDelete, 3),
-                (Recreate, 2),
-                (NodeJump, 2),
-                (Garbage, 1),
-                (Revoke, 1),
-                (HealthFlap, 4),
-                (Shutdown, 3),
-                (StaleView, 2),
-                (ChildExit, 2),
-                (Release, 2),
-                (HoldTraffic, 3),
-                (IsolateAndJump, 1),
-                (StuckStop, 2),
-                (KeeperDeath, 2),
-                (StoreReplaced, 2),
-                (WatchReplay, 2),
-            ],
+            Profile::Durable => chaos_faults()
+                .into_iter()
+                .filter_map(|(kind, weight)| match kind {
+                    Rollback => Some((OperatorDelete, 3)),
+                    Recreate | StoreReplaced => Some((kind, 2)),
+                    StoreJump | LeaderChange => None,
+                    _ => Some((kind, weight)),
+                })
+                .collect(),
             Profile::EtcdClock => vec![
                 (IsolateAndJump, 5),
                 (NodeJump, 1),
@@ -508,4 +468,35 @@ impl Scenario {
         }
         s
     }
+}
+
+/// Every fault, with its weight: the chaos profile's mix.
+fn chaos_faults() -> Vec<(FaultKind, u32)> {
+    use FaultKind::*;
+    vec![
+        (HostCrash, 6),
+        (AgentKill, 5),
+        (Stall, 5),
+        (Partition, 5),
+        (OneWay, 4),
+        (StorePause, 3),
+        (Rollback, 1),
+        (Recreate, 1),
+        (NodeJump, 2),
+        (StoreJump, 2),
+        (Garbage, 1),
+        (Revoke, 1),
+        (HealthFlap, 4),
+        (Shutdown, 3),
+        (StaleView, 2),
+        (ChildExit, 2),
+        (Release, 2),
+        (HoldTraffic, 3),
+        (IsolateAndJump, 1),
+        (StuckStop, 2),
+        (KeeperDeath, 2),
+        (StoreReplaced, 1),
+        (LeaderChange, 2),
+        (WatchReplay, 2),
+    ]
 }
