@@ -85,8 +85,10 @@ pub struct ResumeArgs {
     pub lock: String,
     /// If the paused holder does not answer within --wait, end the pause
     /// without it: its record is revoked and a standby takes over W + G'
-    /// later. Only when its host is down or its service is stopped: a
-    /// paused holder's service runs unguarded.
+    /// later. At once, without the wait, when the holder's agent has not
+    /// written its member record for 3 T (it cannot see the resume). Only
+    /// when its host is down or its service is stopped: a paused holder's
+    /// service runs unguarded.
     #[arg(long)]
     pub force: bool,
     /// How long to wait for the holder to resume.
@@ -424,6 +426,31 @@ async fn holder_knows(store: &AnyStore, lock: &Name, node: &str) -> bool {
         .is_ok_and(|m| m.paused.is_some())
 }
 
+/// How long `node`'s agent has not written its member record (every 3 R
+/// while it reaches the store), on the store's clock as of `now`; `None`
+/// when that cannot be told (no member record, a store whose times say when
+/// this handle first saw a write: etcd).
+async fn member_silent_for(
+    store: &AnyStore,
+    lock: &Name,
+    node: &str,
+    now: crate::store::StoreTime,
+) -> Option<Duration> {
+    if store.times_are_first_seen() {
+        return None;
+    }
+    let node = crate::store::NodeId::new(node.to_owned()).ok()?;
+    let member = store
+        .get(&keys::member(lock, &node), ReadMode::Leader, STORE_TIMEOUT)
+        .await
+        .ok()??;
+    match now.gap_since(member.time) {
+        crate::store::StoreGap::Forward(d) => Some(d),
+        crate::store::StoreGap::Unbounded => Some(Duration::MAX),
+        crate::store::StoreGap::Backwards => None,
+    }
+}
+
 /// `putex resume`.
 pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
     let lock = lock_name(&args.lock)?;
@@ -433,7 +460,14 @@ pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
     })
     .await
     .map_err(store_error)?;
+    // The store's "now": the control record just written.
+    let now = store
+        .get(&keys::control(&lock), ReadMode::Leader, STORE_TIMEOUT)
+        .await
+        .map_err(store_error)?
+        .map(|e| e.time);
     let deadline = Instant::now() + args.wait;
+    let mut first_look = true;
     loop {
         let record = lock_record(&store, &lock).await?;
         let paused = record
@@ -443,7 +477,17 @@ pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
             println!("{lock} resumed: failover is on");
             return Ok(());
         };
-        if Instant::now() >= deadline {
+        // A holder whose agent has not reached the store for 3 T cannot see
+        // the resume either: --force need not wait for it.
+        let mut silent = None;
+        if args.force && std::mem::take(&mut first_look) {
+            if let Some(now) = now {
+                silent = member_silent_for(&store, &lock, &r.node, now)
+                    .await
+                    .filter(|d| *d >= r.lease() * 3);
+            }
+        }
+        if silent.is_some() || Instant::now() >= deadline {
             if !args.force {
                 return Err(CliError::Exit(
                     TIMED_OUT,
@@ -471,9 +515,25 @@ pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
                 )
                 .await
                 .map_err(|e| CliError::Other(format!("the forced resume failed: {e}")))?;
+            let why = match silent {
+                Some(Duration::MAX) => format!(
+                    " at once ({}'s agent last wrote its member record before this \
+                     machine's last boot: it cannot see a resume)",
+                    r.node
+                ),
+                Some(d) => format!(
+                    " at once ({}'s agent has not written its member record for {}, more than \
+                     3 T: it cannot see a resume)",
+                    r.node,
+                    humantime::format_duration(Duration::from_millis(
+                        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+                    ))
+                ),
+                None => String::new(),
+            };
             println!(
-                "{lock} resumed by force: {}'s paused record is revoked; a standby takes over \
-                 W + G' from now",
+                "{lock} resumed by force{why}: {}'s paused record is revoked; a standby takes \
+                 over W + G' from now",
                 r.node
             );
             return Ok(());
