@@ -167,9 +167,34 @@ async fn next_event(c: &mut KeeperClient) -> KeeperEvent {
     }
 }
 
+/// How many times a bound of tens of milliseconds is measured before it
+/// counts as missed: every attempt must stop the whole tree, in time by the
+/// rules (never before the deadline, never before SIGTERM's half of the
+/// timeout), and one of them within the bound. A machine busy with other
+/// tests delays a keeper by hundreds of milliseconds now and then (seen:
+/// 472 ms and 834 ms on 2 cores); a keeper that waits too long delays it
+/// every time.
+const ATTEMPTS: u32 = 3;
+
 async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
     // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
     let _slot = timing_slot();
+    // The tree ignores SIGTERM: the kill comes after emergency_timeout/2 = 100 ms.
+    let bound = Duration::from_millis(100 + 150);
+    let mut lates = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let late = fire_once(cgroup, tag, drop_agent).await;
+        if late < bound {
+            return;
+        }
+        lates.push(late);
+    }
+    panic!("emergency stop too late in every attempt: {lates:?} (bound {bound:?})");
+}
+
+/// One keeper firing at its deadline over a TERM-ignoring tree: how long
+/// after the deadline the tree was gone.
+async fn fire_once(cgroup: bool, tag: &str, drop_agent: bool) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let (mut client, _cleanup, args) =
         start(dir.path(), &format!("fire{tag}"), cgroup, tag, true).await;
@@ -196,11 +221,6 @@ async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
         "cgroup={cgroup} drop_agent={drop_agent}: tree gone {:.1} ms after the deadline",
         ms(late)
     );
-    // The tree ignores SIGTERM: the kill comes after emergency_timeout/2 = 100 ms.
-    assert!(
-        late < Duration::from_millis(100 + 150),
-        "emergency stop too late: {late:?}"
-    );
     if let Some(c) = client.as_mut() {
         let ev = tokio::time::timeout(Duration::from_secs(2), next_event(c))
             .await
@@ -222,6 +242,7 @@ async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
             "keeper refused: fired"
         );
     }
+    late
 }
 
 #[tokio::test]
@@ -478,6 +499,26 @@ async fn supervision_keeper_killed_without_cgroup_the_agent_still_kills_the_whol
 async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
     // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
     let _slot = timing_slot();
+    let bound = match kind {
+        // TERM is ignored: SIGKILL after --stop-timeout (300 ms).
+        StopKind::Graceful => Duration::from_secs(2),
+        // TERM, then KILL after half the emergency timeout (200 ms).
+        _ => Duration::from_millis(250),
+    };
+    let mut tooks = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let took = stop_once(cgroup, kind, tag).await;
+        if took < bound {
+            return;
+        }
+        tooks.push(took);
+    }
+    panic!("{kind:?} stop too slow in every attempt: {tooks:?} (bound {bound:?})");
+}
+
+/// One stop of a TERM-ignoring tree: how long it took, never less than the
+/// rules' escalation allows.
+async fn stop_once(cgroup: bool, kind: StopKind, tag: &str) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let (client, _cleanup, args) =
         start(dir.path(), &format!("stop{tag}"), cgroup, tag, true).await;
@@ -498,16 +539,17 @@ async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
         "a descendant survived: {:?}",
         args.iter().map(|a| sleeps(a)).collect::<Vec<_>>()
     );
-    match kind {
-        // TERM is ignored: SIGKILL after --stop-timeout (300 ms).
-        StopKind::Graceful => {
-            assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(2))
-        }
-        // TERM, then KILL after half the emergency timeout (200 ms).
-        _ => assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(250)),
-    }
+    let earliest = match kind {
+        StopKind::Graceful => Duration::from_millis(300),
+        _ => Duration::from_millis(100),
+    };
+    assert!(
+        took >= earliest,
+        "{kind:?} stop killed before {earliest:?}: {took:?}"
+    );
     client.disarm().await.unwrap();
     client.shutdown().await.unwrap();
+    took
 }
 
 #[tokio::test]
