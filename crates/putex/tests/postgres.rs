@@ -143,6 +143,47 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The recipe checks every program it runs once, at start: a PGBIN that
+/// lacks some (a lone `pg_ctl` link) is refused naming them, never met
+/// later as empty output; a lone `pg_ctl` on PATH is passed over for a
+/// directory that has them all. Needs no server.
+#[test]
+fn postgres_recipe_names_a_program_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("bin");
+    std::fs::create_dir(&lone).unwrap();
+    let real = putex_testkit::postgres::pg_bin();
+    std::os::unix::fs::symlink(real.join("pg_ctl"), lone.join("pg_ctl")).unwrap();
+    let run = |envs: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = std::process::Command::new("sh");
+        c.arg(putex_testkit::postgres::putex_pg_script())
+            .args(["health", "active"])
+            .env("PGDATA", dir.path().join("data"))
+            .env_remove("PGBIN");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[("PGBIN", lone.as_os_str())]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("lacks psql pg_controldata pg_rewind pg_basebackup postgres")
+            && err.contains("set PGBIN"),
+        "{err}"
+    );
+    // The lone link first on PATH: PGBIN comes from PATH only with every
+    // program beside it. Then PGBIN is Debian's directory (or none).
+    let path = format!("{}:{}", lone.display(), std::env::var("PATH").unwrap());
+    let (_, err) = run(&[("PATH", std::ffi::OsStr::new(&path))]);
+    assert!(!err.contains(&format!("PGBIN={}", lone.display())), "{err}");
+    assert!(!err.contains("arithmetic"), "{err}");
+}
+
 #[test]
 fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
     switchover_case(Kind::Nats, false);
