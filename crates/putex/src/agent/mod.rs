@@ -99,7 +99,8 @@ pub enum AgentError {
     /// Another agent already runs this lock for this store on this host.
     #[error(
         "another putex agent (pid {pid}) already runs lock {lock:?} for store {store} on this \
-         host (lock file {}); one agent per lock and host",
+         host (lock file {}); one agent per lock and host (to try several nodes of one lock \
+         on one host, give each agent its own --keeper-dir)",
         lock_file.display()
     )]
     AlreadyRunning {
