@@ -363,6 +363,35 @@ async fn rdlm_hello_and_refusals() {
     assert_eq!(v["_links"]["self"]["href"], "/resources/resource2");
 }
 
+/// S4 refined, both sides: on an embedded store made moments ago a fresh
+/// resource asked for with `wait: 1` gets a 408 that says why (the store
+/// cannot prove what a file it replaced held); once the file is older than
+/// W + G' (2.5 s at `--acquire-lease 2s`), a fresh resource is granted at
+/// once, as RDLM itself grants it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_a_fresh_resource_is_granted_at_once_on_an_older_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = Instant::now();
+    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
+    let c = client();
+    let r = rdlm_post(&c, &s, "young", 1.0, 10.0).await;
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("the store was made moments ago"), "{body}");
+
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(made.elapsed())).await;
+    for resource in ["fresh1", "fresh2", "fresh3"] {
+        let started = Instant::now();
+        let r = rdlm_post(&c, &s, resource, 1.0, 10.0).await;
+        eprintln!("{resource}: {} after {:?}", r.status(), started.elapsed());
+        let url = location(&r);
+        assert_eq!(
+            status_of(&c, reqwest::Method::DELETE, &url).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_lock_get_list_delete() {
     let dir = tempfile::tempdir().unwrap();
