@@ -511,10 +511,17 @@ impl SqliteStore {
                 r.get(0)
             })
             .map_err(|e| cfg("cannot read the epoch", &e))?;
+        // Every row deleted is remembered (S4 refined: a key that had one
+        // is no first use), but for the rows putex removes itself: old
+        // transition records (`purge_prefix_keeping`) and the tombstones of
+        // retired keys (`forget_retired_siblings`: tickets, grants, claim
+        // names), none of them a lock record.
         tx.execute_batch(
             "CREATE TABLE IF NOT EXISTS deleted (key TEXT PRIMARY KEY);
              CREATE TRIGGER IF NOT EXISTS record_deletes AFTER DELETE ON kv
-                 WHEN old.value IS NOT NULL AND old.key NOT LIKE 'history.%'
+                 WHEN old.key NOT LIKE 'history.%'
+                     AND NOT (old.value IS NULL AND (old.key LIKE 'queue.%'
+                         OR old.key LIKE 'grant.%' OR old.key LIKE 'id.%.name.%'))
                  BEGIN INSERT OR IGNORE INTO deleted (key) VALUES (old.key); END;",
         )
         .map_err(|e| cfg("cannot create tables", &e))?;

@@ -406,6 +406,13 @@ async fn retiring_a_key_forgets_its_siblings_old_tombstones() {
         ],
         "the old and other-boot tombstones under queue.s. are gone, the rest stay"
     );
+    let remembered: i64 = raw
+        .query_row("SELECT COUNT(*) FROM deleted", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        remembered, 0,
+        "retired tombstones are not remembered as deletes"
+    );
     assert!(s
         .get("queue.s.live", ReadMode::Leader, T)
         .await
@@ -586,6 +593,15 @@ async fn a_create_says_how_long_the_key_was_vacant() {
         .unwrap();
     let by_hand = s.create_vacant("lock.by-hand", b"y", T).await.unwrap();
     assert_eq!(by_hand.vacant_for, Duration::ZERO, "over a deleted row");
+    // A delete marker deleted by hand too.
+    let t = s.create("lock.marker", b"x", T).await.unwrap();
+    s.delete("lock.marker", t, T).await.unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute("DELETE FROM kv WHERE key = 'lock.marker'", [])
+        .unwrap();
+    let marker = s.create_vacant("lock.marker", b"y", T).await.unwrap();
+    assert_eq!(marker.vacant_for, Duration::ZERO, "over a deleted marker");
     // A conflict is a conflict.
     assert!(matches!(
         s.create_vacant("lock.fresh", b"z", T).await,
