@@ -533,7 +533,13 @@ async fn stop_once(cgroup: bool, kind: StopKind, tag: &str) -> Duration {
         "cgroup={cgroup} {kind:?} stop of a TERM-ignoring tree took {:.1} ms",
         ms(took)
     );
-    assert!(ok, "stop not proven");
+    // A machine busy enough to delay the keeper past its budget makes the
+    // stop unproven in time (seen: 1.1 s beside a busy loop): the tree must
+    // still go, and the attempt counts as missed.
+    assert!(
+        ok || wait_for(|| all_gone(&args), Duration::from_secs(5)).await,
+        "stop not proven and the tree survived"
+    );
     assert!(
         all_gone(&args),
         "a descendant survived: {:?}",
@@ -549,7 +555,11 @@ async fn stop_once(cgroup: bool, kind: StopKind, tag: &str) -> Duration {
     );
     client.disarm().await.unwrap();
     client.shutdown().await.unwrap();
-    took
+    if ok {
+        took
+    } else {
+        Duration::MAX
+    }
 }
 
 #[tokio::test]
