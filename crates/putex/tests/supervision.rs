@@ -176,20 +176,35 @@ async fn next_event(c: &mut KeeperClient) -> KeeperEvent {
 /// every time.
 const ATTEMPTS: u32 = 3;
 
+/// Runs `attempt` (which checks everything but the bound, and returns the
+/// time it measured) until one comes in under `bound`, at most
+/// [`ATTEMPTS`] times; panics with every measurement if none did.
+async fn one_within<F: std::future::Future<Output = Duration>>(
+    bound: Duration,
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) {
+    let mut measured = Vec::new();
+    for _ in 0..ATTEMPTS {
+        let took = attempt().await;
+        if took < bound {
+            return;
+        }
+        measured.push(took);
+    }
+    panic!("{what} over {bound:?} in every attempt: {measured:?}");
+}
+
 async fn fires_at_deadline(cgroup: bool, tag: &str, drop_agent: bool) {
     // Bounds of tens of milliseconds: a turn among the timing-sensitive tests.
     let _slot = timing_slot();
     // The tree ignores SIGTERM: the kill comes after emergency_timeout/2 = 100 ms.
-    let bound = Duration::from_millis(100 + 150);
-    let mut lates = Vec::new();
-    for _ in 0..ATTEMPTS {
-        let late = fire_once(cgroup, tag, drop_agent).await;
-        if late < bound {
-            return;
-        }
-        lates.push(late);
-    }
-    panic!("emergency stop too late in every attempt: {lates:?} (bound {bound:?})");
+    one_within(
+        Duration::from_millis(100 + 150),
+        "emergency stop after the deadline",
+        || fire_once(cgroup, tag, drop_agent),
+    )
+    .await;
 }
 
 /// One keeper firing at its deadline over a TERM-ignoring tree: how long
@@ -505,15 +520,8 @@ async fn stop_case(cgroup: bool, kind: StopKind, tag: &str) {
         // TERM, then KILL after half the emergency timeout (200 ms).
         _ => Duration::from_millis(250),
     };
-    let mut tooks = Vec::new();
-    for _ in 0..ATTEMPTS {
-        let took = stop_once(cgroup, kind, tag).await;
-        if took < bound {
-            return;
-        }
-        tooks.push(took);
-    }
-    panic!("{kind:?} stop too slow in every attempt: {tooks:?} (bound {bound:?})");
+    let what = format!("{kind:?} stop");
+    one_within(bound, &what, || stop_once(cgroup, kind, tag)).await;
 }
 
 /// One stop of a TERM-ignoring tree: how long it took, never less than the

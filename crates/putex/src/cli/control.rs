@@ -451,6 +451,27 @@ async fn member_silent_for(
     }
 }
 
+/// For `putex resume --force`, right after the control record was
+/// written: how long the paused holder's agent has not written its member
+/// record, if that is more than 3 T of its record (on the store's clock:
+/// the control record's time is "now").
+async fn holder_silent(store: &AnyStore, lock: &Name) -> Result<Option<Duration>, CliError> {
+    let now = store
+        .get(&keys::control(lock), ReadMode::Leader, STORE_TIMEOUT)
+        .await
+        .map_err(store_error)?
+        .map(|e| e.time);
+    let paused = lock_record(store, lock)
+        .await?
+        .filter(|(_, r)| r.paused.is_some() && is_live(r));
+    let (Some(now), Some((_, r))) = (now, paused) else {
+        return Ok(None);
+    };
+    Ok(member_silent_for(store, lock, &r.node, now)
+        .await
+        .filter(|d| *d >= r.lease() * 3))
+}
+
 /// `putex resume`.
 pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
     let lock = lock_name(&args.lock)?;
@@ -460,14 +481,14 @@ pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
     })
     .await
     .map_err(store_error)?;
-    // The store's "now": the control record just written.
-    let now = store
-        .get(&keys::control(&lock), ReadMode::Leader, STORE_TIMEOUT)
-        .await
-        .map_err(store_error)?
-        .map(|e| e.time);
+    // A holder whose agent has not reached the store for 3 T cannot see
+    // the resume either: --force need not wait for it.
+    let silent = if args.force {
+        holder_silent(&store, &lock).await?
+    } else {
+        None
+    };
     let deadline = Instant::now() + args.wait;
-    let mut first_look = true;
     loop {
         let record = lock_record(&store, &lock).await?;
         let paused = record
@@ -477,16 +498,6 @@ pub async fn resume(args: &ResumeArgs) -> Result<(), CliError> {
             println!("{lock} resumed: failover is on");
             return Ok(());
         };
-        // A holder whose agent has not reached the store for 3 T cannot see
-        // the resume either: --force need not wait for it.
-        let mut silent = None;
-        if args.force && std::mem::take(&mut first_look) {
-            if let Some(now) = now {
-                silent = member_silent_for(&store, &lock, &r.node, now)
-                    .await
-                    .filter(|d| *d >= r.lease() * 3);
-            }
-        }
         if silent.is_some() || Instant::now() >= deadline {
             if !args.force {
                 return Err(CliError::Exit(

@@ -63,7 +63,10 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::Mutex;
 
 use super::hub::Hub;
-use super::keys::{filter_matches, validate_filter, validate_key};
+use super::keys::{
+    filter_matches, validate_filter, validate_key, GRANT_PREFIX, HISTORY_PREFIX, ID_PREFIX,
+    QUEUE_PREFIX,
+};
 use super::{
     boot_time_now, wall_nanos, with_deadline, Created, Entry, Op, ReadMode, Store, StoreError,
     StoreGap, StoreTime, Token, WatchEvent, WatchStream, RETIRED_KEPT,
@@ -516,14 +519,14 @@ impl SqliteStore {
         // transition records (`purge_prefix_keeping`) and the tombstones of
         // retired keys (`forget_retired_siblings`: tickets, grants, claim
         // names), none of them a lock record.
-        tx.execute_batch(
+        tx.execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS deleted (key TEXT PRIMARY KEY);
              CREATE TRIGGER IF NOT EXISTS record_deletes AFTER DELETE ON kv
-                 WHEN old.key NOT LIKE 'history.%'
-                     AND NOT (old.value IS NULL AND (old.key LIKE 'queue.%'
-                         OR old.key LIKE 'grant.%' OR old.key LIKE 'id.%.name.%'))
-                 BEGIN INSERT OR IGNORE INTO deleted (key) VALUES (old.key); END;",
-        )
+                 WHEN old.key NOT LIKE '{HISTORY_PREFIX}%'
+                     AND NOT (old.value IS NULL AND (old.key LIKE '{QUEUE_PREFIX}%'
+                         OR old.key LIKE '{GRANT_PREFIX}%' OR old.key LIKE '{ID_PREFIX}%.name.%'))
+                 BEGIN INSERT OR IGNORE INTO deleted (key) VALUES (old.key); END;"
+        ))
         .map_err(|e| cfg("cannot create tables", &e))?;
         let made = made_at(&tx, &path).map_err(|e| cfg("cannot read when it was made", &e))?;
         tx.commit().map_err(|e| cfg("cannot initialise", &e))?;
