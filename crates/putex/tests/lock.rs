@@ -117,6 +117,25 @@ fn wait_exit(child: &mut Child, within: Duration) -> Option<i32> {
     None
 }
 
+/// Waits until `pid` is stopped by a signal (SIGSTOP): state `T`.
+fn wait_frozen(pid: u32, within: Duration) {
+    let started = Instant::now();
+    let state = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command's name in parentheses.
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+    };
+    while state() != Some('T') {
+        assert!(
+            started.elapsed() < within,
+            "{pid} not stopped after {within:?}: state {:?}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn pid_alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -838,6 +857,11 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
     let _kill = KillOnDrop(first.id() as i32);
     std::fs::write(env.path("first.pid"), first.id().to_string()).unwrap();
     env.wait_for_lines("runs", 1, Duration::from_secs(15));
+    // CMD's kill may come late on a busy machine: the second host starts
+    // once the first is frozen (an at-most second host that finds the
+    // period claimed exits at once, and the SIGCONT below must come after
+    // the SIGSTOP).
+    wait_frozen(first.id(), Duration::from_secs(15));
     let mut second = env.lock(
         &name,
         &[&args[..], &["--wait", "30s"]].concat(),
@@ -902,8 +926,8 @@ fn once_at_least_runs_again_when_the_lock_is_lost_on_etcd() {
 }
 
 fn at_least_runs_again_when_the_lock_is_lost(env: &Env) {
-    let (runs, stderr) = once_lost_before_the_record(env, "at-least");
-    assert_eq!(runs, ["first", "second"], "{stderr}");
+    let (runs, second) = once_lost_before_the_record(env, "at-least");
+    assert_eq!(runs, ["first", "second"], "{second}");
     // The second run was recorded: a third host does not run it.
     let (status, stderr) = run(env.lock(
         "once-at-least",
@@ -911,7 +935,10 @@ fn at_least_runs_again_when_the_lock_is_lost(env: &Env) {
         r#"echo third >> "$D/runs""#,
     ));
     assert!(status.success(), "{stderr}");
-    assert!(stderr.contains("already ran in period"), "{stderr}");
+    assert!(
+        stderr.contains("already ran in period"),
+        "third: {stderr}\nsecond: {second}"
+    );
     assert_eq!(env.read("runs").lines().count(), 2);
 }
 

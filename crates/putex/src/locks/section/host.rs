@@ -297,6 +297,7 @@ impl Host for SlotHost {
             };
             let limit = clock::until(deadline) + Duration::from_millis(100);
             let ok = tokio::time::timeout(limit, work).await.unwrap_or(false);
+            tracing::debug!(ok, ?kind, "the command's stop finished");
             if ok && kind == StopKind::Graceful {
                 record_once(&shared, deadline).await;
             }

@@ -230,13 +230,20 @@ pub(super) async fn record_once(shared: &Shared, deadline: Instant) {
     if o.once.is_none() || o.once_mode != OnceMode::AtLeast {
         return;
     }
-    let (exit, token, period) = shared.with(|s| (s.exit, s.spawned, s.period.clone()));
-    let (Some(exit), Some(token), Some(period)) = (exit, token, period) else {
+    // The token CMD was spawned with: `spawning` too, since on a busy
+    // machine CMD can exit (and this stop run) before the activation
+    // hears that the spawn succeeded.
+    let (exit, token, period) =
+        shared.with(|s| (s.exit, s.spawned.or(s.spawning), s.period.clone()));
+    let (Some(exit), Some(token), Some(period)) = (exit, token, period.clone()) else {
+        tracing::debug!(?exit, ?token, ?period, "no run to record");
         return;
     };
     if exit.code != Some(0) {
+        tracing::debug!(?exit, "the run failed: not recorded");
         return;
     }
+    tracing::debug!(%period, %token, "recording the run");
     let timeout = o.timing.store_timeout();
     let (value, write) = once_record(shared, &period, token, OnceState::Done, timeout).await;
     let key = keys::once(&o.name);
