@@ -86,6 +86,12 @@ pub trait Host: Send + Sync + 'static {
     fn metrics(&self) -> Option<&Metrics> {
         None
     }
+    /// A write of the lock record by this machine landed at `token` with
+    /// `value` (before the machine hears of it): what guarded writes
+    /// compare against (`docs/locks.md`, "Guarded writes").
+    fn lock_written(&self, token: Token, value: &[u8]) {
+        let _ = (token, value);
+    }
 }
 
 /// Where the driver's machine keeps its records.
@@ -268,11 +274,35 @@ fn dispatch(
             let store = store.clone();
             let key = keys.of(store_key(&request.op)).to_owned();
             let metrics = host.metrics().cloned();
+            // The lock record as written, for the host to hear of it.
+            let written = match &request.op {
+                StoreOp::Create {
+                    key: Key::Lock,
+                    value,
+                }
+                | StoreOp::Update {
+                    key: Key::Lock,
+                    value,
+                    ..
+                }
+                | StoreOp::Put {
+                    key: Key::Lock,
+                    value,
+                } => Some((host.clone(), value.clone())),
+                _ => None,
+            };
             calls.push(Box::pin(async move {
                 let timeout = clock::until(request.deadline);
                 let op = op_name(&request.op);
                 let started = std::time::Instant::now();
                 let outcome = perform(&store, &key, request.op, timeout).await;
+                if let (
+                    Some((host, value)),
+                    StoreOutcome::Written(token) | StoreOutcome::Created { token, .. },
+                ) = (written, &outcome)
+                {
+                    host.lock_written(*token, &value);
+                }
                 tracing::trace!(
                     op,
                     key = %key,

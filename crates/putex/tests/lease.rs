@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use putex::core::{LockRecord, LockState, Observed, TimingConfig};
+use putex::locks::guard::{self, GuardError};
 use putex::locks::lease::{Lease, LeaseOptions, Lock, Lost};
 use putex::store::{keys, AnyStore, MemoryStore, ReadMode, SqliteStore, Store};
 
@@ -432,4 +433,107 @@ fn r14_a_busy_runtime_never_reports_a_lock_held_past_its_licence() {
             .expect("lost() completes at once once the licence has ended");
         assert_eq!(lost, Lost::LicenceEnded);
     });
+}
+
+// ---------------------------------------------------------------------------
+// Guarded writes (`docs/locks.md`, "Guarded writes").
+
+/// While held, every guarded write lands — renewals racing them are unseen
+/// by the caller; once the record moved (a revocation here, a takeover
+/// alike) the store refuses it and the caller hears `NotHeld`; a new
+/// tenure of the same node does not revive an old tenure's guard.
+async fn guarded_writes(store: AnyStore) {
+    let lease = Lease::acquire(
+        store.clone(),
+        LeaseOptions::new("guarded", "node-a", fast()).unwrap(),
+    )
+    .await
+    .unwrap();
+    let writes = lease.guard();
+    assert_eq!(writes.token(), lease.token());
+    // About ten renewals land among these writes.
+    let started = Instant::now();
+    let mut n = 0u32;
+    while started.elapsed() < Duration::from_secs(1) {
+        writes
+            .put("guarded.counter", n.to_string().as_bytes())
+            .await
+            .expect("held: every guarded write lands");
+        n += 1;
+        // The memory store answers without yielding: let the renewals run.
+        tokio::task::yield_now().await;
+    }
+    let counter = || async { guard::get(&store, "guarded.counter").await.unwrap() };
+    assert_eq!(counter().await, Some((n - 1).to_string().into_bytes()));
+    writes
+        .delete("guarded.gone")
+        .await
+        .expect("an absent key deletes");
+
+    // The record moves on: the same writes are refused, nothing is written.
+    revoke(&store, "guarded").await;
+    let late = writes.put("guarded.counter", b"late").await;
+    assert!(matches!(late, Err(GuardError::NotHeld)), "{late:?}");
+    assert_eq!(counter().await, Some((n - 1).to_string().into_bytes()));
+    drop(lease);
+
+    // A lock released and taken again by the same node: a new tenure.
+    let mut lock = Lock::new(
+        store.clone(),
+        LeaseOptions::new("guarded-again", "node-a", fast()).unwrap(),
+    )
+    .unwrap();
+    assert!(lock.guard().is_none(), "not held: no guard");
+    lock.acquire().await.unwrap();
+    let old = lock.guard().unwrap();
+    old.put("again", b"1").await.unwrap();
+    assert!(lock.release().await.unwrap());
+    let after_release = old.put("again", b"released").await;
+    assert!(
+        matches!(after_release, Err(GuardError::NotHeld)),
+        "{after_release:?}"
+    );
+    lock.acquire().await.unwrap();
+    let stale = old.put("again", b"old tenure").await;
+    assert!(matches!(stale, Err(GuardError::NotHeld)), "{stale:?}");
+    lock.guard().unwrap().put("again", b"2").await.unwrap();
+    assert_eq!(
+        guard::get(&store, "again").await.unwrap(),
+        Some(b"2".to_vec())
+    );
+    // A key the store cannot take is refused by name.
+    let bad = lock.guard().unwrap().put("no spaces", b"x").await;
+    assert!(
+        matches!(&bad, Err(GuardError::Invalid(e)) if e.to_string().contains("kv.no spaces")),
+        "{bad:?}"
+    );
+    assert!(lock.close().await.unwrap());
+}
+
+#[tokio::test]
+async fn guarded_writes_on_the_memory_store() {
+    guarded_writes(AnyStore::from(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn guarded_writes_on_the_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("store.db"))
+        .await
+        .unwrap();
+    guarded_writes(AnyStore::from(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_on_nats() {
+    let server = crate::common::nats_server::NatsServer::start();
+    let url = putex::store::StoreUrl::parse(&server.url).unwrap();
+    guarded_writes(AnyStore::open(&url).await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_on_etcd() {
+    let server = crate::common::etcd_server::EtcdServer::start();
+    let url = putex::store::StoreUrl::parse(&format!("etcd://{}", server.endpoint())).unwrap();
+    guarded_writes(AnyStore::open(&url).await.unwrap()).await;
 }

@@ -63,7 +63,8 @@ use std::sync::Arc;
 use futures::future::{self, BoxFuture, FutureExt};
 use putex_core::{
     Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
-    LossCause, Reason, Role, StopKind, Timing, TimingConfig, TimingError, Token,
+    LockRecord, LockState, LossCause, Reason, Role, StopKind, Timing, TimingConfig, TimingError,
+    Token,
 };
 use thiserror::Error;
 use tokio::sync::{oneshot, watch};
@@ -72,6 +73,8 @@ use tokio::task::JoinHandle;
 use crate::clock;
 use crate::driver::{self, Host, Keys};
 use crate::observe::metrics::Metrics;
+
+use super::guard::Guard;
 use crate::store::{keys, AnyStore, Name, NameError, NodeId};
 
 /// What a lease is for and how it is timed.
@@ -140,20 +143,24 @@ pub enum Lost {
 
 /// What the driver has told us about the agent.
 #[derive(Clone, Debug)]
-struct View {
+pub(super) struct View {
     role: Role,
     /// The fencing token of the current tenure, once active.
-    held: Option<Token>,
+    pub(super) held: Option<Token>,
     /// When the licence ends (boot time), as the agent last told its
     /// "keeper". Checked against the clock at each call, so a view the
     /// driver task had no chance to update (a busy runtime) never claims a
     /// lock past its licence (H1).
-    licence_end: Option<Instant>,
+    pub(super) licence_end: Option<Instant>,
     /// How the last tenure ended.
     ended: Option<Lost>,
     /// Transitions into standby so far, and the reason of the last one.
     standbys: u64,
     last_standby: Option<Reason>,
+    /// The lock record this agent wrote last, and whether it says the
+    /// lock is held (confirming or active): what guarded writes compare
+    /// against.
+    pub(super) record: Option<(Token, bool)>,
 }
 
 /// The host side of a lock: no hooks, no keeper; activation and loss are
@@ -252,6 +259,16 @@ impl Host for LockHost {
     fn metrics(&self) -> Option<&Metrics> {
         self.metrics.as_ref()
     }
+
+    fn lock_written(&self, token: Token, value: &[u8]) {
+        let held = serde_json::from_slice::<LockRecord>(value)
+            .is_ok_and(|r| matches!(r.state, LockState::Confirming | LockState::Active));
+        self.view.send_modify(|v| {
+            if v.record.is_none_or(|(t, _)| t < token) {
+                v.record = Some((token, held));
+            }
+        });
+    }
 }
 
 /// A lock this program takes and gives back, again and again.
@@ -268,6 +285,10 @@ impl Host for LockHost {
 /// first, the lock goes stale after W instead, the slow, safe way.
 pub struct Lock {
     host: Arc<LockHost>,
+    /// For guards: the store, the lock's key and its timing.
+    store: AnyStore,
+    key: String,
+    timing: Timing,
     view: watch::Receiver<View>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<ExitReason>>,
@@ -293,7 +314,7 @@ impl Lock {
             // The program is the service: it only hears of a loss.
             AgentConfig {
                 store_clock_step: store.clock_step(),
-                ..AgentConfig::new(identity, timing)
+                ..AgentConfig::new(identity, timing.clone())
             },
             now,
         );
@@ -305,6 +326,7 @@ impl Lock {
             ended: None,
             standbys: 0,
             last_standby: None,
+            record: None,
         });
         let (inputs, inputs_rx) = driver::input_channel();
         let host = Arc::new(LockHost {
@@ -313,9 +335,10 @@ impl Lock {
             metrics: options.metrics.clone(),
         });
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let key = keys.lock.clone();
         let task = tokio::spawn(driver::run_with_inputs(
             agent,
-            store,
+            store.clone(),
             keys,
             host.clone(),
             async move {
@@ -325,6 +348,9 @@ impl Lock {
         ));
         Ok(Lock {
             host,
+            store,
+            key,
+            timing,
             view,
             shutdown: Some(shutdown_tx),
             task: Some(task),
@@ -381,6 +407,20 @@ impl Lock {
     /// [`Lock::lost`]).
     pub fn is_held(&self) -> bool {
         self.token().is_some()
+    }
+
+    /// Guarded writes for the current tenure: the store makes them only
+    /// while this tenure holds the lock (`docs/locks.md`, "Guarded
+    /// writes"). `None` when the lock is not held.
+    pub fn guard(&self) -> Option<Guard> {
+        let token = self.token()?;
+        Some(Guard::new(
+            self.store.clone(),
+            self.key.clone(),
+            token,
+            self.view.clone(),
+            &self.timing,
+        ))
     }
 
     /// Completes when the lock is no longer held — at once if it is not —
@@ -524,6 +564,20 @@ impl Lease {
     /// [`Lease::lost`]).
     pub fn is_held(&self) -> bool {
         self.lock.token() == Some(self.token)
+    }
+
+    /// Guarded writes for this tenure: the store makes them only while
+    /// this lease holds the lock (`docs/locks.md`, "Guarded writes"); once
+    /// it is lost or released they fail with
+    /// [`GuardError::NotHeld`](super::guard::GuardError::NotHeld).
+    pub fn guard(&self) -> Guard {
+        Guard::new(
+            self.lock.store.clone(),
+            self.lock.key.clone(),
+            self.token,
+            self.lock.view.clone(),
+            &self.lock.timing,
+        )
     }
 
     /// Completes when the lease is lost; from then on stop acting on the

@@ -58,6 +58,9 @@ pub const CANCEL_PREFIX: &str = "cancel.";
 pub const ID_PREFIX: &str = "id.";
 /// Prefix of the transition records ([`crate::observe::history`]).
 pub const HISTORY_PREFIX: &str = "history.";
+/// The callers' own keys, written by guarded writes
+/// (`crate::locks::guard`).
+pub const KV_PREFIX: &str = "kv.";
 
 /// The key of lock `name`'s record.
 pub fn lock(name: &Name) -> String {

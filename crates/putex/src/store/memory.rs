@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::keys::{filter_matches, validate_filter, validate_key};
 use super::{
-    boot_time_now, wall_nanos, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
-    WatchEvent, WatchStream,
+    boot_time_now, check_guarded, wall_nanos, Entry, Op, ReadMode, Store, StoreError, StoreTime,
+    Token, WatchEvent, WatchStream, Write,
 };
 use parking_lot::{Mutex, MutexGuard};
 
@@ -197,6 +197,51 @@ impl MemoryStore {
         Ok(self.token(revision))
     }
 
+    /// [`Store::guarded`]: every write, in one step under the state's
+    /// lock, if `guard_key` is still at `guard`.
+    fn write_guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+    ) -> Result<Token, StoreError> {
+        check_guarded(guard_key, writes)?;
+        let mut st = self.state();
+        let at = st
+            .current
+            .get(guard_key)
+            .filter(|c| c.value.is_some())
+            .map(|c| c.revision);
+        if guard.epoch != self.inner.epoch || at != Some(guard.revision) {
+            return Err(StoreError::conflict(Op::Guarded, guard_key));
+        }
+        let time = (self.inner.clock)();
+        for w in writes {
+            let value = match w {
+                Write::Put { value, .. } => Some(value.clone()),
+                Write::Delete { key } => {
+                    if st.current.get(key).is_none_or(|c| c.value.is_none()) {
+                        continue;
+                    }
+                    None
+                }
+            };
+            st.revision += 1;
+            let change = Change {
+                key: w.key().to_owned(),
+                value,
+                revision: st.revision,
+                time,
+            };
+            st.current.insert(change.key.clone(), change.clone());
+            st.log.push(change);
+        }
+        let revision = st.revision;
+        drop(st);
+        self.inner.notify.send_replace(revision);
+        Ok(self.token(revision))
+    }
+
     /// A write under the next queued fault, if any.
     async fn write_op(
         &self,
@@ -320,6 +365,20 @@ impl Store for MemoryStore {
         self.write_op(Op::Delete, key, None, Expect::At(expected), timeout)
             .await
             .map(drop)
+    }
+
+    async fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        let fault = self.next_write_fault(guard_key);
+        self.run_with(fault, Op::Guarded, guard_key, timeout, || {
+            self.write_guarded(guard_key, guard, writes)
+        })
+        .await
     }
 
     async fn watch(

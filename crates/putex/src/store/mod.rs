@@ -84,6 +84,8 @@ pub enum Op {
     Delete,
     /// [`Store::watch`] (starting it, or an event it failed to deliver).
     Watch,
+    /// [`Store::guarded`].
+    Guarded,
 }
 
 impl fmt::Display for Op {
@@ -96,6 +98,7 @@ impl fmt::Display for Op {
             Op::Put => "put",
             Op::Delete => "delete",
             Op::Watch => "watch",
+            Op::Guarded => "guarded write",
         })
     }
 }
@@ -233,6 +236,58 @@ pub struct WatchEvent {
 /// must be re-established with `from_revision` = last seen revision + 1.
 pub type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
 
+/// One write of a guarded batch ([`Store::guarded`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Sets `key` to `value`.
+    Put {
+        /// The key written.
+        key: String,
+        /// Its new value.
+        value: Vec<u8>,
+    },
+    /// Deletes `key`; nothing when it is absent.
+    Delete {
+        /// The key deleted.
+        key: String,
+    },
+}
+
+impl Write {
+    /// The key this write is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Write::Put { key, .. } | Write::Delete { key } => key,
+        }
+    }
+}
+
+/// Checks a guarded batch before any store sees it: valid keys, at least
+/// one write, none of them to the guard itself.
+pub(crate) fn check_guarded(guard_key: &str, writes: &[Write]) -> Result<(), StoreError> {
+    keys::validate_key(guard_key)?;
+    if writes.is_empty() {
+        return Err(StoreError::config(
+            "a guarded write needs at least one write",
+        ));
+    }
+    for (i, w) in writes.iter().enumerate() {
+        keys::validate_key(w.key())?;
+        if writes[..i].iter().any(|o| o.key() == w.key()) {
+            return Err(StoreError::config(format!(
+                "a guarded write names {:?} twice: one write per key",
+                w.key()
+            )));
+        }
+        if w.key() == guard_key {
+            return Err(StoreError::config(format!(
+                "a guarded write cannot write its own guard {guard_key:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The store contract (`docs/stores.md`). Every call takes a `timeout`; when it
 /// passes without an answer the call returns [`StoreError::Unknown`].
 ///
@@ -336,6 +391,24 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.delete(key, expected, timeout)
     }
+
+    /// A guarded write (`docs/locks.md`, "Guarded writes"): applies every
+    /// write of `writes` — all or none, in order — only if the record at
+    /// `guard_key` is, when the store commits them, still the live entry
+    /// at `guard`; otherwise a conflict, and nothing is written. The check
+    /// and the writes are one step of the store (a transaction, a
+    /// conditional publish), never a read followed by a write. Returns the
+    /// token of the last write.
+    ///
+    /// NATS checks one write at a time: more than one is a
+    /// [`StoreError::Config`].
+    fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Token, StoreError>> + Send;
 
     /// Watches the keys that `filter` selects: `""` for every key, a prefix
     /// ending in `.` (e.g. `"member.pg."`) for the keys under it, or one key.
@@ -507,6 +580,16 @@ impl Store for AnyStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         delegate!(self, s => s.retire(key, expected, timeout))
+    }
+
+    async fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        delegate!(self, s => s.guarded(guard_key, guard, writes, timeout))
     }
 
     async fn watch(

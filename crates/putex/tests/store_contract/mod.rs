@@ -13,6 +13,7 @@ use putex::core::record::Observed;
 use putex::store::nats::first_dated_revision;
 use putex::store::{
     AnyStore, MemoryStore, ReadMode, SqliteStore, Store, StoreError, StoreUrl, Token, WatchEvent,
+    Write,
 };
 
 use crate::common::nats_server::{NatsCluster, NatsServer};
@@ -315,6 +316,111 @@ async fn concurrent_cas(handles: &[AnyStore]) {
 }
 
 /// The whole suite on one store (`handles[0]`), with 8 handles for the race.
+/// Guarded writes: applied only while the guard record is at the given
+/// revision, refused (and nothing written) once it moved — while an
+/// unguarded write of the same key lands; a batch all or none where the
+/// store takes one.
+async fn guarded(s: &AnyStore) {
+    let lock = "lock.guarded";
+    let put = |key: &str, v: &str| Write::Put {
+        key: key.to_owned(),
+        value: v.as_bytes().to_vec(),
+    };
+    let value = |key: &'static str| async move {
+        s.get(key, ReadMode::Leader, T)
+            .await
+            .unwrap()
+            .map(|e| e.value)
+    };
+    let first = s.create(lock, &json("a"), T).await.unwrap();
+    s.guarded(lock, first, &[put("kv.g.one", "1")], T)
+        .await
+        .unwrap();
+    assert_eq!(value("kv.g.one").await, Some(b"1".to_vec()));
+    // The holder renews: the old revision no longer guards anything.
+    let renewed = s.update(lock, &json("b"), first, T).await.unwrap();
+    let stale = s.guarded(lock, first, &[put("kv.g.one", "stale")], T).await;
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(
+        value("kv.g.one").await,
+        Some(b"1".to_vec()),
+        "nothing written"
+    );
+    s.guarded(lock, renewed, &[put("kv.g.one", "2")], T)
+        .await
+        .unwrap();
+    // Another holder takes over: the stale holder's write is refused by the
+    // store, where a plain write would have landed.
+    let taken = s.update(lock, &json("c"), renewed, T).await.unwrap();
+    let late = s
+        .guarded(lock, renewed, &[put("kv.g.one", "late")], T)
+        .await;
+    assert!(matches!(late, Err(StoreError::Conflict { .. })), "{late:?}");
+    assert_eq!(value("kv.g.one").await, Some(b"2".to_vec()));
+    s.put("kv.g.one", b"plain", T).await.unwrap();
+    assert_eq!(value("kv.g.one").await, Some(b"plain".to_vec()));
+    // A delete, guarded the same way; deleting an absent key is no error.
+    let deleted = Write::Delete {
+        key: "kv.g.one".into(),
+    };
+    let refused = s
+        .guarded(lock, renewed, std::slice::from_ref(&deleted), T)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict { .. })),
+        "{refused:?}"
+    );
+    assert!(value("kv.g.one").await.is_some());
+    s.guarded(lock, taken, std::slice::from_ref(&deleted), T)
+        .await
+        .unwrap();
+    assert_eq!(value("kv.g.one").await, None);
+    s.guarded(lock, taken, &[deleted], T).await.unwrap();
+    // A guard that was never written, or is gone, guards nothing.
+    let never = s
+        .guarded("lock.never", first, &[put("kv.g.two", "x")], T)
+        .await;
+    assert!(
+        matches!(never, Err(StoreError::Conflict { .. })),
+        "{never:?}"
+    );
+    // Bad batches are refused before the store sees them.
+    for bad in [
+        vec![],
+        vec![put(lock, "x")],
+        vec![put("kv.g.a", "1"), put("kv.g.a", "2")],
+        vec![put("kv g", "1")],
+    ] {
+        let r = s.guarded(lock, taken, &bad, T).await;
+        assert!(
+            matches!(r, Err(StoreError::Config { .. })),
+            "{bad:?}: {r:?}"
+        );
+    }
+    // Several keys at once: all or none (NATS takes one write at a time).
+    let batch = [put("kv.g.a", "1"), put("kv.g.b", "2")];
+    let stale = s.guarded(lock, renewed, &batch, T).await;
+    let applied = s.guarded(lock, taken, &batch, T).await;
+    if matches!(s, AnyStore::Nats(_)) {
+        assert!(
+            matches!(applied, Err(StoreError::Config { .. })),
+            "{applied:?}"
+        );
+        assert!(matches!(stale, Err(StoreError::Config { .. })), "{stale:?}");
+    } else {
+        assert!(
+            matches!(stale, Err(StoreError::Conflict { .. })),
+            "{stale:?}"
+        );
+        applied.unwrap();
+        assert_eq!(value("kv.g.a").await, Some(b"1".to_vec()));
+        assert_eq!(value("kv.g.b").await, Some(b"2".to_vec()));
+    }
+}
+
 async fn contract(handles: &[AnyStore]) {
     let s = &handles[0];
     cas_semantics(s).await;
@@ -323,6 +429,7 @@ async fn contract(handles: &[AnyStore]) {
     watch(s).await;
     retire(s).await;
     concurrent_cas(handles).await;
+    guarded(s).await;
 }
 
 /// Which write [`unknown_then`] leaves unanswered.

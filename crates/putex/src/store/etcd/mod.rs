@@ -61,8 +61,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::keys::{filter_matches, validate_filter, validate_key, PROBE_PREFIX};
 use super::{
-    with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token, WatchEvent,
-    WatchStream,
+    check_guarded, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
+    WatchEvent, WatchStream, Write,
 };
 
 mod api;
@@ -248,7 +248,7 @@ impl EtcdStore {
         key: &str,
         expected_epoch: Option<u64>,
         compare: pb::Compare,
-        then: pb::RequestOp,
+        then: Vec<pb::RequestOp>,
     ) -> Result<Token, StoreError> {
         self.fresh_epoch(op, key).await?;
         let epoch_key = self.full(EPOCH_KEY);
@@ -258,7 +258,7 @@ impl EtcdStore {
         }
         let txn = client::txn(
             [compare, client::value_is(epoch_key.clone(), bytes.clone())],
-            [then],
+            then,
             [client::get_op(epoch_key)],
         );
         let resp = detached(self.inner.client.clone(), |client| async move {
@@ -658,7 +658,7 @@ impl Store for EtcdStore {
                 key,
                 None,
                 client::create_revision_is(full.clone(), 0),
-                client::put_op(full, value, 0),
+                vec![client::put_op(full, value, 0)],
             )
             .await
         })
@@ -680,7 +680,7 @@ impl Store for EtcdStore {
                 key,
                 Some(expected.epoch),
                 client::mod_revision_is(full.clone(), rev(expected.revision)),
-                client::put_op(full, value, 0),
+                vec![client::put_op(full, value, 0)],
             )
             .await
         })
@@ -721,11 +721,46 @@ impl Store for EtcdStore {
                 key,
                 Some(expected.epoch),
                 client::mod_revision_is(full.clone(), rev(expected.revision)),
-                client::delete_op(full),
+                vec![client::delete_op(full)],
             )
             .await?;
             self.inner.clock.forget(key);
             Ok(())
+        })
+        .await
+    }
+
+    async fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        check_guarded(guard_key, writes)?;
+        let then = writes
+            .iter()
+            .map(|w| match w {
+                Write::Put { key, value } => client::put_op(self.full(key), value.clone(), 0),
+                Write::Delete { key } => client::delete_op(self.full(key)),
+            })
+            .collect();
+        with_deadline(Op::Guarded, guard_key, timeout, async {
+            let token = self
+                .cas(
+                    Op::Guarded,
+                    guard_key,
+                    Some(guard.epoch),
+                    client::mod_revision_is(self.full(guard_key), rev(guard.revision)),
+                    then,
+                )
+                .await?;
+            for w in writes {
+                if let Write::Delete { key } = w {
+                    self.inner.clock.forget(key);
+                }
+            }
+            Ok(token)
         })
         .await
     }

@@ -44,8 +44,8 @@ use super::hub::Hub;
 use super::keys::{validate_filter, validate_key};
 use super::url::{NatsAuth, NatsConfig};
 use super::{
-    with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token, WatchEvent,
-    WatchStream, RETIRED_KEPT,
+    check_guarded, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
+    WatchEvent, WatchStream, Write, RETIRED_KEPT,
 };
 
 /// The one clock domain of NATS store time.
@@ -72,6 +72,10 @@ const NATS_TTL: &str = "Nats-TTL";
 /// With `sub`: the message replaces every earlier message of its subject.
 const NATS_ROLLUP: &str = "Nats-Rollup";
 const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+/// With [`EXPECTED_LAST_SUBJECT_SEQ`]: the subject whose last sequence is
+/// compared, when it is not the published one (nats-server 2.11+): a
+/// guarded write.
+const EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
 /// "wrong last sequence": the compare-and-swap did not match.
 const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
 /// The same answer from a replicated stream.
@@ -329,8 +333,9 @@ impl NatsStore {
     }
 
     /// Publishes to the key's subject; `expect` is the required last
-    /// revision of the key (0 = none), `marker` says whether it is a value
-    /// or which marker.
+    /// revision of the key (0 = none) — or, with `guard`, of that key
+    /// instead (a guarded write) —, `marker` says whether it is a value or
+    /// which marker.
     /// Returns the revision written.
     async fn publish(
         &self,
@@ -338,6 +343,7 @@ impl NatsStore {
         key: &str,
         value: &[u8],
         expect: Option<u64>,
+        guard: Option<&str>,
         marker: Marker,
     ) -> Result<u64, StoreError> {
         let subject = format!("{}{key}", self.inner.subject_prefix);
@@ -347,6 +353,10 @@ impl NatsStore {
                 EXPECTED_LAST_SUBJECT_SEQ,
                 async_nats::HeaderValue::from(rev),
             );
+            if let Some(guard) = guard {
+                let guard = format!("{}{guard}", self.inner.subject_prefix);
+                headers.insert(EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, guard.as_str());
+            }
         }
         match marker {
             Marker::None => {}
@@ -393,7 +403,7 @@ impl NatsStore {
         .await;
         let call = match op {
             Op::Get | Op::Open | Op::Watch => stuck::Call::Read,
-            Op::Create | Op::Update | Op::Put | Op::Delete => stuck::Call::Write,
+            Op::Create | Op::Update | Op::Put | Op::Delete | Op::Guarded => stuck::Call::Write,
         };
         let answered = result.as_ref().map_or_else(|e| !e.is_unknown(), |_| true);
         self.note_answer(call, answered, started);
@@ -469,13 +479,15 @@ impl NatsStore {
         )
     }
 
+    /// A write to `key` that lands only if `expected` holds: the key's own
+    /// last revision, or with `guard` that key's (a guarded write).
     async fn cas(
         &self,
         op: Op,
         key: &str,
-        value: &[u8],
+        (value, marker): (&[u8], Marker),
         expected: Token,
-        marker: Marker,
+        guard: Option<&str>,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         validate_key(key)?;
@@ -505,7 +517,7 @@ impl NatsStore {
                     return Err(StoreError::conflict(op, key));
                 }
                 match self
-                    .publish(op, key, value, Some(expected.revision), marker)
+                    .publish(op, key, value, Some(expected.revision), guard, marker)
                     .await
                 {
                     Ok(revision) => Ok(Token::new(epoch, revision)),
@@ -590,7 +602,7 @@ impl Store for NatsStore {
             Box::pin(async move {
                 self.refresh_epoch(Op::Create, key).await?;
                 match self
-                    .publish(Op::Create, key, value, Some(0), Marker::None)
+                    .publish(Op::Create, key, value, Some(0), None, Marker::None)
                     .await
                 {
                     Err(StoreError::Conflict { .. }) => {}
@@ -600,7 +612,7 @@ impl Store for NatsStore {
                 // means a compare-and-swap on the marker.
                 match self.raw(key, ReadMode::Leader).await {
                     Ok(Raw::Deleted(rev)) => self
-                        .publish(Op::Create, key, value, Some(rev), Marker::None)
+                        .publish(Op::Create, key, value, Some(rev), None, Marker::None)
                         .await
                         .map(|rev| self.token(rev)),
                     // The first attempt was definitely not applied.
@@ -618,8 +630,15 @@ impl Store for NatsStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<Token, StoreError> {
-        self.cas(Op::Update, key, value, expected, Marker::None, timeout)
-            .await
+        self.cas(
+            Op::Update,
+            key,
+            (value, Marker::None),
+            expected,
+            None,
+            timeout,
+        )
+        .await
     }
 
     async fn put(&self, key: &str, value: &[u8], timeout: Duration) -> Result<Token, StoreError> {
@@ -627,7 +646,7 @@ impl Store for NatsStore {
         self.call(Op::Put, key, timeout, || {
             Box::pin(async move {
                 self.refresh_epoch(Op::Put, key).await?;
-                self.publish(Op::Put, key, value, None, Marker::None)
+                self.publish(Op::Put, key, value, None, None, Marker::None)
                     .await
                     .map(|rev| self.token(rev))
             })
@@ -641,9 +660,16 @@ impl Store for NatsStore {
         expected: Token,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        self.cas(Op::Delete, key, &[], expected, Marker::Delete, timeout)
-            .await
-            .map(drop)
+        self.cas(
+            Op::Delete,
+            key,
+            (&[], Marker::Delete),
+            expected,
+            None,
+            timeout,
+        )
+        .await
+        .map(drop)
     }
 
     async fn retire(
@@ -659,9 +685,35 @@ impl Store for NatsStore {
         } else {
             Marker::Delete
         };
-        self.cas(Op::Delete, key, &[], expected, marker, timeout)
+        self.cas(Op::Delete, key, (&[], marker), expected, None, timeout)
             .await
             .map(drop)
+    }
+
+    /// One write, published with the guard's last revision as its
+    /// expectation (`Nats-Expected-Last-Subject-Sequence-Subject`): the
+    /// stream leader checks and appends in one step. NATS has no such
+    /// check over several subjects at once: a batch is refused.
+    async fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        check_guarded(guard_key, writes)?;
+        let [write] = writes else {
+            return Err(StoreError::config(
+                "NATS makes one guarded write at a time (a batch needs etcd or the embedded store)",
+            ));
+        };
+        let body = match write {
+            Write::Put { value, .. } => (value.as_slice(), Marker::None),
+            Write::Delete { .. } => (&[][..], Marker::Delete),
+        };
+        let key = write.key();
+        self.cas(Op::Guarded, key, body, guard, Some(guard_key), timeout)
+            .await
     }
 
     async fn watch(

@@ -68,8 +68,8 @@ use super::keys::{
     QUEUE_PREFIX,
 };
 use super::{
-    boot_time_now, wall_nanos, with_deadline, Created, Entry, Op, ReadMode, Store, StoreError,
-    StoreGap, StoreTime, Token, WatchEvent, WatchStream, RETIRED_KEPT,
+    boot_time_now, check_guarded, wall_nanos, with_deadline, Created, Entry, Op, ReadMode, Store,
+    StoreError, StoreGap, StoreTime, Token, WatchEvent, WatchStream, Write, RETIRED_KEPT,
 };
 
 /// How often the watch feed reads new revisions when nothing told it of a
@@ -176,6 +176,9 @@ struct Queued {
     /// A delete of a retired key ([`Store::retire`]): its siblings'
     /// tombstones older than [`RETIRED_KEPT`] go with it.
     retire: bool,
+    /// A guarded batch ([`Store::guarded`]): `key` is the guard, `expect`
+    /// its revision, and these the writes made if it holds.
+    guarded: Vec<Write>,
     reply: tokio::sync::oneshot::Sender<Result<Written, StoreError>>,
 }
 
@@ -743,15 +746,28 @@ impl SqliteStore {
         timeout: Duration,
     ) -> Result<Written, StoreError> {
         validate_key(key)?;
-        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let (reply, answer) = tokio::sync::oneshot::channel();
         self.inner.queued.lock().push(Queued {
             op,
             key: key.to_owned(),
             value: value.map(<[u8]>::to_vec),
             expect,
             retire,
+            guarded: Vec::new(),
             reply,
         });
+        self.commit_turn(op, key, answer, timeout).await
+    }
+
+    /// Waits for a queued write's answer, committing the queue (this
+    /// write's batch) if the connection is free first.
+    async fn commit_turn(
+        &self,
+        op: Op,
+        key: &str,
+        mut answer: tokio::sync::oneshot::Receiver<Result<Written, StoreError>>,
+        timeout: Duration,
+    ) -> Result<Written, StoreError> {
         let inner = self.inner.clone();
         let lost =
             |key: &str| StoreError::unknown(op, key, "the write's batch ended without an answer");
@@ -886,6 +902,9 @@ fn apply(
     if !ok {
         return Ok(None);
     }
+    if !q.guarded.is_empty() {
+        return apply_guarded(tx, &q.guarded).map(Some);
+    }
     // No row at all (not even a delete marker) and no delete recorded by
     // the trigger: nothing was ever at this key in this file.
     let pristine = current.is_none()
@@ -918,6 +937,54 @@ fn apply(
         forget_retired_siblings(tx, &q.key, now)?;
     }
     Ok(Some((from_i64(revision), pristine, now)))
+}
+
+/// The writes of a guarded batch whose guard holds ([`Store::guarded`]),
+/// in the batch's transaction: the revision and time of the last.
+fn apply_guarded(
+    tx: &rusqlite::Transaction<'_>,
+    writes: &[Write],
+) -> rusqlite::Result<(u64, bool, StoreTime)> {
+    let now = boot_time_now();
+    let mut revision: i64 = 0;
+    for w in writes {
+        let value = match w {
+            Write::Put { value, .. } => Some(value.as_slice()),
+            Write::Delete { key } => {
+                let live: Option<bool> = tx
+                    .prepare_cached("SELECT value IS NOT NULL FROM kv WHERE key = ?1")?
+                    .query_row([key], |r| r.get(0))
+                    .optional()?;
+                if live != Some(true) {
+                    continue;
+                }
+                None
+            }
+        };
+        revision = tx
+            .prepare_cached(
+                "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
+            )?
+            .query_row([], |r| r.get(0))?;
+        tx.prepare_cached(
+            "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
+                 revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
+        )?
+        .execute(params![
+            w.key(),
+            value,
+            revision,
+            to_i64(now.era),
+            to_i64(now.nanos)
+        ])?;
+    }
+    if revision == 0 {
+        // Only deletes of absent keys: nothing written, the newest
+        // revision stands for the batch.
+        revision = to_i64(newest_revision(tx)?);
+    }
+    Ok((from_i64(revision), false, now))
 }
 
 /// For a prefix `stem.`: the first key past every key under it, `stem/`
@@ -1195,6 +1262,32 @@ impl Store for SqliteStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         self.delete_at(key, expected, true, timeout).await
+    }
+
+    async fn guarded(
+        &self,
+        guard_key: &str,
+        guard: Token,
+        writes: &[Write],
+        timeout: Duration,
+    ) -> Result<Token, StoreError> {
+        check_guarded(guard_key, writes)?;
+        if guard.epoch != self.inner.epoch {
+            return Err(StoreError::conflict(Op::Guarded, guard_key));
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.inner.queued.lock().push(Queued {
+            op: Op::Guarded,
+            key: guard_key.to_owned(),
+            value: None,
+            expect: Expect::At(guard.revision),
+            retire: false,
+            guarded: writes.to_vec(),
+            reply,
+        });
+        self.commit_turn(Op::Guarded, guard_key, answer, timeout)
+            .await
+            .map(|w| w.token)
     }
 
     async fn watch(

@@ -1,0 +1,225 @@
+//! Guarded writes: a holder's writes that the store itself refuses once the
+//! lock has moved on (`docs/locks.md`, "Guarded writes").
+//!
+//! Fencing tokens protect a resource that checks them; a guarded write
+//! protects data kept in the store itself, whatever the clocks did. The
+//! store applies the write only if the lock record is, when it commits,
+//! still a record this tenure wrote — one step of the store (an etcd `Txn`
+//! comparing the lock key's mod revision, one SQLite transaction, a NATS
+//! publish whose expected last sequence is the lock subject's), never a
+//! read followed by a write. A holder frozen past its licence and resumed
+//! after a takeover has its write refused by the store: the record moved.
+//!
+//! The keys are the caller's, kept under [`keys::KV_PREFIX`] beside
+//! putex's own records; [`get`] reads them back.
+//!
+//! ```
+//! use std::time::Duration;
+//! use putex::locks::guard::{self, GuardError};
+//! use putex::locks::lease::{Lease, LeaseOptions};
+//! use putex::store::{AnyStore, MemoryStore};
+//! use putex::core::TimingConfig;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = AnyStore::from(MemoryStore::new());
+//! let timing = TimingConfig {
+//!     renew: Duration::from_millis(100),
+//!     failures: 3,
+//!     confirm: 1,
+//!     ..TimingConfig::default()
+//! };
+//! let lease = Lease::acquire(store.clone(), LeaseOptions::new("orders", "host-a", timing)?).await?;
+//! let writes = lease.guard();
+//! writes.put("orders.last", b"42").await?;
+//! assert_eq!(guard::get(&store, "orders.last").await?, Some(b"42".to_vec()));
+//! lease.release().await?;
+//! // The tenure is over: nothing is written.
+//! assert!(matches!(writes.put("orders.last", b"43").await, Err(GuardError::NotHeld)));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use putex_core::{Timing, Token};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::clock;
+use crate::store::keys::{self, KeyError};
+use crate::store::{AnyStore, ReadMode, Store, StoreError, Write};
+
+use super::lease::View;
+
+/// Why a guarded write was not made.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum GuardError {
+    /// The tenure the guard belongs to is over (released, lost, or the lock
+    /// moved on in the store): nothing was written.
+    #[error("the lock is no longer held by this tenure: nothing was written")]
+    NotHeld,
+    /// A key or batch the store cannot take (bad characters, too long,
+    /// a key named twice, a batch on NATS).
+    #[error(transparent)]
+    Invalid(StoreError),
+    /// The store did not answer in time: the write may or may not have
+    /// landed. Read the key back to know.
+    #[error(transparent)]
+    Unknown(StoreError),
+}
+
+/// Writes that land only while one tenure of a lock holds it: from
+/// [`super::lease::Lease::guard`] or [`super::lease::Lock::guard`]. Clones
+/// share the tenure.
+#[derive(Clone)]
+pub struct Guard {
+    store: AnyStore,
+    lock_key: String,
+    tenure: Token,
+    view: watch::Receiver<View>,
+    /// How long to wait for a newer record of ours after a conflict.
+    patience: Duration,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("lock", &self.lock_key)
+            .field("tenure", &self.tenure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    pub(super) fn new(
+        store: AnyStore,
+        lock_key: String,
+        tenure: Token,
+        view: watch::Receiver<View>,
+        timing: &Timing,
+    ) -> Guard {
+        Guard {
+            store,
+            lock_key,
+            tenure,
+            view,
+            patience: timing.lease(),
+            timeout: timing.store_timeout(),
+        }
+    }
+
+    /// The fencing token of the tenure this guard belongs to.
+    pub fn token(&self) -> Token {
+        self.tenure
+    }
+
+    /// Sets `key` (under [`keys::KV_PREFIX`]) to `value` if this tenure
+    /// still holds the lock when the store commits it.
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<Token, GuardError> {
+        self.batch(&[Write::Put {
+            key: key.to_owned(),
+            value: value.to_vec(),
+        }])
+        .await
+    }
+
+    /// Deletes `key` (nothing if absent) if this tenure still holds the
+    /// lock when the store commits it.
+    pub async fn delete(&self, key: &str) -> Result<Token, GuardError> {
+        self.batch(&[Write::Delete {
+            key: key.to_owned(),
+        }])
+        .await
+    }
+
+    /// Several writes, all or none, if this tenure still holds the lock
+    /// when the store commits them (etcd and the embedded store; NATS takes
+    /// one write at a time). Keys are the caller's, each named once.
+    ///
+    /// A renewal of ours that lands just before makes the store refuse the
+    /// write (the record moved): it is made again against the newer record,
+    /// unseen by the caller. A takeover, a release or the end of the
+    /// licence make it [`GuardError::NotHeld`], never a silent success.
+    pub async fn batch(&self, writes: &[Write]) -> Result<Token, GuardError> {
+        let writes = writes
+            .iter()
+            .map(|w| {
+                Ok(match w {
+                    Write::Put { key, value } => Write::Put {
+                        key: kv_key(key)?,
+                        value: value.clone(),
+                    },
+                    Write::Delete { key } => Write::Delete { key: kv_key(key)? },
+                })
+            })
+            .collect::<Result<Vec<_>, KeyError>>()
+            .map_err(|e| GuardError::Invalid(e.into()))?;
+        let mut view = self.view.clone();
+        loop {
+            let record = self.ours(&mut view)?;
+            match self
+                .store
+                .guarded(&self.lock_key, record, &writes, self.timeout)
+                .await
+            {
+                Ok(token) => return Ok(token),
+                Err(StoreError::Conflict { .. }) => {
+                    // Our newer record (a renewal) or the news of a loss:
+                    // either changes the view. None in time: the lock moved.
+                    let wait = tokio::time::timeout(self.patience, async {
+                        while self.ours(&mut view).ok() == Some(record) {
+                            if view.changed().await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    if wait.await.is_err() {
+                        return Err(GuardError::NotHeld);
+                    }
+                }
+                Err(e @ StoreError::Unknown { .. }) => return Err(GuardError::Unknown(e)),
+                Err(e @ StoreError::Config { .. }) => return Err(GuardError::Invalid(e)),
+            }
+        }
+    }
+
+    /// The newest lock record this tenure wrote, while it holds the lock by
+    /// the clock too; otherwise [`GuardError::NotHeld`].
+    fn ours(&self, view: &mut watch::Receiver<View>) -> Result<Token, GuardError> {
+        let v = view.borrow_and_update();
+        let live = v
+            .licence_end
+            .is_some_and(|end| clock::boot_time_now() < end);
+        match v.record {
+            Some((token, true))
+                if live
+                    && v.held == Some(self.tenure)
+                    && token.epoch == self.tenure.epoch
+                    && token.revision >= self.tenure.revision =>
+            {
+                Ok(token)
+            }
+            _ => Err(GuardError::NotHeld),
+        }
+    }
+}
+
+/// The store key of a caller's key: `kv.<key>`.
+fn kv_key(key: &str) -> Result<String, KeyError> {
+    let full = format!("{}{key}", keys::KV_PREFIX);
+    keys::validate_key(&full)?;
+    Ok(full)
+}
+
+/// Reads a caller's key (under [`keys::KV_PREFIX`]) as the store has it
+/// now: `None` when absent.
+pub async fn get(store: &AnyStore, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let key = kv_key(key)?;
+    Ok(store
+        .get(&key, ReadMode::Leader, Duration::from_secs(5))
+        .await?
+        .map(|e| e.value))
+}
