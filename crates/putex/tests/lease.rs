@@ -537,3 +537,93 @@ async fn guarded_writes_on_etcd() {
     let url = putex::store::StoreUrl::parse(&format!("etcd://{}", server.endpoint())).unwrap();
     guarded_writes(AnyStore::open(&url).await.unwrap()).await;
 }
+
+/// The holder's store traffic is held back in the network (a fault proxy in
+/// `Hold`), as for a holder frozen or cut off mid-write: its guarded write
+/// and a plain write are sent while it holds the lock, its renewals stall
+/// behind them, another holder takes over and writes — and when the held
+/// traffic finally arrives, the store refuses the guarded write while the
+/// plain one lands over the new holder's value.
+async fn a_held_back_guarded_write_is_refused_by_the_store(direct: &str, target: &str) {
+    use crate::common::proxy::{Mode, Proxy};
+    let proxy = Proxy::start(target.parse().unwrap()).await.unwrap();
+    let (scheme, _) = direct.split_once("://").unwrap();
+    let via = putex::store::StoreUrl::parse(&format!("{scheme}://{}", proxy.addr())).unwrap();
+    let direct = AnyStore::open(&putex::store::StoreUrl::parse(direct).unwrap())
+        .await
+        .unwrap();
+    let held_back = AnyStore::open(&via).await.unwrap();
+    let a = Lease::acquire(
+        held_back.clone(),
+        LeaseOptions::new("held-back", "node-a", fast()).unwrap(),
+    )
+    .await
+    .unwrap();
+    let writes = a.guard();
+    writes.put("held-back", b"a").await.unwrap();
+
+    proxy.set(Mode::Hold);
+    let guarded = tokio::spawn(async move { writes.put("held-back", b"a, late").await });
+    let plain = {
+        let store = held_back.clone();
+        tokio::spawn(async move {
+            store
+                .put("kv.held-back-plain", b"a, late", Duration::from_secs(30))
+                .await
+        })
+    };
+    // Node b takes over once a's record is stale, and writes.
+    let b = tokio::time::timeout(
+        Duration::from_secs(10),
+        Lease::acquire(
+            direct.clone(),
+            LeaseOptions::new("held-back", "node-b", fast()).unwrap(),
+        ),
+    )
+    .await
+    .expect("b takes over a holder that stopped renewing")
+    .unwrap();
+    b.guard().put("held-back", b"b").await.unwrap();
+    direct
+        .put("kv.held-back-plain", b"b", Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    // The held traffic arrives, after b's writes.
+    proxy.set(Mode::Pass);
+    let refused = guarded.await.unwrap();
+    assert!(
+        matches!(refused, Err(GuardError::NotHeld | GuardError::Unknown(_))),
+        "{refused:?}"
+    );
+    plain.await.unwrap().expect("the plain write lands late");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        guard::get(&direct, "held-back").await.unwrap(),
+        Some(b"b".to_vec()),
+        "the store refused the guarded write of the deposed holder"
+    );
+    assert_eq!(
+        guard::get(&direct, "held-back-plain").await.unwrap(),
+        Some(b"a, late".to_vec()),
+        "the plain write of the deposed holder landed over b's"
+    );
+    let writes = b.guard();
+    writes.put("held-back", b"b again").await.unwrap();
+    drop(a);
+    b.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_guarded_write_is_refused_by_the_store_on_nats() {
+    let server = crate::common::nats_server::NatsServer::start();
+    let target = server.url.trim_start_matches("nats://").to_owned();
+    a_held_back_guarded_write_is_refused_by_the_store(&server.url, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_guarded_write_is_refused_by_the_store_on_etcd() {
+    let server = crate::common::etcd_server::EtcdServer::start();
+    let direct = format!("etcd://{}", server.endpoint());
+    a_held_back_guarded_write_is_refused_by_the_store(&direct, &server.endpoint()).await;
+}
