@@ -83,6 +83,7 @@ fn main() -> ExitCode {
         command,
         Command::Lock(_)
             | Command::Id(_)
+            | Command::Kv(_)
             | Command::Status(_)
             | Command::History(_)
             | Command::Switchover(_)
@@ -121,6 +122,7 @@ fn main() -> ExitCode {
             },
             Command::Check(a) => putex::cli::check::run(&a).await,
             Command::Id(a) => putex::cli::id::run(&a).await,
+            Command::Kv(a) => putex::cli::kv::run(&a).await,
             Command::Status(a) => putex::cli::status::run(&a).await,
             Command::History(a) => putex::cli::history::run(&a).await,
             Command::Switchover(a) => putex::cli::control::switchover(&a).await,

@@ -1730,3 +1730,75 @@ fn a_store_that_cannot_be_opened_leaves_no_keeper_behind() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Guarded writes from CMD (`putex kv`, docs/locks.md "Guarded writes").
+
+/// CMD writes, reads and deletes keys through its `putex lock`; the values
+/// are in the store afterwards for anyone to read; outside a section a
+/// write is refused with its reason, and a bad key by name.
+fn kv_from_cmd(env: &Env) {
+    let p = crate::common::agent::putex_bin().display().to_string();
+    let mut c = env.lock(
+        "kv",
+        &[],
+        r#"set -e
+"$P" kv put greeting hello
+"$P" kv get greeting > "$D/got"
+echo "second value" | "$P" kv put note -
+"$P" kv put gone x
+"$P" kv delete gone
+if "$P" kv get gone; then echo present >> "$D/got"; else echo "absent $?" >> "$D/got"; fi
+"$P" kv put "bad key" x 2> "$D/bad" || echo "bad $?" >> "$D/got""#,
+    );
+    c.env("P", &p);
+    let (status, stderr) = run(c);
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert_eq!(env.read("got"), "hello\nabsent 1\nbad 64\n");
+    assert!(
+        env.read("bad").contains("kv.bad key"),
+        "{}",
+        env.read("bad")
+    );
+    // Outside the section: readable with --store, not writable.
+    let get = |key: &str| {
+        let mut c = putex();
+        c.args(["kv", "get", key, "--store", &env.url]);
+        run_out(c)
+    };
+    assert_eq!(get("greeting"), (0, "hello\n".to_owned()));
+    assert_eq!(get("note"), (0, "second value\n\n".to_owned()));
+    assert_eq!(get("gone").0, 1);
+    let mut put = putex();
+    put.args(["kv", "put", "greeting", "outside"]);
+    let (status, stderr) = run(put);
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("putex lock NAME -- CMD"), "{stderr}");
+    assert_eq!(get("greeting"), (0, "hello\n".to_owned()));
+}
+
+/// Exit code and stdout of `c`.
+fn run_out(mut c: Command) -> (i32, String) {
+    let out = c.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn kv_from_cmd_on_sqlite() {
+    kv_from_cmd(&Env::sqlite());
+}
+
+#[test]
+fn kv_from_cmd_on_nats() {
+    let server = NatsServer::start();
+    kv_from_cmd(&Env::nats(&server));
+}
+
+#[test]
+fn kv_from_cmd_on_etcd() {
+    let server = EtcdServer::start();
+    kv_from_cmd(&Env::etcd(&server));
+}

@@ -68,6 +68,11 @@ pub enum Command {
     /// (e.g. a snowflake worker id), releases, lists and checks them.
     #[command(after_help = crate::cli::id::ID_EXIT_CODES_HELP)]
     Id(crate::cli::id::IdArgs),
+    /// Guarded writes for the command of `putex lock`: `put` and `delete`
+    /// land only while its lock is held (the store refuses them once the
+    /// lock has moved on); `get` reads a key.
+    #[command(after_help = crate::cli::kv::KV_EXIT_CODES_HELP)]
+    Kv(crate::cli::kv::KvArgs),
     /// Shows who holds a lock, since when, with which fencing token, and the
     /// members' roles and health.
     #[command(after_help = crate::cli::EXIT_CODES_HELP)]

@@ -47,6 +47,7 @@ pub mod control;
 pub mod demo;
 pub mod history;
 pub mod id;
+pub mod kv;
 pub mod lock;
 pub mod manual;
 pub mod run;

@@ -40,8 +40,10 @@
 //! # }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt};
 use putex_core::{Timing, Token};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -70,6 +72,53 @@ pub enum GuardError {
     Unknown(StoreError),
 }
 
+/// What a guard needs to know of its tenure, from whoever holds the lock
+/// (a [`super::lease::Lock`], a `putex lock` section).
+pub(crate) trait Tenure: Send + Sync {
+    /// The newest lock record `tenure` wrote that says it holds the lock,
+    /// while it holds it by the clock too; `None` once the tenure is over.
+    fn newest(&self, tenure: Token) -> Option<Token>;
+    /// Completes after a change of what [`Tenure::newest`] may answer (or
+    /// after a short while: callers check again).
+    fn changed(&self) -> BoxFuture<'static, ()>;
+}
+
+/// How often a guard looks again while it waits for news of a renewal.
+const LOOK_AGAIN: Duration = Duration::from_millis(20);
+
+/// A [`super::lease::Lock`]'s view as a [`Tenure`].
+struct LeaseTenure(watch::Receiver<View>);
+
+impl Tenure for LeaseTenure {
+    fn newest(&self, tenure: Token) -> Option<Token> {
+        let v = self.0.borrow();
+        let live = v
+            .licence_end
+            .is_some_and(|end| clock::boot_time_now() < end);
+        match v.record {
+            Some((token, true))
+                if live
+                    && v.held == Some(tenure)
+                    && token.epoch == tenure.epoch
+                    && token.revision >= tenure.revision =>
+            {
+                Some(token)
+            }
+            _ => None,
+        }
+    }
+
+    fn changed(&self) -> BoxFuture<'static, ()> {
+        let mut view = self.0.clone();
+        async move {
+            // A change, or a short while: a change between the caller's
+            // look and this clone is seen at the next look.
+            let _ = tokio::time::timeout(LOOK_AGAIN, view.changed()).await;
+        }
+        .boxed()
+    }
+}
+
 /// Writes that land only while one tenure of a lock holds it: from
 /// [`super::lease::Lease::guard`] or [`super::lease::Lock::guard`]. Clones
 /// share the tenure.
@@ -78,7 +127,7 @@ pub struct Guard {
     store: AnyStore,
     lock_key: String,
     tenure: Token,
-    view: watch::Receiver<View>,
+    view: Arc<dyn Tenure>,
     /// How long to wait for a newer record of ours after a conflict.
     patience: Duration,
     timeout: Duration,
@@ -99,6 +148,18 @@ impl Guard {
         lock_key: String,
         tenure: Token,
         view: watch::Receiver<View>,
+        timing: &Timing,
+    ) -> Guard {
+        Guard::of(store, lock_key, tenure, Arc::new(LeaseTenure(view)), timing)
+    }
+
+    /// A guard for `tenure` of the lock record at `lock_key`, as `view`
+    /// tells of it.
+    pub(crate) fn of(
+        store: AnyStore,
+        lock_key: String,
+        tenure: Token,
+        view: Arc<dyn Tenure>,
         timing: &Timing,
     ) -> Guard {
         Guard {
@@ -157,9 +218,8 @@ impl Guard {
             })
             .collect::<Result<Vec<_>, KeyError>>()
             .map_err(|e| GuardError::Invalid(e.into()))?;
-        let mut view = self.view.clone();
         loop {
-            let record = self.ours(&mut view)?;
+            let record = self.ours()?;
             match self
                 .store
                 .guarded(&self.lock_key, record, &writes, self.timeout)
@@ -170,10 +230,8 @@ impl Guard {
                     // Our newer record (a renewal) or the news of a loss:
                     // either changes the view. None in time: the lock moved.
                     let wait = tokio::time::timeout(self.patience, async {
-                        while self.ours(&mut view).ok() == Some(record) {
-                            if view.changed().await.is_err() {
-                                return;
-                            }
+                        while self.ours().ok() == Some(record) {
+                            self.view.changed().await;
                         }
                     });
                     if wait.await.is_err() {
@@ -188,22 +246,8 @@ impl Guard {
 
     /// The newest lock record this tenure wrote, while it holds the lock by
     /// the clock too; otherwise [`GuardError::NotHeld`].
-    fn ours(&self, view: &mut watch::Receiver<View>) -> Result<Token, GuardError> {
-        let v = view.borrow_and_update();
-        let live = v
-            .licence_end
-            .is_some_and(|end| clock::boot_time_now() < end);
-        match v.record {
-            Some((token, true))
-                if live
-                    && v.held == Some(self.tenure)
-                    && token.epoch == self.tenure.epoch
-                    && token.revision >= self.tenure.revision =>
-            {
-                Ok(token)
-            }
-            _ => Err(GuardError::NotHeld),
-        }
+    fn ours(&self) -> Result<Token, GuardError> {
+        self.view.newest(self.tenure).ok_or(GuardError::NotHeld)
     }
 }
 

@@ -56,6 +56,9 @@ pub(super) struct State {
     pub(super) spread: usize,
     /// A slot's absent-record wait was told on stderr (S4): once per run.
     pub(super) absent_wait_said: bool,
+    /// Per slot, the lock record its agent wrote last and whether it says
+    /// held: what CMD's guarded writes compare against ([`super::kv`]).
+    pub(super) records: std::collections::BTreeMap<usize, (Token, bool)>,
 }
 
 impl State {
@@ -87,6 +90,8 @@ pub(super) struct Shared {
     /// waits for them before it returns, so that the process's exit never
     /// cuts one off (and the host forgets a token it saw).
     pub(super) persisting: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Where CMD asks for guarded writes (`PUTEX_KV_SOCKET`), if anywhere.
+    pub(super) kv_socket: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -239,6 +244,12 @@ impl Host for SlotHost {
             if let Some(t) = &o.title {
                 env.push(("PUTEX_TITLE".into(), t.clone()));
             }
+            if let Some(socket) = &shared.kv_socket {
+                env.push((
+                    super::kv::KV_SOCKET_VAR.into(),
+                    socket.display().to_string(),
+                ));
+            }
             env.extend(o.env.iter().cloned());
             shared.with(|s| s.spawning = Some(token));
             let spawned = shared
@@ -344,6 +355,21 @@ impl Host for SlotHost {
             }
         }
         answer
+    }
+
+    fn lock_written(&self, token: Token, value: &[u8]) {
+        let held = serde_json::from_slice::<putex_core::LockRecord>(value).is_ok_and(|r| {
+            matches!(
+                r.state,
+                putex_core::LockState::Confirming | putex_core::LockState::Active
+            )
+        });
+        // No wake-up: the section's loop has nothing to do with it.
+        let mut s = self.shared.lock();
+        let newer = s.records.get(&self.slot).is_none_or(|(t, _)| *t < token);
+        if newer {
+            s.records.insert(self.slot, (token, held));
+        }
     }
 
     fn persist_highest(&self, token: Token) {

@@ -67,6 +67,7 @@ use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
 
 mod host;
+pub mod kv;
 mod limits;
 mod once;
 mod run;

@@ -194,6 +194,16 @@ async fn run_inner(
     let keeper = Arc::new(keeper);
     let ops = KeeperQueue::start(keeper.clone());
 
+    // Where CMD asks for guarded writes; without it CMD runs all the same
+    // (and `putex kv` says why it cannot write).
+    let kv_path = opts.keeper_dir.join(format!("{instance}.kv.sock"));
+    let kv_listener = match super::kv::KvListener::bind(kv_path.clone()) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(path = %kv_path.display(), error = %e, "cannot listen for the command's guarded writes (putex kv)");
+            None
+        }
+    };
     let shared = Arc::new(Shared {
         opts: opts.clone(),
         store: store.clone(),
@@ -206,7 +216,10 @@ async fn run_inner(
             WriterConfig::new(&opts.name, &opts.node, &instance, "lock", timeout),
         ),
         persisting: Mutex::default(),
+        kv_socket: kv_listener.as_ref().map(|l| l.path().to_owned()),
     });
+    // CMD's guarded writes (`putex kv`), answered while the section runs.
+    let _kv = kv_listener.map(|l| super::kv::KvServer::start(shared.clone(), keys.clone(), l));
 
     let mut queue_turn = ticket.as_ref().map(Ticket::turn);
     // A semaphore watches its slots, to compete for one free slot at a time
