@@ -913,30 +913,42 @@ fn apply(
             .query_row([&q.key], |_| Ok(()))
             .optional()?
             .is_none();
+    // Read the clock inside the transaction: writers are serialised, so
+    // store time moves forward with the revision.
+    let now = boot_time_now();
+    let revision = write_row(tx, &q.key, q.value.as_deref(), now)?;
+    if q.retire {
+        forget_retired_siblings(tx, &q.key, now)?;
+    }
+    Ok(Some((from_i64(revision), pristine, now)))
+}
+
+/// Writes `key`'s row (`value: None`: a delete marker) at the next
+/// revision and store time `now`; returns the revision.
+fn write_row(
+    tx: &rusqlite::Transaction<'_>,
+    key: &str,
+    value: Option<&[u8]>,
+    now: StoreTime,
+) -> rusqlite::Result<i64> {
     let revision: i64 = tx
         .prepare_cached(
             "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
         )?
         .query_row([], |r| r.get(0))?;
-    // Read the clock inside the transaction: writers are serialised, so
-    // store time moves forward with the revision.
-    let now = boot_time_now();
     tx.prepare_cached(
         "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value,
              revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
     )?
     .execute(params![
-        q.key,
-        q.value,
+        key,
+        value,
         revision,
         to_i64(now.era),
         to_i64(now.nanos)
     ])?;
-    if q.retire {
-        forget_retired_siblings(tx, &q.key, now)?;
-    }
-    Ok(Some((from_i64(revision), pristine, now)))
+    Ok(revision)
 }
 
 /// The writes of a guarded batch whose guard holds ([`Store::guarded`]),
@@ -961,23 +973,7 @@ fn apply_guarded(
                 None
             }
         };
-        revision = tx
-            .prepare_cached(
-                "UPDATE counter SET revision = revision + 1 WHERE id = 0 RETURNING revision",
-            )?
-            .query_row([], |r| r.get(0))?;
-        tx.prepare_cached(
-            "INSERT INTO kv (key, value, revision, era, nanos) VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value,
-                 revision = excluded.revision, era = excluded.era, nanos = excluded.nanos",
-        )?
-        .execute(params![
-            w.key(),
-            value,
-            revision,
-            to_i64(now.era),
-            to_i64(now.nanos)
-        ])?;
+        revision = write_row(tx, w.key(), value, now)?;
     }
     if revision == 0 {
         // Only deletes of absent keys: nothing written, the newest
