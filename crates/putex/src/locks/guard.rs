@@ -267,3 +267,103 @@ pub async fn get(store: &AnyStore, key: &str) -> Result<Option<Vec<u8>>, StoreEr
         .await?
         .map(|e| e.value))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::store::MemoryStore;
+
+    /// A tenure whose newest record is what the test says, told late.
+    struct Told {
+        epoch: u64,
+        revision: AtomicU64,
+    }
+
+    impl Tenure for Told {
+        fn newest(&self, _tenure: Token) -> Option<Token> {
+            match self.revision.load(Ordering::SeqCst) {
+                0 => None,
+                r => Some(Token::new(self.epoch, r)),
+            }
+        }
+
+        fn changed(&self) -> BoxFuture<'static, ()> {
+            tokio::time::sleep(Duration::from_millis(5)).boxed()
+        }
+    }
+
+    fn timing() -> Timing {
+        putex_core::TimingConfig {
+            renew: Duration::from_millis(100),
+            failures: 3,
+            confirm: 1,
+            ..putex_core::TimingConfig::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_lands_first_is_retried_against_unseen() {
+        let store = AnyStore::from(MemoryStore::new());
+        let t = Duration::from_secs(1);
+        let tenure = store.create("lock.g", b"held", t).await.unwrap();
+        // A renewal lands; the holder hears of it only 30 ms later.
+        let renewed = store.update("lock.g", b"held", tenure, t).await.unwrap();
+        let told = Arc::new(Told {
+            epoch: tenure.epoch,
+            revision: AtomicU64::new(tenure.revision),
+        });
+        let guard = Guard::of(
+            store.clone(),
+            "lock.g".into(),
+            tenure,
+            told.clone(),
+            &timing(),
+        );
+        let tell = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            told.revision.store(renewed.revision, Ordering::SeqCst);
+        });
+        guard.put("k", b"v").await.unwrap();
+        tell.await.unwrap();
+        assert_eq!(get(&store, "k").await.unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_record_that_moved_and_no_news_is_not_held() {
+        let store = AnyStore::from(MemoryStore::new());
+        let t = Duration::from_secs(1);
+        let tenure = store.create("lock.g", b"held", t).await.unwrap();
+        // Someone else's write: the holder never hears of a newer record.
+        store.update("lock.g", b"other", tenure, t).await.unwrap();
+        let told = Arc::new(Told {
+            epoch: tenure.epoch,
+            revision: AtomicU64::new(tenure.revision),
+        });
+        let guard = Guard::of(store.clone(), "lock.g".into(), tenure, told, &timing());
+        let started = tokio::time::Instant::now();
+        let refused = guard.put("k", b"v").await;
+        assert!(matches!(refused, Err(GuardError::NotHeld)), "{refused:?}");
+        // Given up after T (300 ms here), not before.
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(get(&store, "k").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn an_ended_tenure_sends_nothing() {
+        let store = AnyStore::from(MemoryStore::new());
+        let t = Duration::from_secs(1);
+        let tenure = store.create("lock.g", b"held", t).await.unwrap();
+        let told = Arc::new(Told {
+            epoch: tenure.epoch,
+            revision: AtomicU64::new(0),
+        });
+        let guard = Guard::of(store.clone(), "lock.g".into(), tenure, told, &timing());
+        assert!(matches!(guard.delete("k").await, Err(GuardError::NotHeld)));
+        let bad = guard.put("a b", b"v").await;
+        assert!(matches!(bad, Err(GuardError::Invalid(_))), "{bad:?}");
+    }
+}
