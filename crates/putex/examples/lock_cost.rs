@@ -105,6 +105,7 @@ async fn main() {
     // The figures for --json.
     let mut uncontended_json = Vec::new();
     let mut op_counts_json = Vec::new();
+    let mut guarded_json = Vec::new();
     let mut counts: Vec<(String, String, OpCounts)> = Vec::new();
 
     let nats = NatsServer::start();
@@ -129,6 +130,10 @@ async fn main() {
         u.print();
         u.rows(label, &mut table);
         uncontended_json.push(u.to_json(label));
+        let g = guarded_puts(store, iters).await;
+        g.print();
+        g.rows(label, &mut table);
+        guarded_json.push(g.to_json(label));
         for (profile, timing, standing) in [
             ("Lock, fast", fast(), true),
             ("Lease, fast", fast(), false),
@@ -158,6 +163,7 @@ async fn main() {
                 "nats_server": machine.nats_version,
                 "uncontended": uncontended_json,
                 "op_counts": op_counts_json,
+                "guarded_put": guarded_json,
             }),
         );
     }
@@ -281,6 +287,88 @@ async fn uncontended(store: &AnyStore, iters: usize) -> Uncontended {
     lock_fast.close().await.expect("close");
     lock_default.close().await.expect("close");
     u
+}
+
+/// A guarded put (`docs/locks.md`, "Guarded writes") beside a plain put
+/// of the same key, alternately, while one `Lease` holds the lock and
+/// renews (R = 100 ms: a renewal lands among every few writes).
+struct GuardedPuts {
+    plain: Vec<Duration>,
+    guarded: Vec<Duration>,
+}
+
+async fn guarded_puts(store: &AnyStore, iters: usize) -> GuardedPuts {
+    let lease = acquire(store, "bench-guarded", "bench-node", fast()).await;
+    let writes = lease.guard();
+    // Warm both paths.
+    store
+        .put("kv.bench.plain", b"0", DEADLINE)
+        .await
+        .expect("put");
+    writes
+        .put("bench.guarded", b"0")
+        .await
+        .expect("guarded put");
+    let mut g = GuardedPuts {
+        plain: Vec::with_capacity(iters),
+        guarded: Vec::with_capacity(iters),
+    };
+    for i in 0..iters {
+        let value = i.to_string();
+        let t0 = Instant::now();
+        store
+            .put("kv.bench.plain", value.as_bytes(), DEADLINE)
+            .await
+            .expect("put");
+        g.plain.push(t0.elapsed());
+        tokio::time::sleep(PAUSE).await;
+        let t0 = Instant::now();
+        writes
+            .put("bench.guarded", value.as_bytes())
+            .await
+            .expect("a held lease's guarded put lands");
+        g.guarded.push(t0.elapsed());
+        tokio::time::sleep(PAUSE).await;
+    }
+    assert!(lease.release().await.expect("release"), "released");
+    g
+}
+
+impl GuardedPuts {
+    fn print(&self) {
+        let (plain, guarded) = (Summary::of(&self.plain), Summary::of(&self.guarded));
+        println!(
+            "plain put {}; guarded put (held Lease) {}: {:.2}× (median)",
+            plain.med_p99(),
+            guarded.med_p99(),
+            ratio(guarded.median, plain.median)
+        );
+    }
+
+    fn to_json(&self, store: &str) -> serde_json::Value {
+        let (plain, guarded) = (Summary::of(&self.plain), Summary::of(&self.guarded));
+        serde_json::json!({
+            "store": store,
+            "iters": self.plain.len(),
+            "plain_put": {"median_ms": ms_f(plain.median), "p99_ms": ms_f(plain.p99)},
+            "guarded_put": {"median_ms": ms_f(guarded.median), "p99_ms": ms_f(guarded.p99)},
+        })
+    }
+
+    fn rows(&self, store: &str, table: &mut Table) {
+        let (plain, guarded) = (Summary::of(&self.plain), Summary::of(&self.guarded));
+        table.push(
+            "guarded `put` (held `Lease`, R=100ms) vs plain `put`",
+            store,
+            guarded.med_p99(),
+            format!(
+                "{:.2}× plain put ({}; p99 {:.2}×)",
+                ratio(guarded.median, plain.median),
+                plain.median_ms(),
+                ratio(guarded.p99, plain.p99)
+            ),
+        );
+    }
 }
 
 /// The library variants of the uncontended measurement: JSON key, label,
