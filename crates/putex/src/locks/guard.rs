@@ -83,6 +83,12 @@ pub(crate) trait Tenure: Send + Sync {
     fn changed(&self) -> BoxFuture<'static, ()>;
 }
 
+/// The most a guarded write (all its values together) may carry: within
+/// every store's limits — NATS's default `max_payload` of 1 MiB per
+/// message, etcd's 1.5 MiB per request — with room for the key and the
+/// framing.
+pub const MAX_VALUES: usize = 512 * 1024;
+
 /// How often a guard looks again while it waits for news of a renewal.
 const LOOK_AGAIN: Duration = Duration::from_millis(20);
 
@@ -218,6 +224,18 @@ impl Guard {
             })
             .collect::<Result<Vec<_>, KeyError>>()
             .map_err(|e| GuardError::Invalid(e.into()))?;
+        let carried: usize = writes
+            .iter()
+            .map(|w| match w {
+                Write::Put { value, .. } => value.len(),
+                Write::Delete { .. } => 0,
+            })
+            .sum();
+        if carried > MAX_VALUES {
+            return Err(GuardError::Invalid(StoreError::config(format!(
+                "a guarded write carries at most {MAX_VALUES} bytes of values; this one has {carried}"
+            ))));
+        }
         loop {
             let record = self.ours()?;
             match self
@@ -365,5 +383,10 @@ mod tests {
         assert!(matches!(guard.delete("k").await, Err(GuardError::NotHeld)));
         let bad = guard.put("a b", b"v").await;
         assert!(matches!(bad, Err(GuardError::Invalid(_))), "{bad:?}");
+        let big = guard.put("k", &vec![b'x'; MAX_VALUES + 1]).await;
+        assert!(
+            matches!(&big, Err(GuardError::Invalid(e)) if e.to_string().contains("at most 524288 bytes")),
+            "{big:?}"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Property-based fuzzing of every parser of what someone else wrote: the
 //! records a KV tool can put in the store, store URLs, the config file, the
-//! HTTP API's bodies and paths, and the keeper's socket. (The lock record
+//! HTTP API's bodies and paths, the keeper's socket, and guarded writes. (The lock record
 //! and the agent's handling of garbage are fuzzed in putex-core's
 //! `tests/fuzz.rs`.)
 //!
@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 mod config;
+mod guard;
 mod http;
 mod keeper;
 mod records;
