@@ -98,11 +98,18 @@ pub enum Rule {
     /// S4 refinement broken, in the store: a vacancy counted from before
     /// the store itself was made (a re-created bucket, a replaced file).
     VacancyIgnoresStoreAge = 1 << 29,
+    /// Token check broken: a holding's later records carry no `since`, so
+    /// its own tokens stop counting as held after its first renewal.
+    HoldingWithoutSince = 1 << 30,
+    /// Token check broken: a new holding's first write carries the `since`
+    /// of the record it replaced, so the previous holder's tokens still
+    /// count as held.
+    AcquisitionInheritsSince = 1 << 31,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 30] = [
+    pub const ALL: [Rule; 32] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -133,6 +140,8 @@ impl Rule {
         Rule::VacancyOnLossyStore,
         Rule::VacancyIgnoresDelete,
         Rule::VacancyIgnoresStoreAge,
+        Rule::HoldingWithoutSince,
+        Rule::AcquisitionInheritsSince,
     ];
 }
 

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Token;
+
 /// The record format version written by this crate.
 pub const RECORD_VERSION: u32 = 1;
 
@@ -63,6 +65,18 @@ pub struct LockRecord {
     /// holder runs no hooks, stops nothing and renews regardless of health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Pause>,
+    /// The holding this record belongs to: the fencing token (`EPOCH:REVISION`)
+    /// of its first write, carried by every later write of the same holding
+    /// (renewals, activation, pause, release). Absent on a holding's first
+    /// write, whose own revision is that token. Read by
+    /// [`LockRecord::holds_token`]; unreadable text counts as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "token_text::serialize",
+        deserialize_with = "token_text::deserialize"
+    )]
+    pub since: Option<Token>,
 }
 
 /// Who paused failover and why (O2), as written in the holder's record.
@@ -110,6 +124,46 @@ impl LockRecord {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a lock record always serialises")
     }
+
+    /// Whether `token` is a fencing token of the holding this record, stored
+    /// at `at`, shows: the record is `confirming` or `active`, and `token`
+    /// lies between the holding's first write ([`since`](LockRecord::since),
+    /// or `at` itself) and `at`, in the same store incarnation.
+    ///
+    /// Every write to a lock key is a compare-and-swap over the previous
+    /// revision, and a new holding begins with a write that carries no
+    /// `since`; so the revisions from a holding's first write up to its
+    /// latest are that holding's alone, and a token among them was handed
+    /// out by it. Exact on a store that keeps its acknowledged writes; a
+    /// store that lost some may reuse their revisions (S6), and the answer
+    /// is as good as the fencing token's itself.
+    pub fn holds_token(&self, at: Token, token: Token) -> bool {
+        let first = self.since.filter(|s| s.epoch == at.epoch && *s <= at);
+        matches!(self.state, LockState::Confirming | LockState::Active)
+            && token.epoch == at.epoch
+            && first.unwrap_or(at) <= token
+            && token <= at
+    }
+}
+
+/// `since` as the text `EPOCH:REVISION`, like every token putex shows; text
+/// that is no token reads as absent rather than making the record garbage.
+mod token_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::Token;
+
+    pub fn serialize<S: Serializer>(t: &Option<Token>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(t),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Token>, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(v.as_str().and_then(Token::parse))
+    }
 }
 
 /// Milliseconds, rounded up, for advertising a duration in a record.
@@ -119,6 +173,10 @@ pub fn ceil_millis(d: Duration) -> u64 {
 
 /// What a stored value turned out to be.
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "decoded once per store event and matched at once; a box would cost an allocation per decode"
+)]
 pub enum Observed {
     /// A well-formed record.
     Record(LockRecord),
@@ -188,6 +246,7 @@ mod tests {
             to: None,
             hold_ms: 0,
             paused: None,
+            since: None,
         }
     }
 
@@ -218,6 +277,53 @@ mod tests {
             reason: "kernel update".into(),
         });
         assert_eq!(Observed::decode(&r.encode()), Observed::Record(r));
+    }
+
+    #[test]
+    fn since_is_written_as_text_and_unreadable_text_reads_as_absent() {
+        let mut r = sample(LockState::Active);
+        r.since = Some(Token::new(7, 40));
+        let text = String::from_utf8(r.encode()).unwrap();
+        assert!(text.contains(r#""since":"7:40""#), "{text}");
+        assert_eq!(
+            Observed::decode(text.as_bytes()),
+            Observed::Record(r.clone())
+        );
+        for odd in [r#""x""#, "40", "null", r#""7:""#, r#"{"epoch":7}"#] {
+            let text = text.replace(r#""7:40""#, odd);
+            let read = Observed::decode(text.as_bytes());
+            let read = read.record().expect("still a record");
+            assert_eq!(read.since, None, "{text}");
+        }
+        let plain = String::from_utf8(sample(LockState::Active).encode()).unwrap();
+        assert!(!plain.contains("since"), "{plain}");
+    }
+
+    #[test]
+    fn a_token_is_held_from_the_holdings_first_write_to_its_latest() {
+        let t = |r| Token::new(7, r);
+        let mut r = sample(LockState::Active);
+        // The holding's first write, no renewal yet: only its own revision.
+        assert!(r.holds_token(t(40), t(40)));
+        assert!(!r.holds_token(t(40), t(39)));
+        // Renewed: every token from the first write to the latest.
+        r.since = Some(t(40));
+        for (token, held) in [(39, false), (40, true), (45, true), (50, true), (51, false)] {
+            assert_eq!(r.holds_token(t(50), t(token)), held, "token {token}");
+        }
+        // Another incarnation of the store, or a `since` above the record.
+        assert!(!r.holds_token(t(50), Token::new(8, 45)));
+        assert!(!r.holds_token(Token::new(8, 50), t(45)));
+        r.since = Some(t(60));
+        assert!(!r.holds_token(t(50), t(45)) && r.holds_token(t(50), t(50)));
+        // Only a holding's record holds anything.
+        r.since = Some(t(40));
+        for state in [LockState::Released, LockState::Revoked] {
+            r.state = state;
+            assert!(!r.holds_token(t(50), t(45)), "{state:?}");
+        }
+        r.state = LockState::Confirming;
+        assert!(r.holds_token(t(50), t(45)));
     }
 
     #[test]

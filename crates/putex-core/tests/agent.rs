@@ -241,6 +241,7 @@ fn holder(state: LockState, lease_ms: u64) -> LockRecord {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     }
 }
 
@@ -1377,6 +1378,7 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, op) = h.store();
@@ -1472,6 +1474,7 @@ fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, _) = h.store();
@@ -1505,6 +1508,7 @@ fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     };
     h.forget_store();
     h.input(Input::Watch(Some(entry(&revoked, 2, 60.0))));

@@ -169,6 +169,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> {
                 to: None,
                 hold_ms: 0,
                 paused: None,
+                since: None,
             },
         )
 }
@@ -339,6 +340,7 @@ fn expected_record(v: &Value) -> Option<LockRecord> {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     })
 }
 

@@ -373,6 +373,7 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     };
     let mut at = store
         .put(&key, &other("w1").encode(), Duration::from_secs(1))

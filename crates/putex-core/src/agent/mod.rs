@@ -260,6 +260,9 @@ struct Tenure {
     floor: Option<Token>,
     /// The token of the record that made us active.
     active_token: Option<Token>,
+    /// The token of the tenure's first write, which every later record of
+    /// the tenure carries as `since` ([`LockRecord::holds_token`]).
+    first: Token,
     service: Service,
     /// The keeper's hold on this tenure's deadline.
     keeper: KeeperArm,
@@ -774,11 +777,11 @@ impl Agent {
                 {
                     r.paused
                         .clone()
-                        .map(|pause| (e.token, r.write.clone(), pause))
+                        .map(|pause| (e.token, r.write.clone(), pause, r.since))
                 }
                 _ => None,
             });
-        let Some((token, write, pause)) = ours else {
+        let Some((token, write, pause, since)) = ours else {
             self.start_step = Some(StartStep::Deactivating);
             self.begin_stop(StopKind::Startup);
             return;
@@ -791,7 +794,7 @@ impl Agent {
             sent: self.now,
             licence_end: self.now,
         };
-        self.take_back(lease, KeeperArm::NotArmed);
+        self.take_back(lease, KeeperArm::NotArmed, since);
         // The tenure goes on: nothing to rejoin (O4).
         self.operator.rejoin_needed = false;
         self.set_role(Role::Active, Reason::ResumedPaused, Some(token));
@@ -802,7 +805,8 @@ impl Agent {
     /// S5/O2: this host's earlier tenure, found on record, goes on under
     /// this instance with the service up, on `lease`, the keeper holding
     /// `keeper`; the earlier instance has no more say.
-    fn take_back(&mut self, lease: Lease, keeper: KeeperArm) {
+    /// `since` is what the record found says of the tenure's first write.
+    fn take_back(&mut self, lease: Lease, keeper: KeeperArm, since: Option<Token>) {
         let token = lease.token;
         self.note_token(token);
         self.lease = Some(lease);
@@ -811,6 +815,9 @@ impl Agent {
             activate_at: self.now,
             floor: None,
             active_token: Some(token),
+            first: since
+                .filter(|s| s.epoch == token.epoch && *s <= token)
+                .unwrap_or(token),
             service: Service::Up {
                 grace_until: self.now,
             },
@@ -865,7 +872,7 @@ impl Agent {
                     sent: deadline - self.timing.lease(),
                     licence_end: deadline,
                 };
-                self.take_back(lease, KeeperArm::Armed { until: deadline });
+                self.take_back(lease, KeeperArm::Armed { until: deadline }, record.since);
                 self.set_role(Role::Active, Reason::Resumed, Some(token));
                 // O2: a paused record whose keeper was not disarmed yet (the
                 // agent died in between) stays paused, and the keeper lets go.
@@ -928,7 +935,14 @@ impl Agent {
                 leader: true,
             },
             LockOp::Acquire { write, acquire, .. } => {
-                let value = self.record(LockState::Confirming, write, Some(acquire));
+                let mut record = self.record_of(LockState::Confirming, write, Some(acquire));
+                if self.mutations.is(Rule::AcquisitionInheritsSince) {
+                    record.since = self.seen.as_ref().and_then(|s| {
+                        let over = s.observed.as_ref().and_then(Observed::record);
+                        over.and_then(|r| r.since).or(s.entry.map(|e| e.0))
+                    });
+                }
+                let value = record.encode();
                 match self.seen.as_ref().and_then(|s| s.entry) {
                     Some(_) if self.mutations.is(Rule::TakeoverByPut) => StoreOp::Put {
                         key: Key::Lock,
@@ -1029,6 +1043,11 @@ impl Agent {
             to: None,
             hold_ms: 0,
             paused: None,
+            since: self
+                .tenure
+                .as_ref()
+                .map(|t| t.first)
+                .filter(|_| !self.mutations.is(Rule::HoldingWithoutSince)),
         }
     }
 

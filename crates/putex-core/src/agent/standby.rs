@@ -835,6 +835,7 @@ impl Agent {
             activate_at: self.now + wait,
             floor,
             active_token: None,
+            first: token,
             service: Service::NotStarted,
             keeper: KeeperArm::NotArmed,
             let_go: false,

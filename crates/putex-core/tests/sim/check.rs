@@ -21,7 +21,11 @@
 //!   a break, for the whole hold-down, as the holder heard it (`world.rs`);
 //! - (i) O2: a running service's keeper is disarmed only once a paused
 //!   record of its tenure landed, and an unpaused record goes over a
-//!   paused one only while the keeper is armed again (`world.rs`).
+//!   paused one only while the keeper is armed again (`world.rs`);
+//! - (k) the token check (`LockRecord::holds_token`, behind `GET
+//!   /v1/locks/{name}/check`) says "held" for exactly the tokens of the
+//!   holding that wrote the store's current record, if it is `confirming`
+//!   or `active` (`world.rs`, at every lock write, delete and activation).
 //!
 //! Each check has a mutation test in `main.rs` proving it can fail.
 

@@ -289,6 +289,28 @@ fn mutation_step_rounding_taken_for_a_backwards_clock_is_caught() {
     );
 }
 
+/// (k) A holding whose renewals forget where it began: its own fencing
+/// token no longer checks as held while it holds (the live side).
+#[test]
+fn mutation_holding_without_since_is_caught() {
+    must_catch(
+        Rule::HoldingWithoutSince,
+        Profile::Chaos,
+        &["k/token-check"],
+    );
+}
+
+/// (k) A new holding that carries its predecessor's `since`: the deposed
+/// holder's token still checks as held (the safe side).
+#[test]
+fn mutation_acquisition_inheriting_since_is_caught() {
+    must_catch(
+        Rule::AcquisitionInheritsSince,
+        Profile::Chaos,
+        &["k/token-check"],
+    );
+}
+
 #[test]
 fn operator_controls_are_clean() {
     let s = assert_clean(Profile::Operator, seeds(10_000) / 10);

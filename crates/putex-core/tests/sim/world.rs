@@ -234,6 +234,9 @@ pub struct Host {
     /// Its lock writes the store applied, by request: the reply shows the
     /// host where its own write landed.
     lock_writes: HashMap<OpId, (Token, u64)>,
+    /// (k) Its lock writes that begin a holding, by (agent generation,
+    /// request): a `confirming` record sent while not holding.
+    acquisitions: std::collections::HashSet<(u64, OpId)>,
 }
 
 /// What one host was shown of one rollback. A node can tell that the store
@@ -314,6 +317,15 @@ pub struct Store {
     epoch_began: u64,
     /// Someone deleted the lock record in this epoch: a marker is left.
     deleted: bool,
+    /// (k) Which holding wrote each lock record (revision, contents): the
+    /// writer host and a holding number. A host's write continues the
+    /// holding of the record it replaced if that record is its own and the
+    /// write began no holding; records of no host have none.
+    holdings: HashMap<(Token, u64), (usize, u64)>,
+    next_holding: u64,
+    /// (k) Epochs in which the store lost acknowledged writes: revisions
+    /// are reused there, and a token check is as good as the token (S6).
+    rolled_back: std::collections::HashSet<u64>,
 }
 
 impl Store {
@@ -362,6 +374,10 @@ pub struct World {
     release_proofs: HashMap<String, bool>,
     /// O2: a pause is in force (asked for and not yet resumed).
     pausing: bool,
+    /// (k) Every activation: host, fencing token, the holding it began.
+    activations: Vec<(usize, Token, u64)>,
+    /// (k) The holding label of the lock write under way.
+    pending_holding: Option<(usize, u64)>,
 }
 
 impl World {
@@ -425,6 +441,7 @@ impl World {
                     release_writes: HashMap::new(),
                     rollbacks: Vec::new(),
                     lock_writes: HashMap::new(),
+                    acquisitions: std::collections::HashSet::new(),
                 }
             })
             .collect();
@@ -444,6 +461,9 @@ impl World {
             written_at: HashMap::new(),
             epoch_began: (1_700_000_000 * SEC).saturating_sub(sc.store_age),
             deleted: false,
+            holdings: HashMap::new(),
+            next_holding: 0,
+            rolled_back: std::collections::HashSet::new(),
         };
         let check = Checker::new(&sc);
         let mut w = World {
@@ -465,6 +485,8 @@ impl World {
             faults_injected: 0,
             release_proofs: HashMap::new(),
             pausing: false,
+            activations: Vec::new(),
+            pending_holding: None,
         };
         if w.sc.operator {
             w.at(0, Ev::Members);
@@ -904,6 +926,23 @@ impl World {
                 if acquiring {
                     self.hosts[h].max_seen_at_acquire = self.hosts[h].max_seen;
                 }
+                // (k) A `confirming` record sent while not holding begins a
+                // holding (a renewal sent while confirming may be emitted in
+                // the step that activates, or one that ends the tenure).
+                if let StoreOp::Create { value, .. }
+                | StoreOp::Update { value, .. }
+                | StoreOp::Put { value, .. } = &req.op
+                {
+                    let holding = matches!(
+                        self.hosts[h].role(),
+                        Some(Role::Confirming | Role::Active | Role::SteppingDown | Role::Lapsed)
+                    );
+                    let confirming = matches!(Observed::decode(value),
+                        Observed::Record(r) if r.state == LockState::Confirming);
+                    if key == Key::Lock && confirming && !holding {
+                        self.hosts[h].acquisitions.insert((gen, req.id));
+                    }
+                }
                 if let StoreOp::Update { value, .. } = &req.op {
                     // H6 is judged when the release is sent: it may land late.
                     if let Observed::Record(r) = Observed::decode(value) {
@@ -1169,6 +1208,17 @@ impl World {
             host.running = true;
         }
         self.check.activated(h, token, now);
+        // (k) The holding that activated: the one that wrote `token`.
+        let holding = self
+            .store
+            .holdings
+            .iter()
+            .find(|((t, _), (writer, _))| *t == token && *writer == h)
+            .map(|(_, (_, holding))| *holding);
+        if let Some(holding) = holding {
+            self.activations.push((h, token, holding));
+            self.check_token_holds();
+        }
     }
 
     // ----- store and network -------------------------------------------------
@@ -1250,7 +1300,7 @@ impl World {
                 } else {
                     let vacant_for = self.vacancy();
                     let key = fingerprint(&value);
-                    let token = self.write_lock(value);
+                    let token = self.write_lock_by(h, gen, id, value);
                     self.hosts[h].lock_writes.insert(id, (token, key));
                     match vacant_for {
                         Some(vacant_for) => {
@@ -1271,7 +1321,7 @@ impl World {
                     let released = matches!(Observed::decode(&value),
                         Observed::Record(r) if r.state == LockState::Released);
                     let key = fingerprint(&value);
-                    let token = self.write_lock(value);
+                    let token = self.write_lock_by(h, gen, id, value);
                     if released {
                         self.hosts[h].release_writes.insert(id, (token, key));
                     }
@@ -1284,7 +1334,7 @@ impl World {
             StoreOp::Put {
                 key: Key::Lock,
                 value,
-            } => StoreOutcome::Written(self.write_lock(value)),
+            } => StoreOutcome::Written(self.write_lock_by(h, gen, id, value)),
             StoreOp::Put {
                 key: Key::Probe,
                 value,
@@ -1325,8 +1375,31 @@ impl World {
         Some(std::time::Duration::from_nanos(now.saturating_sub(began)))
     }
 
+    /// A lock write of host `h`'s request `(gen, id)`, labelled with the
+    /// holding it belongs to (k).
+    fn write_lock_by(&mut self, h: usize, gen: u64, id: OpId, value: Vec<u8>) -> Token {
+        let begins = self.hosts[h].acquisitions.remove(&(gen, id));
+        let continued = self
+            .store
+            .current()
+            .and_then(|e| self.store.holdings.get(&(e.token, fingerprint(&e.value))))
+            .filter(|(writer, _)| *writer == h && !begins)
+            .map(|(_, holding)| *holding);
+        let holding = continued.unwrap_or_else(|| {
+            self.store.next_holding += 1;
+            self.store.next_holding
+        });
+        self.pending_holding = Some((h, holding));
+        self.write_lock(value)
+    }
+
     fn write_lock(&mut self, value: Vec<u8>) -> Token {
         let (token, time) = self.store.stamp(self.now);
+        if let Some(label) = self.pending_holding.take() {
+            self.store
+                .holdings
+                .insert((token, fingerprint(&value)), label);
+        }
         let prev = self.store.current().cloned();
         let entry = Entry { value, token, time };
         let proven = match Observed::decode(&entry.value) {
@@ -1349,7 +1422,49 @@ impl World {
             entry: Some(entry.clone()),
         });
         self.broadcast(Some(entry));
+        self.check_token_holds();
         token
+    }
+
+    /// (k) The token check (`LockRecord::holds_token`) on the store's
+    /// record now, for every token any host activated on: it says "held"
+    /// exactly when the record was written by the holding that activated
+    /// on the token and is `confirming` or `active` — never a previous
+    /// holder's token (safety), always the current one's (liveness). Not
+    /// judged in an epoch whose store lost acknowledged writes.
+    fn check_token_holds(&mut self) {
+        let epoch = self.store.epoch;
+        self.activations.retain(|(_, t, _)| t.epoch == epoch);
+        if self.store.rolled_back.contains(&epoch) || self.activations.is_empty() {
+            return;
+        }
+        let current = self.store.current().map(|e| {
+            let label = self
+                .store
+                .holdings
+                .get(&(e.token, fingerprint(&e.value)))
+                .copied();
+            (e.token, Observed::decode(&e.value), label)
+        });
+        for &(h, token, holding) in &self.activations {
+            let (says, truth) = match &current {
+                Some((at, Observed::Record(r), label)) => (
+                    r.holds_token(*at, token),
+                    *label == Some((h, holding))
+                        && matches!(r.state, LockState::Confirming | LockState::Active),
+                ),
+                _ => (false, false),
+            };
+            if says != truth {
+                let record = describe_entry(self.store.current());
+                let msg = format!(
+                    "h{h}'s token {token:?} (holding {holding}) checks as {} on {record}",
+                    if says { "held" } else { "not held" }
+                );
+                self.check.fail("k/token-check", self.now, msg);
+                return;
+            }
+        }
     }
 
     fn broadcast(&mut self, entry: Option<Entry>) {
@@ -1743,6 +1858,7 @@ impl World {
                     }
                 }
                 self.store.lost.push(RolledBack { at: self.now, lost });
+                self.store.rolled_back.insert(self.store.epoch);
                 self.store
                     .versions
                     .retain(|v| v.entry.as_ref().is_none_or(|e| e.token.revision <= new_rev));
@@ -1769,6 +1885,7 @@ impl World {
                         entry: None,
                     });
                     self.broadcast(None);
+                    self.check_token_holds();
                     self.last_instant_fault = self.now;
                 }
             }
@@ -2360,6 +2477,7 @@ impl World {
                 state: LockState::Revoked,
                 write: format!("admin-{}", self.store.admin_writes),
                 paused: None,
+                since: None,
                 ..r
             };
             self.write_lock(revoked.encode());

@@ -317,6 +317,7 @@ mod tests {
             to: None,
             hold_ms: 0,
             paused: None,
+            since: None,
         };
         let t = Duration::from_secs(1);
         store.create("lock.pg", &rec.encode(), t).await.unwrap();

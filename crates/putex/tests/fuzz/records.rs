@@ -75,6 +75,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> + Clone {
             to: None,
             hold_ms: 0,
             paused: None,
+            since: None,
         })
 }
 

@@ -15,6 +15,7 @@ fn record(state: LockState, instance: &str, write: &str) -> LockRecord {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     }
 }
 

@@ -112,6 +112,7 @@ pub(super) fn claim_record(who: &Claimant, instance: &str) -> LockRecord {
         to: None,
         hold_ms: 0,
         paused: None,
+        since: None,
     }
 }
 
