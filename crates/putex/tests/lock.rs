@@ -1748,6 +1748,7 @@ fn kv_from_cmd(env: &Env) {
 echo "second value" | "$P" kv put note -
 "$P" kv put gone x
 "$P" kv delete gone
+"$P" kv list > "$D/listed"
 if "$P" kv get gone; then echo present >> "$D/got"; else echo "absent $?" >> "$D/got"; fi
 "$P" kv put "bad key" x 2> "$D/bad" || echo "bad $?" >> "$D/got""#,
     );
@@ -1755,6 +1756,7 @@ if "$P" kv get gone; then echo present >> "$D/got"; else echo "absent $?" >> "$D
     let (status, stderr) = run(c);
     assert!(status.success(), "{status:?}: {stderr}");
     assert_eq!(env.read("got"), "hello\nabsent 1\nbad 64\n");
+    assert_eq!(env.read("listed"), "greeting\nnote\n");
     assert!(
         env.read("bad").contains("kv.bad key"),
         "{}",
@@ -1769,6 +1771,9 @@ if "$P" kv get gone; then echo present >> "$D/got"; else echo "absent $?" >> "$D
     assert_eq!(get("greeting"), (0, "hello\n".to_owned()));
     assert_eq!(get("note"), (0, "second value\n\n".to_owned()));
     assert_eq!(get("gone").0, 1);
+    let mut list = putex();
+    list.args(["kv", "list", "gree", "--store", &env.url]);
+    assert_eq!(run_out(list), (0, "greeting\n".to_owned()));
     let mut put = putex();
     put.args(["kv", "put", "greeting", "outside"]);
     let (status, stderr) = run(put);

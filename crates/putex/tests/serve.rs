@@ -35,7 +35,7 @@ const MAX_LIFETIME: Duration = Duration::from_secs(60);
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// A `putex serve` running in this process.
-struct Served {
+pub(crate) struct Served {
     /// `http://127.0.0.1:PORT` (or `https://`).
     url: String,
     stop: Option<oneshot::Sender<()>>,
@@ -55,7 +55,7 @@ fn gateway_options(node: &str) -> GatewayOptions {
 }
 
 impl Served {
-    async fn start(store: AnyStore, node: &str, opts: HttpOptions) -> Served {
+    pub(crate) async fn start(store: AnyStore, node: &str, opts: HttpOptions) -> Served {
         Served::start_gateway(store, gateway_options(node), opts).await
     }
 
@@ -75,7 +75,7 @@ impl Served {
         }
     }
 
-    fn at(&self, path: &str) -> String {
+    pub(crate) fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }
 
@@ -104,7 +104,7 @@ impl Drop for Served {
     }
 }
 
-async fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
+pub(crate) async fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
     AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap())
 }
 
@@ -121,22 +121,22 @@ async fn nats(server: &NatsServer) -> AnyStore {
 }
 
 /// The store server of a test that runs on NATS and on etcd alike.
-enum Backend {
+pub(crate) enum Backend {
     Nats(NatsServer),
     Etcd(Box<EtcdServer>),
 }
 
 impl Backend {
-    fn nats() -> Backend {
+    pub(crate) fn nats() -> Backend {
         Backend::Nats(NatsServer::start())
     }
 
-    fn etcd() -> Backend {
+    pub(crate) fn etcd() -> Backend {
         Backend::Etcd(Box::new(EtcdServer::start()))
     }
 
     /// The store URL (`putex lock --store`, `putex status --store`).
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             Backend::Nats(s) => s.url.clone(),
             Backend::Etcd(s) => format!("etcd://{}", s.endpoint()),
@@ -160,7 +160,7 @@ impl Backend {
     }
 
     /// A store handle of its own.
-    async fn open(&self) -> AnyStore {
+    pub(crate) async fn open(&self) -> AnyStore {
         AnyStore::open(&StoreUrl::parse(&self.url()).unwrap())
             .await
             .unwrap()
@@ -177,7 +177,7 @@ fn rustls_client_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
 
 /// A client (reqwest without a crypto provider of its own: ring, as the
 /// server).
-fn client() -> Client {
+pub(crate) fn client() -> Client {
     client_trusting(rustls::RootCertStore::empty())
 }
 
@@ -212,7 +212,7 @@ async fn status_of(c: &Client, method: reqwest::Method, url: &str) -> StatusCode
 }
 
 /// Takes the name's first use (S4) out of the way: a short lock, released.
-async fn warm(c: &Client, s: &Served, resource: &str) {
+pub(crate) async fn warm(c: &Client, s: &Served, resource: &str) {
     let r = c
         .post(s.at(&format!("/v1/locks/{resource}")))
         .body(lock_body("warm", 5.0, 0.5))
@@ -228,7 +228,7 @@ async fn warm(c: &Client, s: &Served, resource: &str) {
 
 /// Waits until `resource` lists `n` locks (granted and waiting).
 /// `GET path`, as JSON.
-async fn get_json(c: &Client, s: &Served, path: &str) -> Value {
+pub(crate) async fn get_json(c: &Client, s: &Served, path: &str) -> Value {
     c.get(s.at(path))
         .send()
         .await
@@ -1345,7 +1345,7 @@ async fn two_gateways_act_as_one_service(server: &Backend) {
 }
 
 /// `putex lock NAME --ttl 1s` on `url`, with the keeper sockets in `dir`.
-fn putex_lock(
+pub(crate) fn putex_lock(
     url: &str,
     dir: &std::path::Path,
     name: &str,
@@ -1817,7 +1817,7 @@ async fn grant_too_slow_is_given_back(server: &Backend) {
 }
 
 /// Waits for `path` to exist.
-async fn wait_file(path: &std::path::Path, what: &str) {
+pub(crate) async fn wait_file(path: &std::path::Path, what: &str) {
     let started = Instant::now();
     while !path.exists() {
         assert!(started.elapsed() < Duration::from_secs(10), "{what}");

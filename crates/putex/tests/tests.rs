@@ -18,6 +18,7 @@ mod operator;
 mod packaging;
 mod postgres;
 mod serve;
+mod serve_kv;
 mod store_auth;
 mod store_contract;
 mod supervision;

@@ -2,7 +2,7 @@
 //! "Guarded writes"). Inside CMD, `put` and `delete` go to the `putex lock`
 //! that runs it (`PUTEX_KV_SOCKET`), which makes them as guarded writes of
 //! its tenure: the store refuses them once the lock has moved on. `get`
-//! reads the key, inside CMD or anywhere with `--store`.
+//! and `list` read the keys, inside CMD or anywhere with `--store`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use crate::locks::section::kv::{ask, KvAnswer, KvOutcome, KvRequest, KV_SOCKET_V
 /// Exit codes of `putex kv`, for `--help`.
 pub const KV_EXIT_CODES_HELP: &str = "\
 Exit codes:
-  0   done (get: the value is on stdout)
+  0   done (get: the value is on stdout; list: the keys, one per line)
   1   get: no such key
   64  a wrong key or value, or put/delete outside a putex lock command
   69  the store did not answer in time: a write may or may not have landed
@@ -59,6 +59,18 @@ pub enum KvCommand {
         #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
         store: Option<String>,
     },
+    /// Prints the keys that start with PREFIX (all without one), one per
+    /// line, in order.
+    #[command(after_help = KV_EXIT_CODES_HELP)]
+    List {
+        /// What the keys start with, e.g. `orders.`.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Outside a `putex lock` command: the store to read (help:
+        /// [`crate::cli::STORE_HELP`]).
+        #[arg(long, env = "PUTEX_STORE", help = crate::cli::STORE_HELP, long_help = crate::cli::STORE_HELP)]
+        store: Option<String>,
+    },
 }
 
 /// `putex kv`.
@@ -88,6 +100,14 @@ pub async fn run(args: &KvArgs) -> Result<(), CliError> {
                 return get_direct(key, store.as_deref()).await;
             }
             KvRequest::Get { key: key.clone() }
+        }
+        KvCommand::List { prefix, store } => {
+            if socket.is_none() || store.is_some() {
+                return list_direct(prefix, store.as_deref()).await;
+            }
+            KvRequest::List {
+                prefix: prefix.clone(),
+            }
         }
     };
     let Some(socket) = socket else {
@@ -130,12 +150,32 @@ async fn get_direct(key: &str, store: Option<&str>) -> Result<(), CliError> {
     }
 }
 
+/// `list` outside a section: the store read directly.
+async fn list_direct(prefix: &str, store: Option<&str>) -> Result<(), CliError> {
+    let (store, _) = super::history::open_store(store)
+        .await
+        .map_err(CliError::into_sysexits)?;
+    match guard::list(&store, prefix).await {
+        Ok(keys) => {
+            for (key, _) in keys {
+                println!("{key}");
+            }
+            Ok(())
+        }
+        Err(e) if e.is_unknown() => Err(CliError::Exit(sysexits::UNAVAILABLE, e.to_string())),
+        Err(e) => Err(CliError::Exit(sysexits::USAGE, e.to_string())),
+    }
+}
+
 fn finish(answer: KvAnswer) -> Result<(), CliError> {
     let message = || answer.message.clone().unwrap_or_default();
     match answer.outcome {
         KvOutcome::Ok => {
             if let Some(value) = &answer.value {
                 println!("{value}");
+            }
+            for key in answer.keys.iter().flatten() {
+                println!("{key}");
             }
             Ok(())
         }

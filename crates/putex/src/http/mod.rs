@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -289,6 +289,19 @@ impl App {
                 get(v1::get_lock).delete(v1::release),
             )
             .route("/v1/locks/{resource}/{uid}/renew", post(v1::renew))
+            .route("/v1/locks/{resource}/check", get(v1::kv::check_token))
+            .route(
+                "/v1/locks/{resource}/{uid}/kv",
+                post(v1::kv::batch).layer(DefaultBodyLimit::max(v1::kv::KV_BODY_LIMIT)),
+            )
+            .route(
+                "/v1/locks/{resource}/{uid}/kv/{*key}",
+                put(v1::kv::put_key)
+                    .delete(v1::kv::delete_key)
+                    .layer(DefaultBodyLimit::max(v1::kv::KV_BODY_LIMIT)),
+            )
+            .route("/v1/kv", get(v1::kv::list_keys))
+            .route("/v1/kv/{*key}", get(v1::kv::get_key))
             .route("/v1/status", get(v1::status_all))
             .route("/v1/status/{lock}", get(v1::status))
             .route("/v1/status/{lock}/members", get(v1::members))

@@ -70,6 +70,10 @@ pub enum GuardError {
     /// landed. Read the key back to know.
     #[error(transparent)]
     Unknown(StoreError),
+    /// The store could not be read to find the holder's record (a write
+    /// made for an HTTP client's lock): nothing was sent.
+    #[error("the lock could not be read, nothing was written: {0}")]
+    Unavailable(StoreError),
 }
 
 /// What a guard needs to know of its tenure, from whoever holds the lock
@@ -211,31 +215,7 @@ impl Guard {
     /// unseen by the caller. A takeover, a release or the end of the
     /// licence make it [`GuardError::NotHeld`], never a silent success.
     pub async fn batch(&self, writes: &[Write]) -> Result<Token, GuardError> {
-        let writes = writes
-            .iter()
-            .map(|w| {
-                Ok(match w {
-                    Write::Put { key, value } => Write::Put {
-                        key: kv_key(key)?,
-                        value: value.clone(),
-                    },
-                    Write::Delete { key } => Write::Delete { key: kv_key(key)? },
-                })
-            })
-            .collect::<Result<Vec<_>, KeyError>>()
-            .map_err(|e| GuardError::Invalid(e.into()))?;
-        let carried: usize = writes
-            .iter()
-            .map(|w| match w {
-                Write::Put { value, .. } => value.len(),
-                Write::Delete { .. } => 0,
-            })
-            .sum();
-        if carried > MAX_VALUES {
-            return Err(GuardError::Invalid(StoreError::config(format!(
-                "a guarded write carries at most {MAX_VALUES} bytes of values; this one has {carried}"
-            ))));
-        }
+        let writes = kv_writes(writes)?;
         loop {
             let record = self.ours()?;
             match self
@@ -269,6 +249,37 @@ impl Guard {
     }
 }
 
+/// The caller's writes as the store's: keys under [`keys::KV_PREFIX`],
+/// checked, and at most [`MAX_VALUES`] of values in all.
+pub(crate) fn kv_writes(writes: &[Write]) -> Result<Vec<Write>, GuardError> {
+    let writes = writes
+        .iter()
+        .map(|w| {
+            Ok(match w {
+                Write::Put { key, value } => Write::Put {
+                    key: kv_key(key)?,
+                    value: value.clone(),
+                },
+                Write::Delete { key } => Write::Delete { key: kv_key(key)? },
+            })
+        })
+        .collect::<Result<Vec<_>, KeyError>>()
+        .map_err(|e| GuardError::Invalid(e.into()))?;
+    let carried: usize = writes
+        .iter()
+        .map(|w| match w {
+            Write::Put { value, .. } => value.len(),
+            Write::Delete { .. } => 0,
+        })
+        .sum();
+    if carried > MAX_VALUES {
+        return Err(GuardError::Invalid(StoreError::config(format!(
+            "a guarded write carries at most {MAX_VALUES} bytes of values; this one has {carried}"
+        ))));
+    }
+    Ok(writes)
+}
+
 /// The store key of a caller's key: `kv.<key>`.
 fn kv_key(key: &str) -> Result<String, KeyError> {
     let full = format!("{}{key}", keys::KV_PREFIX);
@@ -284,6 +295,23 @@ pub async fn get(store: &AnyStore, key: &str) -> Result<Option<Vec<u8>>, StoreEr
         .get(&key, ReadMode::Leader, Duration::from_secs(5))
         .await?
         .map(|e| e.value))
+}
+
+/// The caller's keys (under [`keys::KV_PREFIX`]) that start with `prefix`,
+/// in order, each with the revision of its last write.
+pub async fn list(store: &AnyStore, prefix: &str) -> Result<Vec<(String, Token)>, StoreError> {
+    let mut keys: Vec<(String, Token)> =
+        crate::store::read_prefix(store, keys::KV_PREFIX, Duration::from_secs(5))
+            .await?
+            .into_iter()
+            .filter_map(|(key, entry)| {
+                let key = key.strip_prefix(keys::KV_PREFIX)?;
+                key.starts_with(prefix)
+                    .then(|| (key.to_owned(), entry.token))
+            })
+            .collect();
+    keys.sort();
+    Ok(keys)
 }
 
 #[cfg(test)]

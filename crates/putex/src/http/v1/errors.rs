@@ -29,6 +29,9 @@ pub enum ErrorCode {
     /// grant deadline: the lock was given back; ask again (`503`). For a
     /// renewal: the lock was renewed, but count from the previous answer.
     Late,
+    /// A guarded write for a lock its grant no longer holds: nothing was
+    /// written (`409`).
+    NotHeld,
 }
 
 impl ErrorCode {
@@ -36,7 +39,9 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::Timeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorCode::Cancelled | ErrorCode::NotForceable => StatusCode::CONFLICT,
+            ErrorCode::Cancelled | ErrorCode::NotForceable | ErrorCode::NotHeld => {
+                StatusCode::CONFLICT
+            }
             ErrorCode::Invalid => StatusCode::BAD_REQUEST,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,

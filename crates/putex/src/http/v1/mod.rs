@@ -13,6 +13,9 @@
 //! | `POST /v1/locks/{resource}/force` | admin: free an HTTP lock at once (`released`); never a `putex lock` or agent holder |
 //! | `GET /v1/status`, `GET /v1/status/{lock}` | any putex lock's record: holder, state, revision, fencing token |
 //! | `GET /v1/status/{lock}/members` | the member records of a lock (`putex run` agents) |
+//! | `GET /v1/locks/{lock}/check?token=T` | whether T is the current holder's fencing token |
+//! | `PUT`/`DELETE /v1/locks/{resource}/{uid}/kv/{key}`, `POST /v1/locks/{resource}/{uid}/kv` | guarded writes for a grant: refused by the store once the lock moved |
+//! | `GET /v1/kv/{key}`, `GET /v1/kv` | the keys guarded writes wrote |
 //! | `GET /health` | liveness, never behind auth |
 //!
 //! Every response is JSON. Errors are
@@ -45,6 +48,7 @@ use crate::observe::status::{lock_status, LockStatus, MemberStatus, StatusError}
 use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError};
 
 mod errors;
+pub(crate) mod kv;
 mod views;
 
 use errors::check_name;

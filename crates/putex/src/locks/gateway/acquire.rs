@@ -297,6 +297,8 @@ impl Gateway {
             let granted = LockRecord {
                 state: LockState::Active,
                 write: format!("{uid}-grant"),
+                // The grant goes on with the holding its agent began.
+                since: rec.since.or(Some(entry.token)),
                 lease_ms: ceil_millis(req.lifetime + deadline).max(rec.lease_ms),
                 ..rec
             };

@@ -58,6 +58,7 @@ mod release;
 #[cfg(test)]
 mod tests;
 mod tidy;
+mod writes;
 
 pub use admin::{AdminAction, Ended};
 pub use tidy::TIDY_EVERY;

@@ -92,6 +92,7 @@ impl Gateway {
         let renewed = LockRecord {
             state: LockState::Active,
             write: format!("{uid}-renew-{}", entry.token.revision),
+            since: rec.since.or(Some(entry.token)),
             lease_ms: ceil_millis(lifetime + deadline),
             ..rec
         };

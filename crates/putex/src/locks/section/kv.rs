@@ -50,6 +50,12 @@ pub enum KvRequest {
         /// The caller's key.
         key: String,
     },
+    /// The caller's keys that start with `prefix`, as the store has them now.
+    List {
+        /// What the keys start with (empty: all).
+        #[serde(default)]
+        prefix: String,
+    },
 }
 
 /// How a [`KvRequest`] went.
@@ -79,6 +85,9 @@ pub struct KvAnswer {
     /// `get`: the value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// `list`: the keys, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
 }
 
 impl KvAnswer {
@@ -87,6 +96,16 @@ impl KvAnswer {
             outcome,
             message: Some(message.into()),
             value: None,
+            keys: None,
+        }
+    }
+
+    fn ok() -> KvAnswer {
+        KvAnswer {
+            outcome: KvOutcome::Ok,
+            message: None,
+            value: None,
+            keys: None,
         }
     }
 }
@@ -218,13 +237,22 @@ async fn answer(request: KvRequest, shared: &Arc<Shared>, keys: &[String]) -> Kv
             return match guard::get(&shared.store, key).await {
                 Ok(Some(value)) => match String::from_utf8(value) {
                     Ok(value) => KvAnswer {
-                        outcome: KvOutcome::Ok,
-                        message: None,
                         value: Some(value),
+                        ..KvAnswer::ok()
                     },
                     Err(_) => KvAnswer::of(KvOutcome::Invalid, format!("{key}: not UTF-8 text")),
                 },
                 Ok(None) => KvAnswer::of(KvOutcome::Absent, format!("{key}: no such key")),
+                Err(e) if e.is_unknown() => KvAnswer::of(KvOutcome::Unknown, e.to_string()),
+                Err(e) => KvAnswer::of(KvOutcome::Invalid, e.to_string()),
+            };
+        }
+        KvRequest::List { prefix } => {
+            return match guard::list(&shared.store, prefix).await {
+                Ok(listed) => KvAnswer {
+                    keys: Some(listed.into_iter().map(|(k, _)| k).collect()),
+                    ..KvAnswer::ok()
+                },
                 Err(e) if e.is_unknown() => KvAnswer::of(KvOutcome::Unknown, e.to_string()),
                 Err(e) => KvAnswer::of(KvOutcome::Invalid, e.to_string()),
             };
@@ -239,11 +267,7 @@ async fn answer(request: KvRequest, shared: &Arc<Shared>, keys: &[String]) -> Kv
         },
     };
     match written {
-        Ok(_) => KvAnswer {
-            outcome: KvOutcome::Ok,
-            message: None,
-            value: None,
-        },
+        Ok(_) => KvAnswer::ok(),
         Err(e @ GuardError::NotHeld) => KvAnswer::of(KvOutcome::NotHeld, e.to_string()),
         Err(e @ GuardError::Invalid(_)) => KvAnswer::of(KvOutcome::Invalid, e.to_string()),
         Err(e) => KvAnswer::of(KvOutcome::Unknown, e.to_string()),
