@@ -214,8 +214,19 @@ impl Gateway {
                 // delete must not take the lock the same delete frees
                 // next (the agent only acquires on its turn).
                 let _ = inputs.unbounded_send(Input::Turn(false));
-                ticket.leave().await;
-                if *role.borrow() == Role::Confirming {
+                let settling = *role.borrow() == Role::Confirming;
+                let cancelled = matches!(e, AcquireError::Cancelled);
+                // A cancelled request that took the lock keeps its ticket
+                // until it has given the lock back: listings know the lock
+                // it holds meanwhile for a cancelled request's and leave it
+                // out; nobody else could take it before anyway.
+                let ticket = if settling && cancelled {
+                    Some(ticket)
+                } else {
+                    ticket.leave().await;
+                    None
+                };
+                if settling {
                     // Taking the lock over (its fencing gap): leaving now
                     // would leave a `confirming` record that every taker
                     // must wait out (H6 allows no release from it). Finish
@@ -227,7 +238,7 @@ impl Gateway {
                         let _ = stop_tx.send(());
                         let _ = driver.await;
                     });
-                    if matches!(e, AcquireError::Cancelled) {
+                    if cancelled {
                         // An admin delete freed the lock and cancelled this
                         // request, which took it meanwhile: answer once it
                         // is free again, so that whoever hears the `409`
@@ -235,6 +246,9 @@ impl Gateway {
                         // wait out (S3): a few round trips; a takeover's
                         // gap goes on in the background past the bound.
                         let _ = tokio::time::timeout(self.timeout(), finish).await;
+                    }
+                    if let Some(ticket) = ticket {
+                        ticket.leave().await;
                     }
                 } else {
                     let _ = stop_tx.send(());

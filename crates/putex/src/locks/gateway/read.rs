@@ -151,7 +151,11 @@ impl Gateway {
             .get(&keys::lock(resource), ReadMode::Leader, t)
             .await?
         {
-            if let Some(rec) = holder_of(&entry) {
+            let holder = match holder_of(&entry) {
+                Some(rec) if self.cancelled_waiter(resource, &rec).await? => None,
+                other => other,
+            };
+            if let Some(rec) = holder {
                 if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
                     let uid = rec.instance.clone();
                     out.push(
@@ -172,6 +176,32 @@ impl Gateway {
         waiting.sort_by_key(|r| r.arrival);
         out.extend(waiting.iter().map(|r| waiting_info(resource, r)));
         Ok(out)
+    }
+
+    /// Whether `rec` is held by an HTTP request that an admin delete
+    /// cancelled: it took the lock as the delete freed it, and gives it
+    /// back without a grant (`acquire`); it is no lock to list.
+    async fn cancelled_waiter(
+        &self,
+        resource: &Name,
+        rec: &LockRecord,
+    ) -> Result<bool, StoreError> {
+        if is_http_grant(rec) {
+            return Ok(false);
+        }
+        let Ok(uid) = Name::new(&rec.instance) else {
+            return Ok(false);
+        };
+        let ticket = self
+            .store
+            .get(&keys::ticket(resource, &uid), ReadMode::Any, self.timeout())
+            .await?
+            .and_then(|e| TicketRecord::from_entry(&e))
+            .filter(|t| t.lifetime_ms.is_some());
+        Ok(match ticket {
+            Some(t) => t.arrival < self.cancelled_up_to(resource).await?,
+            None => false,
+        })
     }
 
     /// The resources that have a granted or waiting lock.
