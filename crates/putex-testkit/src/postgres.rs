@@ -457,6 +457,12 @@ impl PgCluster {
         .unwrap_or_else(|e| panic!("{}: {e}", self.nodes[i].name));
     }
 
+    /// Starts node `i`'s server by hand (`pg_ctl start`), as an operator
+    /// would, whatever putex thinks of it.
+    pub fn start_server(&self, i: usize) {
+        self.pg_ctl_start(&self.nodes[i]);
+    }
+
     /// Stops node `i`'s server with a fast shutdown, as an operator would.
     pub fn stop_server(&self, i: usize) {
         let mut cmd = self.pg("pg_ctl");
