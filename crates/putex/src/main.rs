@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                     node: a.node,
                     socket: a.socket,
                     deactivate: a.deactivate,
+                    kv_socket: a.kv_socket,
                     stop_timeout: Duration::from_millis(a.stop_timeout_ms),
                     emergency_timeout: Duration::from_millis(a.emergency_timeout_ms),
                     cgroup: !a.no_cgroup,

@@ -611,3 +611,78 @@ fn agent_sqlite_store_deleted_under_the_holder_never_two_active() {
         a.log_text()
     );
 }
+
+/// The hooks of `putex run` make guarded writes (`putex kv`, through
+/// `PUTEX_KV_SOCKET`): the active node's land — its activate hook's, its
+/// health checks', and its deactivate hook's during a graceful stop, which
+/// the keeper runs while the lock is still held — and a standby's are
+/// refused with exit 76, nothing written.
+#[test]
+fn agent_hooks_make_guarded_writes_while_holding() {
+    let _slot = timing_slot();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let p = crate::common::agent::putex_bin().display().to_string();
+    let d = dir.path().display().to_string();
+    let activate = format!(r#"{p} kv put svc.owner "$PUTEX_NODE""#);
+    // The deactivate hook also runs at start-up, holding nothing: it
+    // writes on a graceful stop only.
+    let deactivate = format!(
+        r#"if [ "$PUTEX_STOP" = graceful ]; then {p} kv put svc.stopped-by "$PUTEX_NODE"; fi"#
+    );
+    let health = format!(
+        r#"{p} kv put "health.$PUTEX_NODE" "$PUTEX_ROLE" 2>/dev/null; echo "$PUTEX_ROLE $?" >> "{d}/rc.$PUTEX_NODE"; true"#
+    );
+    let flags = [
+        "--activate",
+        &activate,
+        "--deactivate",
+        &deactivate,
+        "--healthcheck",
+        &health,
+    ];
+    let get = |key: &str| {
+        let out = putex()
+            .args(["kv", "get", key, "--store", &url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let rc = |node: &str| {
+        std::fs::read_to_string(dir.path().join(format!("rc.{node}"))).unwrap_or_default()
+    };
+    let mut n1 = start(fast(dir.path(), &url, "svc", "n1", &flags));
+    assert!(
+        wait_for(Duration::from_secs(10), || get("svc.owner") == "n1"),
+        "n1's activate hook wrote nothing:\n{}",
+        n1.log_text()
+    );
+    let mut n2 = start(fast(dir.path(), &url, "svc", "n2", &flags));
+    assert!(
+        wait_for(Duration::from_secs(10), || rc("n1").contains("active 0")
+            && rc("n2").contains("standby 76")),
+        "n1: {:?}, n2: {:?}\n{}\n{}",
+        rc("n1"),
+        rc("n2"),
+        n1.log_text(),
+        n2.log_text()
+    );
+    assert!(
+        !rc("n2").contains(" 0"),
+        "a standby's write landed: {:?}",
+        rc("n2")
+    );
+    assert_eq!(get("health.n1"), "active");
+    assert_eq!(get("health.n2"), "");
+
+    // A graceful stop: the deactivate hook writes before the release.
+    n1.stop_cleanly();
+    assert_eq!(get("svc.stopped-by"), "n1", "{}", n1.log_text());
+    assert!(
+        wait_for(Duration::from_secs(10), || get("svc.owner") == "n2"),
+        "n2 did not take over and write:\n{}",
+        n2.log_text()
+    );
+    n2.stop_cleanly();
+    assert_eq!(get("svc.stopped-by"), "n2");
+}

@@ -207,6 +207,24 @@ async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
     assert_eq!(value(&c, &s, "orders.last").await.as_deref(), Some("46"));
 }
 
+/// `putex lock NAME -- sh -c SCRIPT` (with `$P` the putex binary), once
+/// it runs SCRIPT: the process, and its `PUTEX_TOKEN`.
+async fn holding(
+    server: &Backend,
+    d: &std::path::Path,
+    name: &str,
+    script: &str,
+) -> (tokio::process::Child, String) {
+    let script =
+        format!(r#"echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"; {script}"#);
+    let mut cmd = putex_lock(&server.url(), d, name, &[], &script);
+    cmd.env("P", crate::common::agent::putex_bin());
+    let cmd = cmd.spawn().unwrap();
+    wait_file(&d.join("token"), "putex lock never ran").await;
+    let token = std::fs::read_to_string(d.join("token")).unwrap();
+    (cmd, token.trim().to_owned())
+}
+
 /// A `putex lock` holder's `PUTEX_TOKEN` checks as held while its record
 /// renews under it (the record carries where its holding began), and not
 /// once it has released.
@@ -216,19 +234,8 @@ async fn a_putex_lock_holders_token_checks_across_renewals() {
     let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut cmd = putex_lock(
-        &server.url(),
-        d,
-        "nightly",
-        &[],
-        r#"echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"; sleep 3"#,
-    )
-    .spawn()
-    .unwrap();
-    wait_file(&d.join("token"), "putex lock never ran").await;
-    let token = std::fs::read_to_string(d.join("token")).unwrap();
-    let token = token.trim();
+    let (mut cmd, token) = holding(&server, dir.path(), "nightly", "sleep 3").await;
+    let token = token.as_str();
     // Renewals move the record past the token (R is a third of --ttl 1s).
     let started = Instant::now();
     loop {
@@ -260,21 +267,19 @@ async fn a_command_whose_lock_is_lost_writes_nothing() {
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut cmd = putex_lock(
-        &server.url(),
-        d,
-        "report",
-        &[],
-        r#"trap '"$P" kv put report.late x 2> "$D/err"; echo $? > "$D/rc"; exit 0' TERM
+    let script = r#"trap '"$P" kv put report.late x 2> "$D/err"; echo $? > "$D/rc"; exit 0' TERM
 "$P" kv put report.early x
-echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"
-while :; do sleep 0.05; done"#,
-    );
-    cmd.env("P", crate::common::agent::putex_bin());
-    let mut cmd = cmd.spawn().unwrap();
-    wait_file(&d.join("token"), "putex lock never ran").await;
-    let token = std::fs::read_to_string(d.join("token")).unwrap();
-    let token = token.trim();
+while :; do sleep 0.05; done"#;
+    let (mut cmd, token) = holding(&server, d, "report", script).await;
+    let token = token.as_str();
+    let started = Instant::now();
+    while value(&c, &s, "report.early").await.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "report.early never written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(held(&check(&c, &s, "report", token).await));
     let r = c
         .post(s.at("/v1/locks/report/revoke"))

@@ -26,6 +26,7 @@ fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
         lock: lock.into(),
         node: "n1".into(),
         deactivate: None,
+        kv_socket: None,
         stop_timeout: Duration::from_millis(300),
         emergency_timeout: Duration::from_millis(200),
         cgroup,
@@ -755,6 +756,7 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
         stop: Some(StopKind::Graceful),
         holder: None,
         holder_addr: None,
+        kv_socket: None,
     };
     let runner = HookRunner::detect();
     let health = Hook::new(HookKind::Health, script.clone());

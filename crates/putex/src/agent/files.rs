@@ -19,6 +19,8 @@ pub struct LocalPaths {
     pub socket: PathBuf,
     /// The lock file (flock) that admits one agent per (store, lock).
     pub lock_file: PathBuf,
+    /// Where the agent answers its hooks' `putex kv` (`PUTEX_KV_SOCKET`).
+    pub kv_socket: PathBuf,
 }
 
 impl LocalPaths {
@@ -27,6 +29,7 @@ impl LocalPaths {
         let socket = socket_path(dir, store_id, lock);
         LocalPaths {
             lock_file: socket.with_extension("lock"),
+            kv_socket: socket.with_extension("kv.sock"),
             socket,
         }
     }

@@ -145,6 +145,10 @@ pub(super) struct Status {
     pub(super) addrs: std::collections::HashMap<String, String>,
     /// The active holder, as the member records say (`PUTEX_HOLDER`).
     pub(super) active_holder: Option<String>,
+    /// The newest lock record this agent wrote that landed, and whether it
+    /// says it holds the lock: what the hooks' guarded writes compare
+    /// against ([`super::kv`]).
+    pub(super) record: Option<(Token, bool)>,
 }
 
 pub(super) struct Inner {
@@ -153,6 +157,8 @@ pub(super) struct Inner {
     pub(super) lock_name: crate::store::Name,
     /// The store, for the control record's refusals.
     pub(super) store: crate::store::AnyStore,
+    /// Where the hooks' `putex kv` is answered (`PUTEX_KV_SOCKET`).
+    pub(super) kv_socket: Option<std::path::PathBuf>,
     pub(super) node: String,
     pub(super) instance: String,
     pub(super) settings: AgentSettings,
@@ -284,6 +290,7 @@ impl AgentHost {
                 .active_holder
                 .as_ref()
                 .and_then(|h| st.addrs.get(h).cloned()),
+            kv_socket: self.inner.kv_socket.clone(),
         }
     }
 
@@ -625,6 +632,15 @@ impl Host for AgentHost {
         if changed {
             self.inner.member_dirty.notify_one();
         }
+    }
+
+    fn lock_written(&self, token: Token, value: &[u8]) {
+        let holds = super::kv::holds(value);
+        self.set(|st| {
+            if st.record.is_none_or(|(t, _)| t < token) {
+                st.record = Some((token, holds));
+            }
+        });
     }
 
     fn persist_highest(&self, token: Token) {

@@ -59,6 +59,7 @@ use tracing::Instrument;
 pub mod control;
 pub(crate) mod files;
 mod host;
+mod kv;
 pub mod member;
 pub mod settings;
 
@@ -260,12 +261,24 @@ pub async fn run(
         Some(exe) => exe.clone(),
         None => std::env::current_exe().map_err(AgentError::NoKeeperExe)?,
     };
+    // The hooks' guarded writes (`putex kv`): a socket beside the keeper's,
+    // answered while the agent runs. Without it, hooks run without
+    // PUTEX_KV_SOCKET (and `putex kv` says why it cannot write).
+    let kv_listener = match crate::locks::section::kv::KvListener::bind(paths.kv_socket.clone()) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(path = %paths.kv_socket.display(), error = %e, "cannot listen for the hooks' guarded writes (putex kv)");
+            None
+        }
+    };
+    let kv_socket = kv_listener.as_ref().map(|l| l.path().to_owned());
     let keeper_config = KeeperConfig {
         exe,
         socket: paths.socket.clone(),
         lock: lock.to_string(),
         node: node.to_string(),
         deactivate,
+        kv_socket: kv_socket.clone(),
         stop_timeout: settings.timing.stop_timeout(),
         emergency_timeout: settings.timing.emergency_timeout(),
         cgroup: !settings.no_cgroup,
@@ -322,6 +335,7 @@ pub async fn run(
             lock: lock.to_string(),
             lock_name: lock.clone(),
             store: store.clone(),
+            kv_socket,
             node: node.to_string(),
             instance: instance.to_string(),
             settings: settings.clone(),
@@ -360,6 +374,9 @@ pub async fn run(
             registry,
         }),
     };
+    let _kv = kv_listener.map(|l| {
+        crate::locks::section::kv::KvServer::answering(Arc::new(kv::AgentKv(host.clone())), l)
+    });
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(interval) = crate::supervision::systemd::watchdog_interval() {
         let renew = settings.timing.renew();

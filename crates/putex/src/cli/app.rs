@@ -134,6 +134,9 @@ pub struct KeeperArgs {
     /// The deactivate hook (hook mode).
     #[arg(long)]
     pub deactivate: Option<String>,
+    /// Where the agent answers the deactivate hook's `putex kv`.
+    #[arg(long)]
+    pub kv_socket: Option<PathBuf>,
     /// Graceful stop: how long to wait after SIGTERM before SIGKILL.
     #[arg(long, default_value_t = 30_000)]
     pub stop_timeout_ms: u64,

@@ -1,5 +1,6 @@
-//! `putex kv`: guarded writes for the command of `putex lock` (`docs/locks.md`,
-//! "Guarded writes"). Inside CMD, `put` and `delete` go to the `putex lock`
+//! `putex kv`: guarded writes for the command of `putex lock` and the hooks
+//! of `putex run` (`docs/locks.md`, "Guarded writes"). Inside CMD (or a
+//! hook), `put` and `delete` go to the `putex lock` (or the agent)
 //! that runs it (`PUTEX_KV_SOCKET`), which makes them as guarded writes of
 //! its tenure: the store refuses them once the lock has moved on. `get`
 //! and `list` read the keys, inside CMD or anywhere with `--store`.
@@ -16,7 +17,7 @@ pub const KV_EXIT_CODES_HELP: &str = "\
 Exit codes:
   0   done (get: the value is on stdout; list: the keys, one per line)
   1   get: no such key
-  64  a wrong key or value, or put/delete outside a putex lock command
+  64  a wrong key or value, or put/delete outside a putex lock command or putex run hook
   69  the store did not answer in time: a write may or may not have landed
   76  the lock is no longer held: nothing was written";
 
@@ -33,8 +34,8 @@ pub struct KvArgs {
 #[derive(clap::Subcommand, Clone, Debug)]
 pub enum KvCommand {
     /// Sets KEY to VALUE (`-`: standard input) as a guarded write: the store
-    /// makes it only while the `putex lock` running this command holds its
-    /// lock.
+    /// makes it only while the `putex lock` running this command (or the
+    /// agent running this hook) holds its lock.
     #[command(after_help = KV_EXIT_CODES_HELP)]
     Put {
         /// The key: dot-separated tokens of A-Z a-z 0-9 - _ / =, kept in the
@@ -114,8 +115,9 @@ pub async fn run(args: &KvArgs) -> Result<(), CliError> {
         return Err(CliError::Exit(
             sysexits::USAGE,
             format!(
-                "kv: a guarded write is made by the `putex lock` that runs this command, \
-                 and {KV_SOCKET_VAR} is not set: run it inside `putex lock NAME -- CMD`"
+                "kv: a guarded write is made by the `putex lock` that runs this command (or \
+                 the `putex run` agent that runs this hook), and {KV_SOCKET_VAR} is not set: \
+                 run it inside `putex lock NAME -- CMD` or a hook"
             ),
         ));
     };
@@ -123,7 +125,7 @@ pub async fn run(args: &KvArgs) -> Result<(), CliError> {
         CliError::Exit(
             sysexits::UNAVAILABLE,
             format!(
-                "kv: cannot reach the putex lock at {} ({KV_SOCKET_VAR}): {e}",
+                "kv: cannot reach the putex lock or agent at {} ({KV_SOCKET_VAR}): {e}",
                 socket.display()
             ),
         )

@@ -25,6 +25,7 @@
 //! | `PUTEX_STOP` | `startup`, `graceful` or `emergency`; deactivate hook only |
 //! | `PUTEX_HOLDER` | `putex run`: the active holder as the member records say, when known (the rejoin and follow hooks: the holder they are run for) |
 //! | `PUTEX_HOLDER_ADDR` | its `--advertise` address, when it published one |
+//! | `PUTEX_KV_SOCKET` | `putex run`: where `putex kv put`/`delete` ask the agent for guarded writes of its tenure (`docs/locks.md`) |
 //!
 //! Each run has a timeout; at the timeout the hook and everything it started
 //! (its cgroup scope, or its process group and descendants) are killed.
@@ -208,6 +209,8 @@ pub struct HookEnv {
     pub holder: Option<String>,
     /// `PUTEX_HOLDER_ADDR`, for the rejoin and follow hooks.
     pub holder_addr: Option<String>,
+    /// `PUTEX_KV_SOCKET`: where `putex kv` asks the agent for guarded writes.
+    pub kv_socket: Option<std::path::PathBuf>,
 }
 
 impl HookEnv {
@@ -233,6 +236,9 @@ impl HookEnv {
         }
         if let Some(a) = &self.holder_addr {
             v.push(("PUTEX_HOLDER_ADDR", a.clone()));
+        }
+        if let Some(socket) = &self.kv_socket {
+            v.push(("PUTEX_KV_SOCKET", socket.display().to_string()));
         }
         v
     }
@@ -536,6 +542,7 @@ mod tests {
             stop: Some(StopKind::Emergency),
             holder: None,
             holder_addr: None,
+            kv_socket: None,
         };
         let d = env.vars(HookKind::Deactivate);
         assert!(d.contains(&("PUTEX_STOP", "emergency".into())));

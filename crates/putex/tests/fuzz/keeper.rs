@@ -103,6 +103,7 @@ fn config(dir: &Path) -> KeeperConfig {
         lock: "fuzz".into(),
         node: "n1".into(),
         deactivate: None,
+        kv_socket: None,
         stop_timeout: Duration::from_millis(200),
         emergency_timeout: Duration::from_millis(100),
         cgroup: false,

@@ -2,7 +2,9 @@
 //! answers on a Unix socket of its own (`PUTEX_KV_SOCKET` in CMD's
 //! environment) and makes each `put` or `delete` asked of it as a guarded
 //! write of its tenure (`docs/locks.md`, "Guarded writes"): the store
-//! refuses it once the lock has moved on. `get` reads the store as it is.
+//! refuses it once the lock has moved on. `get` and `list` read the store
+//! as it is. The agent (`putex run`) answers its hooks the same way, as a
+//! [`KvHolder`] of its own.
 //!
 //! One JSON object per line each way: a [`KvRequest`], then its
 //! [`KvAnswer`]. The socket is made in the keeper directory (mode 0600,
@@ -21,7 +23,15 @@ use tokio::net::{UnixListener, UnixStream};
 use super::host::Shared;
 use crate::clock;
 use crate::locks::guard::{self, Guard, GuardError, Tenure};
-use crate::store::Token;
+use crate::store::{AnyStore, Token};
+
+/// Whoever answers on a socket: a section, or an agent for its hooks.
+pub(crate) trait KvHolder: Send + Sync + 'static {
+    /// The store the keys are read from.
+    fn store(&self) -> &AnyStore;
+    /// The guard of the current tenure, while the lock is held.
+    fn guard(&self) -> Option<Guard>;
+}
 
 /// The environment variable that tells CMD where its section answers.
 pub const KV_SOCKET_VAR: &str = "PUTEX_KV_SOCKET";
@@ -148,7 +158,7 @@ impl Tenure for SectionTenure {
 }
 
 /// The section's answering socket; removed on drop.
-pub(super) struct KvServer {
+pub(crate) struct KvServer {
     path: PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
@@ -161,14 +171,14 @@ impl Drop for KvServer {
 }
 
 /// A socket bound for a section, not yet answering.
-pub(super) struct KvListener {
+pub(crate) struct KvListener {
     path: PathBuf,
     listener: UnixListener,
 }
 
 impl KvListener {
     /// Binds `path` (mode 0600), replacing a leftover socket file.
-    pub(super) fn bind(path: PathBuf) -> std::io::Result<KvListener> {
+    pub(crate) fn bind(path: PathBuf) -> std::io::Result<KvListener> {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         let closed = std::fs::Permissions::from_mode(0o600);
@@ -180,7 +190,7 @@ impl KvListener {
     }
 
     /// The socket's path.
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }
@@ -189,12 +199,17 @@ impl KvServer {
     /// Answers at `bound` for the section `shared`, whose slots' lock keys
     /// are `keys`.
     pub(super) fn start(shared: Arc<Shared>, keys: Vec<String>, bound: KvListener) -> KvServer {
+        KvServer::answering(Arc::new(SectionKv { shared, keys }), bound)
+    }
+
+    /// Answers at `bound` for `holder`.
+    pub(crate) fn answering(holder: Arc<dyn KvHolder>, bound: KvListener) -> KvServer {
         let KvListener { path, listener } = bound;
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (shared, keys) = (shared.clone(), keys.clone());
+                let holder = holder.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, &shared, &keys).await;
+                    let _ = serve(stream, &*holder).await;
                 });
             }
         });
@@ -202,13 +217,29 @@ impl KvServer {
     }
 }
 
-async fn serve(stream: UnixStream, shared: &Arc<Shared>, keys: &[String]) -> std::io::Result<()> {
+/// A section as a [`KvHolder`].
+struct SectionKv {
+    shared: Arc<Shared>,
+    keys: Vec<String>,
+}
+
+impl KvHolder for SectionKv {
+    fn store(&self) -> &AnyStore {
+        &self.shared.store
+    }
+
+    fn guard(&self) -> Option<Guard> {
+        guard_of(&self.shared, &self.keys)
+    }
+}
+
+async fn serve(stream: UnixStream, holder: &dyn KvHolder) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = Vec::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST as u64);
     reader.read_until(b'\n', &mut line).await?;
     let answer = match serde_json::from_slice::<KvRequest>(&line) {
-        Ok(request) => answer(request, shared, keys).await,
+        Ok(request) => answer(request, holder).await,
         Err(e) => KvAnswer::of(KvOutcome::Invalid, format!("not a request: {e}")),
     };
     let mut out = serde_json::to_vec(&answer).map_err(std::io::Error::other)?;
@@ -231,10 +262,10 @@ fn guard_of(shared: &Arc<Shared>, keys: &[String]) -> Option<Guard> {
     ))
 }
 
-async fn answer(request: KvRequest, shared: &Arc<Shared>, keys: &[String]) -> KvAnswer {
+async fn answer(request: KvRequest, holder: &dyn KvHolder) -> KvAnswer {
     let written = match &request {
         KvRequest::Get { key } => {
-            return match guard::get(&shared.store, key).await {
+            return match guard::get(holder.store(), key).await {
                 Ok(Some(value)) => match String::from_utf8(value) {
                     Ok(value) => KvAnswer {
                         value: Some(value),
@@ -248,7 +279,7 @@ async fn answer(request: KvRequest, shared: &Arc<Shared>, keys: &[String]) -> Kv
             };
         }
         KvRequest::List { prefix } => {
-            return match guard::list(&shared.store, prefix).await {
+            return match guard::list(holder.store(), prefix).await {
                 Ok(listed) => KvAnswer {
                     keys: Some(listed.into_iter().map(|(k, _)| k).collect()),
                     ..KvAnswer::ok()
@@ -257,11 +288,11 @@ async fn answer(request: KvRequest, shared: &Arc<Shared>, keys: &[String]) -> Kv
                 Err(e) => KvAnswer::of(KvOutcome::Invalid, e.to_string()),
             };
         }
-        KvRequest::Put { key, value } => match guard_of(shared, keys) {
+        KvRequest::Put { key, value } => match holder.guard() {
             Some(g) => g.put(key, value.as_bytes()).await,
             None => Err(GuardError::NotHeld),
         },
-        KvRequest::Delete { key } => match guard_of(shared, keys) {
+        KvRequest::Delete { key } => match holder.guard() {
             Some(g) => g.delete(key).await,
             None => Err(GuardError::NotHeld),
         },

@@ -42,6 +42,7 @@ impl KeeperStart {
             lock: opts.name.to_string(),
             node: opts.node.to_string(),
             deactivate: None,
+            kv_socket: None,
             stop_timeout: opts.timing.stop_timeout(),
             emergency_timeout: opts.timing.emergency_timeout(),
             cgroup: opts.cgroup,

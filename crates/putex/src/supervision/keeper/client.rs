@@ -43,6 +43,9 @@ pub struct KeeperConfig {
     pub node: String,
     /// The deactivate hook (hook mode).
     pub deactivate: Option<String>,
+    /// `PUTEX_KV_SOCKET` for the deactivate hook: where the agent answers
+    /// `putex kv` (`docs/locks.md`, "Guarded writes").
+    pub kv_socket: Option<PathBuf>,
     /// `--stop-timeout`.
     pub stop_timeout: Duration,
     /// The emergency-stop timeout.
@@ -92,6 +95,10 @@ impl KeeperConfig {
         if let Some(d) = &self.deactivate {
             a.push("--deactivate".into());
             a.push(d.clone().into());
+        }
+        if let Some(k) = &self.kv_socket {
+            a.push("--kv-socket".into());
+            a.push(k.clone().into());
         }
         if !self.cgroup {
             a.push("--no-cgroup".into());

@@ -15,6 +15,8 @@ pub struct KeeperOptions {
     pub socket: PathBuf,
     /// The deactivate hook (hook mode), run for stops when no child exists.
     pub deactivate: Option<String>,
+    /// `PUTEX_KV_SOCKET` for the deactivate hook.
+    pub kv_socket: Option<PathBuf>,
     /// `--stop-timeout`: how long a graceful stop waits after SIGTERM.
     pub stop_timeout: Duration,
     /// The emergency-stop timeout: SIGTERM, then SIGKILL, all within it.
@@ -786,6 +788,7 @@ impl State {
                 stop: Some(kind),
                 holder: None,
                 holder_addr: None,
+                kv_socket: self.opts.kv_socket.clone(),
             };
             let timeout = match kind {
                 StopKind::Emergency => self.opts.emergency_timeout,
