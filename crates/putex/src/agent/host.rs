@@ -635,7 +635,7 @@ impl Host for AgentHost {
     }
 
     fn lock_written(&self, token: Token, value: &[u8]) {
-        let holds = super::kv::holds(value);
+        let holds = crate::locks::guard::record_holds(value);
         self.set(|st| {
             if st.record.is_none_or(|(t, _)| t < token) {
                 st.record = Some((token, holds));

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
-use putex_core::{LockState, Observed, Role, Token};
+use putex_core::{Role, Token};
 
 use super::host::AgentHost;
 use crate::locks::guard::{Guard, Tenure};
@@ -63,10 +63,4 @@ impl Tenure for AgentTenure {
         // The agent's renewals land every R: look again shortly.
         tokio::time::sleep(Duration::from_millis(20)).boxed()
     }
-}
-
-/// What a landed write of the lock record says: whether it holds the lock.
-pub(super) fn holds(value: &[u8]) -> bool {
-    matches!(Observed::decode(value),
-        Observed::Record(r) if matches!(r.state, LockState::Active | LockState::Confirming))
 }

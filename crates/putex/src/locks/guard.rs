@@ -249,6 +249,15 @@ impl Guard {
     }
 }
 
+/// Whether a lock record's bytes, as its holder wrote them, say it holds
+/// the lock (`confirming` or `active`): what a guard's [`Tenure`] keeps of
+/// each landed write (`Host::lock_written`).
+pub(crate) fn record_holds(value: &[u8]) -> bool {
+    matches!(putex_core::Observed::decode(value),
+        putex_core::Observed::Record(r)
+            if matches!(r.state, putex_core::LockState::Active | putex_core::LockState::Confirming))
+}
+
 /// The caller's writes as the store's: keys under [`keys::KV_PREFIX`],
 /// checked, and at most [`MAX_VALUES`] of values in all.
 pub(crate) fn kv_writes(writes: &[Write]) -> Result<Vec<Write>, GuardError> {

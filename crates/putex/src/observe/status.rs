@@ -138,6 +138,15 @@ pub struct MemberStatus {
     pub why_not: Option<String>,
 }
 
+/// A record's state as status, the API and the records spell it
+/// (`active`, `confirming`, `released`, `revoked`).
+pub(crate) fn state_name(state: putex_core::LockState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
     match now?.gap_since(then) {
         StoreGap::Forward(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -382,10 +391,7 @@ async fn record_status(
         match Observed::decode(&e.value) {
             Observed::Record(r) => {
                 st.holder = Some(r.node.clone());
-                st.state = serde_json::to_value(r.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
+                st.state = state_name(r.state);
                 st.lease_ms = Some(r.lease_ms);
                 st.gap_ms = Some(r.gap_ms);
                 st.instance = Some(r.instance.clone());

@@ -310,10 +310,7 @@ impl TokenCheckView {
             match Observed::decode(&e.value) {
                 Observed::Record(r) => {
                     view.held = r.holds_token(e.token, token);
-                    view.state = serde_json::to_value(r.state)
-                        .ok()
-                        .and_then(|s| s.as_str().map(str::to_owned))
-                        .unwrap_or_default();
+                    view.state = crate::observe::status::state_name(r.state);
                     view.holder = Some(r.node);
                 }
                 Observed::Garbage => view.state = "unreadable".into(),

@@ -483,10 +483,7 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
         members: None,
     };
     if let Observed::Record(r) = Observed::decode(&entry.value) {
-        v.state = serde_json::to_value(r.state)
-            .ok()
-            .and_then(|s| s.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        v.state = crate::observe::status::state_name(r.state);
         v.stale = matches!(r.state, LockState::Active | LockState::Confirming)
             && renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
         v.holder = Some(r.node);

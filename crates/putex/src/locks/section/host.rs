@@ -358,12 +358,7 @@ impl Host for SlotHost {
     }
 
     fn lock_written(&self, token: Token, value: &[u8]) {
-        let held = serde_json::from_slice::<putex_core::LockRecord>(value).is_ok_and(|r| {
-            matches!(
-                r.state,
-                putex_core::LockState::Confirming | putex_core::LockState::Active
-            )
-        });
+        let held = crate::locks::guard::record_holds(value);
         // No wake-up: the section's loop has nothing to do with it.
         let mut s = self.shared.lock();
         let newer = s.records.get(&self.slot).is_none_or(|(t, _)| *t < token);
