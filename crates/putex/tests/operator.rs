@@ -831,6 +831,78 @@ fn follows_only_after_the_start_up_stop(url: &str, dir: &Path) {
 }
 
 all_stores!(
+    operator_a_follow_still_running_at_a_takeover_is_over_before_the_service_starts,
+    a_follow_still_running_at_a_takeover_is_over_before_the_service_starts
+);
+
+/// A standby whose follow hook still runs when the holder dies takes over,
+/// and its follow's whole tree is killed, and gone, before anything of the
+/// new tenure starts: a follow that went on would stop or rewind the
+/// service this node now runs. (Found by the PostgreSQL fencing test: a
+/// replica promoted while its follow was still at work was stopped by that
+/// follow, to be rewound, a second after its promotion.) Both sides: the
+/// standby does take over, and its activate hook finds no follow running.
+fn a_follow_still_running_at_a_takeover_is_over_before_the_service_starts(url: &str, dir: &Path) {
+    let ev = dir.join("events");
+    let mut agents = cluster(dir, url, &["n1"], &no_flags);
+    // The activate hook notes the follow's `sleep` if it is alive (a
+    // zombie not reaped yet has ended).
+    let (e, pid) = (ev.display(), dir.join("follow.pid"));
+    let p = pid.display();
+    let flags = [
+        "--activate".to_owned(),
+        format!(
+            "s=$(cut -d' ' -f3 /proc/$(cat {p})/stat 2>/dev/null); \
+             [ -n \"$s\" ] && [ \"$s\" != Z ] && echo beside-follow $PUTEX_NODE $(date +%s%N) $s >> {e}; \
+             echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {e}"
+        ),
+        "--deactivate".into(),
+        format!("echo stop $PUTEX_NODE $(date +%s%N) $PUTEX_STOP >> {e}"),
+        "--follow".into(),
+        format!(
+            "echo follow $PUTEX_NODE $(date +%s%N) $PUTEX_HOLDER >> {e}; \
+             sleep 3600 & echo $! > {p}; wait"
+        ),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    agents.push(start(fast(dir, url, "svc", "n2", &flags)));
+    let follow_pid = || {
+        std::fs::read_to_string(&pid)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .filter(|p| crate::common::agent::sleeps("3600").contains(p))
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || follow_pid().is_some()),
+        "n2 never began to follow n1\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    let follow_pid = follow_pid().unwrap();
+    agents[0].crash();
+    assert!(
+        wait_for(bound_for(url) * 3, || starts(&ev)
+            .iter()
+            .any(|s| s.node == "n2")),
+        "n2 did not take over from a crashed n1 while following it\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    let beside: Vec<_> = events(&ev)
+        .into_iter()
+        .filter(|l| l.what == "beside-follow")
+        .collect();
+    assert!(
+        beside.is_empty(),
+        "n2's service started while its follow hook still ran: {beside:?}\n{}",
+        dump(&agents.iter().collect::<Vec<_>>(), &ev)
+    );
+    assert!(
+        !crate::common::agent::sleeps("3600").contains(&follow_pid),
+        "the follow hook's child outlived the takeover"
+    );
+    agents.clear();
+}
+
+all_stores!(
     operator_a_scheduled_switchover_waits_and_a_cancelled_one_never_happens,
     a_scheduled_switchover_waits_and_a_cancelled_one_never_happens
 );

@@ -739,6 +739,66 @@ async fn supervision_hook_timeout_kills_whole_tree_without_cgroup() {
     hook_timeout_case(HookRunner::without_cgroup(), "52").await;
 }
 
+/// A hook stopped from outside (`run_until`, as a standby's follow hook is
+/// when the node takes the lock) is over, tree and all, when the run
+/// returns; one left alone runs to its end.
+async fn hook_stop_case(runner: HookRunner, tag: &str) {
+    let args = [format!("1000.{tag}1"), format!("1000.{tag}2")];
+    let _cleanup = Cleanup {
+        keeper: None,
+        sleeps: args.to_vec(),
+        scope: None,
+    };
+    let hook = Hook::new(
+        HookKind::Follow,
+        format!("sleep {} & setsid sleep {} & wait", args[0], args[1]),
+    );
+    let t0 = std::time::Instant::now();
+    let out = runner
+        .run_until(
+            &hook,
+            &HookEnv::default(),
+            None,
+            Duration::from_secs(60),
+            tokio::time::sleep(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "hook (cgroup={}) stopped, tree killed {:.1} ms after it began",
+        runner.uses_cgroup(),
+        ms(t0.elapsed())
+    );
+    assert_eq!(out.status, HookStatus::Cancelled);
+    assert!(out.tree_gone);
+    assert!(!out.ok());
+    assert!(all_gone(&args), "a hook descendant survived");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // Not stopped: it ends on its own, as `run` would have it.
+    let quick = Hook::new(HookKind::Follow, "sleep 0.1");
+    let out = runner
+        .run_until(
+            &quick,
+            &HookEnv::default(),
+            None,
+            Duration::from_secs(60),
+            tokio::time::sleep(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    assert!(out.ok(), "{out:?}");
+}
+
+#[tokio::test]
+async fn supervision_hook_stopped_from_outside_kills_whole_tree_cgroup() {
+    hook_stop_case(HookRunner::detect(), "53").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_stopped_from_outside_kills_whole_tree_without_cgroup() {
+    hook_stop_case(HookRunner::without_cgroup(), "54").await;
+}
+
 #[tokio::test]
 async fn supervision_hook_environment_and_arguments_are_as_documented() {
     let dir = tempfile::tempdir().unwrap();

@@ -25,7 +25,7 @@ use crate::clock;
 use crate::driver::Host;
 use crate::host_state::HostState;
 use crate::observe::metrics::Metrics;
-use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner};
+use crate::supervision::hooks::{health_arg, Hook, HookEnv, HookKind, HookRunner, HookStatus};
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperError, KeeperEvent};
 use crate::supervision::keeper_queue::{KeeperQueue, KeeperSource};
 use crate::supervision::process::TreeSnapshot;
@@ -149,6 +149,10 @@ pub(super) struct Status {
     /// says it holds the lock: what the hooks' guarded writes compare
     /// against ([`super::kv`]).
     pub(super) record: Option<(Token, bool)>,
+    /// Cancelled when the node leaves standby: a follow hook still running
+    /// then is killed, and the fence waits for it to be over
+    /// ([`super::member::follow`]). A fresh one on every return to standby.
+    pub(super) follow_stop: tokio_util::sync::CancellationToken,
 }
 
 pub(super) struct Inner {
@@ -342,12 +346,37 @@ impl AgentHost {
         arg: Option<&str>,
         timeout: Duration,
     ) -> bool {
+        Self::run_hook_until(
+            inner,
+            kind,
+            command,
+            env,
+            arg,
+            timeout,
+            std::future::pending(),
+        )
+        .await
+    }
+
+    /// [`run_hook`](Self::run_hook), killing the hook's tree (and waiting
+    /// for it) when `stop` completes first.
+    pub(super) async fn run_hook_until(
+        inner: &Inner,
+        kind: HookKind,
+        command: &str,
+        env: &HookEnv,
+        arg: Option<&str>,
+        timeout: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> bool {
         let hook = Hook::new(kind, command);
-        match inner.runner.run(&hook, env, arg, timeout).await {
+        match inner.runner.run_until(&hook, env, arg, timeout, stop).await {
             Ok(o) => {
                 inner.metrics.hook(o.name, o.duration);
                 if o.ok() {
                     tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
+                } else if o.status == HookStatus::Cancelled {
+                    // Logged by the runner; the caller says why.
                 } else {
                     tracing::warn!(hook = o.name, status = ?o.status, duration = ?o.duration, "hook failed");
                 }
@@ -474,13 +503,23 @@ impl Host for AgentHost {
             }
             None => None,
         };
-        let Some(cmd) = fence else {
-            return futures::future::ready(true).boxed();
-        };
         let env = self.env(Some(token));
         let inner = self.inner.clone();
         let mut stops = self.inner.stops.subscribe();
         async move {
+            // A follow hook started while this node was a standby was told
+            // to stop when it left standby (`follow_stop`): nothing starts
+            // before it is over, or it could stop or rewind the service
+            // this node is about to run. It holds `resync` while it runs.
+            let followed = tokio::time::timeout(clock::until(deadline), inner.resync.lock()).await;
+            if followed.is_err() {
+                tracing::error!("a follow or rejoin hook was still running at the fence's deadline");
+                return false;
+            }
+            drop(followed);
+            let Some(cmd) = fence else {
+                return true;
+            };
             tokio::select! {
                 ok = Self::run_hook(&inner, HookKind::Fence, &cmd, &env, None, clock::until(deadline)) => ok,
                 _ = stops.changed() => false,
@@ -686,6 +725,8 @@ impl Host for AgentHost {
                 }
                 // A holder's follow waits for the start-up stop (`follow`
                 // skips it while starting): follow it now.
+                // Back in standby (from start-up, or from a tenure that may
+                // have cut a follow short): follow whoever holds it now.
                 let follow = self.set(|st| {
                     st.role = Some(*to);
                     match to {
@@ -699,8 +740,15 @@ impl Host for AgentHost {
                             }
                         }
                     }
+                    if *to == Role::Standby {
+                        if st.follow_stop.is_cancelled() {
+                            st.follow_stop = Default::default();
+                        }
+                    } else {
+                        st.follow_stop.cancel();
+                    }
                     let own = Some(self.inner.node.as_str());
-                    (*from == Role::Starting && *to == Role::Standby)
+                    (*to == Role::Standby)
                         .then(|| st.active_holder.clone())
                         .flatten()
                         .filter(|h| Some(h.as_str()) != own)

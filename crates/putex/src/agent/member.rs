@@ -276,13 +276,21 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
             loop {
                 {
                     let _resync = host.inner.resync.lock().await;
-                    let (starting, pending, current) = host.set(|st| {
+                    let (role, pending, current, stop) = host.set(|st| {
                         (
-                            matches!(st.role, None | Some(Role::Starting)),
+                            st.role,
                             st.rejoin_pending,
                             st.active_holder.clone(),
+                            st.follow_stop.clone(),
                         )
                     });
+                    let starting = matches!(role, None | Some(Role::Starting));
+                    if !starting && role != Some(Role::Standby) {
+                        // Taking the lock, holding it or stopping: only a
+                        // standby follows (back in standby, it follows
+                        // whoever holds it then).
+                        return;
+                    }
                     if starting {
                         // The start-up stop would stop what a follow starts
                         // (a replica): the move to standby follows instead.
@@ -301,9 +309,21 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
                         .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
                     let env = host.hook_env(holder.clone(), addr);
                     tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
-                    if AgentHost::run_hook(&host.inner, HookKind::Follow, &cmd, &env, None, timeout)
-                        .await
+                    if AgentHost::run_hook_until(
+                        &host.inner,
+                        HookKind::Follow,
+                        &cmd,
+                        &env,
+                        None,
+                        timeout,
+                        stop.clone().cancelled_owned(),
+                    )
+                    .await
                     {
+                        return;
+                    }
+                    if stop.is_cancelled() {
+                        tracing::info!(holder = ?holder, "follow hook stopped: this node left standby to take the lock");
                         return;
                     }
                 }

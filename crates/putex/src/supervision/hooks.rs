@@ -251,6 +251,9 @@ pub enum HookStatus {
     Exited(Exit),
     /// It ran past its timeout; it and its descendants were killed.
     TimedOut,
+    /// It was stopped before it ended ([`HookRunner::run_until`]); it and
+    /// its descendants were killed.
+    Cancelled,
 }
 
 /// The result of one hook run.
@@ -309,6 +312,24 @@ impl HookRunner {
         arg: Option<&str>,
         timeout: Duration,
     ) -> Result<HookOutcome, HookError> {
+        self.run_until(hook, env, arg, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`run`](Self::run), also killing its whole tree when `stop`
+    /// completes first ([`HookStatus::Cancelled`]). It returns only once
+    /// the hook's process has ended and its tree was killed and waited for
+    /// (`tree_gone` says whether it emptied), so that what the hook was
+    /// doing is over when the caller goes on: dropping the future instead
+    /// would kill the hook's shell and leave its children running.
+    pub async fn run_until(
+        &self,
+        hook: &Hook,
+        env: &HookEnv,
+        arg: Option<&str>,
+        timeout: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<HookOutcome, HookError> {
         let name = hook.kind.name();
         let argv = hook.argv(arg);
         let scope = self.cgroup.as_ref().and_then(|root| {
@@ -338,13 +359,17 @@ impl HookRunner {
             .map(|(stream, r)| tokio::spawn(log_lines(name, stream, r)))
             .collect();
 
-        let (status, tree_gone) = tokio::select! {
-            exit = child.wait() => (HookStatus::Exited(exit), true),
-            () = tokio::time::sleep(timeout) => {
+        let ended_early = tokio::select! {
+            exit = child.wait() => Err(exit),
+            () = tokio::time::sleep(timeout) => Ok(HookStatus::TimedOut),
+            () = stop => Ok(HookStatus::Cancelled),
+        };
+        let (status, tree_gone) = match ended_early {
+            Err(exit) => (HookStatus::Exited(exit), true),
+            Ok(status) => {
                 tree.kill();
                 child.wait().await;
-                let gone = tree.wait_empty(KILL_WAIT, true).await;
-                (HookStatus::TimedOut, gone)
+                (status, tree.wait_empty(KILL_WAIT, true).await)
             }
         };
         let duration = started.elapsed();
@@ -379,6 +404,12 @@ impl HookRunner {
                 timeout_ms = timeout.as_millis() as u64,
                 tree_gone,
                 "hook timed out and was killed"
+            ),
+            HookStatus::Cancelled => tracing::info!(
+                hook = name,
+                duration_ms = duration.as_millis() as u64,
+                tree_gone,
+                "hook stopped before it ended: killed"
             ),
         }
         Ok(HookOutcome {
