@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use putex::core::{LockRecord, LockState, Observed, TimingConfig};
 use putex::locks::guard::{self, GuardError};
-use putex::locks::lease::{Lease, LeaseOptions, Lock, Lost};
+use putex::locks::lease::{Lease, LeaseError, LeaseOptions, Lock, LossSignal, Lost};
 use putex::store::{keys, AnyStore, MemoryStore, ReadMode, SqliteStore, Store};
 
 /// R = 100 ms, T = 300 ms, G = 100 ms, ε = 1 %: W ≈ 306 ms.
@@ -627,4 +627,189 @@ async fn a_held_back_guarded_write_is_refused_by_the_store_on_etcd() {
     let server = crate::common::etcd_server::EtcdServer::start();
     let direct = format!("etcd://{}", server.endpoint());
     a_held_back_guarded_write_is_refused_by_the_store(&direct, &server.endpoint()).await;
+}
+
+/// Every public guard type is `Send + Sync + Unpin` (checked at compile
+/// time) and says what it is in `Debug`.
+#[tokio::test]
+async fn guards_are_send_sync_unpin_and_say_what_they_are() {
+    fn assert_bounds<T: Send + Sync + Unpin + std::fmt::Debug>() {}
+    assert_bounds::<Lease>();
+    assert_bounds::<Lock>();
+    assert_bounds::<LossSignal>();
+    assert_bounds::<LeaseError>();
+    fn assert_send_sync<T: Send + Sync + Unpin>() {}
+    assert_send_sync::<putex::locks::guard::Guard>();
+
+    let store = AnyStore::from(MemoryStore::new());
+    let lease = Lease::acquire(store, LeaseOptions::new("shown", "node-a", fast()).unwrap())
+        .await
+        .unwrap();
+    let shown = format!("{lease:?}");
+    assert!(
+        shown.contains("\"shown\"")
+            && shown.contains(&lease.token().to_string())
+            && shown.contains("held: true"),
+        "{shown}"
+    );
+    let signal = format!("{:?}", lease.loss_signal());
+    assert!(signal.contains("lost: false"), "{signal}");
+    lease.release().await.unwrap();
+}
+
+/// The loss reaches every task that holds a clone of the signal (and its
+/// cancellation token) — and not before: while the lease is held nothing
+/// completes. A signal stays with its tenure: the lock taken again does
+/// not revive it.
+#[tokio::test]
+async fn a_loss_signal_reaches_every_task_and_stays_with_its_tenure() {
+    let store = AnyStore::from(MemoryStore::new());
+    let mut lock = Lock::new(
+        store.clone(),
+        LeaseOptions::new("signalled", "node-a", fast()).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        lock.loss_signal().is_none(),
+        "nothing held, nothing to lose"
+    );
+    lock.acquire().await.unwrap();
+    let signal = lock.loss_signal().expect("held");
+    let cancel = signal.cancellation();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let s = signal.clone();
+            tokio::spawn(async move { s.lost().await })
+        })
+        .collect();
+    // Held, and renewed past several licences: nothing completes.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    assert!(!cancel.is_cancelled() && !signal.is_lost());
+
+    revoke(&store, "signalled").await;
+    for t in tasks {
+        let lost = tokio::time::timeout(Duration::from_secs(2), t)
+            .await
+            .expect("every task hears of the loss")
+            .unwrap();
+        assert!(matches!(lost, Lost::TakenOver(_)), "{lost:?}");
+    }
+    tokio::time::timeout(Duration::from_secs(1), cancel.cancelled())
+        .await
+        .expect("the cancellation token is cancelled");
+    assert!(signal.is_lost());
+
+    // Taken again (after W: a revoked record is stale to takers): a new
+    // tenure with a signal of its own; the old one stays lost.
+    let token = tokio::time::timeout(Duration::from_secs(3), lock.acquire())
+        .await
+        .expect("acquired")
+        .unwrap();
+    assert!(token > signal.token());
+    assert!(signal.is_lost());
+    assert!(matches!(signal.lost().await, Lost::TakenOver(_)));
+    assert!(!lock.loss_signal().unwrap().is_lost());
+    lock.close().await.unwrap();
+}
+
+/// `try_acquire` returns at once naming the holder while one holds the
+/// lock, and takes a free lock within round trips; `acquire_timeout`
+/// gives up after its wait holding nothing; `check` says when a lease is
+/// lost, and how.
+#[tokio::test]
+async fn try_acquire_timeouts_and_checks_are_errors_to_match() {
+    let store = AnyStore::from(MemoryStore::new());
+    let opts = |node: &str| LeaseOptions::new("contended", node, fast()).unwrap();
+    let a = Lease::acquire(store.clone(), opts("node-a")).await.unwrap();
+
+    let asked = Instant::now();
+    match Lease::try_acquire(store.clone(), opts("node-b")).await {
+        Err(LeaseError::Held {
+            holder,
+            state,
+            token,
+            ..
+        }) => {
+            assert_eq!(holder, "node-a");
+            // The record a holder writes as it takes the lock says
+            // `confirming`; its renewals after the activation say `active`.
+            assert!(
+                matches!(state, Some(LockState::Active | LockState::Confirming)),
+                "{state:?}"
+            );
+            assert!(token >= a.token());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        asked.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
+
+    let asked = Instant::now();
+    let e = Lease::acquire_timeout(store.clone(), opts("node-b"), Duration::from_millis(400))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, LeaseError::TimedOut { waited, .. } if waited == Duration::from_millis(400)),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("not acquired within 400 ms"), "{e}");
+    assert!(asked.elapsed() < Duration::from_secs(1));
+    assert!(a.is_held());
+    assert_eq!(record(&store, "contended").await.node, "node-a");
+    assert_eq!(a.check().unwrap(), a.token());
+
+    // Released: try_acquire takes it at once (S3: one CAS over `released`).
+    let a_token = a.token();
+    assert!(a.release().await.unwrap());
+    let asked = Instant::now();
+    let b = Lease::try_acquire(store.clone(), opts("node-b"))
+        .await
+        .unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(b.token() > a_token);
+
+    // Revoked: check says lost, and how.
+    revoke(&store, "contended").await;
+    let lost = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            if let Err(e) = b.check() {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(lost, LeaseError::Lost(Lost::TakenOver(_))),
+        "{lost:?}"
+    );
+}
+
+/// A store that stopped answering: `try_acquire` says so, typed, within
+/// its store call's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_on_a_store_gone_silent_is_unavailable() {
+    let mut server = crate::common::nats_server::NatsServer::start();
+    let url = putex::store::StoreUrl::parse(&server.url).unwrap();
+    let store = AnyStore::open(&url).await.unwrap();
+    server.kill();
+    let asked = Instant::now();
+    let e = Lease::try_acquire(store, LeaseOptions::new("away", "node-a", fast()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LeaseError::Unavailable(_)), "{e:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
 }

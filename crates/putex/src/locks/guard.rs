@@ -129,6 +129,12 @@ impl Tenure for LeaseTenure {
     }
 }
 
+/// The least time a guarded write waits for the store's answer. The
+/// lock's own store calls must answer within 2R/5 (their timing depends on
+/// it); a guarded write's safety does not (the store decides at commit), so
+/// it waits longer rather than report an unknown outcome on a busy store.
+pub const GUARDED_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Writes that land only while one tenure of a lock holds it: from
 /// [`super::lease::Lease::guard`] or [`super::lease::Lock::guard`]. Clones
 /// share the tenure.
@@ -178,7 +184,7 @@ impl Guard {
             tenure,
             view,
             patience: timing.lease(),
-            timeout: timing.store_timeout(),
+            timeout: timing.store_timeout().max(GUARDED_WRITE_TIMEOUT),
         }
     }
 

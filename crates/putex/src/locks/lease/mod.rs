@@ -16,12 +16,20 @@
 //! (or [`Lease::lost`]) completes when it is lost — the licence ended, another
 //! holder took it, or the record was revoked — and from then on the program
 //! must stop acting on the protected resource: that is its emergency stop.
-//! Releasing writes a `released` record, so the next holder starts at once
-//! (H6, S3).
+//! [`Lease::loss_signal`] hands the same news to any number of tasks (a
+//! [`LossSignal`] clones, and each clone can await it, or turn it into a
+//! [`CancellationToken`](tokio_util::sync::CancellationToken)). Releasing writes a `released` record, so the
+//! next holder starts at once (H6, S3).
+//!
+//! [`Lease::try_acquire`] (and [`Lock::try_acquire`]) return at once with
+//! [`LeaseError::Held`] when someone holds the lock, as `putex lock
+//! --no-wait` does; [`Lease::acquire_timeout`] gives up with
+//! [`LeaseError::TimedOut`]. Every error is a variant to match
+//! ([`LeaseError`]).
 //!
 //! ```
 //! use std::time::Duration;
-//! use putex::locks::lease::{Lease, Lock, LeaseOptions};
+//! use putex::locks::lease::{Lease, LeaseError, Lock, LeaseOptions};
 //! use putex::store::{AnyStore, MemoryStore};
 //! use putex::core::TimingConfig;
 //!
@@ -44,7 +52,7 @@
 //! assert!(lease.release().await?);
 //!
 //! // Many tenures through one lock.
-//! let mut lock = Lock::new(store, LeaseOptions::new("report", "host-a", timing)?)?;
+//! let mut lock = Lock::new(store.clone(), LeaseOptions::new("report", "host-a", timing.clone())?)?;
 //! let mut last = None;
 //! for _ in 0..3 {
 //!     let token = lock.acquire().await?;
@@ -54,28 +62,58 @@
 //!     assert!(lock.release().await?);
 //! }
 //! lock.close().await?;
+//!
+//! // Tasks that must stop when the lease is lost, each with its own signal.
+//! let lease = Lease::acquire(store.clone(), LeaseOptions::new("report", "host-a", timing.clone())?).await?;
+//! let signal = lease.loss_signal();
+//! let worker = tokio::spawn({
+//!     let signal = signal.clone();
+//!     async move {
+//!         tokio::select! {
+//!             lost = signal.lost() => println!("stopping: {lost}"),
+//!             () = tokio::time::sleep(Duration::from_millis(50)) => println!("work done"),
+//!         }
+//!     }
+//! });
+//! worker.await?;
+//! assert!(!signal.is_lost());
+//!
+//! // Someone else's turn? Not now, and say who.
+//! match Lease::try_acquire(store, LeaseOptions::new("report", "host-b", timing)?).await {
+//!     Err(LeaseError::Held { holder, token, .. }) => {
+//!         assert_eq!((holder.as_str(), token), ("host-a", lease.token()))
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! lease.release().await?;
 //! # Ok(())
 //! # }
 //! ```
 
-use std::sync::Arc;
+mod error;
+mod host;
+mod signal;
 
-use futures::future::{self, BoxFuture, FutureExt};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
 use putex_core::{
-    Agent, AgentConfig, Event, ExitReason, HealthMode, Identity, Input, Instant, KeeperCommand,
-    LockRecord, LockState, LossCause, Reason, Role, StopKind, Timing, TimingConfig, TimingError,
+    Agent, AgentConfig, ExitReason, Identity, Input, LockState, Reason, Role, Timing, TimingConfig,
     Token,
 };
-use thiserror::Error;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::clock;
-use crate::driver::{self, Host, Keys};
-use crate::observe::metrics::Metrics;
-
+pub use self::error::{LeaseError, Lost};
+use self::host::LockHost;
+pub(in crate::locks) use self::host::View;
+pub use self::signal::LossSignal;
 use super::guard::Guard;
-use crate::store::{keys, AnyStore, Name, NameError, NodeId};
+use crate::clock;
+use crate::driver::{self, Keys};
+use crate::observe::metrics::Metrics;
+use crate::store::{keys, AnyStore, Name, NameError, NodeId, ReadMode, Store};
 
 /// What a lease is for and how it is timed.
 #[derive(Clone, Debug)]
@@ -113,164 +151,6 @@ impl LeaseOptions {
     }
 }
 
-/// Why a lease could not be acquired or released.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum LeaseError {
-    /// [`LeaseOptions::timing`] cannot work: validating it failed.
-    #[error(transparent)]
-    Timing(#[from] TimingError),
-    /// The agent stopped (another machine runs with this node id, S5), or
-    /// the lock was closed.
-    #[error("the lease machine exited: {0:?}")]
-    Exited(ExitReason),
-}
-
-/// Why a held lease ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lost {
-    /// The licence ended without a newer successful renewal (H1).
-    LicenceEnded,
-    /// The record is no longer ours: another holder, a revocation, or a
-    /// store that lost or replaced it (H3, S6, S7).
-    TakenOver(LossCause),
-    /// Released on request.
-    Released,
-    /// Ended for another of the core's reasons (the keeper fired or died, a
-    /// stop failed, …).
-    Ended(Reason),
-}
-
-/// What the driver has told us about the agent.
-#[derive(Clone, Debug)]
-pub(super) struct View {
-    role: Role,
-    /// The fencing token of the current tenure, once active.
-    pub(super) held: Option<Token>,
-    /// When the licence ends (boot time), as the agent last told its
-    /// "keeper". Checked against the clock at each call, so a view the
-    /// driver task had no chance to update (a busy runtime) never claims a
-    /// lock past its licence (H1).
-    pub(super) licence_end: Option<Instant>,
-    /// How the last tenure ended.
-    ended: Option<Lost>,
-    /// Transitions into standby so far, and the reason of the last one.
-    standbys: u64,
-    last_standby: Option<Reason>,
-    /// The lock record this agent wrote last, and whether it says the
-    /// lock is held (confirming or active): what guarded writes compare
-    /// against.
-    pub(super) record: Option<(Token, bool)>,
-}
-
-/// The host side of a lock: no hooks, no keeper; activation and loss are
-/// notifications.
-struct LockHost {
-    view: watch::Sender<View>,
-    /// Into the agent: `Turn(false)` on activation, so that a lost lock is
-    /// never taken again behind the program's back.
-    inputs: driver::InputSender,
-    metrics: Option<Metrics>,
-}
-
-impl Host for LockHost {
-    fn health_check(&self, _mode: HealthMode, _deadline: Instant) -> BoxFuture<'static, bool> {
-        future::ready(true).boxed()
-    }
-
-    fn fence(&self, _: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
-        future::ready(true).boxed()
-    }
-
-    fn activate(&self, token: Token, _: Option<String>, _: Instant) -> BoxFuture<'static, bool> {
-        self.view.send_modify(|v| {
-            v.held = Some(token);
-            v.ended = None;
-        });
-        future::ready(true).boxed()
-    }
-
-    fn stop(&self, _kind: StopKind, _deadline: Instant) -> BoxFuture<'static, bool> {
-        // The program is the service: its loss was announced by the
-        // transition before this stop; a graceful stop is its own release.
-        future::ready(true).boxed()
-    }
-
-    fn keeper(&self, command: KeeperCommand) -> BoxFuture<'static, bool> {
-        // No keeper process: the program is the service. Its deadline is
-        // the licence end, which `token()` compares with the clock.
-        self.view.send_modify(|v| {
-            v.licence_end = match command {
-                KeeperCommand::Arm(d) | KeeperCommand::Extend(d) => Some(d),
-                KeeperCommand::Disarm => None,
-            }
-        });
-        future::ready(true).boxed()
-    }
-
-    fn persist_highest(&self, _token: Token) {}
-
-    fn event(&self, event: &Event) {
-        if let Event::AbsentWait { wait, why } = event {
-            // Never in silence (S4): `putex id` and library users see it.
-            tracing::warn!(
-                "taken; waiting {:.1} s before it is held: {}",
-                wait.as_secs_f64(),
-                why.explain()
-            );
-        }
-        let Event::Transition {
-            from,
-            to,
-            reason,
-            token,
-        } = event
-        else {
-            return;
-        };
-        tracing::debug!(%from, %to, ?reason, "lease transition");
-        if let Some(metrics) = &self.metrics {
-            metrics.transition(*to, token.map(|t| t.revision));
-        }
-        if *to == Role::Active {
-            // The driver reads host inputs first: this reaches the agent
-            // before anything that follows the activation.
-            let _ = self.inputs.unbounded_send(Input::Turn(false));
-        }
-        self.view.send_modify(|v| {
-            v.role = *to;
-            if matches!(from, Role::Active | Role::SteppingDown) && v.held.take().is_some() {
-                v.ended = Some(match reason {
-                    Reason::LicenceEnded => Lost::LicenceEnded,
-                    Reason::Released | Reason::Shutdown | Reason::ReleaseRequested => {
-                        Lost::Released
-                    }
-                    Reason::Lost(cause) => Lost::TakenOver(cause.clone()),
-                    other => Lost::Ended(other.clone()),
-                });
-            }
-            if *to == Role::Standby {
-                v.standbys += 1;
-                v.last_standby = Some(reason.clone());
-            }
-        });
-    }
-
-    fn metrics(&self) -> Option<&Metrics> {
-        self.metrics.as_ref()
-    }
-
-    fn lock_written(&self, token: Token, value: &[u8]) {
-        let held = serde_json::from_slice::<LockRecord>(value)
-            .is_ok_and(|r| matches!(r.state, LockState::Confirming | LockState::Active));
-        self.view.send_modify(|v| {
-            if v.record.is_none_or(|(t, _)| t < token) {
-                v.record = Some((token, held));
-            }
-        });
-    }
-}
-
 /// A lock this program takes and gives back, again and again.
 ///
 /// It runs one agent, with one watch on the record, from [`Lock::new`] to
@@ -283,7 +163,9 @@ impl Host for LockHost {
 /// (graceful stop, `released` record) as by [`Lock::close`], without waiting
 /// for it; an acquisition under way is abandoned. Should the runtime end
 /// first, the lock goes stale after W instead, the slow, safe way.
+#[must_use = "a lock stands by until it is closed or dropped; dropped at once, it never holds"]
 pub struct Lock {
+    name: Name,
     host: Arc<LockHost>,
     /// For guards: the store, the lock's key and its timing.
     store: AnyStore,
@@ -347,6 +229,7 @@ impl Lock {
             inputs_rx,
         ));
         Ok(Lock {
+            name: options.name,
             host,
             store,
             key,
@@ -370,7 +253,6 @@ impl Lock {
         if let Some(token) = self.token() {
             return Ok(token);
         }
-        self.host.view.send_modify(|v| v.ended = None);
         let mut guard = WithdrawOnDrop {
             inputs: self.host.inputs.clone(),
             armed: true,
@@ -425,29 +307,80 @@ impl Lock {
 
     /// Completes when the lock is no longer held — at once if it is not —
     /// with how its last tenure ended; from then on stop acting on the
-    /// protected resource.
+    /// protected resource. (Other tasks can wait for the same through a
+    /// [`Lock::loss_signal`].)
     pub async fn lost(&mut self) -> Lost {
-        loop {
-            let end = {
-                let v = self.view.borrow_and_update();
-                if v.held.is_none() {
-                    return v.ended.clone().unwrap_or(Lost::Released);
-                }
-                v.licence_end
+        let held = self.view.borrow().held;
+        match held {
+            Some(token) => self.signal(token).lost().await,
+            None => self
+                .view
+                .borrow()
+                .ended
+                .clone()
+                .map_or(Lost::Released, |(_, how)| how),
+        }
+    }
+
+    /// The end of the current tenure as a value any number of tasks can
+    /// hold and await; `None` when the lock is not held.
+    pub fn loss_signal(&self) -> Option<LossSignal> {
+        self.token().map(|token| self.signal(token))
+    }
+
+    fn signal(&self, token: Token) -> LossSignal {
+        LossSignal {
+            name: self.name.clone(),
+            token,
+            view: self.view.clone(),
+        }
+    }
+
+    /// Takes the lock if nobody holds it, else returns at once with
+    /// [`LeaseError::Held`] naming the holder, as `putex lock --no-wait`
+    /// does. "Holds" is what the record says: a holder that died holds it
+    /// until its record goes stale (W), which [`Lock::acquire_timeout`]
+    /// waits for. A lock seen free is taken within a few round trips;
+    /// should another program take it first, this gives up after
+    /// 2R + 5 s with [`LeaseError::TimedOut`]. A store that does not
+    /// answer the first read is [`LeaseError::Unavailable`].
+    pub async fn try_acquire(&mut self) -> Result<Token, LeaseError> {
+        if let Some(token) = self.token() {
+            return Ok(token);
+        }
+        let entry = self
+            .store
+            .get(&self.key, ReadMode::Leader, self.timing.store_timeout())
+            .await
+            .map_err(LeaseError::Unavailable)?;
+        if let Some(e) = entry {
+            let held = match putex_core::Observed::decode(&e.value) {
+                putex_core::Observed::Record(r) if r.state == LockState::Released => None,
+                putex_core::Observed::Record(r) => Some((r.node, Some(r.state))),
+                putex_core::Observed::Garbage => Some(("an unreadable record".into(), None)),
             };
-            // The licence end by the clock, whether or not the agent has
-            // had a chance to notice it yet.
-            let Some(end) = end.filter(|e| clock::boot_time_now() < *e) else {
-                return Lost::LicenceEnded;
-            };
-            tokio::select! {
-                changed = self.view.changed() => {
-                    if changed.is_err() {
-                        return Lost::LicenceEnded;
-                    }
-                }
-                () = tokio::time::sleep(clock::until(end)) => {}
+            if let Some((holder, state)) = held {
+                return Err(LeaseError::Held {
+                    name: self.name.clone(),
+                    holder,
+                    state,
+                    token: e.token,
+                });
             }
+        }
+        let grace = self.timing.renew() * 2 + self.timing.store_timeout().max(NO_WAIT_GRACE);
+        self.acquire_timeout(grace).await
+    }
+
+    /// [`Lock::acquire`], giving up after `wait` with
+    /// [`LeaseError::TimedOut`]; nothing is held then.
+    pub async fn acquire_timeout(&mut self, wait: Duration) -> Result<Token, LeaseError> {
+        match tokio::time::timeout(wait, self.acquire()).await {
+            Ok(done) => done,
+            Err(_) => Err(LeaseError::TimedOut {
+                name: self.name.clone(),
+                waited: wait,
+            }),
         }
     }
 
@@ -534,9 +467,25 @@ impl Drop for WithdrawOnDrop {
     }
 }
 
+/// How long [`Lock::try_acquire`] may take over a lock it saw free (as
+/// `putex lock --no-wait`).
+const NO_WAIT_GRACE: Duration = Duration::from_secs(5);
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let role = self.view.borrow().role;
+        f.debug_struct("Lock")
+            .field("name", &self.name.as_str())
+            .field("token", &self.token().map(|t| t.to_string()))
+            .field("state", &role.to_string())
+            .finish()
+    }
+}
+
 /// One tenure of a lock: acquired, renewed in the background, released.
 /// Dropping it gives the lock back in the background (see [`Lock`]);
 /// [`Lease::release`] waits for that and says whether it was written.
+#[must_use = "a lease dropped at once is given back at once"]
 pub struct Lease {
     lock: Lock,
     token: Token,
@@ -553,6 +502,47 @@ impl Lease {
         let mut lock = Lock::new(store, options)?;
         let token = lock.acquire().await?;
         Ok(Lease { lock, token })
+    }
+
+    /// Takes lock `options.name` if nobody holds it, else returns at once
+    /// with [`LeaseError::Held`] (see [`Lock::try_acquire`]).
+    pub async fn try_acquire(store: AnyStore, options: LeaseOptions) -> Result<Lease, LeaseError> {
+        let mut lock = Lock::new(store, options)?;
+        let token = lock.try_acquire().await?;
+        Ok(Lease { lock, token })
+    }
+
+    /// [`Lease::acquire`], giving up after `wait` with
+    /// [`LeaseError::TimedOut`].
+    pub async fn acquire_timeout(
+        store: AnyStore,
+        options: LeaseOptions,
+        wait: Duration,
+    ) -> Result<Lease, LeaseError> {
+        let mut lock = Lock::new(store, options)?;
+        let token = lock.acquire_timeout(wait).await?;
+        Ok(Lease { lock, token })
+    }
+
+    /// The token while the lease is held, else [`LeaseError::Lost`] with
+    /// how it ended: a check before each action on the resource (which may
+    /// still end at any moment: the token is what protects it).
+    pub fn check(&self) -> Result<Token, LeaseError> {
+        let signal = self.loss_signal();
+        if !signal.is_lost() {
+            return Ok(self.token);
+        }
+        let v = self.lock.view.borrow();
+        Err(LeaseError::Lost(match &v.ended {
+            Some((token, how)) if *token == self.token => how.clone(),
+            _ => Lost::LicenceEnded,
+        }))
+    }
+
+    /// The end of this tenure as a value any number of tasks can hold and
+    /// await.
+    pub fn loss_signal(&self) -> LossSignal {
+        self.lock.signal(self.token)
     }
 
     /// The fencing token of this tenure: pass it to the protected resource.
@@ -591,5 +581,15 @@ impl Lease {
     /// goes stale after W).
     pub async fn release(self) -> Result<bool, LeaseError> {
         self.lock.close().await
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.lock.name.as_str())
+            .field("token", &self.token.to_string())
+            .field("held", &self.is_held())
+            .finish()
     }
 }
