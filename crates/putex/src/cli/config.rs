@@ -25,7 +25,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use putex_core::{Drift, TimingConfig};
+use putex_core::{timing, Drift, TimingConfig};
 use serde::Deserialize;
 
 pub use crate::agent::{AgentSettings, OperatorSettings, ServiceMode};
@@ -39,6 +39,23 @@ use super::CliError;
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())
         .map_err(|e| format!("{e}: write a duration like 100ms, 2s or 1m30s"))
+}
+
+/// A flag's help ending in its default, written from the named constant
+/// (`putex_core::timing`, `DEFAULT_*` here and in the commands) so that
+/// `--help` cannot drift from what the code does: `text [default: VALUE]`.
+pub(crate) fn help_with_default(text: &str, default: impl std::fmt::Display) -> String {
+    format!("{} [default: {default}]", text.trim_end_matches('.'))
+}
+
+/// A duration as the flags take it: `1s`, `100ms`, `1m 30s`.
+pub(crate) fn flag_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// A clock-rate bound in parts per million as the flags take it: `1%`.
+pub(crate) fn flag_drift(ppm: u32) -> String {
+    format!("{}%", f64::from(ppm) / 10_000.0)
 }
 
 /// Parses a clock-rate bound: `1%`, `0.5%`, or a bare number of percent.
@@ -56,17 +73,21 @@ pub fn parse_drift(s: &str) -> Result<f64, String> {
 /// The timing flags `putex run`, `putex check` and `putex lock` share.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TimingArgs {
-    /// R: health-check (agents) and renew once per R [default: 1s].
-    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration)]
+    /// R: health-check (agents) and renew once per R.
+    #[arg(long, env = "PUTEX_RENEW", value_parser = parse_duration,
+          help = help_with_default("R: health-check (agents) and renew once per R.", flag_duration(timing::DEFAULT_RENEW)))]
     pub renew: Option<Duration>,
-    /// F: lease length in renewals, T = F·R, at least 2 [default: 10].
-    #[arg(long, env = "PUTEX_FAILURES")]
+    /// F: lease length in renewals, T = F·R, at least 2.
+    #[arg(long, env = "PUTEX_FAILURES",
+          help = help_with_default("F: lease length in renewals, T = F·R, at least 2.", timing::DEFAULT_FAILURES))]
     pub failures: Option<u32>,
-    /// C: confirmation count, fencing gap G = C·R [default: 2].
-    #[arg(long, env = "PUTEX_CONFIRM")]
+    /// C: confirmation count, fencing gap G = C·R.
+    #[arg(long, env = "PUTEX_CONFIRM",
+          help = help_with_default("C: confirmation count, fencing gap G = C·R.", timing::DEFAULT_CONFIRM))]
     pub confirm: Option<u32>,
-    /// ε: clock-rate bound, e.g. 1% [default: 1%].
-    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
+    /// ε: clock-rate bound, e.g. 0.5%.
+    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift,
+          help = help_with_default("ε: clock-rate bound, e.g. 0.5%.", flag_drift(timing::DEFAULT_MAX_DRIFT_PPM)))]
     pub max_drift: Option<f64>,
     /// Longest lease any holder may advertise (used when a record is lost).
     #[arg(long, env = "PUTEX_MAX_LEASE", value_parser = parse_duration)]
@@ -114,14 +135,17 @@ pub struct AgentArgs {
     /// R, F, C, ε and the other timing flags `putex lock` shares.
     #[command(flatten)]
     pub timing: TimingArgs,
-    /// K: failed `active` checks in a row before stepping down [default: 3].
-    #[arg(long, env = "PUTEX_UNHEALTHY")]
+    /// K: failed `active` checks in a row before stepping down.
+    #[arg(long, env = "PUTEX_UNHEALTHY",
+          help = help_with_default("K: failed `active` checks in a row before stepping down.", timing::DEFAULT_UNHEALTHY))]
     pub unhealthy: Option<u32>,
-    /// S: good checks in a row before (re)acquiring [default: 1].
-    #[arg(long, env = "PUTEX_SUCCESSES")]
+    /// S: good checks in a row before (re)acquiring.
+    #[arg(long, env = "PUTEX_SUCCESSES",
+          help = help_with_default("S: good checks in a row before (re)acquiring.", timing::DEFAULT_SUCCESSES))]
     pub successes: Option<u32>,
-    /// `standby` checks are used for this long after activation [default: 5s].
-    #[arg(long, env = "PUTEX_START_GRACE", value_parser = parse_duration)]
+    /// `standby` checks are used for this long after activation.
+    #[arg(long, env = "PUTEX_START_GRACE", value_parser = parse_duration,
+          help = help_with_default("`standby` checks are used for this long after activation.", flag_duration(timing::DEFAULT_START_GRACE)))]
     pub start_grace: Option<Duration>,
     /// Scheduling margin kept out of the emergency budget [default: min(50ms, G/10)].
     #[arg(long, env = "PUTEX_SCHED_MARGIN", value_parser = parse_duration)]
@@ -129,11 +153,13 @@ pub struct AgentArgs {
     /// Health-check timeout [default: R/2].
     #[arg(long, env = "PUTEX_HEALTHCHECK_TIMEOUT", value_parser = parse_duration)]
     pub healthcheck_timeout: Option<Duration>,
-    /// Time allowed for the fence and activate hooks [default: 60s].
-    #[arg(long, env = "PUTEX_ACTIVATE_TIMEOUT", value_parser = parse_duration)]
+    /// Time allowed for the fence and activate hooks.
+    #[arg(long, env = "PUTEX_ACTIVATE_TIMEOUT", value_parser = parse_duration,
+          help = help_with_default("Time allowed for the fence and activate hooks.", flag_duration(timing::DEFAULT_ACTIVATE_TIMEOUT)))]
     pub activate_timeout: Option<Duration>,
-    /// Time allowed for a graceful stop [default: 30s].
-    #[arg(long, env = "PUTEX_STOP_TIMEOUT", value_parser = parse_duration)]
+    /// Time allowed for a graceful stop.
+    #[arg(long, env = "PUTEX_STOP_TIMEOUT", value_parser = parse_duration,
+          help = help_with_default("Time allowed for a graceful stop.", flag_duration(timing::DEFAULT_STOP_TIMEOUT)))]
     pub stop_timeout: Option<Duration>,
     /// Directory of the keeper sockets, lock files and state files
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
@@ -151,8 +177,9 @@ pub struct AgentArgs {
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher
-    /// one is preferred, after a higher --position [default: 1].
-    #[arg(long, env = "PUTEX_PRIORITY")]
+    /// one is preferred, after a higher --position.
+    #[arg(long, env = "PUTEX_PRIORITY",
+          help = help_with_default("Candidacy: 0 never takes over; among eligible standbys a higher one is preferred, after a higher --position.", crate::agent::settings::DEFAULT_PRIORITY))]
     pub priority: Option<u32>,
     /// A command printing this node's data position, run each round: a
     /// non-negative integer that only grows while it follows the holder
@@ -639,6 +666,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("--lock: "), "{e}");
+    }
+
+    #[test]
+    fn the_help_shows_the_defaults_the_code_applies() {
+        use clap::CommandFactory;
+        let cmd = crate::cli::app::Cli::command();
+        let run = cmd.find_subcommand("run").expect("putex run");
+        // The default a flag's help names, parsed as the flag would be.
+        let shown = |flag: &str| -> String {
+            let arg = run
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                .unwrap_or_else(|| panic!("--{flag}"));
+            let help = arg.get_help().expect("help").to_string();
+            let at = help.rfind("[default: ").expect(&help);
+            help[at + 10..help.len() - 1].to_string()
+        };
+        let s = resolve(
+            &AgentArgs::default(),
+            &FileConfig::default(),
+            Strictness::Check,
+        )
+        .unwrap();
+        let t = &s.timing_config;
+        let dur = |flag: &str| parse_duration(&shown(flag)).unwrap();
+        let num = |flag: &str| shown(flag).parse::<u32>().unwrap();
+        assert_eq!(dur("renew"), t.renew);
+        assert_eq!(num("failures"), t.failures);
+        assert_eq!(num("confirm"), t.confirm);
+        assert_eq!(
+            Drift::from_percent(parse_drift(&shown("max-drift")).unwrap()),
+            t.max_drift
+        );
+        assert_eq!(num("unhealthy"), t.unhealthy);
+        assert_eq!(num("successes"), t.successes);
+        assert_eq!(dur("start-grace"), t.start_grace);
+        assert_eq!(dur("activate-timeout"), t.activate_timeout);
+        assert_eq!(dur("stop-timeout"), t.stop_timeout);
+        assert_eq!(num("priority"), s.operator.priority);
     }
 
     #[test]

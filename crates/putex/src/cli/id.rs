@@ -99,8 +99,12 @@ pub struct ClaimArgs {
     /// renewed like a lock, lost — with CMD and its tree — like a lock.
     #[arg(long, requires = "command")]
     pub lease: bool,
-    /// With --lease: T, the lease; R = T / 10 [default: 10s].
-    #[arg(long, value_parser = super::config::parse_duration, requires = "lease")]
+    /// With --lease: T, the lease; R = T / 10 (F = 10).
+    #[arg(long, value_parser = super::config::parse_duration, requires = "lease",
+          help = super::config::help_with_default(
+              "With --lease: T, the lease; R = T / 10.",
+              super::config::flag_duration(
+                  putex_core::timing::DEFAULT_RENEW * putex_core::timing::DEFAULT_FAILURES)))]
     pub ttl: Option<std::time::Duration>,
     /// With --lease: wait at most this long for a free id, then exit 75
     /// [default: forever].

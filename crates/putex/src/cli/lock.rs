@@ -134,8 +134,11 @@ pub struct LockArgs {
     #[command(flatten)]
     pub timing: TimingArgs,
     /// SIGTERM to SIGKILL when CMD's leftovers (or a CMD past
-    /// --max-duration) are stopped [default: 10s].
-    #[arg(long, value_parser = parse_duration)]
+    /// --max-duration) are stopped.
+    #[arg(long, value_parser = parse_duration,
+          help = super::config::help_with_default(
+              "SIGTERM to SIGKILL when CMD's leftovers (or a CMD past --max-duration) are stopped.",
+              super::config::flag_duration(DEFAULT_LOCK_STOP_TIMEOUT)))]
     pub stop_timeout: Option<Duration>,
     /// Directory of the keeper sockets and host state files
     /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else /tmp/putex-UID].

@@ -85,8 +85,10 @@ pub struct ServeArgs {
     /// for it to reach the client.
     #[arg(long, env = "PUTEX_GRANT_DEADLINE", value_parser = parse_duration, default_value = "1s", value_name = "DUR")]
     pub grant_deadline: Duration,
-    /// ε: clock-rate bound [default: 1%].
-    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift)]
+    /// ε: clock-rate bound.
+    #[arg(long, env = "PUTEX_MAX_DRIFT", value_parser = parse_drift,
+          help = super::config::help_with_default("ε: clock-rate bound.",
+              super::config::flag_drift(putex_core::timing::DEFAULT_MAX_DRIFT_PPM)))]
     pub max_drift: Option<f64>,
     /// How long requests in flight may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "PUTEX_GRACE", value_parser = parse_duration, default_value = "5s", value_name = "DUR")]
