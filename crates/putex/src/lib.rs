@@ -10,7 +10,8 @@
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
 //! | [`locks`] | locks for programs and scripts: leases and [`Lock`], critical sections, fair queues, identity pools, the HTTP lock gateway |
 //! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the binary (the keeper) and the integration tests |
-//! | [`observe`] | metrics, transition history, status queries, the web status page |
+//! | [`observe`] | metrics, transition history, the JSON spelling of tokens and record states |
+//! | [`report`] | what operators read: status queries (holders, members, waiters, semaphores, pools), member records, the web status page |
 //! | [`http`] | HTTP servers: `putex serve` (RDLM, `/v1/`, auth, TLS, OpenAPI) and the agent's endpoints |
 //! | `host_state` | what a host remembers of a lock between processes (S5, S6): one file per record, shared by agents and sections |
 //! | [`identity`] | who and where this process is: host name, machine, boot and instance ids |
@@ -37,6 +38,7 @@ pub mod http;
 pub mod identity;
 pub mod locks;
 pub mod observe;
+pub mod report;
 pub mod shutdown;
 pub mod store;
 /// The keeper, process trees, hooks and systemd: the machinery behind

@@ -702,47 +702,11 @@ async fn supervision_keeper_runs_deactivate_hook_when_it_fires() {
     client.shutdown().await.unwrap();
 }
 
-async fn hook_timeout_case(runner: HookRunner, tag: &str) {
-    let args = [format!("1000.{tag}1"), format!("1000.{tag}2")];
-    let _cleanup = Cleanup {
-        keeper: None,
-        sleeps: args.to_vec(),
-        scope: None,
-    };
-    let hook = Hook::new(
-        HookKind::Activate,
-        format!("sleep {} & setsid sleep {} & wait", args[0], args[1]),
-    );
-    let t0 = std::time::Instant::now();
-    let out = runner
-        .run(&hook, &HookEnv::default(), None, Duration::from_millis(300))
-        .await
-        .unwrap();
-    eprintln!(
-        "hook (cgroup={}) timed out, tree killed after {:.1} ms",
-        runner.uses_cgroup(),
-        ms(t0.elapsed())
-    );
-    assert_eq!(out.status, HookStatus::TimedOut);
-    assert!(out.tree_gone);
-    assert!(!out.ok());
-    assert!(all_gone(&args), "a hook descendant survived");
-}
-
-#[tokio::test]
-async fn supervision_hook_timeout_kills_whole_tree_cgroup() {
-    hook_timeout_case(HookRunner::detect(), "51").await;
-}
-
-#[tokio::test]
-async fn supervision_hook_timeout_kills_whole_tree_without_cgroup() {
-    hook_timeout_case(HookRunner::without_cgroup(), "52").await;
-}
-
-/// A hook stopped from outside (`run_until`, as a standby's follow hook is
-/// when the node takes the lock) is over, tree and all, when the run
-/// returns; one left alone runs to its end.
-async fn hook_stop_case(runner: HookRunner, tag: &str) {
+/// A hook whose whole tree (a child, and a grandchild in a session of its
+/// own) must be killed, and gone, when the run returns: at its timeout
+/// (`run`), or stopped from outside first (`run_until`, as a standby's
+/// follow hook is when the node takes the lock).
+async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
     let args = [format!("1000.{tag}1"), format!("1000.{tag}2")];
     let _cleanup = Cleanup {
         keeper: None,
@@ -753,36 +717,49 @@ async fn hook_stop_case(runner: HookRunner, tag: &str) {
         HookKind::Follow,
         format!("sleep {} & setsid sleep {} & wait", args[0], args[1]),
     );
+    let (timeout, stop_after, expected) = if stopped {
+        (
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            HookStatus::Cancelled,
+        )
+    } else {
+        (
+            Duration::from_millis(300),
+            Duration::from_secs(60),
+            HookStatus::TimedOut,
+        )
+    };
     let t0 = std::time::Instant::now();
     let out = runner
         .run_until(
             &hook,
             &HookEnv::default(),
             None,
-            Duration::from_secs(60),
-            tokio::time::sleep(Duration::from_millis(200)),
+            timeout,
+            tokio::time::sleep(stop_after),
         )
         .await
         .unwrap();
     eprintln!(
-        "hook (cgroup={}) stopped, tree killed {:.1} ms after it began",
+        "hook (cgroup={}) {expected:?}, tree killed after {:.1} ms",
         runner.uses_cgroup(),
         ms(t0.elapsed())
     );
-    assert_eq!(out.status, HookStatus::Cancelled);
+    assert_eq!(out.status, expected);
     assert!(out.tree_gone);
     assert!(!out.ok());
     assert!(all_gone(&args), "a hook descendant survived");
     assert!(t0.elapsed() < Duration::from_secs(5));
-    // Not stopped: it ends on its own, as `run` would have it.
+    // One that ends first is left to end: the stop never comes into it.
     let quick = Hook::new(HookKind::Follow, "sleep 0.1");
     let out = runner
         .run_until(
             &quick,
             &HookEnv::default(),
             None,
-            Duration::from_secs(60),
-            tokio::time::sleep(Duration::from_secs(30)),
+            timeout,
+            tokio::time::sleep(stop_after),
         )
         .await
         .unwrap();
@@ -790,13 +767,23 @@ async fn hook_stop_case(runner: HookRunner, tag: &str) {
 }
 
 #[tokio::test]
+async fn supervision_hook_timeout_kills_whole_tree_cgroup() {
+    hook_kill_case(HookRunner::detect(), "51", false).await;
+}
+
+#[tokio::test]
+async fn supervision_hook_timeout_kills_whole_tree_without_cgroup() {
+    hook_kill_case(HookRunner::without_cgroup(), "52", false).await;
+}
+
+#[tokio::test]
 async fn supervision_hook_stopped_from_outside_kills_whole_tree_cgroup() {
-    hook_stop_case(HookRunner::detect(), "53").await;
+    hook_kill_case(HookRunner::detect(), "53", true).await;
 }
 
 #[tokio::test]
 async fn supervision_hook_stopped_from_outside_kills_whole_tree_without_cgroup() {
-    hook_stop_case(HookRunner::without_cgroup(), "54").await;
+    hook_kill_case(HookRunner::without_cgroup(), "54", true).await;
 }
 
 #[tokio::test]

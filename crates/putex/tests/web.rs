@@ -319,7 +319,7 @@ async fn web_timeline_chart_draws_bars_gaps_switchover_and_pause_in_chromium() {
 
     // The page, for lock pg, and the two pages the pixel count needs.
     let png = shot.clone();
-    let app = putex::observe::web::router(store.clone(), Some(vec![lock.clone()]))
+    let app = putex::report::web::router(store.clone(), Some(vec![lock.clone()]))
         .route(
             "/shot.png",
             axum::routing::get(move || {

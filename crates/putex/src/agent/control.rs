@@ -28,7 +28,7 @@ use putex_core::{Input, Pause, Role, Token};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
-use super::host::AgentHost;
+use super::state::AgentHost;
 use crate::store::{keys, AnyStore, Entry, Name, ReadMode, Store, StoreError};
 
 /// The control record's format version.

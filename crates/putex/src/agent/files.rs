@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::AgentError;
+use super::error::AgentError;
 use crate::supervision::keeper::socket_path;
 
 /// Paths of the host-local files for (store, lock).

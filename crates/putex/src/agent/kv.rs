@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, FutureExt};
 use putex_core::{Role, Token};
 
-use super::host::AgentHost;
+use super::state::AgentHost;
 use crate::locks::guard::{Guard, Tenure};
 use crate::locks::section::kv::KvHolder;
 use crate::store::{keys, AnyStore};

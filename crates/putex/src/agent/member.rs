@@ -8,90 +8,12 @@ use std::time::Duration;
 use crate::driver;
 use futures::StreamExt;
 use putex_core::{Candidate, Input, Role, StoreGap, StoreTime, Token};
-use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
-use super::host::AgentHost;
+use super::state::AgentHost;
+use crate::report::members::MemberRecord;
 use crate::store::{keys, AnyStore, Name, Store};
 use crate::supervision::hooks::HookKind;
-// ---------------------------------------------------------------------------
-// Member records.
-
-/// A node's member record for a lock (`member.<lock>.<node>`), written by
-/// the agent every few R and at each transition; read by `putex status`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberRecord {
-    /// Format version (1).
-    pub v: u32,
-    /// The writer's node id, also the last part of the key.
-    pub node: String,
-    /// The agent's instance id.
-    pub instance: String,
-    /// The agent's role (`standby`, `active`, …).
-    pub role: String,
-    /// Whether the last health check passed (`None` before the first).
-    pub healthy: Option<bool>,
-    /// The last health check: `active ok`, `standby failed`, ….
-    pub last_health: Option<String>,
-    /// The fencing token while holding the lock.
-    pub token: Option<String>,
-    /// The agent's R, in milliseconds (status judges staleness by it).
-    pub renew_ms: u64,
-    /// The agent's pid.
-    pub pid: u32,
-    /// Something an operator must look at, e.g. `stop unproven`: a stop
-    /// could not prove the service stopped, and it may still run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub alarm: Option<String>,
-    /// `--priority` (O3); records of older agents have none: 1.
-    #[serde(default = "default_priority")]
-    pub priority: u32,
-    /// The last `--position` (O3), if it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub position: Option<u64>,
-    /// It could take over now: standby checks pass, rejoined, not backing
-    /// off (O3). Older agents do not say: `None`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready: Option<bool>,
-    /// Why it would not take over now, e.g. `priority 0`, `lagging 1200`,
-    /// `rejoining`, `deferring to db2` ("why not").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blocker: Option<String>,
-    /// `--advertise`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub addr: Option<String>,
-    /// Failover is paused by its record: who paused, and why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused: Option<String>,
-}
-
-fn default_priority() -> u32 {
-    1
-}
-
-impl Default for MemberRecord {
-    fn default() -> Self {
-        MemberRecord {
-            v: 1,
-            node: String::new(),
-            instance: String::new(),
-            role: String::new(),
-            healthy: None,
-            last_health: None,
-            token: None,
-            renew_ms: 0,
-            pid: 0,
-            alarm: None,
-            priority: default_priority(),
-            position: None,
-            ready: None,
-            blocker: None,
-            addr: None,
-            paused: None,
-        }
-    }
-}
-
 /// Writes the member record every 3 R and whenever something changed.
 pub(super) async fn member_writer(host: AgentHost, store: AnyStore, key: String) {
     let every = host.inner.settings.timing.renew() * 3;
@@ -398,6 +320,43 @@ async fn read_position(cmd: &str, timeout: Duration) -> Result<u64, String> {
             text.trim()
         )
     })
+}
+
+impl AgentHost {
+    pub(super) fn member_record(&self) -> MemberRecord {
+        self.set(|st| MemberRecord {
+            alarm: st.unproven.map(|(attempts, holding)| {
+                format!(
+                    "stop unproven ({attempts} attempts; {})",
+                    if holding {
+                        "holding the lock until a stop is proven"
+                    } else {
+                        "the lock was lost"
+                    }
+                )
+            }),
+            v: 1,
+            node: self.inner.node.clone(),
+            instance: self.inner.instance.clone(),
+            // O4: a standby that must rejoin first says so.
+            role: if st.rejoin_pending && st.role == Some(Role::Standby) {
+                "rejoining".into()
+            } else {
+                st.role_name()
+            },
+            healthy: st.healthy,
+            last_health: st.last_health.clone(),
+            token: st.token.map(|t| t.to_string()),
+            renew_ms: u64::try_from(self.inner.settings.timing.renew().as_millis()).unwrap_or(0),
+            pid: std::process::id(),
+            priority: self.inner.settings.operator.priority,
+            position: st.position,
+            ready: Some(st.ready()),
+            blocker: st.blocker.as_ref().map(ToString::to_string),
+            addr: self.inner.settings.operator.advertise.clone(),
+            paused: st.paused.as_ref().map(ToString::to_string),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -44,7 +44,6 @@
 //! | [`member`] | member records, what `putex status` shows of each node |
 //! | `host` | the [`crate::driver::Host`] that carries out what the core asks |
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,20 +56,24 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::Instrument;
 
 pub mod control;
+mod error;
 pub(crate) mod files;
 mod host;
 mod kv;
 pub mod member;
 pub mod settings;
+mod state;
 
 /// Why the keeper (the process that owns the service) failed: part of
 /// [`AgentError`].
 pub use crate::supervision::keeper::KeeperError;
 pub use settings::{timing_warnings, AgentSettings, OperatorSettings, ServiceMode};
 
+pub use self::error::AgentError;
 use self::files::{LocalLock, LocalPaths};
-use self::host::{state_writer, AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
+use self::host::state_writer;
 use self::member::member_writer;
+use self::state::{AgentHost, Inner, KeeperSlot, Status, STOP_SLACK};
 use crate::clock;
 use crate::driver::{self, Keys};
 use crate::host_state::{HostRecord, HostState};
@@ -78,73 +81,11 @@ use crate::identity;
 use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::store::keys;
-use crate::store::measure::{measure_store, MeasureError, StoreCheckError};
-use crate::store::{AnyStore, Store, StoreError};
+use crate::store::measure::measure_store;
+use crate::store::{AnyStore, Store};
 use crate::supervision::hooks::HookRunner;
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
-
-/// Why the agent could not start or did not finish on its own terms.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// A host-local file or directory could not be used.
-    #[error("{what} {}: {source}", path.display())]
-    Local {
-        /// Which file: `keeper directory`, `lock file`, `host state file`.
-        what: &'static str,
-        /// The path that could not be used.
-        path: PathBuf,
-        /// The I/O error it gave.
-        source: std::io::Error,
-    },
-    /// Another agent already runs this lock for this store on this host.
-    #[error(
-        "another putex agent (pid {pid}) already runs lock {lock:?} for store {store} on this \
-         host (lock file {}); one agent per lock and host (to try several nodes of one lock \
-         on one host, give each agent its own --keeper-dir)",
-        lock_file.display()
-    )]
-    AlreadyRunning {
-        /// The pid written in the lock file.
-        pid: String,
-        /// The lock name the other agent runs.
-        lock: String,
-        /// The store, without secrets.
-        store: String,
-        /// The host-local lock file both agents take, in the keeper
-        /// directory; it holds the running agent's pid.
-        lock_file: PathBuf,
-    },
-    /// The store cannot be opened.
-    #[error("store {url}: {source}")]
-    StoreUnreachable {
-        /// The store URL, without secrets.
-        url: String,
-        /// What opening it failed with.
-        source: StoreError,
-    },
-    /// Measuring the store failed.
-    #[error(transparent)]
-    Measure(#[from] MeasureError),
-    /// The timing does not suit the store (measured p99, replication): the
-    /// rule broken and how the store was measured.
-    #[error(transparent)]
-    Timing(#[from] StoreCheckError),
-    /// The settings name no lock (`check` settings, not `run` ones).
-    #[error("no lock to run for (--lock)")]
-    NoLock,
-    /// The keeper could not be started or adopted.
-    #[error("keeper: {0}")]
-    Keeper(#[from] KeeperError),
-    /// No keeper executable was given and this program's own path is unknown.
-    #[error("cannot find the putex binary to run the keeper: {0}")]
-    NoKeeperExe(std::io::Error),
-    /// Asked to stop at once: an emergency stop was made; the lock was
-    /// released only if the graceful stop under way proved the service
-    /// stopped first.
-    #[error("stopped at once by a second signal")]
-    Aborted,
-}
 
 impl AgentError {
     fn local(what: &'static str, path: &std::path::Path, source: std::io::Error) -> AgentError {
@@ -481,7 +422,7 @@ pub async fn run(
     let (http_stop, http_stopped) = oneshot::channel::<()>();
     if let Some(listener) = http {
         let view: Arc<dyn crate::http::agent::AgentView> = Arc::new(host.clone());
-        let page = crate::observe::web::router(store.clone(), Some(vec![lock.clone()]));
+        let page = crate::report::web::router(store.clone(), Some(vec![lock.clone()]));
         tracing::info!(addr = ?listener.local_addr().ok(), "serving /primary, /replica, /health, /metrics");
         tokio::spawn(
             async move {

@@ -422,7 +422,7 @@ async fn holder_knows(store: &AnyStore, lock: &Name, node: &str) -> bool {
     else {
         return false;
     };
-    serde_json::from_slice::<crate::agent::member::MemberRecord>(&e.value)
+    serde_json::from_slice::<crate::report::members::MemberRecord>(&e.value)
         .is_ok_and(|m| m.paused.is_some())
 }
 

@@ -225,8 +225,8 @@ impl fmt::Display for CliError {
 
 impl std::error::Error for CliError {}
 
-impl From<crate::observe::status::StatusError> for CliError {
-    fn from(e: crate::observe::status::StatusError) -> CliError {
+impl From<crate::report::status::StatusError> for CliError {
+    fn from(e: crate::report::status::StatusError) -> CliError {
         CliError::Store(e.to_string())
     }
 }

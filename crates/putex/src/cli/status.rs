@@ -1,11 +1,11 @@
 //! `putex status`: who holds a lock, since when, with which token, and how
-//! its members are doing. The queries are [`crate::observe::status`]'s;
+//! its members are doing. The queries are [`crate::report::status`]'s;
 //! this command renders them.
 
 use std::time::Duration;
 
 use super::CliError;
-use crate::observe::status::{lock_status, semaphore_status, semaphores_and_pools, LockStatus};
+use crate::report::status::{lock_status, semaphore_status, semaphores_and_pools, LockStatus};
 use crate::store::{keys, AnyStore, Name, StoreUrl};
 
 /// `putex status` flags.
@@ -298,7 +298,7 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::member::MemberRecord;
+    use crate::report::members::MemberRecord;
     use crate::store::Store;
     use putex_core::{LockRecord, LockState};
 

@@ -28,7 +28,7 @@ use super::history::open_store;
 use super::status::render;
 use super::CliError;
 use crate::observe::history;
-use crate::observe::status::{self, LockStatus, StatusError};
+use crate::report::status::{self, LockStatus, StatusError};
 use crate::shutdown::Shutdown;
 use crate::store::{keys, AnyStore, Entry, Name, Store, WatchStream};
 

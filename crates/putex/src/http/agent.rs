@@ -9,7 +9,7 @@
 //! | `GET /liveness` | the agent's state machine went round its loop recently (3 R + 1 s) | 503 |
 //! | `GET /readiness` | the agent has started and made its first decision | 503 |
 //! | `GET /metrics` | always: OpenMetrics text ([`crate::observe::metrics`]) | — |
-//! | `GET /ui` | the web status page of the lock ([`crate::observe::web`]) | — |
+//! | `GET /ui` | the web status page of the lock ([`crate::report::web`]) | — |
 //!
 //! Every status route answers with the same JSON body ([`AgentSnapshot`]),
 //! so `curl` shows why a check fails. HAProxy's `option httpchk GET /primary`
@@ -68,7 +68,7 @@ pub fn router(view: View) -> Router {
         .with_state(view)
 }
 
-/// Serves the endpoints, and the web status page ([`crate::observe::web`]) of the
+/// Serves the endpoints, and the web status page ([`crate::report::web`]) of the
 /// agent's lock, on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: tokio::net::TcpListener,

@@ -267,8 +267,8 @@ impl App {
         });
         let auth = Arc::new(self.options.auth.clone());
         let token = axum::middleware::from_fn_with_state(auth.clone(), auth::require_token);
-        // The web status page ([`crate::observe::web`]), behind the same token.
-        let page = crate::observe::web::router(self.gateway.store().clone(), None).route_layer(
+        // The web status page ([`crate::report::web`]), behind the same token.
+        let page = crate::report::web::router(self.gateway.store().clone(), None).route_layer(
             axum::middleware::from_fn_with_state(auth.clone(), auth::require_token),
         );
         let admin = axum::middleware::from_fn_with_state(auth, auth::require_admin);

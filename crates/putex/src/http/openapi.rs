@@ -17,29 +17,6 @@ use super::auth::AuthSettings;
 use super::{rdlm, v1, Shared};
 use crate::locks::gateway::{GatewayOptions, MIN_LIFETIME};
 
-/// The `401` of every call behind auth: a JSON error, on both APIs.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 401, description = "Missing or wrong credentials")]
-#[allow(dead_code)] // a type for the document: only the derive reads it
-pub struct Unauthorized(pub v1::ErrorBody);
-
-/// The `503` of a `/v1/` call that only reads or writes the store.
-#[derive(utoipa::IntoResponses)]
-#[response(status = 503, description = "Store failure")]
-#[allow(dead_code)] // a type for the document: only the derive reads it
-pub struct StoreFailure(pub v1::ErrorBody);
-
-/// The `503` of an RDLM call that only reads or writes the store: plain
-/// text, as RDLM answers.
-#[derive(utoipa::IntoResponses)]
-#[response(
-    status = 503,
-    description = "Store failure",
-    content_type = "text/plain"
-)]
-#[allow(dead_code)] // a type for the document: only the derive reads it
-pub struct RdlmStoreFailure(pub String);
-
 /// The document's skeleton, from the handlers' attributes.
 #[derive(OpenApi)]
 #[openapi(

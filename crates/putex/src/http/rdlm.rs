@@ -35,13 +35,24 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::openapi::{RdlmStoreFailure, Unauthorized};
+use super::v1::Unauthorized;
 use super::{
     lifetime_left_header, lock_uid, parse_lifetime, parse_seconds, rfc3339, seconds_floor_ms,
     seconds_json, AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::locks::gateway::{AcquireError, AcquireRequest, GatewayOptions, LockInfo};
 use crate::store::{Name, StoreError};
+
+/// The `503` of an RDLM call that only reads or writes the store: plain
+/// text, as RDLM answers.
+#[derive(utoipa::IntoResponses)]
+#[response(
+    status = 503,
+    description = "Store failure",
+    content_type = "text/plain"
+)]
+#[allow(dead_code)] // a type for the document: only the derive reads it
+pub struct RdlmStoreFailure(pub String);
 
 const HAL_JSON: &str = "application/hal+json";
 

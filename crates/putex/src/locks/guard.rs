@@ -43,16 +43,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, FutureExt};
+use futures::future::BoxFuture;
 use putex_core::{Timing, Token};
 use thiserror::Error;
-use tokio::sync::watch;
 
-use crate::clock;
 use crate::store::keys::{self, KeyError};
 use crate::store::{AnyStore, ReadMode, Store, StoreError, Write};
-
-use super::lease::View;
 
 /// Why a guarded write was not made.
 #[derive(Debug, Error)]
@@ -94,40 +90,7 @@ pub(crate) trait Tenure: Send + Sync {
 pub const MAX_VALUES: usize = 512 * 1024;
 
 /// How often a guard looks again while it waits for news of a renewal.
-const LOOK_AGAIN: Duration = Duration::from_millis(20);
-
-/// A [`super::lease::Lock`]'s view as a [`Tenure`].
-struct LeaseTenure(watch::Receiver<View>);
-
-impl Tenure for LeaseTenure {
-    fn newest(&self, tenure: Token) -> Option<Token> {
-        let v = self.0.borrow();
-        let live = v
-            .licence_end
-            .is_some_and(|end| clock::boot_time_now() < end);
-        match v.record {
-            Some((token, true))
-                if live
-                    && v.held == Some(tenure)
-                    && token.epoch == tenure.epoch
-                    && token.revision >= tenure.revision =>
-            {
-                Some(token)
-            }
-            _ => None,
-        }
-    }
-
-    fn changed(&self) -> BoxFuture<'static, ()> {
-        let mut view = self.0.clone();
-        async move {
-            // A change, or a short while: a change between the caller's
-            // look and this clone is seen at the next look.
-            let _ = tokio::time::timeout(LOOK_AGAIN, view.changed()).await;
-        }
-        .boxed()
-    }
-}
+pub(crate) const LOOK_AGAIN: Duration = Duration::from_millis(20);
 
 /// The least time a guarded write waits for the store's answer. The
 /// lock's own store calls must answer within 2R/5 (their timing depends on
@@ -159,16 +122,6 @@ impl std::fmt::Debug for Guard {
 }
 
 impl Guard {
-    pub(super) fn new(
-        store: AnyStore,
-        lock_key: String,
-        tenure: Token,
-        view: watch::Receiver<View>,
-        timing: &Timing,
-    ) -> Guard {
-        Guard::of(store, lock_key, tenure, Arc::new(LeaseTenure(view)), timing)
-    }
-
     /// A guard for `tenure` of the lock record at `lock_key`, as `view`
     /// tells of it.
     pub(crate) fn of(
@@ -335,6 +288,7 @@ mod tests {
 
     use super::*;
     use crate::store::MemoryStore;
+    use futures::FutureExt;
 
     /// A tenure whose newest record is what the test says, told late.
     struct Told {

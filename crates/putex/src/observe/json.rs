@@ -154,6 +154,15 @@ pub mod option_token {
     }
 }
 
+/// A record's state as status, the API and the records spell it
+/// (`active`, `confirming`, `released`, `revoked`).
+pub(crate) fn lock_state_name(state: putex_core::LockState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

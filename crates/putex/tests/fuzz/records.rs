@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use putex::agent::member::MemberRecord;
 use putex::cli::status::render;
 use putex::core::{Drift, LockRecord, LockState, Observed, Token};
 use putex::locks::gateway::{Gateway, GatewayOptions, GrantRecord};
@@ -23,7 +22,8 @@ use putex::locks::idpool::{self, Claimant, IdRange, NameRecord, NameState};
 use putex::locks::queue::TicketRecord;
 use putex::locks::section::{self, OnceRecord, OnceState, SemaphoreRecord};
 use putex::observe::history::{self, StaleEvidence, TransitionRecord};
-use putex::observe::status;
+use putex::report::members::MemberRecord;
+use putex::report::status;
 use putex::store::{AnyStore, Store, StoreUrl};
 use serde_json::json;
 
@@ -390,7 +390,7 @@ async fn read_everything(records: Vec<(String, Bytes)>) -> Result<(), TestCaseEr
     {
         prop_assert!(sem.slots.len() <= section::MAX_LIMIT as usize);
     }
-    let page = bounded("web::collect", putex::observe::web::collect(&store, None))
+    let page = bounded("web::collect", putex::report::web::collect(&store, None))
         .await
         .expect("the page's data");
     let _ = serde_json::to_string(&page).unwrap();

@@ -193,3 +193,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for V1Json<T> {
 pub(super) fn check_name(what: &str, name: &str) -> Result<Name, ApiError> {
     Name::new(name).map_err(|e| ApiError::new(ErrorCode::Invalid, format!("{what}: {e}")))
 }
+
+// ---------------------------------------------------------------------------
+// Responses shared by the handlers' OpenAPI attributes (both APIs).
+
+/// The `401` of every call behind auth: a JSON error, on both APIs.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "Missing or wrong credentials")]
+#[allow(dead_code)] // a type for the document: only the derive reads it
+pub struct Unauthorized(pub ErrorBody);
+
+/// The `503` of a `/v1/` call that only reads or writes the store.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 503, description = "Store failure")]
+#[allow(dead_code)] // a type for the document: only the derive reads it
+pub struct StoreFailure(pub ErrorBody);

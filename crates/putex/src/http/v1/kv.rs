@@ -310,7 +310,7 @@ impl TokenCheckView {
             match Observed::decode(&e.value) {
                 Observed::Record(r) => {
                     view.held = r.holds_token(e.token, token);
-                    view.state = crate::observe::status::state_name(r.state);
+                    view.state = crate::observe::json::lock_state_name(r.state);
                     view.holder = Some(r.node);
                 }
                 Observed::Garbage => view.state = "unreadable".into(),

@@ -38,13 +38,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::openapi::{StoreFailure, Unauthorized};
 use super::{
     lifetime_left_header, lock_uid, parse_lifetime, parse_seconds, rfc3339, seconds_floor_ms,
     AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::locks::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
-use crate::observe::status::{lock_status, LockStatus, MemberStatus, StatusError};
+use crate::report::status::{lock_status, LockStatus, MemberStatus, StatusError};
 use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError};
 
 mod errors;
@@ -52,7 +51,7 @@ pub(crate) mod kv;
 mod views;
 
 use errors::check_name;
-pub use errors::{ApiError, ErrorBody, ErrorCode};
+pub use errors::{ApiError, ErrorBody, ErrorCode, StoreFailure, Unauthorized};
 pub(crate) use errors::{V1Json, V1Path};
 pub use views::*;
 
@@ -483,7 +482,7 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
         members: None,
     };
     if let Observed::Record(r) = Observed::decode(&entry.value) {
-        v.state = crate::observe::status::state_name(r.state);
+        v.state = crate::observe::json::lock_state_name(r.state);
         v.stale = matches!(r.state, LockState::Active | LockState::Confirming)
             && renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
         v.holder = Some(r.node);

@@ -10,21 +10,18 @@ use thiserror::Error;
 
 use crate::store::{Name, NameError, StoreError};
 
-#[cfg(doc)]
-use super::{Lease, LeaseOptions};
-
 /// Why a lease could not be acquired, kept or released: one variant per
 /// outcome a caller may want to tell apart.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum LeaseError {
-    /// A lock name or node id is not valid ([`LeaseOptions::new`]).
+    /// A lock name or node id is not valid ([`LeaseOptions::new`](super::LeaseOptions::new)).
     #[error(transparent)]
     Name(#[from] NameError),
-    /// [`LeaseOptions::timing`] cannot work: validating it failed.
+    /// [`LeaseOptions::timing`](super::LeaseOptions::timing) cannot work: validating it failed.
     #[error(transparent)]
     Timing(#[from] TimingError),
-    /// Someone holds the lock ([`Lease::try_acquire`]): `holder` is its
+    /// Someone holds the lock ([`Lease::try_acquire`](super::Lease::try_acquire)): `holder` is its
     /// node id as its record says, `token` the record's revision.
     #[error("lock {name:?} is held by {holder} (record {token}, {})", held_state(*.state))]
     Held {
@@ -38,7 +35,7 @@ pub enum LeaseError {
         token: Token,
     },
     /// The lock was not acquired within the wait
-    /// ([`Lease::acquire_timeout`]); nothing is held.
+    /// ([`Lease::acquire_timeout`](super::Lease::acquire_timeout)); nothing is held.
     #[error("lock {name:?} not acquired within {}", Human(*.waited))]
     TimedOut {
         /// The lock.
@@ -46,11 +43,11 @@ pub enum LeaseError {
         /// How long it waited.
         waited: Duration,
     },
-    /// The store did not answer ([`Lease::try_acquire`] reads the record
+    /// The store did not answer ([`Lease::try_acquire`](super::Lease::try_acquire) reads the record
     /// first); nothing is held.
     #[error("the store did not answer: {0}")]
     Unavailable(#[source] StoreError),
-    /// The lease is no longer held ([`Lease::check`]), and how it ended.
+    /// The lease is no longer held ([`Lease::check`](super::Lease::check)), and how it ended.
     #[error("the lease was lost: {0}")]
     Lost(Lost),
     /// The lock's agent stopped: another machine runs with this node id
@@ -60,7 +57,7 @@ pub enum LeaseError {
 }
 
 fn held_state(state: Option<LockState>) -> String {
-    state.map_or("unreadable".into(), crate::observe::status::state_name)
+    state.map_or("unreadable".into(), crate::observe::json::lock_state_name)
 }
 
 fn exit_text(reason: &ExitReason) -> String {

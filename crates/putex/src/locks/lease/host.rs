@@ -10,7 +10,9 @@ use putex_core::{
 use tokio::sync::watch;
 
 use super::Lost;
+use crate::clock;
 use crate::driver::{self, Host};
+use crate::locks::guard::Tenure;
 use crate::observe::metrics::Metrics;
 
 /// What the driver has told us about the agent.
@@ -143,5 +145,38 @@ impl Host for LockHost {
                 v.record = Some((token, held));
             }
         });
+    }
+}
+
+/// A [`super::Lock`]'s view as a guard's [`Tenure`].
+pub(super) struct LeaseTenure(pub(super) watch::Receiver<View>);
+
+impl Tenure for LeaseTenure {
+    fn newest(&self, tenure: Token) -> Option<Token> {
+        let v = self.0.borrow();
+        let live = v
+            .licence_end
+            .is_some_and(|end| clock::boot_time_now() < end);
+        match v.record {
+            Some((token, true))
+                if live
+                    && v.held == Some(tenure)
+                    && token.epoch == tenure.epoch
+                    && token.revision >= tenure.revision =>
+            {
+                Some(token)
+            }
+            _ => None,
+        }
+    }
+
+    fn changed(&self) -> BoxFuture<'static, ()> {
+        let mut view = self.0.clone();
+        async move {
+            // A change, or a short while: a change between the caller's
+            // look and this clone is seen at the next look.
+            let _ = tokio::time::timeout(crate::locks::guard::LOOK_AGAIN, view.changed()).await;
+        }
+        .boxed()
     }
 }

@@ -106,8 +106,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use self::error::{LeaseError, Lost};
-use self::host::LockHost;
 pub(in crate::locks) use self::host::View;
+use self::host::{LeaseTenure, LockHost};
 pub use self::signal::LossSignal;
 use super::guard::Guard;
 use crate::clock;
@@ -296,13 +296,7 @@ impl Lock {
     /// writes"). `None` when the lock is not held.
     pub fn guard(&self) -> Option<Guard> {
         let token = self.token()?;
-        Some(Guard::new(
-            self.store.clone(),
-            self.key.clone(),
-            token,
-            self.view.clone(),
-            &self.timing,
-        ))
+        Some(self.guard_of(token))
     }
 
     /// Completes when the lock is no longer held — at once if it is not —
@@ -326,6 +320,16 @@ impl Lock {
     /// hold and await; `None` when the lock is not held.
     pub fn loss_signal(&self) -> Option<LossSignal> {
         self.token().map(|token| self.signal(token))
+    }
+
+    fn guard_of(&self, token: Token) -> Guard {
+        Guard::of(
+            self.store.clone(),
+            self.key.clone(),
+            token,
+            Arc::new(LeaseTenure(self.view.clone())),
+            &self.timing,
+        )
     }
 
     fn signal(&self, token: Token) -> LossSignal {
@@ -561,13 +565,7 @@ impl Lease {
     /// it is lost or released they fail with
     /// [`GuardError::NotHeld`](super::guard::GuardError::NotHeld).
     pub fn guard(&self) -> Guard {
-        Guard::new(
-            self.lock.store.clone(),
-            self.lock.key.clone(),
-            self.token,
-            self.lock.view.clone(),
-            &self.lock.timing,
-        )
+        self.lock.guard_of(self.token)
     }
 
     /// Completes when the lease is lost; from then on stop acting on the

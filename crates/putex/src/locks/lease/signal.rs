@@ -11,13 +11,10 @@ use super::Lost;
 use crate::clock;
 use crate::store::Name;
 
-#[cfg(doc)]
-use super::{Lease, Lock};
-
 /// The end of one tenure, as a value: clone it into every task that must
 /// stop when the lease is lost, and await [`LossSignal::lost`] there (or
-/// hand out [`LossSignal::cancellation`]). Unlike [`Lease::lost`] it needs
-/// no exclusive borrow, and it stays tied to its tenure: a [`Lock`] taken
+/// hand out [`LossSignal::cancellation`]). Unlike [`Lease::lost`](super::Lease::lost) it needs
+/// no exclusive borrow, and it stays tied to its tenure: a [`Lock`](super::Lock) taken
 /// again later does not revive it.
 #[derive(Clone)]
 pub struct LossSignal {

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::host::Shared;
+use super::shared::Shared;
 use crate::clock;
 use crate::locks::guard::{self, Guard, GuardError, Tenure};
 use crate::store::{AnyStore, Token};

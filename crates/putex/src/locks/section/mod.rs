@@ -71,6 +71,7 @@ pub mod kv;
 mod limits;
 mod once;
 mod run;
+mod shared;
 mod state;
 
 /// How CMD ended: part of [`Outcome::Finished`].

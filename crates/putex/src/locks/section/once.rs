@@ -2,7 +2,7 @@
 //! `once.<name>` record, claiming a period before the run (`at-most`) and
 //! recording a run before the release (`at-least`).
 
-use super::host::Shared;
+use super::shared::Shared;
 use super::*;
 
 /// The once-per-period record, `once.<name>`: the period last used — a

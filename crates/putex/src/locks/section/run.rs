@@ -1,7 +1,8 @@
 //! The section's loop: the queue, one agent per slot, the keeper's events
 //! and signals, until CMD has exited and the lock is given back.
 
-use super::host::*;
+use super::host::{spread_of, watch_free_slots, SlotHost};
+use super::shared::{Shared, State};
 use super::state::{Conclusion, Round, SectionState, SignalAction, SlotCommand};
 use super::*;
 

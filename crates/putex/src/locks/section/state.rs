@@ -27,7 +27,7 @@
 
 use putex_core::agent::ExitReason;
 
-use super::host::State;
+use super::shared::State;
 use super::*;
 
 /// What the loop must tell one slot's agent.

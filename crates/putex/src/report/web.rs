@@ -10,7 +10,7 @@
 //! | `GET /ui/status.json` | what the page shows: every lock's status and its latest transitions |
 //!
 //! The data is what `putex status` and `putex history` read
-//! ([`crate::observe::status::lock_status`], [`crate::observe::history`]); the page
+//! ([`crate::report::status::lock_status`], [`crate::observe::history`]); the page
 //! only draws it. Fencing tokens in it are strings ([`crate::observe::json`]),
 //! which the page's script shows as they are: an epoch is beyond what a
 //! JavaScript number holds exactly.
@@ -26,7 +26,7 @@ use putex_core::StoreTime;
 use serde::Serialize;
 
 use crate::observe::history::{self, HistoryRow};
-use crate::observe::status::{lock_status, store_now, LockStatus};
+use crate::report::status::{lock_status, store_now, LockStatus};
 use crate::store::{keys, AnyStore, Name};
 
 /// How many transitions per lock the page shows: enough for a chart of

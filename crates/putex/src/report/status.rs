@@ -13,7 +13,8 @@ use std::time::Duration;
 use putex_core::{Observed, StoreGap, StoreTime};
 use serde::Serialize;
 
-use crate::agent::member::MemberRecord;
+use super::members::MemberRecord;
+use crate::observe::json::lock_state_name as state_name;
 use crate::store::keys;
 use crate::store::{AnyStore, ReadMode, Store, StoreError};
 use crate::store::{Name, NodeId};
@@ -136,15 +137,6 @@ pub struct MemberStatus {
     /// (or it holds the lock).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why_not: Option<String>,
-}
-
-/// A record's state as status, the API and the records spell it
-/// (`active`, `confirming`, `released`, `revoked`).
-pub(crate) fn state_name(state: putex_core::LockState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {

@@ -1,0 +1,69 @@
+//! Why the agent could not start or did not finish on its own terms.
+
+use std::path::PathBuf;
+
+use crate::store::measure::{MeasureError, StoreCheckError};
+use crate::store::StoreError;
+use crate::supervision::keeper::KeeperError;
+
+/// Why the agent could not start or did not finish on its own terms.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A host-local file or directory could not be used.
+    #[error("{what} {}: {source}", path.display())]
+    Local {
+        /// Which file: `keeper directory`, `lock file`, `host state file`.
+        what: &'static str,
+        /// The path that could not be used.
+        path: PathBuf,
+        /// The I/O error it gave.
+        source: std::io::Error,
+    },
+    /// Another agent already runs this lock for this store on this host.
+    #[error(
+        "another putex agent (pid {pid}) already runs lock {lock:?} for store {store} on this \
+         host (lock file {}); one agent per lock and host (to try several nodes of one lock \
+         on one host, give each agent its own --keeper-dir)",
+        lock_file.display()
+    )]
+    AlreadyRunning {
+        /// The pid written in the lock file.
+        pid: String,
+        /// The lock name the other agent runs.
+        lock: String,
+        /// The store, without secrets.
+        store: String,
+        /// The host-local lock file both agents take, in the keeper
+        /// directory; it holds the running agent's pid.
+        lock_file: PathBuf,
+    },
+    /// The store cannot be opened.
+    #[error("store {url}: {source}")]
+    StoreUnreachable {
+        /// The store URL, without secrets.
+        url: String,
+        /// What opening it failed with.
+        source: StoreError,
+    },
+    /// Measuring the store failed.
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
+    /// The timing does not suit the store (measured p99, replication): the
+    /// rule broken and how the store was measured.
+    #[error(transparent)]
+    Timing(#[from] StoreCheckError),
+    /// The settings name no lock (`check` settings, not `run` ones).
+    #[error("no lock to run for (--lock)")]
+    NoLock,
+    /// The keeper could not be started or adopted.
+    #[error("keeper: {0}")]
+    Keeper(#[from] KeeperError),
+    /// No keeper executable was given and this program's own path is unknown.
+    #[error("cannot find the putex binary to run the keeper: {0}")]
+    NoKeeperExe(std::io::Error),
+    /// Asked to stop at once: an emergency stop was made; the lock was
+    /// released only if the graceful stop under way proved the service
+    /// stopped first.
+    #[error("stopped at once by a second signal")]
+    Aborted,
+}
