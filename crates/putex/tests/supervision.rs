@@ -705,7 +705,11 @@ async fn supervision_keeper_runs_deactivate_hook_when_it_fires() {
 /// A hook whose whole tree (a child, and a grandchild in a session of its
 /// own) must be killed, and gone, when the run returns: at its timeout
 /// (`run`), or stopped from outside first (`run_until`, as a standby's
-/// follow hook is when the node takes the lock).
+/// follow hook is when the node takes the lock). The hook says when both
+/// are started (a file), and the kill comes after that: on a loaded
+/// machine a kill before the `setsid` child was even forked would test
+/// the machine, not the kill. (Without a cgroup, a grandchild whose parent
+/// dies before the scan that would find it escapes: `Tree::Pids`.)
 async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
     let args = [format!("1000.{tag}1"), format!("1000.{tag}2")];
     let _cleanup = Cleanup {
@@ -713,34 +717,52 @@ async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
         sleeps: args.to_vec(),
         scope: None,
     };
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
     let hook = Hook::new(
         HookKind::Follow,
-        format!("sleep {} & setsid sleep {} & wait", args[0], args[1]),
+        format!(
+            "sleep {} & setsid sleep {} & touch {}; wait",
+            args[0],
+            args[1],
+            ready.display()
+        ),
     );
-    let (timeout, stop_after, expected) = if stopped {
-        (
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            HookStatus::Cancelled,
-        )
-    } else {
-        (
-            Duration::from_millis(300),
-            Duration::from_secs(60),
-            HookStatus::TimedOut,
-        )
+    let started = {
+        let ready = ready.clone();
+        async move {
+            while !ready.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     };
     let t0 = std::time::Instant::now();
-    let out = runner
-        .run_until(
-            &hook,
-            &HookEnv::default(),
-            None,
-            timeout,
-            tokio::time::sleep(stop_after),
-        )
-        .await
-        .unwrap();
+    let out = if stopped {
+        let stop = async {
+            started.await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        runner
+            .run_until(
+                &hook,
+                &HookEnv::default(),
+                None,
+                Duration::from_secs(60),
+                stop,
+            )
+            .await
+    } else {
+        runner
+            .run(&hook, &HookEnv::default(), None, Duration::from_secs(2))
+            .await
+    }
+    .unwrap();
+    assert!(ready.exists(), "the hook never started its children");
+    let expected = if stopped {
+        HookStatus::Cancelled
+    } else {
+        HookStatus::TimedOut
+    };
     eprintln!(
         "hook (cgroup={}) {expected:?}, tree killed after {:.1} ms",
         runner.uses_cgroup(),
@@ -750,7 +772,7 @@ async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
     assert!(out.tree_gone);
     assert!(!out.ok());
     assert!(all_gone(&args), "a hook descendant survived");
-    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(t0.elapsed() < Duration::from_secs(10));
     // One that ends first is left to end: the stop never comes into it.
     let quick = Hook::new(HookKind::Follow, "sleep 0.1");
     let out = runner
@@ -758,8 +780,8 @@ async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
             &quick,
             &HookEnv::default(),
             None,
-            timeout,
-            tokio::time::sleep(stop_after),
+            Duration::from_secs(10),
+            tokio::time::sleep(Duration::from_secs(10)),
         )
         .await
         .unwrap();
