@@ -37,6 +37,20 @@ pub(in crate::locks) struct View {
     pub(in crate::locks) record: Option<(Token, bool)>,
 }
 
+impl View {
+    /// How the tenure of `token` ended, once it has: still held by the
+    /// agent's word, it ended by the clock; otherwise as recorded when it
+    /// ended, or (the lock taken again since, its record overwritten)
+    /// released.
+    pub(in crate::locks) fn how_ended(&self, token: Token) -> Lost {
+        match &self.ended {
+            _ if self.held == Some(token) => Lost::LicenceEnded,
+            Some((t, how)) if *t == token => how.clone(),
+            _ => Lost::Released,
+        }
+    }
+}
+
 /// The host side of a lock: no hooks, no keeper; activation and loss are
 /// notifications.
 pub(super) struct LockHost {

@@ -532,15 +532,12 @@ impl Lease {
     /// how it ended: a check before each action on the resource (which may
     /// still end at any moment: the token is what protects it).
     pub fn check(&self) -> Result<Token, LeaseError> {
-        let signal = self.loss_signal();
-        if !signal.is_lost() {
+        if !self.loss_signal().is_lost() {
             return Ok(self.token);
         }
-        let v = self.lock.view.borrow();
-        Err(LeaseError::Lost(match &v.ended {
-            Some((token, how)) if *token == self.token => how.clone(),
-            _ => Lost::LicenceEnded,
-        }))
+        Err(LeaseError::Lost(
+            self.lock.view.borrow().how_ended(self.token),
+        ))
     }
 
     /// The end of this tenure as a value any number of tasks can hold and

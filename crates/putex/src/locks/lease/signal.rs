@@ -46,11 +46,7 @@ impl LossSignal {
             let end = {
                 let v = view.borrow_and_update();
                 if v.held != Some(self.token) {
-                    return match &v.ended {
-                        Some((token, how)) if *token == self.token => how.clone(),
-                        // Ended, and the lock was taken again since.
-                        _ => Lost::Released,
-                    };
+                    return v.how_ended(self.token);
                 }
                 v.licence_end
             };
