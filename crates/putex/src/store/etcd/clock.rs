@@ -38,8 +38,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::calls::{client_error, retry_unsent};
 use super::client::{self, Client};
-use super::{client_error, pb, CLOCK_KEY};
+use super::{pb, CLOCK_KEY};
 use crate::store::{Op, StoreError, StoreTime};
 
 /// How long the shared clock lease runs before a new one is granted (a day:
@@ -155,7 +156,7 @@ impl Clock {
         let mut why = "the etcd clock lease kept vanishing";
         for _ in 0..3 {
             let l = self.lease(client, prefix, op, about).await?;
-            let ttl = super::retry_unsent(|| client.lease_time_to_live(l.id))
+            let ttl = retry_unsent(|| client.lease_time_to_live(l.id))
                 .await
                 .map_err(|e| client_error(op, about, e))?;
             if ttl.ttl < 0 {
@@ -215,11 +216,11 @@ async fn find_or_grant(
         key: key.clone().into_bytes(),
         ..Default::default()
     };
-    let named = super::retry_unsent(|| client.range(named.clone()))
+    let named = retry_unsent(|| client.range(named.clone()))
         .await
         .map_err(err)?;
     if let Some(id) = named.kvs.first().map(|kv| kv.lease) {
-        let ttl = super::retry_unsent(|| client.lease_time_to_live(id))
+        let ttl = retry_unsent(|| client.lease_time_to_live(id))
             .await
             .map_err(err)?;
         if ttl.ttl >= 0 {
@@ -230,7 +231,7 @@ async fn find_or_grant(
         }
     }
     let ttl = i64::try_from(CLOCK_TTL.as_secs()).unwrap_or(i64::MAX);
-    let granted = super::retry_unsent(|| client.lease_grant(ttl))
+    let granted = retry_unsent(|| client.lease_grant(ttl))
         .await
         .map_err(err)?;
     let txn = client::txn(
@@ -242,7 +243,7 @@ async fn find_or_grant(
         )],
         [client::get_op(key)],
     );
-    let resp = super::retry_unsent(|| client.txn(txn.clone()))
+    let resp = retry_unsent(|| client.txn(txn.clone()))
         .await
         .map_err(err)?;
     if resp.succeeded {
@@ -255,7 +256,7 @@ async fn find_or_grant(
     for g in client::ranges(&resp) {
         if let Some(kv) = g.kvs.first() {
             let id = kv.lease;
-            let ttl = super::retry_unsent(|| client.lease_time_to_live(id))
+            let ttl = retry_unsent(|| client.lease_time_to_live(id))
                 .await
                 .map_err(err)?;
             if ttl.ttl >= 0 {

@@ -50,6 +50,12 @@
 //!
 //! Durability: etcd fsyncs its write-ahead log before it acknowledges; never
 //! run a putex cluster with `--unsafe-no-fsync`.
+//!
+//! The code: `client.rs` is the gRPC client over the generated API
+//! (`api/`); `calls.rs` makes a call again while it never reached etcd and
+//! classifies its failure; `open.rs` connects and settles the epoch;
+//! `clock.rs` is the store clock; `watch.rs` feeds the watches. The handle,
+//! the epoch checks of every write and the [`Store`] operations are here.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,20 +65,23 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::hub::Hub;
-use super::keys::{filter_matches, validate_filter, validate_key, PROBE_PREFIX};
+use super::keys::{validate_filter, validate_key, PROBE_PREFIX};
 use super::{
     check_guarded, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
     WatchEvent, WatchStream, Write,
 };
 
 mod api;
+mod calls;
 mod client;
 mod clock;
 mod open;
+mod watch;
 
 use api::etcdserverpb::{self as pb, ResponseHeader};
 use api::mvccpb::KeyValue;
-use client::{Client, Error as ClientError};
+use calls::{client_error, detached, retry_unsent};
+use client::Client;
 use clock::Clock;
 
 pub use clock::{CLOCK_STEP, CLOCK_TTL};
@@ -109,7 +118,7 @@ struct Inner {
     epoch_stale: AtomicBool,
     /// The store clock and the stamps it gave ([`clock`]).
     clock: Clock,
-    /// Every watch on this handle, fed by one etcd watch ([`feed`]).
+    /// Every watch on this handle, fed by one etcd watch (`watch::feed`).
     hub: Arc<Hub>,
     /// Held while a feed starts; holds the feed's stop.
     starting: tokio::sync::Mutex<Option<tokio_util::sync::DropGuard>>,
@@ -121,34 +130,6 @@ impl fmt::Debug for EtcdStore {
             .field("prefix", &self.inner.prefix)
             .field("epoch", &self.inner.epoch.load(Ordering::Relaxed))
             .finish_non_exhaustive()
-    }
-}
-
-/// Classifies a client error: refused before it was proposed (a
-/// configuration problem), or anything else (unknown: it may have been
-/// applied).
-fn client_error(op: Op, key: &str, e: ClientError) -> StoreError {
-    use tonic::Code;
-    match e {
-        ClientError::Status(status) => match status.code() {
-            Code::PermissionDenied
-            | Code::Unauthenticated
-            | Code::InvalidArgument
-            | Code::OutOfRange
-            | Code::Unimplemented => StoreError::config(format!(
-                "etcd refused {op} {key}: {} (check the user's permissions on the prefix, the password or certificate, and the etcd version >= 3.5)",
-                status.message()
-            )),
-            Code::ResourceExhausted if status.message().contains("no space") => {
-                StoreError::config(format!(
-                    "etcd refused {op} {key}: {} (the cluster is out of space: compact and defragment it, then disarm the alarm)",
-                    status.message()
-                ))
-            }
-            _ => StoreError::unknown(op, key, format!("etcd: {}", status.message())),
-        },
-        ClientError::Config(m) => StoreError::config(format!("etcd {op} {key}: {m}")),
-        other @ ClientError::Internal(_) => StoreError::unknown(op, key, format!("etcd: {other}")),
     }
 }
 
@@ -338,188 +319,6 @@ impl EtcdStore {
         })
     }
 
-    /// The etcd range a watch filter selects: `(start, end)`; `end` empty
-    /// for one key.
-    fn range(&self, filter: &str) -> (String, Vec<u8>) {
-        let start = self.full(filter);
-        if filter.is_empty() || filter.ends_with('.') {
-            let end = prefix_end(start.as_bytes());
-            (start, end)
-        } else {
-            (start, Vec::new())
-        }
-    }
-
-    /// Every record under `filter` as of now (the prefix's own records
-    /// left out), and the revision read at.
-    async fn read_range(&self, filter: &str) -> Result<(Vec<Raw>, u64), StoreError> {
-        let (start, end) = self.range(filter);
-        let request = pb::RangeRequest {
-            key: start.into_bytes(),
-            range_end: end,
-            ..Default::default()
-        };
-        let resp = retry_unsent(|| self.inner.client.range(request.clone()))
-            .await
-            .map_err(|e| client_error(Op::Watch, filter, e))?;
-        let upto = self.check_cluster(Op::Watch, filter, resp.header.as_ref())?;
-        let mut raws: Vec<Raw> = resp
-            .kvs
-            .iter()
-            .filter_map(|kv| self.raw_of(kv))
-            .filter(|r| filter_matches(filter, &r.key))
-            .collect();
-        // etcd answers in key order; a watch delivers in revision order.
-        raws.sort_by_key(|r| r.revision);
-        Ok((raws, upto))
-    }
-
-    /// The changes under `filter` from revision `from` up to now, deletes
-    /// included, and the revision they reach. They are read by an etcd
-    /// watch of their own over the whole prefix, up to a marker this
-    /// handle writes (`<prefix>/=catchup`) once the watch runs: the watch
-    /// delivers in revision order, so every change before the marker has
-    /// come when the marker does. (etcd before 3.5.8 answers a progress
-    /// request before it has sent what it owes, so progress cannot say
-    /// "caught up".) Resuming is rare — after a feed failed — so the extra
-    /// write costs little. A compacted `from` is read as the latest state
-    /// (the contract allows coalescing; deletes before it are lost to etcd).
-    async fn read_since(&self, filter: &str, from: u64) -> Result<(Vec<Raw>, u64), StoreError> {
-        let (now, upto) = self.read_range(filter).await?;
-        if from > upto {
-            return Ok((Vec::new(), upto));
-        }
-        let request = pb::WatchCreateRequest {
-            start_revision: rev(from),
-            ..self.whole_prefix()
-        };
-        let mut stream = retry_unsent(|| self.inner.client.watch(request.clone()))
-            .await
-            .map_err(|e| client_error(Op::Watch, filter, e))?;
-        let marker_key = self.full(CATCH_UP_KEY);
-        let mut marker: Option<u64> = None;
-        let mut raws = Vec::new();
-        loop {
-            let resp = match stream.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    return Err(StoreError::unknown(
-                        Op::Watch,
-                        filter,
-                        "the catch-up watch ended",
-                    ))
-                }
-                Err(e) => return Err(client_error(Op::Watch, filter, e)),
-            };
-            if resp.compact_revision > 0 {
-                // Compacted: the latest state stands for the changes.
-                let latest = now.into_iter().filter(|r| r.revision >= from).collect();
-                return Ok((latest, upto));
-            }
-            if resp.canceled {
-                return Err(StoreError::unknown(
-                    Op::Watch,
-                    filter,
-                    format_args!("the catch-up watch was cancelled: {}", resp.cancel_reason),
-                ));
-            }
-            if resp.created {
-                // Registered: what is written from now on comes after all
-                // it owes. The marker's revision is where to stop.
-                let request = pb::PutRequest {
-                    key: marker_key.clone().into_bytes(),
-                    ..Default::default()
-                };
-                let put = retry_unsent(|| self.inner.client.put(request.clone()))
-                    .await
-                    .map_err(|e| client_error(Op::Watch, filter, e))?;
-                marker = Some(self.check_cluster(Op::Watch, filter, put.header.as_ref())?);
-                continue;
-            }
-            for ev in &resp.events {
-                let Some(kv) = &ev.kv else { continue };
-                let revision = u64::try_from(kv.mod_revision).unwrap_or(0);
-                if kv.key == marker_key.as_bytes() {
-                    if marker.is_some_and(|m| revision >= m) {
-                        return Ok((raws, upto));
-                    }
-                    continue;
-                }
-                let Some(mut raw) = self.raw_of(kv) else {
-                    continue;
-                };
-                if !filter_matches(filter, &raw.key) || raw.revision > upto {
-                    continue;
-                }
-                if client::is_delete(ev) {
-                    raw.value = None;
-                }
-                raws.push(raw);
-            }
-        }
-    }
-
-    /// A watch of every key under the prefix, from now on.
-    fn whole_prefix(&self) -> pb::WatchCreateRequest {
-        let start = self.inner.prefix.clone().into_bytes();
-        pb::WatchCreateRequest {
-            range_end: prefix_end(&start),
-            key: start,
-            ..Default::default()
-        }
-    }
-
-    /// Starts the handle's watch feed unless one runs: one etcd watch over
-    /// the whole prefix from now on, whose events a task hands to the hub.
-    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
-        let mut stop = self.inner.starting.lock().await;
-        if self.inner.hub.is_live() {
-            return Ok(());
-        }
-        let request = self.whole_prefix();
-        let mut signed_in_again = false;
-        let stream = loop {
-            let mut stream = retry_unsent(|| self.inner.client.watch(request.clone()))
-                .await
-                .map_err(|e| client_error(Op::Watch, filter, e))?;
-            // Registered once etcd says so: what is written after that is fed.
-            match stream.message().await {
-                Ok(Some(r)) if r.created && !r.canceled => break stream,
-                // etcd refuses a watch whose token expired by cancelling it
-                // ("invalid auth token"; "permission denied" from etcd 3.5.1),
-                // which the client's own sign-in again does not see: once
-                // signed in again, a watch still refused is refused.
-                Ok(Some(r)) if !signed_in_again && refused_for_its_token(&r.cancel_reason) => {
-                    signed_in_again = true;
-                    self.inner
-                        .client
-                        .refresh_token()
-                        .await
-                        .map_err(|e| client_error(Op::Watch, filter, e))?;
-                }
-                Ok(Some(r)) => {
-                    return Err(StoreError::unknown(
-                        Op::Watch,
-                        filter,
-                        format_args!("etcd did not start the watch: {}", r.cancel_reason),
-                    ))
-                }
-                Ok(None) => return Err(StoreError::unknown(Op::Watch, filter, "the watch ended")),
-                Err(e) => return Err(client_error(Op::Watch, filter, e)),
-            }
-        };
-        let token = tokio_util::sync::CancellationToken::new();
-        *stop = Some(token.clone().drop_guard());
-        tokio::spawn(feed(
-            Arc::downgrade(&self.inner.hub),
-            Arc::downgrade(&self.inner),
-            stream,
-            token,
-        ));
-        self.inner.hub.revive();
-        Ok(())
-    }
-
     /// How long ago `t` (a store time of this handle) was, on the store's
     /// clock: `None` when the clock cannot be read or `t` is of another
     /// handle.
@@ -593,18 +392,6 @@ impl EtcdStore {
 /// about: about 16 hours of one lock with two agents at R = 1 s, past the
 /// first compaction of any periodic retention up to that.
 pub const HISTORY_WARNING_REVISIONS: u64 = 100_000;
-
-/// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
 
 impl Store for EtcdStore {
     fn times_are_first_seen(&self) -> bool {
@@ -798,198 +585,7 @@ impl Store for EtcdStore {
     }
 }
 
-/// Runs a write on a task of its own, so that a caller whose deadline
-/// passed does not cancel it half-sent: it goes on to its end, landed or
-/// not, and the caller's outcome is unknown either way (H4 finds it).
-async fn detached<C, F, T>(client: C, call: impl FnOnce(C) -> F) -> Result<T, ClientError>
-where
-    F: std::future::Future<Output = Result<T, ClientError>> + Send + 'static,
-    T: Send + 'static,
-{
-    match tokio::spawn(call(client)).await {
-        Ok(r) => r,
-        Err(e) => Err(ClientError::Internal(format!(
-            "the write's task ended: {e}"
-        ))),
-    }
-}
-
-/// How often a call that was never sent is tried again. The client's
-/// balancer keeps a member that refuses connections among its choices and
-/// picks it for about two calls in three (it looks idle), so with one
-/// member of three down a call can meet it several times in a row; each
-/// such try fails at once (a refused connection), and 50 of them in a row
-/// happen about once in a billion calls. A member that does not answer at
-/// all is skipped by the balancer while it reconnects (up to the connect
-/// timeout); the call's deadline bounds everything.
-const UNSENT_RETRIES: u32 = 50;
-
-/// How long a call refused for want of a leader is made again (every
-/// [`NO_LEADER_PAUSE`]): another member may have one (the balancer picks
-/// at random), and an election takes one to two election timeouts (1 s
-/// each by default). The caller's deadline ends it sooner; a write, which
-/// runs detached from its caller, stops trying after this.
-const NO_LEADER_PATIENCE: Duration = Duration::from_secs(2);
-
-/// The pause between tries of a call refused for want of a leader.
-const NO_LEADER_PAUSE: Duration = Duration::from_millis(10);
-
-/// Calls again when a call failed before etcd took it:
-///
-/// - it failed connecting (up to [`UNSENT_RETRIES`] more times): the
-///   client spreads calls over every member, and one that is down answers
-///   "tcp connect error" to the calls that pick it, until its connection
-///   is given up;
-/// - the member that took it has no raft leader (for up to
-///   [`NO_LEADER_PATIENCE`]). The handle requires one
-///   of every member (`open.rs`), and etcd checks that before the call's
-///   handler runs: nothing was proposed. A member cut off from the quorum
-///   so refuses at once instead of holding the call until the caller's
-///   deadline, and the next try goes wherever the balancer sends it.
-///
-/// A call that etcd took is never repeated (a write may have landed).
-pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, ClientError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, ClientError>>,
-{
-    let started = tokio::time::Instant::now();
-    let mut tries = 0;
-    loop {
-        match call().await {
-            Err(e) if no_leader(&e) && started.elapsed() < NO_LEADER_PATIENCE => {
-                tokio::time::sleep(NO_LEADER_PAUSE).await;
-            }
-            Err(e) if tries < UNSENT_RETRIES && never_sent(&e) => tries += 1,
-            other => return other,
-        }
-    }
-}
-
-/// Whether a call failed connecting, so nothing of it reached etcd.
-fn never_sent(e: &ClientError) -> bool {
-    let ClientError::Status(s) = e else {
-        return false;
-    };
-    let text = s.message();
-    [
-        "tcp connect error",
-        "Connection refused",
-        "error trying to connect",
-    ]
-    .iter()
-    .any(|m| text.contains(m))
-}
-
-/// Whether a member refused a call for want of a raft leader (etcd's
-/// `ErrGRPCNoLeader`, the answer when a required leader is absent).
-fn no_leader(e: &ClientError) -> bool {
-    matches!(e, ClientError::Status(s)
-        if s.code() == tonic::Code::Unavailable && s.message().contains("no leader"))
-}
-
-/// Whether etcd cancelled a watch for what may be an expired token.
-fn refused_for_its_token(reason: &str) -> bool {
-    reason.contains("invalid auth token") || reason.contains("permission denied")
-}
-
 /// A revision as etcd's signed integer (revisions never reach 2^63).
 fn rev(r: u64) -> i64 {
     i64::try_from(r).unwrap_or(i64::MAX)
-}
-
-/// How long the feed waits for the store clock to stamp what it received
-/// before it gives up: then every watch fails and the next starts a new
-/// feed (from the last revision each saw), maybe through another member.
-/// Longer than [`NO_LEADER_PATIENCE`], so that a reading made again
-/// through an ordinary election does not end the feed.
-const FEED_STAMP_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The feed of one handle: every change under the prefix, stamped and
-/// handed to the hub. Ends when the handle is gone; on an error it fails
-/// every watch, and the next watch starts a new feed.
-async fn feed(
-    hub: std::sync::Weak<Hub>,
-    store: std::sync::Weak<Inner>,
-    mut stream: client::WatchStream,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        let next = tokio::select! {
-            next = stream.message() => next,
-            () = stop.cancelled() => return,
-        };
-        let (Some(hub), Some(inner)) = (hub.upgrade(), store.upgrade()) else {
-            return;
-        };
-        let store = EtcdStore { inner };
-        let failed = match next {
-            Ok(Some(resp)) if resp.canceled || resp.compact_revision > 0 => StoreError::unknown(
-                Op::Watch,
-                "",
-                format_args!("etcd cancelled the watch feed: {}", resp.cancel_reason),
-            ),
-            Ok(Some(resp)) => {
-                if let Err(e) = store.check_cluster(Op::Watch, "", resp.header.as_ref()) {
-                    e
-                } else {
-                    let epoch_key = store.full(EPOCH_KEY);
-                    let mut raws = Vec::new();
-                    for ev in &resp.events {
-                        let Some(kv) = &ev.kv else { continue };
-                        if kv.key == epoch_key.as_bytes() && !client::is_delete(ev) {
-                            store.adopt_epoch(&kv.value);
-                            continue;
-                        }
-                        let Some(mut raw) = store.raw_of(kv) else {
-                            continue;
-                        };
-                        if client::is_delete(ev) {
-                            raw.value = None;
-                        }
-                        raws.push(raw);
-                    }
-                    if raws.is_empty() {
-                        continue;
-                    }
-                    let stamped = tokio::time::timeout(
-                        FEED_STAMP_TIMEOUT,
-                        store.entries(Op::Watch, "", raws),
-                    );
-                    match stamped.await {
-                        Ok(Ok(events)) => {
-                            for event in &events {
-                                hub.dispatch(event);
-                            }
-                            continue;
-                        }
-                        Ok(Err(e)) => e,
-                        Err(_) => StoreError::unknown(
-                            Op::Watch,
-                            "",
-                            format_args!(
-                                "the store clock gave the feed no reading within {FEED_STAMP_TIMEOUT:?}"
-                            ),
-                        ),
-                    }
-                }
-            }
-            Ok(None) => StoreError::unknown(Op::Watch, "", "the watch feed ended"),
-            Err(e) => client_error(Op::Watch, "", e),
-        };
-        hub.fail(|| failed.clone());
-        return;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_ends() {
-        assert_eq!(prefix_end(b"putex/"), b"putex0");
-        assert_eq!(prefix_end(b"a\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff"), vec![0]);
-    }
 }

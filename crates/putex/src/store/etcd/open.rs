@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
+use super::calls::{client_error, retry_unsent};
 use super::client::{self, Client, Options};
-use super::{client_error, pb, Clock, EpochRecord, EtcdStore, Inner, EPOCH_KEY, OPEN_TIMEOUT};
+use super::{pb, Clock, EpochRecord, EtcdStore, Inner, EPOCH_KEY, OPEN_TIMEOUT};
 use crate::store::hub::Hub;
 use crate::store::url::EtcdConfig;
 use crate::store::{wall_nanos, Op, StoreError};
@@ -53,7 +54,7 @@ impl EtcdStore {
         };
         // Signing in (with a password) asks one member, which may have no
         // leader: asked again like any call refused before it was taken.
-        let client = super::retry_unsent(|| Client::connect(&cfg.endpoints, &options))
+        let client = retry_unsent(|| Client::connect(&cfg.endpoints, &options))
             .await
             .map_err(|e| match client_error(Op::Open, &where_, e) {
                 StoreError::Unknown { reason, .. } => {
@@ -110,7 +111,7 @@ impl EtcdStore {
             ..Default::default()
         };
         for _ in 0..5 {
-            let resp = super::retry_unsent(|| client.range(read.clone()))
+            let resp = retry_unsent(|| client.range(read.clone()))
                 .await
                 .map_err(|e| client_error(op, about, e))?;
             let cluster = resp.header.as_ref().map_or(0, |h| h.cluster_id);
@@ -150,7 +151,7 @@ impl EtcdStore {
             .expect("serialisable");
             let txn = client::txn([compare], [client::put_op(key.clone(), value, 0)], []);
             // Won or lost, the next round reads what stands.
-            super::retry_unsent(|| client.txn(txn.clone()))
+            retry_unsent(|| client.txn(txn.clone()))
                 .await
                 .map_err(|e| client_error(op, about, e))?;
         }

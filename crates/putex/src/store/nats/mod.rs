@@ -29,6 +29,14 @@
 //!   missing (history 8, no TTL, file storage, the URL's replicas), refuses
 //!   a bucket whose records expire (max age or per-message TTL would let a
 //!   lock vanish) and warns about other unfit settings.
+//!
+//! The code: `open.rs` connects, checks the server and finds or creates
+//! the bucket; `calls.rs` admits each call in turn and notes its answer,
+//! so that a handle cut off with its server reconnects (`stuck.rs`);
+//! `writes.rs` publishes with the expected revision (answered through
+//! `acks.rs`) and makes the compare-and-swaps; `watch.rs` feeds the
+//! watches. The handle, its epoch, its reads and the [`Store`] operations
+//! are here.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,16 +44,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream::StorageType};
-use async_nats::{HeaderMap, ServerAddr};
-use futures::future::BoxFuture;
-use futures::StreamExt;
+use async_nats::ServerAddr;
 
 use super::hub::Hub;
 use super::keys::{validate_filter, validate_key};
 use super::url::{NatsAuth, NatsConfig};
 use super::{
     check_guarded, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
-    WatchEvent, WatchStream, Write, RETIRED_KEPT,
+    WatchStream, Write,
 };
 
 /// The one clock domain of NATS store time.
@@ -66,16 +72,6 @@ const OPEN_ATTEMPT: Duration = Duration::from_secs(1);
 const OPEN_ATTEMPT_MAX: Duration = Duration::from_secs(4);
 
 const KV_OPERATION: &str = "KV-Operation";
-/// A per-message TTL (nats-server 2.11 and later, on a stream that allows
-/// them): the message is removed when it passes.
-const NATS_TTL: &str = "Nats-TTL";
-/// With `sub`: the message replaces every earlier message of its subject.
-const NATS_ROLLUP: &str = "Nats-Rollup";
-const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
-/// With [`EXPECTED_LAST_SUBJECT_SEQ`]: the subject whose last sequence is
-/// compared, when it is not the published one (nats-server 2.11+): a
-/// guarded write.
-const EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
 /// "wrong last sequence": the compare-and-swap did not match.
 const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
 /// The same answer from a replicated stream.
@@ -108,7 +104,7 @@ struct Inner {
     /// Set after a reconnect: re-read the epoch before the next operation.
     epoch_stale: Arc<AtomicBool>,
     /// Every watch on this handle, fed by one ordered consumer over the
-    /// whole bucket ([`feed`]).
+    /// whole bucket (`watch::feed`).
     hub: Arc<Hub>,
     /// Held while a feed starts; holds the feed's stop (dropped with the
     /// handle, it ends the feed and removes its consumer).
@@ -144,7 +140,8 @@ enum Marker {
     /// A delete marker.
     Delete,
     /// A purge marker that replaces the key's earlier messages and expires
-    /// after [`RETIRED_KEPT`]: then nothing of the key is left.
+    /// after [`RETIRED_KEPT`](super::RETIRED_KEPT): then nothing of the key
+    /// is left.
     Retire,
 }
 
@@ -172,33 +169,12 @@ enum Raw {
     Value(Entry),
 }
 
-/// Nanoseconds since the Unix epoch of an async-nats timestamp (a
-/// `time::OffsetDateTime`, used here without naming the `time` crate).
 /// How often a store handle re-reads its bucket's epoch (one stream-info
 /// request) even without a reconnect.
 const EPOCH_RECHECK: Duration = Duration::from_secs(5);
 
-/// Removes a watch's consumer from the server when the watch is dropped
-/// (best effort: the server removes it anyway after its inactive
-/// threshold).
-struct RemoveConsumerOnDrop {
-    stream: jetstream::stream::Stream,
-    name: String,
-}
-
-impl Drop for RemoveConsumerOnDrop {
-    fn drop(&mut self) {
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let stream = self.stream.clone();
-            let name = std::mem::take(&mut self.name);
-            rt.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), stream.delete_consumer(&name))
-                    .await;
-            });
-        }
-    }
-}
-
+/// Nanoseconds since the Unix epoch of an async-nats timestamp (a
+/// `time::OffsetDateTime`, used here without naming the `time` crate).
 macro_rules! nanos {
     ($t:expr) => {
         u64::try_from($t.unix_timestamp_nanos()).unwrap_or(0)
@@ -331,230 +307,6 @@ impl NatsStore {
             }
         }
     }
-
-    /// Publishes to the key's subject; `expect` is the required last
-    /// revision of the key (0 = none) — or, with `guard`, of that key
-    /// instead (a guarded write) —, `marker` says whether it is a value or
-    /// which marker.
-    /// Returns the revision written.
-    async fn publish(
-        &self,
-        op: Op,
-        key: &str,
-        value: &[u8],
-        expect: Option<u64>,
-        guard: Option<&str>,
-        marker: Marker,
-    ) -> Result<u64, StoreError> {
-        let subject = format!("{}{key}", self.inner.subject_prefix);
-        let mut headers = HeaderMap::new();
-        if let Some(rev) = expect {
-            headers.insert(
-                EXPECTED_LAST_SUBJECT_SEQ,
-                async_nats::HeaderValue::from(rev),
-            );
-            if let Some(guard) = guard {
-                let guard = format!("{}{guard}", self.inner.subject_prefix);
-                headers.insert(EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, guard.as_str());
-            }
-        }
-        match marker {
-            Marker::None => {}
-            Marker::Delete => headers.insert(KV_OPERATION, "DEL"),
-            Marker::Retire => {
-                headers.insert(KV_OPERATION, "PURGE");
-                headers.insert(NATS_ROLLUP, "sub");
-                headers.insert(NATS_TTL, format!("{}s", RETIRED_KEPT.as_secs()).as_str());
-            }
-        }
-        self.inner
-            .acks
-            .publish(subject, headers, value.to_vec())
-            .await
-            .map_err(|e| match e {
-                acks::WriteError::Conflict => StoreError::conflict(op, key),
-                acks::WriteError::Unknown(why) => StoreError::unknown(op, key, why),
-            })
-    }
-
-    /// Runs one call of this handle within `timeout`: first the wait for
-    /// its turn ([`CALLS_UNDER_WAY`], first come first served), then the
-    /// call that `start` makes. The call's state (kilobytes: the client's
-    /// request futures) is allocated only once it is admitted; a call
-    /// waiting its turn is a few dozen bytes. Helpers a call makes take no
-    /// turn of their own, so a call never waits on itself.
-    async fn call<'a, T>(
-        &'a self,
-        op: Op,
-        key: &'a str,
-        timeout: Duration,
-        start: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = std::time::Instant::now();
-        let result = with_deadline(op, key, timeout, async {
-            let _turn = self
-                .inner
-                .admission
-                .acquire()
-                .await
-                .map_err(|e| StoreError::unknown(op, key, e))?;
-            start().await
-        })
-        .await;
-        let call = match op {
-            Op::Get | Op::Open | Op::Watch => stuck::Call::Read,
-            Op::Create | Op::Update | Op::Put | Op::Delete | Op::Guarded => stuck::Call::Write,
-        };
-        let answered = result.as_ref().map_or_else(|e| !e.is_unknown(), |_| true);
-        self.note_answer(call, answered, started);
-        result
-    }
-
-    /// Notes whether a call was answered; reconnects (to another server)
-    /// when no write, or no read, has been for [`stuck::STUCK_AFTER`]
-    /// although the client is connected, if it knows of another server.
-    fn note_answer(&self, call: stuck::Call, answered: bool, started: std::time::Instant) {
-        let now = std::time::Instant::now();
-        if !self.inner.stuck.note(call, answered, started, now) {
-            return;
-        }
-        let client = &self.inner.client;
-        let info = client.server_info();
-        let others_known = self.inner.servers > 1 || !info.connect_urls.is_empty();
-        if client.connection_state() != async_nats::connection::State::Connected || !others_known {
-            return;
-        }
-        let store = self.clone();
-        tokio::spawn(async move {
-            // A server that answers nothing at all is left to the client's
-            // pings (it may be the client's own network that is cut, and a
-            // reconnect would then wait out a connection timeout past the
-            // cut's end); one that answers but not its calls is cut off
-            // from its cluster.
-            if !store.server_echoes().await {
-                tracing::debug!(
-                    server = %format_args!("{}:{}", info.host, info.port),
-                    "NATS calls unanswered and the server silent: left to the pings"
-                );
-                return;
-            }
-            tracing::warn!(
-                server = %format_args!("{}:{}", info.host, info.port),
-                after = ?stuck::STUCK_AFTER,
-                "NATS calls unanswered although the server answers (cut off from its cluster?): reconnecting to another"
-            );
-            store.inner.choice.leave();
-            if let Err(e) = store.inner.client.force_reconnect().await {
-                tracing::debug!(error = %e, "the reconnect could not be asked for");
-            }
-        });
-    }
-
-    /// Whether the server connected to answers at all: a message this
-    /// handle publishes to a subject of its own comes back through the
-    /// server within [`stuck::ECHO_WITHIN`]. False when it does not, or the
-    /// probe cannot be made (a user not allowed to publish to its inbox).
-    async fn server_echoes(&self) -> bool {
-        use futures::FutureExt;
-        let client = &self.inner.client;
-        let mut echo = self.inner.echo.lock().await;
-        if echo.is_none() {
-            let subject = format!("{}.alive", client.new_inbox());
-            match client.subscribe(subject.clone()).await {
-                Ok(sub) => *echo = Some((subject, sub)),
-                Err(_) => return false,
-            }
-        }
-        let Some((subject, sub)) = echo.as_mut() else {
-            return false;
-        };
-        // An echo of an earlier probe that came late.
-        while let Some(Some(_)) = sub.next().now_or_never() {}
-        if client.publish(subject.clone(), "".into()).await.is_err() {
-            return false;
-        }
-        matches!(
-            tokio::time::timeout(stuck::ECHO_WITHIN, sub.next()).await,
-            Ok(Some(_))
-        )
-    }
-
-    /// A write to `key` that lands only if `expected` holds: the key's own
-    /// last revision, or with `guard` that key's (a guarded write).
-    async fn cas(
-        &self,
-        op: Op,
-        key: &str,
-        (value, marker): (&[u8], Marker),
-        expected: Token,
-        guard: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Token, StoreError> {
-        validate_key(key)?;
-        self.call(op, key, timeout, || {
-            Box::pin(async move {
-                // A bucket re-created since restarted its revisions, and its
-                // record of this key may be at `expected.revision` too — unless
-                // the revision is dated (at least its epoch, `dated`): then no
-                // other incarnation of the bucket has it, a compare-and-swap on
-                // it cannot hit another bucket's record, and the epoch cached as
-                // for every other call will do. Otherwise the epoch as the
-                // stream leader has it now.
-                let cached = dated(expected) && {
-                    self.refresh_epoch(op, key).await?;
-                    expected.epoch == self.epoch()
-                };
-                let epoch = if cached {
-                    expected.epoch
-                } else {
-                    self.read_epoch(op, key).await?
-                };
-                if expected.epoch != epoch {
-                    return Err(StoreError::conflict(op, key));
-                }
-                if expected.revision == 0 {
-                    // Revision 0 would mean "must not exist": not a CAS on a record.
-                    return Err(StoreError::conflict(op, key));
-                }
-                match self
-                    .publish(op, key, value, Some(expected.revision), guard, marker)
-                    .await
-                {
-                    Ok(revision) => Ok(Token::new(epoch, revision)),
-                    Err(e) => {
-                        if cached && e.is_conflict() {
-                            // Maybe the bucket was re-created: the caller's
-                            // next read re-reads the epoch first and labels
-                            // what it finds with the new one at once.
-                            self.inner.epoch_stale.store(true, Ordering::SeqCst);
-                        }
-                        Err(e)
-                    }
-                }
-            })
-        })
-        .await
-    }
-}
-
-/// The first revision of a bucket created at `epoch` (nanoseconds): its
-/// creation time in microseconds. A bucket putex creates counts its
-/// revisions from there ([`NatsStore::open`]), so they lie in
-/// `[epoch / 1000, epoch / 1000 + writes)`; they stay below 2^53 (until the
-/// year 2255), where JSON readers such as JavaScript stay exact.
-pub fn first_dated_revision(epoch: u64) -> u64 {
-    epoch / 1_000
-}
-
-/// Whether a token's revision is *dated*: at least the first revision of
-/// its epoch ([`first_dated_revision`]). A later incarnation's dated
-/// revisions all lie above it (its epoch is later, and no bucket takes a
-/// write per microsecond over its life), and an undated bucket's far below
-/// (it counts from 1). A dated revision therefore names its incarnation,
-/// and a compare-and-swap on it needs no epoch read first
-/// (`docs/stores.md`).
-fn dated(token: Token) -> bool {
-    token.revision >= first_dated_revision(token.epoch)
 }
 
 fn nats_filter(filter: &str) -> String {
@@ -772,266 +524,16 @@ impl NatsStore {
     pub fn writes_waiting(&self) -> usize {
         self.inner.acks.waiting()
     }
-
-    /// The key's last message (a delete marker included) as a watch event,
-    /// and its revision (0 when the key never existed).
-    async fn read_last(&self, key: &str) -> Result<(Vec<WatchEvent>, u64), StoreError> {
-        let subject = format!("{}{key}", self.inner.kv.prefix);
-        use jetstream::stream::LastRawMessageErrorKind as K;
-        match self
-            .inner
-            .kv
-            .stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-        {
-            Ok(m) => {
-                let deleted =
-                    is_delete_marker(m.headers.get(KV_OPERATION).map(|v| v.as_str()), None);
-                let event = self.event(
-                    key.to_owned(),
-                    m.sequence,
-                    nanos!(m.time),
-                    deleted,
-                    m.payload.to_vec(),
-                );
-                Ok((vec![event], m.sequence))
-            }
-            Err(e) if e.kind() == K::NoMessageFound => Ok((vec![], 0)),
-            Err(e) => Err(StoreError::unknown(Op::Watch, key, e)),
-        }
-    }
-
-    /// The changes under a prefix (`""`: all) — the latest of every key, or
-    /// those from `from_revision` — read by a consumer of their own until it
-    /// has caught up, and the last revision read. Prefix watches are few
-    /// (members and control records of an agent); the consumer is removed
-    /// as soon as it has been read.
-    async fn read_changes(
-        &self,
-        filter: &str,
-        from_revision: Option<u64>,
-    ) -> Result<(Vec<WatchEvent>, u64), StoreError> {
-        let deliver_policy = match from_revision {
-            None => jetstream::consumer::DeliverPolicy::LastPerSubject,
-            Some(r) => jetstream::consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: r.max(1),
-            },
-        };
-        let (consumer, _remove) = self
-            .ordered_consumer("putex watch catch-up", filter, filter, deliver_policy)
-            .await?;
-        let mut events = Vec::new();
-        let mut upto = 0;
-        // What the consumer had to deliver when it was made: read that
-        // much, not "until nothing is pending" — under a key written
-        // without pause something always is. What comes after is the
-        // feed's. Nor does a message saying "0 pending" end it early:
-        // under writes to the filter's keys nats-server was seen to say so
-        // with one message of the set still to come (a snapshot's marker,
-        // written just before: lost, the snapshot waited out its deadline;
-        // store_nats_snapshots_miss_no_busy_key under load, 3 runs in 20).
-        // Every message of the set comes, or a newer one on its key that
-        // replaced it (a bucket keeps history; a delete is a message too).
-        let mut left = consumer.cached_info().num_pending;
-        if left == 0 {
-            return Ok((events, upto));
-        }
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-            let event = self.message_event(&message, filter)?;
-            upto = event.revision;
-            events.push(event);
-            left -= 1;
-            if left == 0 {
-                break;
-            }
-        }
-        Ok((events, upto))
-    }
-
-    /// An ordered push consumer over the keys `selects` (a watch filter),
-    /// removed when the returned guard is dropped; errors name `filter`.
-    async fn ordered_consumer(
-        &self,
-        description: &str,
-        selects: &str,
-        filter: &str,
-        deliver_policy: jetstream::consumer::DeliverPolicy,
-    ) -> Result<
-        (
-            jetstream::consumer::Consumer<jetstream::consumer::push::OrderedConfig>,
-            RemoveConsumerOnDrop,
-        ),
-        StoreError,
-    > {
-        let kv = &self.inner.kv;
-        let consumer = kv
-            .stream
-            .create_consumer(jetstream::consumer::push::OrderedConfig {
-                deliver_subject: self.inner.client.new_inbox(),
-                description: Some(description.to_owned()),
-                filter_subject: format!("{}{}", kv.prefix, nats_filter(selects)),
-                replay_policy: jetstream::consumer::ReplayPolicy::Instant,
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        let remove = RemoveConsumerOnDrop {
-            stream: kv.stream.clone(),
-            name: consumer.cached_info().name.clone(),
-        };
-        Ok((consumer, remove))
-    }
-
-    /// Starts the handle's watch feed unless one runs: an ordered consumer
-    /// over every key of the bucket, from now on, whose messages a task
-    /// hands to the hub.
-    async fn start_feed(&self, filter: &str) -> Result<(), StoreError> {
-        let mut stop = self.inner.starting.lock().await;
-        if self.inner.hub.is_live() {
-            return Ok(());
-        }
-        let (consumer, remove) = self
-            .ordered_consumer(
-                "putex watch feed",
-                "",
-                filter,
-                jetstream::consumer::DeliverPolicy::New,
-            )
-            .await?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        let token = tokio_util::sync::CancellationToken::new();
-        *stop = Some(token.clone().drop_guard());
-        tokio::spawn(feed(
-            std::sync::Arc::downgrade(&self.inner.hub),
-            self.clone_weak(),
-            messages,
-            remove,
-            token,
-        ));
-        self.inner.hub.revive();
-        Ok(())
-    }
-
-    fn clone_weak(&self) -> std::sync::Weak<Inner> {
-        Arc::downgrade(&self.inner)
-    }
-
-    /// A consumer's message as a watch event.
-    fn message_event(
-        &self,
-        message: &jetstream::Message,
-        filter: &str,
-    ) -> Result<WatchEvent, StoreError> {
-        let info = message
-            .info()
-            .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        let headers = message.headers.as_ref();
-        let deleted = is_delete_marker(
-            headers
-                .and_then(|h| h.get(KV_OPERATION))
-                .map(|v| v.as_str()),
-            headers
-                .and_then(|h| h.get("Nats-Marker-Reason"))
-                .map(|v| v.as_str()),
-        );
-        let key = message
-            .subject
-            .strip_prefix(self.inner.kv.prefix.as_str())
-            .unwrap_or(message.subject.as_str())
-            .to_owned();
-        let event = self.event(
-            key,
-            info.stream_sequence,
-            nanos!(info.published),
-            deleted,
-            message.payload.to_vec(),
-        );
-        Ok(event)
-    }
-
-    fn event(
-        &self,
-        key: String,
-        revision: u64,
-        nanos: u64,
-        deleted: bool,
-        value: Vec<u8>,
-    ) -> WatchEvent {
-        let time = StoreTime {
-            era: NATS_ERA,
-            nanos,
-        };
-        WatchEvent {
-            key,
-            entry: (!deleted).then(|| Entry {
-                value,
-                token: self.token(revision),
-                time,
-            }),
-            revision,
-            time,
-        }
-    }
-}
-
-/// Whether a message is a delete: a `KV-Operation` other than `PUT`, or a
-/// server marker (a purge, a removed message).
-fn is_delete_marker(operation: Option<&str>, marker_reason: Option<&str>) -> bool {
-    match operation {
-        Some(op) => op != "PUT",
-        None => marker_reason.is_some(),
-    }
-}
-
-/// The feed of one handle: every message of the bucket, handed to the hub.
-/// Ends (removing its consumer) when the handle is gone; on an error it
-/// fails every watch, and the next watch starts a new feed.
-async fn feed(
-    hub: std::sync::Weak<Hub>,
-    store: std::sync::Weak<Inner>,
-    mut messages: jetstream::consumer::push::Ordered,
-    _remove: RemoveConsumerOnDrop,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        let next = tokio::select! {
-            next = messages.next() => next,
-            () = stop.cancelled() => return,
-        };
-        let (Some(hub), Some(inner)) = (hub.upgrade(), store.upgrade()) else {
-            return;
-        };
-        let store = NatsStore { inner };
-        let failed = match next {
-            Some(Ok(message)) => match store.message_event(&message, "") {
-                Ok(event) => {
-                    hub.dispatch(&event);
-                    continue;
-                }
-                Err(e) => e,
-            },
-            Some(Err(e)) => StoreError::unknown(Op::Watch, "", e),
-            None => StoreError::unknown(Op::Watch, "", "the watch feed ended"),
-        };
-        hub.fail(|| failed.clone());
-        return;
-    }
 }
 
 mod acks;
+mod calls;
 mod open;
 mod stuck;
 #[cfg(test)]
 mod tests;
+mod watch;
+mod writes;
 
 pub use stuck::{PING_INTERVAL, STUCK_AFTER};
+pub use writes::first_dated_revision;

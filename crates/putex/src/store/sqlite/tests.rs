@@ -1,6 +1,14 @@
 //! Unit tests of the SQLite backend.
 
+use std::os::unix::fs::MetadataExt;
+
+use rusqlite::TransactionBehavior;
+
+use super::connection::*;
+use super::files::*;
+use super::watch::*;
 use super::*;
+use crate::store::{WatchEvent, RETIRED_KEPT};
 
 const T: Duration = Duration::from_secs(5);
 
