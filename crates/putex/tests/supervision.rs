@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use putex::clock::boot_time_now;
 use putex::core::agent::StopKind;
 use putex::core::{Instant, Token};
+use putex::store::{Name, NodeId};
 use putex::supervision::hooks::{Hook, HookEnv, HookKind, HookRunner, HookStatus};
 use putex::supervision::keeper::{
     socket_path, KeeperClient, KeeperConfig, KeeperError, KeeperEvent,
@@ -19,12 +20,19 @@ use putex::supervision::keeper::{
 use putex::supervision::process::{proc_table, CgroupRoot, TreeInfo};
 use putex_testkit::timing::timing_slot;
 
+use crate::common::agent::sleeps;
+
+/// A hook's environment where it does not matter.
+fn hook_env() -> HookEnv {
+    HookEnv::new(Name::new("pg").unwrap(), NodeId::new("n1").unwrap())
+}
+
 fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
     KeeperConfig {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_putex")),
         socket: socket_path(dir, "test-store", lock),
-        lock: lock.into(),
-        node: "n1".into(),
+        lock: Name::new(lock).unwrap(),
+        node: NodeId::new("n1").unwrap(),
         deactivate: None,
         kv_socket: None,
         stop_timeout: Duration::from_millis(300),
@@ -33,24 +41,6 @@ fn config(dir: &Path, lock: &str, cgroup: bool) -> KeeperConfig {
         quiet: false,
         child_stdout: false,
     }
-}
-
-/// Pids of processes whose command line is exactly `sleep <arg>`.
-fn sleeps(arg: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in proc_table() {
-        if e.is_dead() {
-            continue;
-        }
-        let Ok(cmd) = std::fs::read(format!("/proc/{}/cmdline", e.pid)) else {
-            continue;
-        };
-        let parts: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        if parts.len() >= 2 && parts[0].ends_with(b"sleep") && parts[1] == arg.as_bytes() {
-            out.push(e.pid);
-        }
-    }
-    out
 }
 
 /// A shell that starts a plain, a `setsid` and a double-forked sleep, each
@@ -743,17 +733,11 @@ async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         runner
-            .run_until(
-                &hook,
-                &HookEnv::default(),
-                None,
-                Duration::from_secs(60),
-                stop,
-            )
+            .run_until(&hook, &hook_env(), None, Duration::from_secs(60), stop)
             .await
     } else {
         runner
-            .run(&hook, &HookEnv::default(), None, Duration::from_secs(2))
+            .run(&hook, &hook_env(), None, Duration::from_secs(2))
             .await
     }
     .unwrap();
@@ -778,7 +762,7 @@ async fn hook_kill_case(runner: HookRunner, tag: &str, stopped: bool) {
     let out = runner
         .run_until(
             &quick,
-            &HookEnv::default(),
+            &hook_env(),
             None,
             Duration::from_secs(10),
             tokio::time::sleep(Duration::from_secs(10)),
@@ -817,8 +801,8 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
         out.display()
     );
     let env = HookEnv {
-        lock: "pg".into(),
-        node: "n1".into(),
+        lock: Name::new("pg").unwrap(),
+        node: NodeId::new("n1").unwrap(),
         role: "active".into(),
         token: Some(Token::new(5, 77)),
         previous: Some("n2".into()),

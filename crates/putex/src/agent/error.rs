@@ -12,8 +12,8 @@ pub enum AgentError {
     /// A host-local file or directory could not be used.
     #[error("{what} {}: {source}", path.display())]
     Local {
-        /// Which file: `keeper directory`, `lock file`, `host state file`.
-        what: &'static str,
+        /// Which one.
+        what: LocalFile,
         /// The path that could not be used.
         path: PathBuf,
         /// The I/O error it gave.
@@ -66,4 +66,25 @@ pub enum AgentError {
     /// stopped first.
     #[error("stopped at once by a second signal")]
     Aborted,
+}
+
+/// The host-local files and directories an agent needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalFile {
+    /// `--keeper-dir`: the keepers' sockets and the agents' lock files.
+    KeeperDir,
+    /// The host-local lock file that keeps a second agent of one lock out.
+    LockFile,
+    /// The host state file (previous instance, boot id).
+    HostStateFile,
+}
+
+impl std::fmt::Display for LocalFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LocalFile::KeeperDir => "keeper directory",
+            LocalFile::LockFile => "lock file",
+            LocalFile::HostStateFile => "host state file",
+        })
+    }
 }

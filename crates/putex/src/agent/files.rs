@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::error::AgentError;
+use super::error::{AgentError, LocalFile};
 use crate::supervision::keeper::socket_path;
 
 /// Paths of the host-local files for (store, lock).
@@ -50,7 +50,7 @@ impl LocalLock {
             .create(true)
             .truncate(false)
             .open(path)
-            .map_err(|e| AgentError::local("lock file", path, e))?;
+            .map_err(|e| AgentError::local(LocalFile::LockFile, path, e))?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut f) => {
                 let _ = f.set_len(0);
@@ -66,7 +66,7 @@ impl LocalLock {
                     lock_file: path.to_owned(),
                 })
             }
-            Err((_, e)) => Err(AgentError::local("lock file", path, e.into())),
+            Err((_, e)) => Err(AgentError::local(LocalFile::LockFile, path, e.into())),
         }
     }
 }

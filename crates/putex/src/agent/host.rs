@@ -378,7 +378,7 @@ impl Host for AgentHost {
             Event::AbsentWait { wait, why } => tracing::warn!(
                 wait_ms = wait.as_millis() as u64,
                 "lock {:?} taken; waiting {:.1} s before activating: {}",
-                self.inner.lock_name.as_str(),
+                self.inner.lock.as_str(),
                 wait.as_secs_f64(),
                 why.explain()
             ),
@@ -391,7 +391,7 @@ impl Host for AgentHost {
             Event::SwitchoverRefused { to, why } => {
                 tracing::warn!(to = to.as_deref(), "switchover refused: {why}");
                 if let Some(id) = self.set(|st| st.switchover.take()) {
-                    let (store, lock) = (self.inner.store.clone(), self.inner.lock_name.clone());
+                    let (store, lock) = (self.inner.store.clone(), self.inner.lock.clone());
                     let (why, timeout) = (why.clone(), self.inner.settings.timing.store_timeout());
                     tokio::spawn(async move {
                         super::control::refuse(&store, &lock, &id, &why, timeout).await;

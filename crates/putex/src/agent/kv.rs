@@ -32,7 +32,7 @@ impl KvHolder for AgentKv {
         })?;
         Some(Guard::of(
             self.0.inner.store.clone(),
-            keys::lock(&self.0.inner.lock_name),
+            keys::lock(&self.0.inner.lock),
             tenure,
             Arc::new(AgentTenure(self.0.clone())),
             &self.0.inner.settings.timing,

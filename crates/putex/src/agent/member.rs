@@ -82,7 +82,7 @@ pub(super) async fn member_feed(
                 let fresh = fresh_members(&members, store.clock_step());
                 let mut candidates: Vec<Candidate> = fresh
                     .iter()
-                    .filter(|m| m.node != own)
+                    .filter(|m| m.node != own.as_str())
                     .map(|m| Candidate {
                         node: m.node.clone(),
                         priority: m.priority,
@@ -94,7 +94,7 @@ pub(super) async fn member_feed(
                 // its record is silent (it crashed): a replica behind it
                 // lacks data it acknowledged. Never a candidate itself.
                 if let Some(last) = last_holder(&members) {
-                    if last.node != own && !fresh.iter().any(|m| m.node == last.node) {
+                    if last.node != own.as_str() && !fresh.iter().any(|m| m.node == last.node) {
                         candidates.push(Candidate {
                             node: last.node.clone(),
                             priority: last.priority,
@@ -336,7 +336,7 @@ impl AgentHost {
                 )
             }),
             v: 1,
-            node: self.inner.node.clone(),
+            node: self.inner.node.to_string(),
             instance: self.inner.instance.clone(),
             // O4: a standby that must rejoin first says so.
             role: if st.rejoin_pending && st.role == Some(Role::Standby) {

@@ -69,7 +69,7 @@ mod state;
 pub use crate::supervision::keeper::KeeperError;
 pub use settings::{timing_warnings, AgentSettings, OperatorSettings, ServiceMode};
 
-pub use self::error::AgentError;
+pub use self::error::{AgentError, LocalFile};
 use self::files::{LocalLock, LocalPaths};
 use self::host::state_writer;
 use self::member::member_writer;
@@ -88,7 +88,7 @@ use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
 
 impl AgentError {
-    fn local(what: &'static str, path: &std::path::Path, source: std::io::Error) -> AgentError {
+    fn local(what: LocalFile, path: &std::path::Path, source: std::io::Error) -> AgentError {
         AgentError::Local {
             what,
             path: path.to_owned(),
@@ -112,7 +112,7 @@ pub async fn run(
 
     // 1. The lock file (S5).
     std::fs::create_dir_all(&settings.keeper_dir)
-        .map_err(|e| AgentError::local("keeper directory", &settings.keeper_dir, e))?;
+        .map_err(|e| AgentError::local(LocalFile::KeeperDir, &settings.keeper_dir, e))?;
     {
         use std::os::unix::fs::PermissionsExt;
         let _ =
@@ -145,7 +145,7 @@ pub async fn run(
         })
         .await
         .expect("the host state task does not panic")
-        .map_err(|e| AgentError::local("host state file", host_state.path(), e))?
+        .map_err(|e| AgentError::local(LocalFile::HostStateFile, host_state.path(), e))?
     };
     let highest = previous_state.highest;
     let orphans = previous_state.tree.clone();
@@ -216,8 +216,8 @@ pub async fn run(
     let keeper_config = KeeperConfig {
         exe,
         socket: paths.socket.clone(),
-        lock: lock.to_string(),
-        node: node.to_string(),
+        lock: lock.clone(),
+        node: node.clone(),
         deactivate,
         kv_socket: kv_socket.clone(),
         stop_timeout: settings.timing.stop_timeout(),
@@ -273,11 +273,10 @@ pub async fn run(
     let (inject, inputs) = driver::input_channel();
     let host = AgentHost {
         inner: Arc::new(Inner {
-            lock: lock.to_string(),
-            lock_name: lock.clone(),
+            lock: lock.clone(),
             store: store.clone(),
             kv_socket,
-            node: node.to_string(),
+            node: node.clone(),
             instance: instance.to_string(),
             settings: settings.clone(),
             runner: if settings.no_cgroup {

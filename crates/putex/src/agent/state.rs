@@ -148,14 +148,12 @@ pub(super) struct Status {
 }
 
 pub(super) struct Inner {
-    pub(super) lock: String,
-    /// The lock, as a name (for its control record).
-    pub(super) lock_name: crate::store::Name,
+    pub(super) lock: crate::store::Name,
     /// The store, for the control record's refusals.
     pub(super) store: crate::store::AnyStore,
     /// Where the hooks' `putex kv` is answered (`PUTEX_KV_SOCKET`).
     pub(super) kv_socket: Option<std::path::PathBuf>,
-    pub(super) node: String,
+    pub(super) node: crate::store::NodeId,
     pub(super) instance: String,
     pub(super) settings: AgentSettings,
     pub(super) runner: HookRunner,
@@ -194,8 +192,8 @@ impl crate::http::agent::AgentView for AgentHost {
             self.inner.settings.timing.renew(),
         );
         self.set(|st| crate::http::agent::AgentSnapshot {
-            lock: self.inner.lock.clone(),
-            node: self.inner.node.clone(),
+            lock: self.inner.lock.to_string(),
+            node: self.inner.node.to_string(),
             role: st.role_name(),
             primary: st.role == Some(Role::Active) && st.service_up,
             healthy: st.healthy,

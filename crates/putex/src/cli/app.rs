@@ -124,13 +124,13 @@ pub enum Command {
 #[derive(clap::Args, Debug)]
 pub struct KeeperArgs {
     /// The lock this keeper keeps (first, so `ps` shows `putex keeper LOCK`).
-    pub lock: String,
+    pub lock: crate::store::Name,
     /// The Unix socket to listen on.
     #[arg(long)]
     pub socket: PathBuf,
     /// The node id, for hooks.
-    #[arg(long, default_value = "")]
-    pub node: String,
+    #[arg(long)]
+    pub node: crate::store::NodeId,
     /// The deactivate hook (hook mode).
     #[arg(long)]
     pub deactivate: Option<String>,

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::config::{from_args, AgentArgs, Strictness};
 use super::CliError;
-use crate::agent::{self, AgentError};
+use crate::agent::{self, AgentError, LocalFile};
 use crate::shutdown::Shutdown;
 
 /// `putex run`.
@@ -58,7 +58,7 @@ fn agent_error(e: AgentError) -> CliError {
         AgentError::Measure(m) => m.into(),
         AgentError::Timing(_) | AgentError::NoLock => CliError::Usage(e.to_string()),
         AgentError::Local {
-            what: "keeper directory",
+            what: LocalFile::KeeperDir,
             ..
         } => CliError::Other(format!("--keeper-dir: {e}")),
         AgentError::Local { .. }

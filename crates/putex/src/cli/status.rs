@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::CliError;
+use crate::observe::json::RecordState;
 use crate::report::status::{lock_status, semaphore_status, semaphores_and_pools, LockStatus};
 use crate::store::{keys, AnyStore, Name, StoreUrl};
 
@@ -48,7 +49,7 @@ pub fn render(st: &LockStatus) -> String {
         (Some(p), _) => format!("{} (PAUSED {p})", st.state),
         (None, Some(to)) => format!("{} (handed to {to})", st.state),
         _ if st.stale => format!("{} (STALE: not renewed within its lease)", st.state),
-        _ => st.state.clone(),
+        _ => st.state.to_string(),
     };
     rows.push(vec![
         st.lock.clone(),
@@ -202,7 +203,7 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
             }
             let mut first = true;
             for st in &all {
-                if one && st.state == "absent" && !sems.is_empty() {
+                if one && st.state == RecordState::Absent && !sems.is_empty() {
                     continue;
                 }
                 if !first {
@@ -228,7 +229,7 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
                     rows.push(vec![
                         slot.lock.clone(),
                         slot.holder.clone().unwrap_or_else(|| "-".into()),
-                        slot.state.clone() + if slot.stale { " (STALE)" } else { "" },
+                        slot.state.to_string() + if slot.stale { " (STALE)" } else { "" },
                         slot.token.clone().unwrap_or_else(|| "-".into()),
                         if slot.revision.is_some() {
                             ago(slot.renewed_ago_ms)
@@ -336,7 +337,7 @@ mod tests {
             .unwrap();
         let st = lock_status(&store, &"pg".parse().unwrap()).await.unwrap();
         assert_eq!(st.holder.as_deref(), Some("db1"));
-        assert_eq!(st.state, "active");
+        assert_eq!(st.state, RecordState::Active);
         assert!(!st.stale);
         assert!(st.renewed_ago_ms.is_some_and(|a| a < 5_000), "{st:?}");
         assert_eq!(st.members.len(), 1);
@@ -361,6 +362,6 @@ mod tests {
         let absent = lock_status(&store, &"other".parse().unwrap())
             .await
             .unwrap();
-        assert_eq!(absent.state, "absent");
+        assert_eq!(absent.state, RecordState::Absent);
     }
 }

@@ -147,6 +147,7 @@ pub(crate) async fn serve_document(State(s): State<Arc<Shared>>) -> Response {
 mod tests {
     use super::*;
     use crate::http::auth::{AdminCredentials, Secret};
+    use crate::observe::json::RecordState;
 
     #[test]
     fn fencing_tokens_are_strings_in_the_document_and_the_bodies() {
@@ -161,6 +162,33 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(body, format!(r#"{{"epoch":"{epoch}","revision":"37"}}"#));
+    }
+
+    #[test]
+    fn record_states_are_a_closed_list_in_the_document_and_the_records_spelling() {
+        let v = serde_json::to_value(document(&AuthSettings::default())).unwrap();
+        let states = &v["components"]["schemas"]["RecordState"]["enum"];
+        let names = [
+            "confirming",
+            "active",
+            "released",
+            "revoked",
+            "absent",
+            "unreadable",
+        ];
+        assert_eq!(states, &serde_json::json!(names), "{states}");
+        // The holder's states are spelled as its record spells them.
+        use putex_core::LockState;
+        for s in [
+            LockState::Confirming,
+            LockState::Active,
+            LockState::Released,
+            LockState::Revoked,
+        ] {
+            let record = serde_json::to_value(s).unwrap();
+            assert_eq!(record, RecordState::from(s).as_str());
+            assert_eq!(serde_json::to_value(RecordState::from(s)).unwrap(), record);
+        }
     }
 
     fn security(doc: &utoipa::openapi::OpenApi, path: &str, method: &str) -> serde_json::Value {

@@ -217,6 +217,18 @@ pub(crate) fn record_holds(value: &[u8]) -> bool {
             if matches!(r.state, putex_core::LockState::Active | putex_core::LockState::Confirming))
 }
 
+/// Who a lock record says holds the lock, for a taker that does not wait:
+/// `None` for a `released` record (free at once); else the holder's node
+/// and the record's state, or for a record putex cannot read, that and no
+/// state. Read by `Lock::try_acquire` and `putex lock --no-wait`.
+pub(crate) fn holder_in_the_way(value: &[u8]) -> Option<(String, Option<putex_core::LockState>)> {
+    match putex_core::Observed::decode(value) {
+        putex_core::Observed::Record(r) if r.state == putex_core::LockState::Released => None,
+        putex_core::Observed::Record(r) => Some((r.node, Some(r.state))),
+        putex_core::Observed::Garbage => Some(("an unreadable record".into(), None)),
+    }
+}
+
 /// The caller's writes as the store's: keys under [`keys::KV_PREFIX`],
 /// checked, and at most [`MAX_VALUES`] of values in all.
 pub(crate) fn kv_writes(writes: &[Write]) -> Result<Vec<Write>, GuardError> {

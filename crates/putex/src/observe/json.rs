@@ -154,13 +154,63 @@ pub mod option_token {
     }
 }
 
-/// A record's state as status, the API and the records spell it
-/// (`active`, `confirming`, `released`, `revoked`).
-pub(crate) fn lock_state_name(state: putex_core::LockState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
+/// What a read of a lock record shows, as `putex status`, the `/v1/` API
+/// and the web page spell it: the holder's state as its record says
+/// (`confirming`, `active`, `released`, `revoked`), or that there is no
+/// record (`absent`) or none putex can read (`unreadable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordState {
+    /// Taken; the holder waits out the fencing gap before it starts.
+    Confirming,
+    /// Held; the service may run.
+    Active,
+    /// Given back with proof that the service stopped: free at once.
+    Released,
+    /// Taken away by an administrator: free for a taker.
+    Revoked,
+    /// No record under the lock's key.
+    Absent,
+    /// A record that is not a putex lock record.
+    Unreadable,
+}
+
+impl RecordState {
+    /// The name, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Confirming => "confirming",
+            RecordState::Active => "active",
+            RecordState::Released => "released",
+            RecordState::Revoked => "revoked",
+            RecordState::Absent => "absent",
+            RecordState::Unreadable => "unreadable",
+        }
+    }
+
+    /// Whether the record says somebody holds the lock (`confirming` or
+    /// `active`).
+    pub fn is_held(self) -> bool {
+        matches!(self, RecordState::Confirming | RecordState::Active)
+    }
+}
+
+impl From<putex_core::LockState> for RecordState {
+    fn from(state: putex_core::LockState) -> RecordState {
+        use putex_core::LockState;
+        match state {
+            LockState::Confirming => RecordState::Confirming,
+            LockState::Active => RecordState::Active,
+            LockState::Released => RecordState::Released,
+            LockState::Revoked => RecordState::Revoked,
+        }
+    }
+}
+
+impl fmt::Display for RecordState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]

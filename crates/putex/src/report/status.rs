@@ -14,7 +14,7 @@ use putex_core::{Observed, StoreGap, StoreTime};
 use serde::Serialize;
 
 use super::members::MemberRecord;
-use crate::observe::json::lock_state_name as state_name;
+use crate::observe::json::RecordState;
 use crate::store::keys;
 use crate::store::{AnyStore, ReadMode, Store, StoreError};
 use crate::store::{Name, NodeId};
@@ -44,8 +44,8 @@ pub struct LockStatus {
     /// The holder's node id (also for `released` and `revoked` records:
     /// the last holder).
     pub holder: Option<String>,
-    /// `active`, `confirming`, `released`, `revoked`, `absent` or `unreadable`.
-    pub state: String,
+    /// What the record shows.
+    pub state: RecordState,
     /// The fencing token `epoch:revision`.
     pub token: Option<String>,
     /// The lock record's store revision (`None`: no record).
@@ -218,9 +218,7 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
         let refreshed_ago_ms = age(now, e.time);
         let expiry = crate::locks::queue::expiry(Duration::from_millis(t.renew_ms));
         let expired = refreshed_ago_ms.is_none_or(|a| u128::from(a) > expiry.as_millis());
-        if st.instance.as_deref() == Some(t.instance.as_str())
-            && matches!(st.state.as_str(), "active" | "confirming")
-        {
+        if st.instance.as_deref() == Some(t.instance.as_str()) && st.state.is_held() {
             // The holder keeps its place until it leaves: its title.
             st.title = t.title;
             continue;
@@ -362,7 +360,7 @@ async fn record_status(
     let mut st = LockStatus {
         lock: lock.to_owned(),
         holder: None,
-        state: "absent".into(),
+        state: RecordState::Absent,
         token: None,
         revision: None,
         renewed_ago_ms: None,
@@ -383,18 +381,18 @@ async fn record_status(
         match Observed::decode(&e.value) {
             Observed::Record(r) => {
                 st.holder = Some(r.node.clone());
-                st.state = state_name(r.state);
+                st.state = r.state.into();
                 st.lease_ms = Some(r.lease_ms);
                 st.gap_ms = Some(r.gap_ms);
                 st.instance = Some(r.instance.clone());
-                let live = matches!(st.state.as_str(), "active" | "confirming");
+                let live = st.state.is_held();
                 st.paused = r.paused.as_ref().filter(|_| live).map(ToString::to_string);
-                st.handed_to = r.to.clone().filter(|_| st.state == "released");
+                st.handed_to = r.to.clone().filter(|_| st.state == RecordState::Released);
                 // A paused record is never taken over (O2): not stale.
                 st.stale =
                     live && st.paused.is_none() && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
             }
-            Observed::Garbage => st.state = "unreadable".into(),
+            Observed::Garbage => st.state = RecordState::Unreadable,
         }
     }
     Ok(st)

@@ -40,6 +40,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::store::{Name, NodeId};
 use putex_core::agent::{HealthMode, StopKind};
 use putex_core::Token;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -191,12 +192,12 @@ impl Hook {
 }
 
 /// What a hook is told about the agent (its `PUTEX_*` environment).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HookEnv {
     /// `PUTEX_LOCK`.
-    pub lock: String,
+    pub lock: Name,
     /// `PUTEX_NODE`.
-    pub node: String,
+    pub node: NodeId,
     /// `PUTEX_ROLE`.
     pub role: String,
     /// `PUTEX_TOKEN`, when the node holds the lock.
@@ -214,12 +215,28 @@ pub struct HookEnv {
 }
 
 impl HookEnv {
+    /// The environment of a hook of `lock` on `node` and nothing else (no
+    /// role, token or holder).
+    pub fn new(lock: Name, node: NodeId) -> HookEnv {
+        HookEnv {
+            lock,
+            node,
+            role: String::new(),
+            token: None,
+            previous: None,
+            stop: None,
+            holder: None,
+            holder_addr: None,
+            kv_socket: None,
+        }
+    }
+
     /// The variables for `kind`, in a fixed order.
     pub fn vars(&self, kind: HookKind) -> Vec<(&'static str, String)> {
         let mut v = vec![
             ("PUTEX_HOOK", kind.name().to_string()),
-            ("PUTEX_LOCK", self.lock.clone()),
-            ("PUTEX_NODE", self.node.clone()),
+            ("PUTEX_LOCK", self.lock.to_string()),
+            ("PUTEX_NODE", self.node.to_string()),
             ("PUTEX_ROLE", self.role.clone()),
         ];
         if let Some(t) = self.token {
@@ -565,8 +582,8 @@ mod tests {
     #[test]
     fn env_sets_stop_only_for_deactivate() {
         let env = HookEnv {
-            lock: "pg".into(),
-            node: "n1".into(),
+            lock: Name::new("pg").unwrap(),
+            node: NodeId::new("n1").unwrap(),
             role: "lapsed".into(),
             token: Some(Token::new(7, 42)),
             previous: None,

@@ -13,6 +13,7 @@ use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use proptest::prelude::*;
 use putex::clock::boot_time_now;
+use putex::core::agent::StopKind;
 use putex::core::Token;
 use putex::supervision::keeper::{
     socket_path, FromKeeper, KeeperClient, KeeperConfig, KeeperError, KeeperStatus, ToKeeper,
@@ -51,11 +52,11 @@ fn request() -> impl Strategy<Value = ToKeeper> {
         id.clone().prop_map(|id| ToKeeper::Disarm { id }),
         (
             id.clone(),
-            prop_oneof![
-                prop::sample::select(vec!["startup", "graceful", "emergency"])
-                    .prop_map(str::to_owned),
-                text(),
-            ]
+            prop::sample::select(vec![
+                StopKind::Startup,
+                StopKind::Graceful,
+                StopKind::Emergency
+            ]),
         )
             .prop_map(|(id, kind)| ToKeeper::Stop { id, kind }),
         (id.clone(), any::<i32>()).prop_map(|(id, signal)| ToKeeper::Signal { id, signal }),
@@ -70,6 +71,10 @@ fn lines() -> impl Strategy<Value = Bytes> {
             .prop_map(|(r, ms)| mutate(&serde_json::to_vec(&r).unwrap(), &ms)),
         1 => request().prop_map(|r| serde_json::to_vec(&r).unwrap()),
         1 => json_value().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+        // A stop of a kind the keeper does not know: refused when read.
+        1 => (any::<u64>(), text()).prop_map(|(id, kind)| {
+            serde_json::to_vec(&serde_json::json!({"type": "stop", "id": id, "kind": kind})).unwrap()
+        }),
         1 => prop::collection::vec(any::<u8>(), 0..48),
         1 => prop::sample::select(vec![
             &b""[..], b"\r", b"{", b"}", b"\xff\xfe", b"\xc3", b"\x00", b"null",
@@ -100,8 +105,8 @@ fn config(dir: &Path) -> KeeperConfig {
     KeeperConfig {
         exe: PathBuf::from(env!("CARGO_BIN_EXE_putex")),
         socket: socket_path(dir, "fuzz-store", "fuzz"),
-        lock: "fuzz".into(),
-        node: "n1".into(),
+        lock: putex::store::Name::new("fuzz").unwrap(),
+        node: putex::store::NodeId::new("n1").unwrap(),
         deactivate: None,
         kv_socket: None,
         stop_timeout: Duration::from_millis(200),
@@ -223,6 +228,10 @@ fn replies() -> impl Strategy<Value = Vec<Bytes>> {
             .prop_map(|(r, ms)| mutate(&serde_json::to_vec(&r).unwrap(), &ms)),
         1 => reply.prop_map(|r| serde_json::to_vec(&r).unwrap()),
         1 => json_value().prop_map(|v| serde_json::to_vec(&v).unwrap()),
+        // A stop of a kind the keeper does not know: refused when read.
+        1 => (any::<u64>(), text()).prop_map(|(id, kind)| {
+            serde_json::to_vec(&serde_json::json!({"type": "stop", "id": id, "kind": kind})).unwrap()
+        }),
         1 => prop::collection::vec(any::<u8>(), 0..32),
     ];
     prop::collection::vec(line, 0..5).prop_map(|ls| {

@@ -283,9 +283,8 @@ pub struct TokenCheckView {
     /// `active`, and the token lies between that holding's first write and
     /// the record's own revision (`docs/safety.md` §6).
     pub held: bool,
-    /// The record's state: `active`, `confirming`, `released`, `revoked`,
-    /// `absent` or `unreadable`.
-    pub state: String,
+    /// The record's state.
+    pub state: RecordState,
     /// The holder's node id (the last holder's, for `released` and
     /// `revoked`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -302,7 +301,7 @@ impl TokenCheckView {
             lock: lock.to_string(),
             token: token.to_string(),
             held: false,
-            state: "absent".into(),
+            state: RecordState::Absent,
             holder: None,
             record: entry.map(|e| e.token.to_string()),
         };
@@ -310,10 +309,10 @@ impl TokenCheckView {
             match Observed::decode(&e.value) {
                 Observed::Record(r) => {
                     view.held = r.holds_token(e.token, token);
-                    view.state = crate::observe::json::lock_state_name(r.state);
+                    view.state = r.state.into();
                     view.holder = Some(r.node);
                 }
-                Observed::Garbage => view.state = "unreadable".into(),
+                Observed::Garbage => view.state = RecordState::Unreadable,
             }
         }
         view

@@ -43,6 +43,7 @@ use super::{
     AcquireFailure, Shared, LIFETIME_LEFT_HEADER, TOKEN_HEADER,
 };
 use crate::locks::gateway::{AcquireError, AcquireRequest, AdminAction, Ended, LockInfo};
+use crate::observe::json::RecordState;
 use crate::report::status::{lock_status, LockStatus, MemberStatus, StatusError};
 use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreError};
 
@@ -470,7 +471,7 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
     let mut v = StatusView {
         lock: lock.to_owned(),
         holder: None,
-        state: "unreadable".into(),
+        state: RecordState::Unreadable,
         token: Some(entry.token.into()),
         fencing_token: Some(entry.token.to_string()),
         revision: Some(entry.token.revision),
@@ -482,7 +483,7 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
         members: None,
     };
     if let Observed::Record(r) = Observed::decode(&entry.value) {
-        v.state = crate::observe::json::lock_state_name(r.state);
+        v.state = r.state.into();
         v.stale = matches!(r.state, LockState::Active | LockState::Confirming)
             && renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
         v.holder = Some(r.node);

@@ -170,9 +170,8 @@ pub struct StatusView {
     /// The holder's node id (for `released` and `revoked`: the last
     /// holder). Gateway locks name the gateway's node.
     pub holder: Option<String>,
-    /// `active`, `confirming`, `released`, `revoked`, `absent` or
-    /// `unreadable`.
-    pub state: String,
+    /// What the record shows.
+    pub state: RecordState,
     /// The record's fencing token.
     pub token: Option<FencingToken>,
     /// The fencing token as `EPOCH:REVISION`.

@@ -8,6 +8,7 @@ use putex_core::time::Human;
 use putex_core::{ExitReason, LockState, LossCause, Reason, TimingError, Token};
 use thiserror::Error;
 
+use crate::observe::json::RecordState;
 use crate::store::{Name, NameError, StoreError};
 
 /// Why a lease could not be acquired, kept or released: one variant per
@@ -57,7 +58,9 @@ pub enum LeaseError {
 }
 
 fn held_state(state: Option<LockState>) -> String {
-    state.map_or("unreadable".into(), crate::observe::json::lock_state_name)
+    state
+        .map_or(RecordState::Unreadable, RecordState::from)
+        .to_string()
 }
 
 fn exit_text(reason: &ExitReason) -> String {

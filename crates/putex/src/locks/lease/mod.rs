@@ -99,8 +99,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use putex_core::{
-    Agent, AgentConfig, ExitReason, Identity, Input, LockState, Reason, Role, Timing, TimingConfig,
-    Token,
+    Agent, AgentConfig, ExitReason, Identity, Input, Reason, Role, Timing, TimingConfig, Token,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -358,12 +357,7 @@ impl Lock {
             .await
             .map_err(LeaseError::Unavailable)?;
         if let Some(e) = entry {
-            let held = match putex_core::Observed::decode(&e.value) {
-                putex_core::Observed::Record(r) if r.state == LockState::Released => None,
-                putex_core::Observed::Record(r) => Some((r.node, Some(r.state))),
-                putex_core::Observed::Garbage => Some(("an unreadable record".into(), None)),
-            };
-            if let Some((holder, state)) = held {
+            if let Some((holder, state)) = crate::locks::guard::holder_in_the_way(&e.value) {
                 return Err(LeaseError::Held {
                     name: self.name.clone(),
                     holder,

@@ -215,7 +215,7 @@ pub enum Outcome {
     },
     /// The lock was not acquired (`Wait::No`, or the wait ran out).
     NotAcquired {
-        /// The holder's node id and state, e.g. `db1 (Active)`, or `an
+        /// The holder's node id and state, e.g. `db1 (active)`, or `an
         /// unreadable record`; `None` if the store could not be read or a
         /// slot was free by then.
         holder: Option<String>,

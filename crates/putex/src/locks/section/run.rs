@@ -5,6 +5,7 @@ use super::host::{spread_of, watch_free_slots, SlotHost};
 use super::shared::{Shared, State};
 use super::state::{Conclusion, Round, SectionState, SignalAction, SlotCommand};
 use super::*;
+use crate::observe::json::RecordState;
 
 /// What a running section needs from its caller besides the options: the
 /// signals to forward or to end the wait with.
@@ -40,8 +41,8 @@ impl KeeperStart {
                 &opts.store_id,
                 &format!("{}-{short}", opts.name),
             ),
-            lock: opts.name.to_string(),
-            node: opts.node.to_string(),
+            lock: opts.name.clone(),
+            node: opts.node.clone(),
             deactivate: None,
             kv_socket: None,
             stop_timeout: opts.timing.stop_timeout(),
@@ -449,10 +450,12 @@ async fn busy(
     for key in keys {
         match store.get(key, ReadMode::Leader, timeout).await? {
             None => return Ok(None),
-            Some(e) => match Observed::decode(&e.value) {
-                Observed::Record(r) if r.state == LockState::Released => return Ok(None),
-                Observed::Record(r) => holder = Some(format!("{} ({:?})", r.node, r.state)),
-                Observed::Garbage => holder = Some("an unreadable record".into()),
+            Some(e) => match crate::locks::guard::holder_in_the_way(&e.value) {
+                None => return Ok(None),
+                Some((node, Some(state))) => {
+                    holder = Some(format!("{node} ({})", RecordState::from(state)))
+                }
+                Some((what, None)) => holder = Some(what),
             },
         }
     }

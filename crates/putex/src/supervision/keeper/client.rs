@@ -39,8 +39,10 @@ pub struct KeeperConfig {
     pub exe: PathBuf,
     /// The keeper's socket ([`socket_path`]).
     pub socket: PathBuf,
-    pub lock: String,
-    pub node: String,
+    /// The lock it keeps (`PUTEX_LOCK` for its hooks; first in `ps`).
+    pub lock: Name,
+    /// This node (`PUTEX_NODE`).
+    pub node: NodeId,
     /// The deactivate hook (hook mode).
     pub deactivate: Option<String>,
     /// `PUTEX_KV_SOCKET` for the deactivate hook: where the agent answers
@@ -74,11 +76,11 @@ impl KeeperConfig {
     pub fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
             "keeper".into(),
-            self.lock.clone().into(),
+            self.lock.as_str().into(),
             "--socket".into(),
             self.socket.clone().into(),
             "--node".into(),
-            self.node.clone().into(),
+            self.node.as_str().into(),
             "--stop-timeout-ms".into(),
             self.stop_timeout.as_millis().to_string().into(),
             "--emergency-timeout-ms".into(),
@@ -420,7 +422,6 @@ impl KeeperClient {
 
     /// Stops the service through the keeper; `Ok(true)` is proof (H6).
     pub async fn stop(&self, kind: StopKind) -> Result<bool, KeeperError> {
-        let kind = crate::supervision::hooks::stop_name(kind).to_string();
         match self.request(|id| ToKeeper::Stop { id, kind }).await? {
             FromKeeper::Stopped { ok, .. } => Ok(ok),
             other => Err(KeeperError::Unexpected(Box::new(other))),

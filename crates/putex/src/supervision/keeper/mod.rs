@@ -82,12 +82,14 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::boot_time_now;
+use crate::store::{Name, NodeId};
 use crate::supervision::hooks::{Hook, HookEnv, HookKind, HookRunner};
 use crate::supervision::process::{self, CgroupRoot, Exit, Tree, TreeInfo, TreeSnapshot};
 
 mod client;
 mod deadline;
 mod server;
+mod sys;
 #[cfg(test)]
 mod tests;
 mod wire;

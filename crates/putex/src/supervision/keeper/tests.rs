@@ -75,3 +75,19 @@ fn wire_form_is_flat_json() {
     let f: FromKeeper = serde_json::from_str(r#"{"type":"fired","ok":true}"#).unwrap();
     assert_eq!(f, FromKeeper::Fired { ok: true });
 }
+
+#[test]
+fn a_stop_names_its_kind_and_an_unknown_kind_is_refused_with_its_id() {
+    let stop = ToKeeper::Stop {
+        id: 5,
+        kind: StopKind::Graceful,
+    };
+    let line = serde_json::to_string(&stop).unwrap();
+    assert_eq!(line, r#"{"type":"stop","id":5,"kind":"graceful"}"#);
+    assert_eq!(serde_json::from_str::<ToKeeper>(&line).unwrap(), stop);
+    let bad = br#"{"type":"stop","id":6,"kind":"gentle"}"#;
+    let e = serde_json::from_slice::<ToKeeper>(bad).unwrap_err();
+    assert!(e.to_string().contains("unknown variant `gentle`"), "{e}");
+    assert_eq!(server::request_id(bad), Some(6));
+    assert_eq!(server::request_id(b"\xff{"), None);
+}

@@ -36,8 +36,10 @@ pub enum ToKeeper {
     /// Stop the service.
     Stop {
         id: u64,
-        /// `startup`, `graceful` or `emergency`.
-        kind: String,
+        /// On the wire by its name: `startup`, `graceful` or `emergency`
+        /// (as the hooks' `PUTEX_STOP` spells it).
+        #[serde(with = "stop_kind_by_name")]
+        kind: StopKind,
     },
     /// Send a signal to the child's process group.
     Signal {
@@ -146,11 +148,26 @@ pub struct ChildStatus {
     pub tree_alive: bool,
 }
 
-pub(super) fn parse_stop_kind(s: &str) -> Option<StopKind> {
-    match s {
-        "startup" => Some(StopKind::Startup),
-        "graceful" => Some(StopKind::Graceful),
-        "emergency" => Some(StopKind::Emergency),
-        _ => None,
+/// [`StopKind`] as its name, the one the hooks see in `PUTEX_STOP`; any
+/// other name is refused when the request is read.
+mod stop_kind_by_name {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::StopKind;
+    use crate::supervision::hooks::stop_name;
+
+    const NAMES: [StopKind; 3] = [StopKind::Startup, StopKind::Graceful, StopKind::Emergency];
+
+    pub(super) fn serialize<S: Serializer>(kind: &StopKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(stop_name(*kind))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StopKind, D::Error> {
+        let name = String::deserialize(d)?;
+        NAMES
+            .into_iter()
+            .find(|k| stop_name(*k) == name)
+            .ok_or_else(|| D::Error::unknown_variant(&name, &["startup", "graceful", "emergency"]))
     }
 }
