@@ -9,6 +9,9 @@
 //! proxy.set(Mode::Pass);      // new bytes flow again, on the same connection
 //! ```
 //!
+//! A test that is not async starts one with [`Proxy::start_blocking`]: the
+//! proxy then runs on a runtime of its own.
+//!
 //! How a mode applies:
 //!
 //! - Each direction of each connection reads whatever its sender writes, at
@@ -74,6 +77,12 @@ pub enum Mode {
         /// The greatest delay.
         max: Duration,
     },
+    /// Cuts the client off: closes every connection (both sockets, without
+    /// a reset) and, while set, holds each new connection open and silent
+    /// without connecting it to the target; set to another mode, the proxy
+    /// closes the held ones and forwards new connections again. (A host
+    /// unplugged: what it had is gone, what it tries hangs.)
+    Cut,
 }
 
 /// A TCP proxy on `127.0.0.1`, forwarding to one target. See the module
@@ -83,6 +92,8 @@ pub struct Proxy {
     mode: watch::Sender<Mode>,
     counters: Arc<Counters>,
     accept: JoinHandle<()>,
+    /// The runtime of a [`Proxy::start_blocking`] proxy.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// Bytes written to the server and to the client, over all connections.
@@ -107,7 +118,20 @@ impl Proxy {
             mode,
             counters,
             accept,
+            runtime: None,
         })
+    }
+
+    /// [`Proxy::start`] for a test that is not async: the proxy runs on a
+    /// runtime of its own (one worker), shut down with it.
+    pub fn start_blocking(target: SocketAddr) -> io::Result<Proxy> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let mut proxy = runtime.block_on(Proxy::start(target))?;
+        proxy.runtime = Some(runtime);
+        Ok(proxy)
     }
 
     /// The address clients connect to.
@@ -117,7 +141,13 @@ impl Proxy {
 
     /// The proxy as a NATS URL, `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("nats://{}", self.addr)
+        self.url_as("nats")
+    }
+
+    /// The proxy as a store URL of `scheme` (`nats`, `etcd`):
+    /// `SCHEME://127.0.0.1:PORT`.
+    pub fn url_as(&self, scheme: &str) -> String {
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Switches every connection, current and new, to `mode`. It applies to
@@ -145,6 +175,9 @@ impl Drop for Proxy {
     /// belong to the accept task; they also end when the mode channel does).
     fn drop(&mut self) {
         self.accept.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -167,9 +200,16 @@ async fn accept_loop(
             }
         };
         while conns.try_join_next().is_some() {}
-        if *mode.borrow() == Mode::Reset {
-            let _ = client.set_zero_linger();
-            continue; // dropped: RST
+        match *mode.borrow() {
+            Mode::Reset => {
+                let _ = client.set_zero_linger();
+                continue; // dropped: RST
+            }
+            Mode::Cut => {
+                conns.spawn(held(client, mode.clone()));
+                continue;
+            }
+            _ => {}
         }
         n += 1;
         let seed = splitmix(seed ^ n);
@@ -183,10 +223,24 @@ async fn accept_loop(
     }
 }
 
+/// A connection accepted in [`Mode::Cut`]: open and silent, never
+/// connected to the target, closed once the mode is another (or the proxy
+/// goes).
+async fn held(client: TcpStream, mut mode: watch::Receiver<Mode>) {
+    while *mode.borrow_and_update() == Mode::Cut {
+        if mode.changed().await.is_err() {
+            break;
+        }
+    }
+    drop(client);
+}
+
 /// Why a connection's forwarding ended early.
 enum End {
     /// [`Mode::Reset`]: reset both sockets.
     Reset,
+    /// [`Mode::Cut`]: close both sockets.
+    Cut,
     /// The proxy is gone.
     Closed,
     /// A read or write failed.
@@ -243,6 +297,8 @@ enum Effect {
     Drop,
     Hold,
     Reset,
+    /// Close the connection.
+    Cut,
 }
 
 fn effect(mode: Mode, dir: Dir) -> Effect {
@@ -253,6 +309,7 @@ fn effect(mode: Mode, dir: Dir) -> Effect {
         Mode::DropReplies | Mode::Blackhole => Effect::Drop,
         Mode::Hold => Effect::Hold,
         Mode::Reset => Effect::Reset,
+        Mode::Cut => Effect::Cut,
     }
 }
 
@@ -344,7 +401,7 @@ impl<'a> Pump<'a> {
                     match self.effect {
                         Effect::Forward(..) => self.enqueue(item),
                         Effect::Hold => self.held.push_back(item),
-                        Effect::Drop | Effect::Reset => {}
+                        Effect::Drop | Effect::Reset | Effect::Cut => {}
                     }
                 }
             }
@@ -373,6 +430,7 @@ impl<'a> Pump<'a> {
         let old = std::mem::replace(&mut self.effect, new);
         match new {
             Effect::Reset => return Err(End::Reset),
+            Effect::Cut => return Err(End::Cut),
             Effect::Drop => {
                 self.queue.clear();
                 self.held.clear();
@@ -652,6 +710,54 @@ mod tests {
         proxy.set(Mode::Pass);
         s.write_all(b"back").await.unwrap();
         assert_eq!(read_n(&mut c, 4).await, b"back");
+    }
+
+    #[tokio::test]
+    async fn proxy_cut_closes_and_holds_new_connections_until_another_mode() {
+        let (proxy, target) = setup().await;
+        let (mut c, mut s) = connect(&proxy, &target).await;
+        c.write_all(b"a").await.unwrap();
+        assert_eq!(read_n(&mut s, 1).await, b"a");
+
+        proxy.set(Mode::Cut);
+        // Closed at both ends, without a reset.
+        assert_eq!(ends(&mut c).await.unwrap(), 0);
+        assert_eq!(ends(&mut s).await.unwrap(), 0);
+        // A new connection is accepted, hears nothing and never reaches
+        // the target.
+        let mut c2 = TcpStream::connect(proxy.addr()).await.unwrap();
+        c2.write_all(b"x").await.unwrap();
+        silent(&mut c2).await;
+        assert!(
+            tokio::time::timeout(QUIET, target.accept()).await.is_err(),
+            "reached the target"
+        );
+
+        // Another mode: the held connection is closed, new ones forwarded.
+        proxy.set(Mode::Pass);
+        let _ = ends(&mut c2).await;
+        let (mut c3, mut s3) = connect(&proxy, &target).await;
+        c3.write_all(b"b").await.unwrap();
+        assert_eq!(read_n(&mut s3, 1).await, b"b");
+    }
+
+    /// Started outside any runtime: it forwards on its own.
+    #[test]
+    fn proxy_start_blocking_needs_no_runtime_of_the_callers() {
+        use std::io::{Read, Write};
+        let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::start_blocking(target.local_addr().unwrap()).unwrap();
+        assert_eq!(
+            proxy.url_as("etcd"),
+            format!("etcd://127.0.0.1:{}", proxy.addr().port())
+        );
+        let mut c = std::net::TcpStream::connect(proxy.addr()).unwrap();
+        let (mut s, _) = target.accept().unwrap();
+        s.set_read_timeout(Some(SOON)).unwrap();
+        c.write_all(b"hi").unwrap();
+        let mut buf = [0; 2];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
     }
 
     /// A store through the proxy: a blackhole makes calls unknown (and the

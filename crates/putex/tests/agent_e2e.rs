@@ -12,30 +12,23 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::agent::{
-    assert_no_overlap, bound, bound_on, dump, events, fast, hooks, putex, sigkill, sleeps, start,
-    starts, status_json, timing_slot, wait_for, Agent, R,
+    assert_no_overlap, bound_for, dump, events, fast, hooks, putex, sigkill, sleeps, start, starts,
+    status_json, timing_slot, wait_for, Agent, R,
 };
-use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
+use crate::common::on_stores;
+use crate::common::store::Backend;
 
-#[test]
-fn agent_three_nodes_one_active_crash_failover_and_graceful_handover() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    three_nodes_failover_and_handover(&server.url, bound());
-}
+on_stores!(timing_slot; Backend, three_nodes_failover_and_handover =>
+    agent_three_nodes_one_active_crash_failover_and_graceful_handover: nats,
+    agent_three_nodes_one_active_crash_failover_and_graceful_handover_on_etcd: etcd,
+);
 
-/// The same on etcd, whose store clock reads in whole seconds: the bound is
-/// B + up to 2 s + R there (`docs/stores.md`).
-#[test]
-fn agent_three_nodes_one_active_crash_failover_and_graceful_handover_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    let url = format!("etcd://{}", server.endpoint());
-    three_nodes_failover_and_handover(&url, bound_on(Duration::from_secs(1)));
-}
-
-fn three_nodes_failover_and_handover(url: &str, bound: Duration) {
+/// On etcd, whose store clock reads in whole seconds, the bound is B + up
+/// to 2 s + R (`docs/stores.md`: [`bound_for`]).
+fn three_nodes_failover_and_handover(server: &Backend) {
+    let url = &server.url();
+    let bound = bound_for(url);
     let dir = tempfile::tempdir().unwrap();
     let ev = dir.path().join("events");
     let flags = hooks(&ev);
@@ -191,40 +184,17 @@ fn start_child(
     a
 }
 
-/// Which store a test body runs on: its sleeps carry a tag of their own,
-/// so that a leftover of one variant is never taken for the other's.
-#[derive(Clone, Copy)]
-enum Kind {
-    Nats,
-    Etcd,
-}
+// The tests' sleeps carry a tag of each store's ([`Backend::tag`]): a
+// leftover of one variant is never taken for the other's.
+on_stores!(timing_slot; Backend, child_mode_leaves_no_process_behind =>
+    agent_child_mode_leaves_no_process_behind: nats,
+    agent_child_mode_leaves_no_process_behind_on_etcd: etcd,
+);
 
-impl Kind {
-    fn tag(self) -> &'static str {
-        match self {
-            Kind::Nats => "",
-            Kind::Etcd => "7",
-        }
-    }
-}
-
-#[test]
-fn agent_child_mode_leaves_no_process_behind() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    child_mode_leaves_no_process_behind(&server.url, Kind::Nats);
-}
-
-#[test]
-fn agent_child_mode_leaves_no_process_behind_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    child_mode_leaves_no_process_behind(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
-}
-
-fn child_mode_leaves_no_process_behind(url: &str, kind: Kind) {
+fn child_mode_leaves_no_process_behind(server: &Backend) {
+    let url = &server.url();
     let dir = tempfile::tempdir().unwrap();
-    let tag = format!("1000.{}{}", std::process::id(), kind.tag());
+    let tag = format!("1000.{}{}", std::process::id(), server.tag());
     let script = format!("sleep {tag} & wait");
     let mut a = start_child(dir.path(), url, "child", "c1", &script, &tag);
     a.stop_cleanly();
@@ -236,21 +206,13 @@ fn child_mode_leaves_no_process_behind(url: &str, kind: Kind) {
     assert!(a.log_text().contains("released=true"), "{}", a.log_text());
 }
 
-#[test]
-fn agent_second_on_the_same_host_is_refused_by_the_lock_file() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    second_on_the_same_host_is_refused(&server.url);
-}
+on_stores!(timing_slot; Backend, second_on_the_same_host_is_refused =>
+    agent_second_on_the_same_host_is_refused_by_the_lock_file: nats,
+    agent_second_on_the_same_host_is_refused_by_the_lock_file_on_etcd: etcd,
+);
 
-#[test]
-fn agent_second_on_the_same_host_is_refused_by_the_lock_file_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    second_on_the_same_host_is_refused(&format!("etcd://{}", server.endpoint()));
-}
-
-fn second_on_the_same_host_is_refused(url: &str) {
+fn second_on_the_same_host_is_refused(server: &Backend) {
+    let url = &server.url();
     let dir = tempfile::tempdir().unwrap();
     let keeper_dir = dir.path().join("keepers");
     let ev = dir.path().join("events");
@@ -439,24 +401,16 @@ fn agent_check_prints_the_etcd_bound_without_reaching_the_store() {
     );
 }
 
-#[test]
-fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    restarted_after_sigkill_adopts_its_keeper(&server.url, Kind::Nats);
-}
+on_stores!(timing_slot; Backend, restarted_after_sigkill_adopts_its_keeper =>
+    agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running: nats,
+    agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running_on_etcd: etcd,
+);
 
-#[test]
-fn agent_restarted_after_sigkill_adopts_its_keeper_and_the_service_keeps_running_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    restarted_after_sigkill_adopts_its_keeper(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
-}
-
-fn restarted_after_sigkill_adopts_its_keeper(url: &str, kind: Kind) {
+fn restarted_after_sigkill_adopts_its_keeper(server: &Backend) {
+    let url = &server.url();
     let dir = tempfile::tempdir().unwrap();
     let keeper_dir = dir.path().join("keepers");
-    let tag = format!("1000.{}1{}", std::process::id(), kind.tag());
+    let tag = format!("1000.{}1{}", std::process::id(), server.tag());
     let script = format!("sleep {tag} & wait");
     // T = 3 s here: the restart must renew within the keeper's deadline,
     // and on a loaded machine its start-up (which measures the store, again
@@ -502,23 +456,15 @@ fn restarted_after_sigkill_adopts_its_keeper(url: &str, kind: Kind) {
     );
 }
 
-#[test]
-fn agent_second_signal_makes_an_emergency_stop_and_exits() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    second_signal_makes_an_emergency_stop(&server.url, Kind::Nats);
-}
+on_stores!(timing_slot; Backend, second_signal_makes_an_emergency_stop =>
+    agent_second_signal_makes_an_emergency_stop_and_exits: nats,
+    agent_second_signal_makes_an_emergency_stop_and_exits_on_etcd: etcd,
+);
 
-#[test]
-fn agent_second_signal_makes_an_emergency_stop_and_exits_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    second_signal_makes_an_emergency_stop(&format!("etcd://{}", server.endpoint()), Kind::Etcd);
-}
-
-fn second_signal_makes_an_emergency_stop(url: &str, kind: Kind) {
+fn second_signal_makes_an_emergency_stop(server: &Backend) {
+    let url = &server.url();
     let dir = tempfile::tempdir().unwrap();
-    let tag = format!("1000.{}2{}", std::process::id(), kind.tag());
+    let tag = format!("1000.{}2{}", std::process::id(), server.tag());
     // The service ignores SIGTERM, so the graceful stop would take the whole
     // --stop-timeout (2 s); the second signal cuts it short.
     let script = format!("trap '' TERM; sleep {tag} & wait; wait");

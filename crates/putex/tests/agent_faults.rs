@@ -8,12 +8,12 @@
 //! - health: K failed `active` checks step the holder down with a release;
 //!   flapping checks under `--successes`/`--unhealthy` cause no transition;
 //!   a service that fails everywhere rotates with back-off, not forever;
-//! - the holder cut off from the store (a TCP proxy in front of its store
-//!   URL), and the store itself paused shorter and longer than T;
+//! - the holder cut off from the store (the test kit's fault proxy in front
+//!   of its store, cut: `Mode::Cut`), and the store itself paused shorter
+//!   and longer than T;
 //! - the holder's agent frozen (SIGSTOP) while its keeper runs;
 //! - a second machine with the same node id.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,58 +21,13 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::sync::watch;
 
 use crate::common::agent::{
     assert_no_overlap, bound_for, dump, events, fast, hooks, start, starts, timing_slot, wait_for,
     wall_ns, Agent, Line, R,
 };
-use crate::common::etcd_server::EtcdServer;
-use crate::common::nats_server::NatsServer;
-
-/// A store server the fault tests can freeze and reach through a proxy.
-trait StoreServer {
-    /// The store URL of `putex --store`.
-    fn url(&self) -> String;
-    /// Freezes the server (SIGSTOP): calls get no answer.
-    fn pause(&self);
-    /// Thaws it (SIGCONT).
-    fn resume(&self);
-    /// A suffix for the tags of test services' `sleep` arguments: a
-    /// service a failed test leaves behind on one store is never taken for
-    /// the other store's.
-    fn tag(&self) -> &'static str;
-}
-
-impl StoreServer for NatsServer {
-    fn url(&self) -> String {
-        self.url.clone()
-    }
-    fn pause(&self) {
-        NatsServer::pause(self);
-    }
-    fn resume(&self) {
-        NatsServer::resume(self);
-    }
-    fn tag(&self) -> &'static str {
-        ""
-    }
-}
-
-impl StoreServer for EtcdServer {
-    fn url(&self) -> String {
-        format!("etcd://{}", self.endpoint())
-    }
-    fn pause(&self) {
-        EtcdServer::pause(self);
-    }
-    fn resume(&self) {
-        EtcdServer::resume(self);
-    }
-    fn tag(&self) -> &'static str {
-        "7"
-    }
-}
+use crate::common::proxy::{Mode, Proxy};
+use crate::common::store::Backend;
 
 /// A test on a real nats-server and on a real single-member etcd: a
 /// module `$name` with the tests `nats` and `etcd`, each calling
@@ -85,13 +40,13 @@ macro_rules! on_nats_and_etcd {
             #[test]
             fn nats() {
                 let _slot = timing_slot();
-                $body(&NatsServer::start());
+                $body(&Backend::nats());
             }
 
             #[test]
             fn etcd() {
                 let _slot = timing_slot();
-                $body(&EtcdServer::start());
+                $body(&Backend::etcd());
             }
         }
     };
@@ -346,13 +301,13 @@ on_nats_and_etcd!(
     k_failed_active_checks_step_down_with_a_release
 );
 
-fn k_failed_active_checks_step_down_with_a_release(server: &dyn StoreServer) {
+fn k_failed_active_checks_step_down_with_a_release(server: &Backend) {
     tries("checks failed", || k_failed_try(server));
 }
 
 /// One try of the step-down test; `Err` when the holder lapsed before its
 /// checks began to fail.
-fn k_failed_try(server: &dyn StoreServer) -> Result<(), String> {
+fn k_failed_try(server: &Backend) -> Result<(), String> {
     let mut c = Cluster::new(&server.url());
     // K = 2 < F = 3. With K = F the K-th failed check races the licence: the
     // holder skipped K − 1 renewals, so its licence ends just as the K-th
@@ -413,7 +368,7 @@ on_nats_and_etcd!(
     flapping_health_changes_nothing_under_hysteresis
 );
 
-fn flapping_health_changes_nothing_under_hysteresis(server: &dyn StoreServer) {
+fn flapping_health_changes_nothing_under_hysteresis(server: &Backend) {
     let mut c = Cluster::new(&server.url());
     // A flapping holder fails every other check. With K = 3, one passing
     // check that times out on a loaded machine (a timeout counts as a
@@ -516,7 +471,7 @@ on_nats_and_etcd!(
 /// left idle for nothing). Timed from the agents' own decisions (their
 /// logged transitions), not from hooks, whose delays a loaded machine
 /// stretches.
-fn a_service_failing_everywhere_rotates_with_back_off(server: &dyn StoreServer) {
+fn a_service_failing_everywhere_rotates_with_back_off(server: &Backend) {
     let mut c = Cluster::new(&server.url());
     let extra = ["--start-grace", "0s", "--unhealthy", "1"];
     let nodes = ["n1", "n2", "n3"];
@@ -639,77 +594,6 @@ fn a_service_failing_everywhere_rotates_with_back_off(server: &dyn StoreServer) 
 // ---------------------------------------------------------------------------
 // The store out of reach.
 
-/// A TCP proxy on loopback in front of the store server, with a switch: cut
-/// closes every forwarded connection and holds new ones without forwarding
-/// anything (a black hole); heal drops the held ones and forwards again.
-struct Proxy {
-    url: String,
-    cut: Arc<AtomicBool>,
-    epoch: watch::Sender<u64>,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl Proxy {
-    /// A proxy in front of the store at `upstream` (`nats://ADDR` or
-    /// `etcd://ADDR`); its `url` is the same kind of URL.
-    fn start(upstream: &str) -> Proxy {
-        let (scheme, addr) = upstream.split_once("://").expect("a store URL");
-        let upstream: SocketAddr = addr.parse().expect("upstream address");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
-        let cut = Arc::new(AtomicBool::new(false));
-        let epoch = watch::Sender::new(0u64);
-        let (cut2, epoch2) = (cut.clone(), epoch.clone());
-        rt.spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let mut changed = epoch2.subscribe();
-                let blackhole = cut2.load(Ordering::SeqCst);
-                tokio::spawn(async move {
-                    if blackhole {
-                        let _ = changed.changed().await;
-                        return;
-                    }
-                    let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    // Without it Nagle and delayed acknowledgements hold
-                    // etcd's small gRPC frames for 40 ms (a p99 compare-
-                    // and-swap of 48 ms, and `putex run` refuses R = 100 ms).
-                    let _ = inbound.set_nodelay(true);
-                    let _ = out.set_nodelay(true);
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
-                        _ = changed.changed() => {}
-                    }
-                });
-            }
-        });
-        Proxy {
-            url,
-            cut,
-            epoch,
-            _rt: rt,
-        }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.epoch.send_modify(|e| *e += 1);
-    }
-
-    fn heal(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-        self.epoch.send_modify(|e| *e += 1);
-    }
-}
-
 /// After a fault: one node runs the service and it stays so for a while.
 fn assert_one_active_and_stable(c: &Cluster, within: Duration) {
     assert!(
@@ -729,21 +613,24 @@ on_nats_and_etcd!(
     the_holder_cut_off_from_the_store_stops_before_anyone_starts
 );
 
-fn the_holder_cut_off_from_the_store_stops_before_anyone_starts(server: &dyn StoreServer) {
+fn the_holder_cut_off_from_the_store_stops_before_anyone_starts(server: &Backend) {
     tries("cut", || cut_off_try(server));
 }
 
 /// One try of the cut-off test; `Err` when the holder lapsed before the cut.
 /// A later try runs on the same store once the earlier try's agents are
 /// gone: n1 takes their stale record over (after W + G) and goes on.
-fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
+fn cut_off_try(server: &Backend) -> Result<(), String> {
     let url = server.url();
-    let proxy = Proxy::start(&url);
+    // n1 reaches the store through a proxy: cut, it loses its connections
+    // and new ones hang.
+    let proxy = Proxy::start_blocking(server.addr()).unwrap();
+    let via = server.url_via(proxy.addr());
     let mut c = Cluster::new(&url);
-    c.try_steady(("n1", Some(&proxy.url)), &["n2", "n3"], &[])?;
+    c.try_steady(("n1", Some(&via)), &["n2", "n3"], &[])?;
 
     let cut = wall_ns();
-    proxy.cut();
+    proxy.set(Mode::Cut);
     assert!(
         wait_for(bound_for(&url) * 3, || c.starts().len() >= 2),
         "nobody took over from the isolated holder\n{}",
@@ -782,7 +669,7 @@ fn cut_off_try(server: &dyn StoreServer) -> Result<(), String> {
 
     // Healed: the old holder reconnects and stays a standby; one active.
     let healed = Instant::now();
-    proxy.heal();
+    proxy.set(Mode::Pass);
     if url.starts_with("nats:") {
         assert!(
             c.wait_log("n1", "event: connected", 2, Duration::from_secs(8)),
@@ -863,7 +750,7 @@ on_nats_and_etcd!(
     a_store_pause_shorter_than_t_changes_nothing
 );
 
-fn a_store_pause_shorter_than_t_changes_nothing(server: &dyn StoreServer) {
+fn a_store_pause_shorter_than_t_changes_nothing(server: &Backend) {
     // R = 500 ms (T = 1.5 s) and pauses of T/3: each pause outlasts a
     // renewal's turn, so a renewal is held or times out in it, and still
     // leaves a second of the licence for the store to answer again. With
@@ -901,12 +788,12 @@ on_nats_and_etcd!(
     a_store_pause_longer_than_t_lapses_the_holder_then_one_active
 );
 
-fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &dyn StoreServer) {
+fn a_store_pause_longer_than_t_lapses_the_holder_then_one_active(server: &Backend) {
     tries("pause", || store_pause_try(server));
 }
 
 /// One try of the pause test; `Err` when the holder lapsed before the pause.
-fn store_pause_try(server: &dyn StoreServer) -> Result<(), String> {
+fn store_pause_try(server: &Backend) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
     c.try_steady(("n1", None), &["n2", "n3"], &[])?;
@@ -966,12 +853,12 @@ on_nats_and_etcd!(
 /// keeper's work: the holder lapsed on its own, and the test tries again
 /// (it once took that stop for the keeper's and underflowed computing
 /// "stop − freeze").
-fn a_frozen_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+fn a_frozen_agent_is_covered_by_its_keeper(server: &Backend) {
     tries("freeze", || frozen_agent_try(server));
 }
 
 /// One try of the freeze test; `Err` when the holder lapsed before it.
-fn frozen_agent_try(server: &dyn StoreServer) -> Result<(), String> {
+fn frozen_agent_try(server: &Backend) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
     c.try_steady(("n1", None), &["n2", "n3"], &[])?;
@@ -1027,12 +914,12 @@ on_nats_and_etcd!(
     a_killed_agent_is_covered_by_its_keeper
 );
 
-fn a_killed_agent_is_covered_by_its_keeper(server: &dyn StoreServer) {
+fn a_killed_agent_is_covered_by_its_keeper(server: &Backend) {
     tries("kill", || killed_agent_try(server));
 }
 
 /// One try of the kill test; `Err` when the holder lapsed before the kill.
-fn killed_agent_try(server: &dyn StoreServer) -> Result<(), String> {
+fn killed_agent_try(server: &Backend) -> Result<(), String> {
     let url = server.url();
     let mut c = Cluster::new(&url);
     c.try_steady(("n1", None), &["n2", "n3"], &[])?;
@@ -1088,7 +975,7 @@ on_nats_and_etcd!(
     a_duplicate_node_id_from_another_machine_is_refused
 );
 
-fn a_duplicate_node_id_from_another_machine_is_refused(server: &dyn StoreServer) {
+fn a_duplicate_node_id_from_another_machine_is_refused(server: &Backend) {
     let mut c = Cluster::new(&server.url());
     c.start("n1", None, &[], &[("PUTEX_MACHINE_ID", "machine-a")]);
     assert!(
@@ -1231,7 +1118,7 @@ on_nats_and_etcd!(
 /// else starts — or keep the lock. On the old code the holder reported the
 /// stop proven with nothing killed, and the standby's service started
 /// beside the old one.
-fn r15_a_killed_keeper_without_cgroups_never_leaves_two_services(server: &dyn StoreServer) {
+fn r15_a_killed_keeper_without_cgroups_never_leaves_two_services(server: &Backend) {
     let (tag_a, tag_b) = (format!("81{}", server.tag()), format!("82{}", server.tag()));
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
@@ -1282,7 +1169,7 @@ on_nats_and_etcd!(
 /// too. The agent and its keeper die together (the service's processes,
 /// orphaned, live on); the restarted agent's fresh keeper knows nothing of
 /// them, but the persisted snapshot does.
-fn r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first(server: &dyn StoreServer) {
+fn r16_a_restarted_agent_kills_the_orphans_of_a_dead_keeper_first(server: &Backend) {
     let (tag_a, tag_b) = (format!("83{}", server.tag()), format!("84{}", server.tag()));
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
@@ -1324,7 +1211,7 @@ on_nats_and_etcd!(
 /// Issue 14 item 3: in hook mode the activate hook runs only once the
 /// keeper holds the deadline. A keeper that cannot answer (here SIGSTOPped)
 /// keeps the node `confirming`; the hook runs once the keeper is back.
-fn r17_the_activate_hook_waits_for_the_keepers_arm(server: &dyn StoreServer) {
+fn r17_the_activate_hook_waits_for_the_keepers_arm(server: &Backend) {
     let mut c = Cluster::new(&server.url());
     c.start("n1", None, &[], &[]);
     assert!(
@@ -1365,7 +1252,7 @@ on_nats_and_etcd!(
 
 /// Issue 14 item 4: a restarted agent does not resume a tenure whose keeper
 /// is still stopping the service: it makes its start-up stop instead.
-fn r18_a_keeper_still_stopping_is_not_resumed(server: &dyn StoreServer) {
+fn r18_a_keeper_still_stopping_is_not_resumed(server: &Backend) {
     let tag = format!("1000.851{}", server.tag());
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
@@ -1438,7 +1325,7 @@ on_nats_and_etcd!(
 /// standby does not start, for many times W + G. Once a stop succeeds the
 /// lock is released and the standby starts at once. (On the old code the
 /// holder gave the lease up and the standby started beside the service.)
-fn r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven(server: &dyn StoreServer) {
+fn r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven(server: &Backend) {
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
     let ev = dir.path().join("events");

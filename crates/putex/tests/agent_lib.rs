@@ -25,8 +25,8 @@ use crate::agent_http::http_get;
 use crate::common::agent::{
     assert_no_overlap, bound, events, putex_bin, starts, timing_slot, wall_ns, Line, TimingSlot, R,
 };
-use crate::common::n;
 use crate::common::nats_server::NatsServer;
+use crate::common::{n, runtime};
 
 /// The fast profile (R = 100 ms, F = 3, C = 1) with the hooks writing to
 /// `events`, the keeper directory `keeper_dir` and the built binary as the
@@ -188,14 +188,6 @@ impl Bed {
             "nobody activated"
         );
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {

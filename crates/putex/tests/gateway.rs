@@ -6,13 +6,13 @@
 use std::time::{Duration, Instant};
 
 use putex::core::Drift;
-use putex::locks::gateway::{AcquireError, AcquireRequest, Gateway, GatewayOptions};
+use putex::locks::gateway::{AcquireError, Gateway, GatewayOptions};
+use putex::store::{AnyStore, SqliteStore};
+
+use crate::common::{acquire_request as req, n, warm};
 
 /// The grant deadline D: a lock's record advertises its lifetime + D.
 const DEADLINE: Duration = putex::locks::gateway::DEFAULT_GRANT_DEADLINE;
-use putex::store::{AnyStore, SqliteStore};
-
-use crate::common::n;
 
 async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
     let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
@@ -27,37 +27,6 @@ async fn gateway(dir: &tempfile::TempDir, node: &str) -> Gateway {
             grant_deadline: DEADLINE,
         },
     )
-}
-
-fn req(resource: &str, wait_ms: u64, lifetime_ms: u64) -> AcquireRequest {
-    AcquireRequest {
-        resource: resource.parse().unwrap(),
-        title: "test".into(),
-        wait: Duration::from_millis(wait_ms),
-        lifetime: Duration::from_millis(lifetime_ms),
-    }
-}
-
-/// First use of a name waits W + G (S4), also when the request gives up:
-/// the gateway finishes the takeover in the background and releases.
-async fn warm(g: &Gateway, resource: &str) {
-    if let Ok(l) = g.acquire(req(resource, 100, 500)).await {
-        assert!(g.release(&n(resource), &n(&l.uid)).await.unwrap());
-        return;
-    }
-    let started = Instant::now();
-    loop {
-        match g.acquire(req(resource, 100, 500)).await {
-            Ok(l) => {
-                assert!(g.release(&n(resource), &n(&l.uid)).await.unwrap());
-                return;
-            }
-            Err(AcquireError::Timeout) if started.elapsed() < Duration::from_secs(5) => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,45 +5,50 @@
 //!
 //! Every section uses `--ttl 1s` (R = 100 ms, F = 10, G = 200 ms, W ≈ 1.02 s).
 
-use std::net::SocketAddr;
+use std::borrow::BorrowMut;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use putex::locks::queue::Waiter;
 use putex::store::{keys, AnyStore, SqliteStore, Store};
 
-use crate::common::agent::{putex, putex_json, timing_slot, KillOnDrop};
-use crate::common::etcd_server::EtcdServer;
-use crate::common::nats_server::NatsServer;
+use crate::common::agent::{
+    putex, putex_json, putex_lock, putex_sh, timing_slot, wall_ns, KillOnDrop,
+};
 use crate::common::proxy::{Mode, Proxy};
+use crate::common::store::Backend;
+use crate::common::{on_stores, runtime};
 
-/// A scratch directory, a store URL and the keeper directory.
+/// A scratch directory (with the keepers' sockets in `keepers`), a store
+/// URL and the store's server (or SQLite file), stopped with it.
 struct Env {
     dir: tempfile::TempDir,
     url: String,
+    server: Backend,
 }
 
 impl Env {
+    fn on(server: Backend) -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+            url: server.url(),
+            server,
+        }
+    }
+
     fn sqlite() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("store.db").display());
-        Env { dir, url }
+        Env::on(Backend::sqlite())
     }
 
-    fn nats(server: &NatsServer) -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-            url: server.url.clone(),
-        }
+    fn nats() -> Env {
+        Env::on(Backend::nats())
     }
 
-    fn etcd(server: &EtcdServer) -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-            url: format!("etcd://{}", server.endpoint()),
-        }
+    fn etcd() -> Env {
+        Env::on(Backend::etcd())
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -62,16 +67,7 @@ impl Env {
 
     /// [`Env::lock_via`] with another `--ttl`.
     fn lock_ttl(&self, url: &str, name: &str, ttl: &str, args: &[&str], script: &str) -> Command {
-        let mut c = putex();
-        c.current_dir(self.dir.path())
-            .env("D", self.dir.path())
-            .env("PUTEX_KEEPER_DIR", self.dir.path().join("keepers"))
-            .env("RUST_LOG", "warn")
-            .args(["lock", name, "--ttl", ttl, "--store", url])
-            .args(args)
-            .args(["--", "sh", "-c", script])
-            .stdin(Stdio::null());
-        c
+        putex_lock(self.dir.path(), url, name, ttl, args, script)
     }
 
     fn read(&self, name: &str) -> String {
@@ -91,15 +87,42 @@ impl Env {
     }
 }
 
-fn run(mut c: Command) -> (ExitStatus, String) {
-    let out = c.output().unwrap();
+/// Runs `c`: its exit status and stderr.
+fn run(mut c: impl BorrowMut<Command>) -> (ExitStatus, String) {
+    let out = c.borrow_mut().output().unwrap();
     (
         out.status,
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
 
-fn code(c: Command) -> i32 {
+/// Spawns `c` as node `node` (`PUTEX_NODE`), its stderr piped for
+/// [`wait_all`].
+fn spawn_as(mut c: Command, node: &str) -> Child {
+    c.env("PUTEX_NODE", node).stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// Waits for every one of `children`: nothing is asserted before all have
+/// ended.
+fn wait_all(children: Vec<Child>) -> Vec<Output> {
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+/// `out` exited 0; its stderr shows otherwise.
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn code(c: impl BorrowMut<Command>) -> i32 {
     let (status, stderr) = run(c);
     status
         .code()
@@ -195,22 +218,11 @@ fn counter_is_exact(env: &Env) {
     }
 }
 
-#[test]
-fn eight_clients_count_exactly_on_nats() {
-    let server = NatsServer::start();
-    counter_is_exact(&Env::nats(&server));
-}
-
-#[test]
-fn eight_clients_count_exactly_on_sqlite() {
-    counter_is_exact(&Env::sqlite());
-}
-
-#[test]
-fn eight_clients_count_exactly_on_etcd() {
-    let server = EtcdServer::start();
-    counter_is_exact(&Env::etcd(&server));
-}
+on_stores!(Env, counter_is_exact =>
+    eight_clients_count_exactly_on_nats: nats,
+    eight_clients_count_exactly_on_sqlite: sqlite,
+    eight_clients_count_exactly_on_etcd: etcd,
+);
 
 /// Two hosts that run `putex lock` with one node id (S5): the waiter sees
 /// a live record with its own node id from another machine and ends with
@@ -318,11 +330,9 @@ fn exit_codes_pass_through_and_conflicts_are_75() {
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), Some(0));
     // Released: the next one starts at once.
     let started = Instant::now();
-    let (status, stderr) = run({
-        let mut c = env.lock("codes", &["--no-wait"], "true");
-        c.env("RUST_LOG", "info");
-        c
-    });
+    let (status, stderr) = run(env
+        .lock("codes", &["--no-wait"], "true")
+        .env("RUST_LOG", "info"));
     assert!(status.success(), "{status:?}: {stderr}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
@@ -365,6 +375,14 @@ const CHECK: &str = r#"for p in $(cat "$D/pids"); do
 done > "$D/check"
 echo started >> "$D/second""#;
 
+/// The first holder of `fault`, through `url`: its [`HOLD`] section, once
+/// its command and grandchild run.
+fn first_holder(env: &Env, url: &str) -> Child {
+    let first = env.lock_via(url, "fault", &[], HOLD).spawn().unwrap();
+    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    first
+}
+
 fn second_holder_finds_the_first_tree_gone(env: &Env, url: &str) {
     let (status, stderr) = run(env.lock_via(url, "fault", &["--wait", "30s"], CHECK));
     assert!(status.success(), "{status:?}: {stderr}");
@@ -379,12 +397,10 @@ fn second_holder_finds_the_first_tree_gone(env: &Env, url: &str) {
 /// The holder's store connection goes through a proxy that then
 /// blackholes: CMD is stopped before a second holder (connected directly)
 /// starts, and the first reports the lost lock (76).
-fn holder_cut_off_loses_its_command_first(env: &Env, store: SocketAddr, scheme: &str) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let proxy = rt.block_on(Proxy::start(store)).unwrap();
-    let via = format!("{scheme}://{}", proxy.addr());
-    let mut first = env.lock_via(&via, "fault", &[], HOLD).spawn().unwrap();
-    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+fn holder_cut_off_loses_its_command_first(env: &Env) {
+    let proxy = Proxy::start_blocking(env.server.addr()).unwrap();
+    let via = env.server.url_via(proxy.addr());
+    let mut first = first_holder(env, &via);
     proxy.set(Mode::Blackhole);
     second_holder_finds_the_first_tree_gone(env, &env.url);
     assert_eq!(
@@ -395,29 +411,17 @@ fn holder_cut_off_loses_its_command_first(env: &Env, store: SocketAddr, scheme: 
     drop(proxy);
 }
 
-#[test]
-fn a_holder_cut_off_from_the_store_loses_its_command_first() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    let addr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
-    holder_cut_off_loses_its_command_first(&Env::nats(&server), addr, "nats");
-}
-
-#[test]
-fn a_holder_cut_off_from_the_store_loses_its_command_first_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    let addr = server.endpoint().parse().unwrap();
-    holder_cut_off_loses_its_command_first(&Env::etcd(&server), addr, "etcd");
-}
+on_stores!(timing_slot; Env, holder_cut_off_loses_its_command_first =>
+    a_holder_cut_off_from_the_store_loses_its_command_first: nats,
+    a_holder_cut_off_from_the_store_loses_its_command_first_on_etcd: etcd,
+);
 
 /// On NATS: frozen inside an SQLite write transaction (a renewal is one
 /// every R), the holder would keep the file locked for every other
 /// process until it thaws — the embedded store's single writer, not what
 /// this test is about (CI s20c: "database is locked" once).
 fn frozen_holder_loses_its_command_to_the_keeper(env: &Env) {
-    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
-    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    let mut first = first_holder(env, &env.url);
     let pid = Pid::from_raw(first.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
     second_holder_finds_the_first_tree_gone(env, &env.url);
@@ -425,41 +429,22 @@ fn frozen_holder_loses_its_command_to_the_keeper(env: &Env) {
     assert_eq!(wait_exit(&mut first, Duration::from_secs(15)), Some(76));
 }
 
-#[test]
-fn a_frozen_holder_loses_its_command_to_the_keeper() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    frozen_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
-}
-
-#[test]
-fn a_frozen_holder_loses_its_command_to_the_keeper_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    frozen_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
-}
+on_stores!(timing_slot; Env, frozen_holder_loses_its_command_to_the_keeper =>
+    a_frozen_holder_loses_its_command_to_the_keeper: nats,
+    a_frozen_holder_loses_its_command_to_the_keeper_on_etcd: etcd,
+);
 
 fn killed_holder_loses_its_command_to_the_keeper(env: &Env) {
-    let mut first = env.lock("fault", &[], HOLD).spawn().unwrap();
-    env.wait_for_lines("pids", 2, Duration::from_secs(15));
+    let mut first = first_holder(env, &env.url);
     first.kill().unwrap();
     first.wait().unwrap();
     second_holder_finds_the_first_tree_gone(env, &env.url);
 }
 
-#[test]
-fn a_killed_holder_loses_its_command_to_the_keeper() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    killed_holder_loses_its_command_to_the_keeper(&Env::nats(&server));
-}
-
-#[test]
-fn a_killed_holder_loses_its_command_to_the_keeper_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    killed_holder_loses_its_command_to_the_keeper(&Env::etcd(&server));
-}
+on_stores!(timing_slot; Env, killed_holder_loses_its_command_to_the_keeper =>
+    a_killed_holder_loses_its_command_to_the_keeper: nats,
+    a_killed_holder_loses_its_command_to_the_keeper_on_etcd: etcd,
+);
 
 #[test]
 fn max_duration_stops_a_hung_command() {
@@ -479,39 +464,23 @@ fn max_duration_stops_a_hung_command() {
     assert_eq!(code(env.lock("hung", &["--no-wait"], "true")), 0);
 }
 
-#[test]
-fn once_per_runs_once_across_five_hosts() {
-    let server = NatsServer::start();
-    runs_once_across_five_hosts(&Env::nats(&server));
-}
-
-#[test]
-fn once_per_runs_once_across_five_hosts_on_etcd() {
-    let server = EtcdServer::start();
-    runs_once_across_five_hosts(&Env::etcd(&server));
-}
+on_stores!(Env, runs_once_across_five_hosts =>
+    once_per_runs_once_across_five_hosts: nats,
+    once_per_runs_once_across_five_hosts_on_etcd: etcd,
+);
 
 fn runs_once_across_five_hosts(env: &Env) {
     let hosts: Vec<Child> = (0..5)
         .map(|i| {
-            let mut c = env.lock(
-                "daily",
-                &["--once-per", "24h"],
-                r#"echo "$PUTEX_NODE" >> "$D/runs"; sleep 0.2"#,
-            );
-            c.env("PUTEX_NODE", format!("host{i}"))
-                .stderr(Stdio::piped());
-            c.spawn().unwrap()
+            let script = r#"echo "$PUTEX_NODE" >> "$D/runs"; sleep 0.2"#;
+            spawn_as(
+                env.lock("daily", &["--once-per", "24h"], script),
+                &format!("host{i}"),
+            )
         })
         .collect();
-    for h in hosts {
-        let out = h.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{:?}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for out in wait_all(hosts) {
+        assert_success(&out);
     }
     assert_eq!(env.read("runs").lines().count(), 1, "{}", env.read("runs"));
     let (status, stderr) =
@@ -544,20 +513,10 @@ rmdir "$D/slot.$PUTEX_SLOT"
 rm "$D/in.$$"
 echo "$PUTEX_SLOT" >> "$D/slots""#;
     let clients: Vec<Child> = (0..6)
-        .map(|i| {
-            let mut c = env.lock("sem", &["--limit", "2"], script);
-            c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
-            c.spawn().unwrap()
-        })
+        .map(|i| spawn_as(env.lock("sem", &["--limit", "2"], script), &format!("c{i}")))
         .collect();
-    for c in clients {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{:?}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for out in wait_all(clients) {
+        assert_success(&out);
     }
     assert_eq!(env.read("bad"), "");
     let slots: Vec<String> = env.read("slots").lines().map(str::to_owned).collect();
@@ -576,22 +535,11 @@ echo "$PUTEX_SLOT" >> "$D/slots""#;
     assert_eq!(v["semaphores"][0]["slots"][1]["state"], "released", "{v}");
 }
 
-#[test]
-fn semaphore_admits_two_on_nats() {
-    let server = NatsServer::start();
-    semaphore_admits_two(&Env::nats(&server));
-}
-
-#[test]
-fn semaphore_admits_two_on_sqlite() {
-    semaphore_admits_two(&Env::sqlite());
-}
-
-#[test]
-fn semaphore_admits_two_on_etcd() {
-    let server = EtcdServer::start();
-    semaphore_admits_two(&Env::etcd(&server));
-}
+on_stores!(Env, semaphore_admits_two =>
+    semaphore_admits_two_on_nats: nats,
+    semaphore_admits_two_on_sqlite: sqlite,
+    semaphore_admits_two_on_etcd: etcd,
+);
 
 /// The most sections inside at once, from the `+ NS` / `- NS` lines that
 /// [`inside`] sections append to `$D/ev` (a section's `-` is written before
@@ -636,24 +584,14 @@ fn run_at_once(
     let started = Instant::now();
     let children: Vec<Child> = (0..clients)
         .map(|i| {
-            let mut c = env.lock_ttl(&env.url, name, ttl, args, &inside(secs));
-            c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
-            c.spawn().unwrap()
+            let c = env.lock_ttl(&env.url, name, ttl, args, &inside(secs));
+            spawn_as(c, &format!("c{i}"))
         })
         .collect();
-    // Every client is waited for before anything is asserted.
-    let outs: Vec<_> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
+    let outs = wait_all(children);
     let took = started.elapsed();
     for out in outs {
-        assert!(
-            out.status.success(),
-            "{:?}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
     }
     assert_eq!(
         env.read("ev").lines().count(),
@@ -684,12 +622,10 @@ fn semaphore_runs_n_at_once(env: &Env, limit: u32, clients: usize, secs: f64, tt
     assert!(took < serial * 3 / 4, "{clients} × {secs}s took {took:?}");
 }
 
-#[test]
-fn semaphore_runs_n_at_once_on_nats() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    semaphore_runs_n_at_once(&Env::nats(&server), 2, 6, 1.0, "1s");
-}
+on_stores!(timing_slot; Env, |env: &Env| semaphore_runs_n_at_once(env, 2, 6, 1.0, "1s") =>
+    semaphore_runs_n_at_once_on_nats: nats,
+    semaphore_runs_n_at_once_on_etcd: etcd,
+);
 
 #[test]
 fn semaphore_runs_n_at_once_on_sqlite() {
@@ -701,13 +637,6 @@ fn semaphore_runs_n_at_once_on_sqlite() {
     // CI run (exit 76), which is the load, not the semaphore. Hand-offs go
     // by release and watch, not by R, so the timing assertion stands.
     semaphore_runs_n_at_once(&Env::sqlite(), 4, 8, 1.5, "3s");
-}
-
-#[test]
-fn semaphore_runs_n_at_once_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    semaphore_runs_n_at_once(&Env::etcd(&server), 2, 6, 1.0, "1s");
 }
 
 /// A lone first client of a fresh semaphore creates every slot (one agent
@@ -744,25 +673,11 @@ fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients(env: &Env) {
     assert_eq!(most_inside(env), 2);
 }
 
-#[test]
-fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_sqlite() {
-    let _slot = timing_slot();
-    a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::sqlite());
-}
-
-#[test]
-fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_nats() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::nats(&server));
-}
-
-#[test]
-fn a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    a_fresh_semaphore_leaves_its_other_slots_to_later_clients(&Env::etcd(&server));
-}
+on_stores!(timing_slot; Env, a_fresh_semaphore_leaves_its_other_slots_to_later_clients =>
+    a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_sqlite: sqlite,
+    a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_nats: nats,
+    a_fresh_semaphore_leaves_its_other_slots_to_later_clients_on_etcd: etcd,
+);
 
 /// Clients of a fresh name started at once, half with `--limit 1`, half
 /// with `--limit 3`: the first definition wins, every client of the other
@@ -772,21 +687,19 @@ fn disagreeing_limits_never_overlap(env: &Env) {
     for round in 0..2 {
         let name = format!("mixed{round}");
         let _ = std::fs::remove_file(env.path("ev"));
-        let children: Vec<(u32, Child)> = [1, 3, 1, 3]
-            .into_iter()
+        let limits: [u32; 4] = [1, 3, 1, 3];
+        let children: Vec<Child> = limits
+            .iter()
             .enumerate()
             .map(|(i, limit)| {
                 let n = limit.to_string();
-                let mut c = env.lock(&name, &["--limit", &n], &inside(1.0));
-                c.env("PUTEX_NODE", format!("c{i}")).stderr(Stdio::piped());
-                (limit, c.spawn().unwrap())
+                spawn_as(
+                    env.lock(&name, &["--limit", &n], &inside(1.0)),
+                    &format!("c{i}"),
+                )
             })
             .collect();
-        // Every client is waited for before anything is asserted.
-        let outs: Vec<(u32, std::process::Output)> = children
-            .into_iter()
-            .map(|(limit, c)| (limit, c.wait_with_output().unwrap()))
-            .collect();
+        let outs = limits.into_iter().zip(wait_all(children));
         let mut ran = Vec::new();
         let mut refused = Vec::new();
         for (limit, out) in outs {
@@ -822,22 +735,11 @@ fn disagreeing_limits_never_overlap(env: &Env) {
     }
 }
 
-#[test]
-fn disagreeing_limits_never_overlap_on_sqlite() {
-    disagreeing_limits_never_overlap(&Env::sqlite());
-}
-
-#[test]
-fn disagreeing_limits_never_overlap_on_nats() {
-    let server = NatsServer::start();
-    disagreeing_limits_never_overlap(&Env::nats(&server));
-}
-
-#[test]
-fn disagreeing_limits_never_overlap_on_etcd() {
-    let server = EtcdServer::start();
-    disagreeing_limits_never_overlap(&Env::etcd(&server));
-}
+on_stores!(Env, disagreeing_limits_never_overlap =>
+    disagreeing_limits_never_overlap_on_sqlite: sqlite,
+    disagreeing_limits_never_overlap_on_nats: nats,
+    disagreeing_limits_never_overlap_on_etcd: etcd,
+);
 
 /// The lock is lost between CMD's run and its record: CMD logs its run,
 /// freezes its own putex (SIGSTOP) and exits 0, so no renewal or record
@@ -885,17 +787,10 @@ fn once_lost_before_the_record(env: &Env, mode: &str) -> (Vec<String>, String) {
 // On NATS and etcd: a process frozen inside an SQLite write transaction
 // would hold the file's write lock, and the second host could not even
 // open the store (docs/stores.md, "a frozen writer blocks everyone").
-#[test]
-fn once_at_most_never_runs_twice_when_the_lock_is_lost() {
-    let server = NatsServer::start();
-    at_most_never_runs_twice_when_the_lock_is_lost(&Env::nats(&server));
-}
-
-#[test]
-fn once_at_most_never_runs_twice_when_the_lock_is_lost_on_etcd() {
-    let server = EtcdServer::start();
-    at_most_never_runs_twice_when_the_lock_is_lost(&Env::etcd(&server));
-}
+on_stores!(Env, at_most_never_runs_twice_when_the_lock_is_lost =>
+    once_at_most_never_runs_twice_when_the_lock_is_lost: nats,
+    once_at_most_never_runs_twice_when_the_lock_is_lost_on_etcd: etcd,
+);
 
 fn at_most_never_runs_twice_when_the_lock_is_lost(env: &Env) {
     let (runs, stderr) = once_lost_before_the_record(env, "at-most");
@@ -913,17 +808,10 @@ fn at_most_never_runs_twice_when_the_lock_is_lost(env: &Env) {
     assert_eq!(env.read("failing").lines().count(), 1);
 }
 
-#[test]
-fn once_at_least_runs_again_when_the_lock_is_lost() {
-    let server = NatsServer::start();
-    at_least_runs_again_when_the_lock_is_lost(&Env::nats(&server));
-}
-
-#[test]
-fn once_at_least_runs_again_when_the_lock_is_lost_on_etcd() {
-    let server = EtcdServer::start();
-    at_least_runs_again_when_the_lock_is_lost(&Env::etcd(&server));
-}
+on_stores!(Env, at_least_runs_again_when_the_lock_is_lost =>
+    once_at_least_runs_again_when_the_lock_is_lost: nats,
+    once_at_least_runs_again_when_the_lock_is_lost_on_etcd: etcd,
+);
 
 fn at_least_runs_again_when_the_lock_is_lost(env: &Env) {
     let (runs, second) = once_lost_before_the_record(env, "at-least");
@@ -989,11 +877,9 @@ fn the_host_remembers_the_highest_token_in_one_file_and_refuses_less() {
         format!(r#"{{"epoch":{},"revision":{}}}"#, last[0], revision + 1000),
     )
     .unwrap();
-    let (status, stderr) = run({
-        let mut c = env.lock("hs", &["--wait", "2s"], record);
-        c.env("RUST_LOG", "error");
-        c
-    });
+    let (status, stderr) = run(env
+        .lock("hs", &["--wait", "2s"], record)
+        .env("RUST_LOG", "error"));
     assert_eq!(status.code(), Some(75), "{stderr}");
     assert!(stderr.contains("STORE REGRESSED"), "{stderr}");
     assert_eq!(
@@ -1016,11 +902,8 @@ fn bad_input_is_refused_and_garbage_is_survived() {
         let (status, stderr) = run(env.lock(name, args, "true"));
         assert_eq!(status.code(), Some(64), "{args:?} {name:?}: {stderr}");
     }
-    let (status, stderr) = run({
-        let mut c = putex();
-        c.args(["lock", "job", "--store", "nosuch://x", "--", "true"]);
-        c
-    });
+    let (status, stderr) =
+        run(putex().args(["lock", "job", "--store", "nosuch://x", "--", "true"]));
     assert_eq!(status.code(), Some(64), "{stderr}");
     // A usage error is 64 also behind global options, and clap's 2 for
     // commands that do not use sysexits codes.
@@ -1033,17 +916,12 @@ fn bad_input_is_refused_and_garbage_is_survived() {
         (&["-v", "id", "claim"][..], 64),
         (&["--log-format", "json", "status", "--no-such-flag"][..], 2),
     ] {
-        let (status, stderr) = run({
-            let mut c = putex();
-            c.args(args);
-            c
-        });
+        let (status, stderr) = run(putex().args(args));
         assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
     }
     // Garbage written by someone else into the lock record: stale (S1), taken after W.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let store = AnyStore::from(SqliteStore::open(env.path("store.db")).await.unwrap());
+    runtime().block_on(async {
+        let store = env.server.open().await;
         store
             .create(
                 &keys::lock(&"garbage".parse().unwrap()),
@@ -1077,10 +955,6 @@ fn bad_input_is_refused_and_garbage_is_survived() {
     let _ = Path::new("");
 }
 
-fn now_ns() -> u128 {
-    crate::common::agent::wall_ns()
-}
-
 /// `start NAME NS` / `end NAME NS` lines of a section that sleeps `secs`.
 fn timed(name: &str, secs: f64) -> String {
     format!(
@@ -1102,19 +976,10 @@ fn times(env: &Env) -> Vec<(String, String, u128)> {
         .collect()
 }
 
-#[test]
-fn waiters_take_turns_in_arrival_order_within_milliseconds() {
-    let _slot = timing_slot();
-    let server = NatsServer::start();
-    waiters_take_turns(&Env::nats(&server));
-}
-
-#[test]
-fn waiters_take_turns_in_arrival_order_within_milliseconds_on_etcd() {
-    let _slot = timing_slot();
-    let server = EtcdServer::start();
-    waiters_take_turns(&Env::etcd(&server));
-}
+on_stores!(timing_slot; Env, waiters_take_turns =>
+    waiters_take_turns_in_arrival_order_within_milliseconds: nats,
+    waiters_take_turns_in_arrival_order_within_milliseconds_on_etcd: etcd,
+);
 
 fn waiters_take_turns(env: &Env) {
     assert_eq!(code(env.lock("fair", &[], "true")), 0);
@@ -1222,7 +1087,7 @@ fn a_dead_waiter_does_not_block_the_queue() {
     dead.wait().unwrap();
     let mut next = env.lock("queue", &[], &timed("next", 0.1)).spawn().unwrap();
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), Some(0));
-    let released = now_ns();
+    let released = wall_ns();
     assert_eq!(wait_exit(&mut next, Duration::from_secs(10)), Some(0));
     let t = times(&env);
     assert!(t.iter().all(|(_, n, _)| n != "dead"), "{t:?}");
@@ -1241,17 +1106,10 @@ fn a_dead_waiter_does_not_block_the_queue() {
 
 /// `putex id claim POOL --lease --ttl 1s -- sh -c SCRIPT`.
 fn leased_id(env: &Env, script: &str) -> Command {
-    let mut c = putex();
-    c.current_dir(env.dir.path())
-        .env("D", env.dir.path())
-        .env("PUTEX_KEEPER_DIR", env.dir.path().join("keepers"))
-        .env("RUST_LOG", "warn")
-        .args([
-            "id", "claim", "workers", "--range", "1-2", "--store", &env.url,
-        ])
-        .args(["--lease", "--ttl", "1s", "--", "sh", "-c", script])
-        .stdin(Stdio::null());
-    c
+    let claim = [
+        "id", "claim", "workers", "--range", "1-2", "--store", &env.url, "--lease", "--ttl", "1s",
+    ];
+    putex_sh(env.dir.path(), &claim, script)
 }
 
 #[test]
@@ -1322,8 +1180,7 @@ fn leased_ids_are_distinct_and_die_with_their_holder() {
 #[test]
 fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
     let _slot = timing_slot();
-    let server = NatsServer::start();
-    let env = Env::nats(&server);
+    let env = Env::nats();
     let mut first = env
         .lock("fault", &["--no-cgroup"], HOLD)
         .stderr(Stdio::piped())
@@ -1353,6 +1210,21 @@ fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
     second_holder_finds_the_first_tree_gone(&env, &env.url);
 }
 
+/// A waiter of node `n1` in line for `name` as `instance`, refreshing its
+/// ticket every R = 100 ms.
+fn queue_waiter(name: &str, instance: &str, store_timeout: Duration, patience: Duration) -> Waiter {
+    Waiter {
+        name: name.parse().unwrap(),
+        node: "n1".parse().unwrap(),
+        instance: instance.parse().unwrap(),
+        renew: Duration::from_millis(100),
+        store_timeout,
+        title: None,
+        asked: None,
+        patience,
+    }
+}
+
 /// Issue 14 item 14: a slow moment is not a failure. A queue ticket whose
 /// create keeps timing out (a busy store, a leader election: eight
 /// unknown outcomes in a row) is tried again, with back-off, for as long
@@ -1361,26 +1233,16 @@ fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
 /// which gave up after 5).
 #[test]
 fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
-    use putex::locks::queue::{Ticket, Waiter};
+    use putex::locks::queue::Ticket;
     use putex::store::memory::Fault;
     use putex::store::{AnyStore, MemoryStore};
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let mem = MemoryStore::new();
         let key = putex::store::keys::ticket(&"busy".parse().unwrap(), &"w1".parse().unwrap());
         for _ in 0..8 {
             mem.inject_on(&key, Fault::Stall);
         }
-        let waiter = |patience| Waiter {
-            name: "busy".parse().unwrap(),
-            node: "n1".parse().unwrap(),
-            instance: "w1".parse().unwrap(),
-            renew: Duration::from_millis(100),
-            store_timeout: Duration::from_millis(20),
-            title: None,
-            asked: None,
-            patience,
-        };
+        let waiter = |patience| queue_waiter("busy", "w1", Duration::from_millis(20), patience);
         let store = AnyStore::from(mem.clone());
         let started = Instant::now();
         let ticket = Ticket::join(store.clone(), waiter(Duration::from_secs(30)))
@@ -1395,8 +1257,12 @@ fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
         for _ in 0..100 {
             mem.inject_on(&key2, Fault::Stall);
         }
-        let mut w2 = waiter(Duration::from_millis(500));
-        w2.instance = "w2".parse().unwrap();
+        let w2 = queue_waiter(
+            "busy",
+            "w2",
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+        );
         let e = Ticket::join(store, w2).await.err().expect("gives up");
         assert!(e.is_unknown(), "{e}");
     });
@@ -1412,24 +1278,14 @@ fn r22_a_busy_store_does_not_fail_a_waiter_that_still_has_time() {
 /// of coming near the front — not after expiry(IDLE_REFRESH), 31 s.
 #[test]
 fn a_long_line_refreshes_only_its_front_and_skips_a_dead_waiter_far_back() {
-    use putex::locks::queue::{expiry, Ticket, TicketRecord, Waiter, IDLE_REFRESH, NEAR};
+    use putex::locks::queue::{expiry, Ticket, TicketRecord, IDLE_REFRESH, NEAR};
     use putex::store::{AnyStore, MemoryStore, ReadMode, Store};
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let store = AnyStore::from(MemoryStore::new());
         let renew = Duration::from_millis(100);
         let t = Duration::from_secs(1);
         let name: putex::store::Name = "line".parse().unwrap();
-        let waiter = |i: usize| Waiter {
-            name: name.clone(),
-            node: "n1".parse().unwrap(),
-            instance: format!("w{i:02}").parse().unwrap(),
-            renew,
-            store_timeout: t,
-            title: None,
-            asked: None,
-            patience: t,
-        };
+        let waiter = |i: usize| queue_waiter("line", &format!("w{i:02}"), t, t);
         let mut line = Vec::new();
         for i in 0..3 {
             line.push(Ticket::join(store.clone(), waiter(i)).await.unwrap());
@@ -1551,11 +1407,10 @@ fn a_long_line_refreshes_only_its_front_and_skips_a_dead_waiter_far_back() {
 /// keeps refreshing slowly.
 #[test]
 fn a_waiter_whose_coming_near_refresh_fails_tries_again_at_r() {
-    use putex::locks::queue::{Ticket, TicketRecord, Waiter, NEAR};
+    use putex::locks::queue::{Ticket, TicketRecord, NEAR};
     use putex::store::memory::Fault;
     use putex::store::{AnyStore, MemoryStore, ReadMode, Store};
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
+    runtime().block_on(async {
         let mem = MemoryStore::new();
         let store = AnyStore::from(mem.clone());
         let t = Duration::from_secs(1);
@@ -1563,16 +1418,7 @@ fn a_waiter_whose_coming_near_refresh_fails_tries_again_at_r() {
         let key = |i: usize| putex::store::keys::ticket(&name, &format!("w{i}").parse().unwrap());
         let mut line = Vec::new();
         for i in 0..(NEAR + 3) {
-            let waiter = Waiter {
-                name: name.clone(),
-                node: "n1".parse().unwrap(),
-                instance: format!("w{i}").parse().unwrap(),
-                renew: Duration::from_millis(100),
-                store_timeout: Duration::from_millis(200),
-                title: None,
-                asked: None,
-                patience: t,
-            };
+            let waiter = queue_waiter("busy-line", &format!("w{i}"), Duration::from_millis(200), t);
             line.push(Ticket::join(store.clone(), waiter).await.unwrap());
         }
         let near_at = |i: usize| {
@@ -1633,8 +1479,7 @@ fn a_program_runs_a_critical_section_with_the_putex_binary_as_its_keeper() {
     use putex::locks::section::{self, Outcome, SectionOptions, Wait};
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let outcome = rt.block_on(async {
+    let outcome = runtime().block_on(async {
         let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
         let timing = TimingConfig {
             renew: Duration::from_millis(100),
@@ -1763,47 +1608,31 @@ if "$P" kv get gone; then echo present >> "$D/got"; else echo "absent $?" >> "$D
         env.read("bad")
     );
     // Outside the section: readable with --store, not writable.
-    let get = |key: &str| {
-        let mut c = putex();
-        c.args(["kv", "get", key, "--store", &env.url]);
-        run_out(c)
-    };
+    let get = |key: &str| run_out(putex().args(["kv", "get", key, "--store", &env.url]));
     assert_eq!(get("greeting"), (0, "hello\n".to_owned()));
     assert_eq!(get("note"), (0, "second value\n\n".to_owned()));
     assert_eq!(get("gone").0, 1);
-    let mut list = putex();
-    list.args(["kv", "list", "gree", "--store", &env.url]);
-    assert_eq!(run_out(list), (0, "greeting\n".to_owned()));
-    let mut put = putex();
-    put.args(["kv", "put", "greeting", "outside"]);
-    let (status, stderr) = run(put);
+    assert_eq!(
+        run_out(putex().args(["kv", "list", "gree", "--store", &env.url])),
+        (0, "greeting\n".to_owned())
+    );
+    let (status, stderr) = run(putex().args(["kv", "put", "greeting", "outside"]));
     assert_eq!(status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("putex lock NAME -- CMD"), "{stderr}");
     assert_eq!(get("greeting"), (0, "hello\n".to_owned()));
 }
 
 /// Exit code and stdout of `c`.
-fn run_out(mut c: Command) -> (i32, String) {
-    let out = c.output().unwrap();
+fn run_out(mut c: impl BorrowMut<Command>) -> (i32, String) {
+    let out = c.borrow_mut().output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
 }
 
-#[test]
-fn kv_from_cmd_on_sqlite() {
-    kv_from_cmd(&Env::sqlite());
-}
-
-#[test]
-fn kv_from_cmd_on_nats() {
-    let server = NatsServer::start();
-    kv_from_cmd(&Env::nats(&server));
-}
-
-#[test]
-fn kv_from_cmd_on_etcd() {
-    let server = EtcdServer::start();
-    kv_from_cmd(&Env::etcd(&server));
-}
+on_stores!(Env, kv_from_cmd =>
+    kv_from_cmd_on_sqlite: sqlite,
+    kv_from_cmd_on_nats: nats,
+    kv_from_cmd_on_etcd: etcd,
+);

@@ -20,8 +20,7 @@ use crate::common::agent::{
     assert_no_overlap, bound_for, dump, events, fast, hooks, putex, start, starts, status_json,
     timing_slot, wait_for, wall_ns, Agent, R,
 };
-use crate::common::etcd_server::EtcdServer;
-use crate::common::nats_server::NatsServer;
+use crate::common::store::Backend;
 use putex_testkit::agent::output_text as text;
 
 /// A test on a real nats-server, on the embedded store and on a real etcd:
@@ -35,9 +34,9 @@ macro_rules! all_stores {
             #[test]
             fn nats() {
                 let _slot = timing_slot();
-                let server = NatsServer::start();
+                let server = Backend::nats();
                 let dir = tempfile::tempdir().unwrap();
-                $body(&server.url, dir.path());
+                $body(&server.url(), dir.path());
             }
 
             #[test]
@@ -51,9 +50,9 @@ macro_rules! all_stores {
             #[test]
             fn etcd() {
                 let _slot = timing_slot();
-                let server = EtcdServer::start();
+                let server = Backend::etcd();
                 let dir = tempfile::tempdir().unwrap();
-                $body(&format!("etcd://{}", server.endpoint()), dir.path());
+                $body(&server.url(), dir.path());
             }
         }
     };
@@ -1045,31 +1044,28 @@ mod operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holde
     #[test]
     fn nats() {
         let _slot = timing_slot();
-        let server = NatsServer::start();
+        let server = Backend::nats();
         let dir = tempfile::tempdir().unwrap();
-        let addr = format!("127.0.0.1:{}", server.port());
-        switchover_to_a_cut_off_target(&server.url, &addr, dir.path());
+        switchover_to_a_cut_off_target(&server, dir.path());
     }
 
     #[test]
     fn etcd() {
         let _slot = timing_slot();
-        let server = EtcdServer::start();
+        let server = Backend::etcd();
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("etcd://{}", server.endpoint());
-        switchover_to_a_cut_off_target(&url, &server.endpoint(), dir.path());
+        switchover_to_a_cut_off_target(&server, dir.path());
     }
 }
 
-/// The store at `url` (listening on `addr`), with n3 reaching it through a
-/// fault proxy that is cut just before the operator asks to switch to n3.
-fn switchover_to_a_cut_off_target(url: &str, addr: &str, dir: &Path) {
+/// The store of `server`, with n3 reaching it through a fault proxy that is
+/// cut just before the operator asks to switch to n3.
+fn switchover_to_a_cut_off_target(server: &Backend, dir: &Path) {
     use crate::common::proxy::{Mode, Proxy};
+    let url = &server.url();
     let ev = dir.join("events");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let proxy = rt.block_on(Proxy::start(addr.parse().unwrap())).unwrap();
-    let (scheme, _) = url.split_once("://").expect("a store URL");
-    let via = format!("{scheme}://{}", proxy.addr());
+    let proxy = Proxy::start_blocking(server.addr()).unwrap();
+    let via = server.url_via(proxy.addr());
     // n1 and n2 direct; n3 through the proxy. n3 must not be the holder.
     let mut agents = cluster(dir, url, &["n1", "n2"], &no_flags);
     let flags = hooks(&ev);

@@ -799,12 +799,8 @@ fn postgres_a_wedged_primary_cut_off_is_killed_before_a_replica_is_promoted() {
 fn cut_off_case(wedged: bool) {
     use crate::common::proxy::{Mode, Proxy};
     let server = NatsServer::start();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let proxy = rt
-        .block_on(Proxy::start(
-            format!("127.0.0.1:{}", server.port()).parse().unwrap(),
-        ))
-        .unwrap();
+    let proxy =
+        Proxy::start_blocking(format!("127.0.0.1:{}", server.port()).parse().unwrap()).unwrap();
     let mut pg = PgCluster::create(2, false);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).

@@ -10,6 +10,7 @@
 //! The first use of a resource name costs W + G' (S4, about the lifetime
 //! asked for): tests warm their names with a short lifetime first.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -18,7 +19,7 @@ use putex::http::{
     self, AdminCredentials, App, AuthSettings, HttpError, HttpOptions, Secret, TlsSettings,
 };
 use putex::locks::gateway::{Gateway, GatewayOptions};
-use putex::store::{AnyStore, SqliteStore, StoreUrl};
+use putex::store::{AnyStore, StoreUrl};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,9 +28,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls;
 
-use crate::common::agent::putex;
-use crate::common::etcd_server::EtcdServer;
-use crate::common::nats_server::NatsServer;
+use crate::common::agent::{putex, wall_ns};
+use crate::common::store::Backend;
+use crate::common::{on_stores, warm};
 
 const MAX_LIFETIME: Duration = Duration::from_secs(60);
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -38,6 +39,8 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct Served {
     /// `http://127.0.0.1:PORT` (or `https://`).
     url: String,
+    /// Its gateway (a clone: the same one).
+    gateway: Gateway,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), HttpError>>>,
 }
@@ -59,17 +62,28 @@ impl Served {
         Served::start_gateway(store, gateway_options(node), opts).await
     }
 
+    /// `gw1` with the default options on a store handle of its own of
+    /// `server`'s.
+    pub(crate) async fn on(server: &Backend) -> Served {
+        Served::start(server.open().await, "gw1", HttpOptions::default()).await
+    }
+
     async fn start_gateway(store: AnyStore, gateway: GatewayOptions, opts: HttpOptions) -> Served {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let scheme = if opts.tls.is_some() { "https" } else { "http" };
         let gateway = Gateway::new(store, gateway);
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(http::serve(listener, App::new(gateway, opts), async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(http::serve(
+            listener,
+            App::new(gateway.clone(), opts),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Served {
             url: format!("{scheme}://127.0.0.1:{port}"),
+            gateway,
             stop: Some(stop),
             task: Some(task),
         }
@@ -77,6 +91,11 @@ impl Served {
 
     pub(crate) fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
+    }
+
+    /// Its gateway, for [`warm`]: the first use of a name out of the way.
+    pub(crate) fn gateway(&self) -> &Gateway {
+        &self.gateway
     }
 
     /// Asks for shutdown; returns how long `serve` took to return.
@@ -104,67 +123,12 @@ impl Drop for Served {
     }
 }
 
-pub(crate) async fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
-    AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap())
-}
-
-async fn etcd(server: &EtcdServer) -> AnyStore {
-    AnyStore::open(&StoreUrl::parse(&format!("etcd://{}", server.endpoint())).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn nats(server: &NatsServer) -> AnyStore {
-    AnyStore::open(&StoreUrl::parse(&server.url).unwrap())
-        .await
-        .unwrap()
-}
-
-/// The store server of a test that runs on NATS and on etcd alike.
-pub(crate) enum Backend {
-    Nats(NatsServer),
-    Etcd(Box<EtcdServer>),
-}
-
-impl Backend {
-    pub(crate) fn nats() -> Backend {
-        Backend::Nats(NatsServer::start())
-    }
-
-    pub(crate) fn etcd() -> Backend {
-        Backend::Etcd(Box::new(EtcdServer::start()))
-    }
-
-    /// The store URL (`putex lock --store`, `putex status --store`).
-    pub(crate) fn url(&self) -> String {
-        match self {
-            Backend::Nats(s) => s.url.clone(),
-            Backend::Etcd(s) => format!("etcd://{}", s.endpoint()),
-        }
-    }
-
-    /// The store URL through a proxy listening on `addr`.
-    fn url_via(&self, addr: std::net::SocketAddr) -> String {
-        match self {
-            Backend::Nats(_) => format!("nats://{addr}"),
-            Backend::Etcd(_) => format!("etcd://{addr}"),
-        }
-    }
-
-    /// The server's client address, for a proxy in front of it.
-    fn addr(&self) -> std::net::SocketAddr {
-        match self {
-            Backend::Nats(s) => format!("127.0.0.1:{}", s.port()).parse().unwrap(),
-            Backend::Etcd(s) => s.endpoint().parse().unwrap(),
-        }
-    }
-
-    /// A store handle of its own.
-    pub(crate) async fn open(&self) -> AnyStore {
-        AnyStore::open(&StoreUrl::parse(&self.url()).unwrap())
-            .await
-            .unwrap()
-    }
+/// A test's usual start: `putex serve` ([`Served::on`]) on a fresh SQLite
+/// store, kept while the [`Backend`] lives, and a client.
+async fn serve_sqlite() -> (Backend, Served, Client) {
+    let store = Backend::sqlite();
+    let s = Served::on(&store).await;
+    (store, s, client())
 }
 
 fn rustls_client_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
@@ -201,6 +165,15 @@ async fn rdlm_post(c: &Client, s: &Served, resource: &str, wait: f64, lifetime: 
         .unwrap()
 }
 
+/// `POST /v1/locks/{resource}` with the JSON `body`.
+pub(crate) async fn v1_post(c: &Client, s: &Served, resource: &str, body: Value) -> Response {
+    c.post(s.at(&format!("/v1/locks/{resource}")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// An RDLM lock's URL, from a `201`.
 fn location(r: &Response) -> String {
     assert_eq!(r.status(), StatusCode::CREATED);
@@ -211,22 +184,6 @@ async fn status_of(c: &Client, method: reqwest::Method, url: &str) -> StatusCode
     c.request(method, url).send().await.unwrap().status()
 }
 
-/// Takes the name's first use (S4) out of the way: a short lock, released.
-pub(crate) async fn warm(c: &Client, s: &Served, resource: &str) {
-    let r = c
-        .post(s.at(&format!("/v1/locks/{resource}")))
-        .body(lock_body("warm", 5.0, 0.5))
-        .send()
-        .await
-        .unwrap();
-    let url = location(&r);
-    assert_eq!(
-        status_of(c, reqwest::Method::DELETE, &url).await,
-        StatusCode::NO_CONTENT
-    );
-}
-
-/// Waits until `resource` lists `n` locks (granted and waiting).
 /// `GET path`, as JSON.
 pub(crate) async fn get_json(c: &Client, s: &Served, path: &str) -> Value {
     c.get(s.at(path))
@@ -259,6 +216,7 @@ async fn released_within(c: &Client, s: &Served, lock: &str, limit: Duration) ->
     }
 }
 
+/// Waits until `resource` lists `n` locks (granted and waiting).
 async fn wait_listed(c: &Client, s: &Served, resource: &str, n: usize) {
     let started = Instant::now();
     loop {
@@ -276,9 +234,7 @@ async fn wait_listed(c: &Client, s: &Served, resource: &str, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_hello_and_refusals() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
+    let (_store, s, c) = serve_sqlite().await;
     let r = c.get(s.at("/")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.text().await.unwrap().contains("Welcome"));
@@ -370,10 +326,8 @@ async fn rdlm_hello_and_refusals() {
 /// once, as RDLM itself grants it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_a_fresh_resource_is_granted_at_once_on_an_older_embedded_store() {
-    let dir = tempfile::tempdir().unwrap();
     let made = Instant::now();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
+    let (_store, s, c) = serve_sqlite().await;
     let r = rdlm_post(&c, &s, "young", 1.0, 10.0).await;
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
     let body = r.text().await.unwrap();
@@ -394,10 +348,8 @@ async fn rdlm_a_fresh_resource_is_granted_at_once_on_an_older_embedded_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_lock_get_list_delete() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "resource1").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "resource1").await;
 
     // Integers and floats are both numbers of seconds.
     let r = c
@@ -463,10 +415,8 @@ async fn rdlm_lock_get_list_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_408_after_the_wait_and_404_after_the_lifetime() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "resource1").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "resource1").await;
 
     let first = location(&rdlm_post(&c, &s, "resource1", 5.0, 1.5).await);
     let started = Instant::now();
@@ -511,10 +461,8 @@ async fn rdlm_408_after_the_wait_and_404_after_the_lifetime() {
 /// waiting 5 s for a lifetime of 60 s gets it once the first expires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_a_longer_waiter_gets_an_expired_lock_within_its_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "resource1").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "resource1").await;
     let first = location(&rdlm_post(&c, &s, "resource1", 5.0, 1.0).await);
     let second = rdlm_post(&c, &s, "resource1", 5.0, 60.0).await;
     assert_eq!(
@@ -530,10 +478,12 @@ async fn rdlm_a_longer_waiter_gets_an_expired_lock_within_its_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_admin_deletes_give_waiters_409() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
-    let c = client();
-    tokio::join!(warm(&c, &s, "resource1"), warm(&c, &s, "resource2"));
+    let (_store, s, c) = serve_sqlite().await;
+    let s = Arc::new(s);
+    tokio::join!(
+        warm(s.gateway(), "resource1"),
+        warm(s.gateway(), "resource2")
+    );
     let held1 = location(&rdlm_post(&c, &s, "resource1", 5.0, 10.0).await);
     let held2 = location(&rdlm_post(&c, &s, "resource2", 5.0, 10.0).await);
 
@@ -590,9 +540,7 @@ async fn rdlm_admin_deletes_give_waiters_409() {
 /// they have never used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_first_use_of_a_name_is_granted_within_the_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
+    let (_store, s, c) = serve_sqlite().await;
     let r = rdlm_post(&c, &s, "fresh", 5.0, 60.0).await;
     assert_eq!(
         r.status(),
@@ -601,20 +549,13 @@ async fn rdlm_first_use_of_a_name_is_granted_within_the_wait() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_waiters_take_turns_and_four_resources_run_in_parallel() {
-    let dir = tempfile::tempdir().unwrap();
-    four_waiters_and_four_resources(sqlite(&dir).await).await;
-}
+on_stores!(async Backend, four_waiters_and_four_resources =>
+    four_waiters_take_turns_and_four_resources_run_in_parallel: sqlite,
+    four_waiters_take_turns_and_four_resources_run_in_parallel_etcd: etcd,
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_waiters_take_turns_and_four_resources_run_in_parallel_etcd() {
-    let server = EtcdServer::start();
-    four_waiters_and_four_resources(etcd(&server).await).await;
-}
-
-async fn four_waiters_and_four_resources(store: AnyStore) {
-    let s = Arc::new(Served::start(store, "gw1", HttpOptions::default()).await);
+async fn four_waiters_and_four_resources(server: &Backend) {
+    let s = Arc::new(Served::on(server).await);
     let c = client();
 
     // Four resources at once: all four held at the same time.
@@ -709,17 +650,16 @@ async fn four_waiters_and_four_resources(store: AnyStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_lock_renew_list_status_release() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "db-backup").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "db-backup").await;
 
-    let r = c
-        .post(s.at("/v1/locks/db-backup"))
-        .json(&json!({"title": "nightly", "wait": 5, "lifetime": 5}))
-        .send()
-        .await
-        .unwrap();
+    let r = v1_post(
+        &c,
+        &s,
+        "db-backup",
+        json!({"title": "nightly", "wait": 5, "lifetime": 5}),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let header = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
     let left_header = r.headers()["x-putex-lifetime-left"]
@@ -819,10 +759,8 @@ async fn v1_lock_renew_list_status_release() {
 /// Operators read a granted lock's record with `putex status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_granted_lock_shows_active_in_status() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "shown").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "shown").await;
     let r = c
         .post(s.at("/v1/locks/shown"))
         .body(lock_body("t", 5.0, 5.0))
@@ -839,10 +777,8 @@ async fn a_granted_lock_shows_active_in_status() {
 /// data naming the HTTP lock's holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_status_page_is_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "paged").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "paged").await;
     let r = c
         .post(s.at("/v1/locks/paged"))
         .body(lock_body("t", 5.0, 5.0))
@@ -878,15 +814,13 @@ async fn the_web_status_page_is_served() {
 /// listings must not leave keys there that are no lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn putex_status_of_all_locks_works_after_gateway_listings() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "listed").await;
+    let (store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "listed").await;
     let r = c.get(s.at("/resources")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let out = putex()
         .args(["status", "-o", "json", "--store"])
-        .arg(format!("sqlite://{}", dir.path().join("s.db").display()))
+        .arg(store.url())
         .output()
         .unwrap();
     assert!(
@@ -898,9 +832,8 @@ async fn putex_status_of_all_locks_works_after_gateway_listings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_errors_are_json_with_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Arc::new(Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await);
-    let c = client();
+    let (_store, s, c) = serve_sqlite().await;
+    let s = Arc::new(s);
     let expect = |status: StatusCode, code: &'static str| {
         move |r: Response| async move {
             assert_eq!(r.status(), status);
@@ -922,13 +855,7 @@ async fn v1_errors_are_json_with_codes() {
     ] {
         bad(c.post(s.at("/v1/locks/x")).body(body).send().await.unwrap()).await;
     }
-    bad(c
-        .post(s.at("/v1/locks/bad.name"))
-        .json(&json!({"lifetime": 1}))
-        .send()
-        .await
-        .unwrap())
-    .await;
+    bad(v1_post(&c, &s, "bad.name", json!({"lifetime": 1})).await).await;
     bad(c.get(s.at("/v1/status/bad.name")).send().await.unwrap()).await;
     // A client of its own: the server answers before reading the whole
     // body and closes the connection, which a shared pool could reuse.
@@ -947,31 +874,18 @@ async fn v1_errors_are_json_with_codes() {
     )
     .await;
 
-    warm(&c, &s, "v1err").await;
-    let held = c
-        .post(s.at("/v1/locks/v1err"))
-        .json(&json!({"wait": 1, "lifetime": 10}))
-        .send()
-        .await
-        .unwrap();
+    warm(s.gateway(), "v1err").await;
+    let held = v1_post(&c, &s, "v1err", json!({"wait": 1, "lifetime": 10})).await;
     assert_eq!(held.status(), StatusCode::CREATED);
     expect(StatusCode::REQUEST_TIMEOUT, "timeout")(
-        c.post(s.at("/v1/locks/v1err"))
-            .json(&json!({"wait": 0, "lifetime": 1}))
-            .send()
-            .await
-            .unwrap(),
+        v1_post(&c, &s, "v1err", json!({"wait": 0, "lifetime": 1})).await,
     )
     .await;
     let waiter = {
         let (c, s) = (c.clone(), s.clone());
-        tokio::spawn(async move {
-            c.post(s.at("/v1/locks/v1err"))
-                .json(&json!({"wait": 20, "lifetime": 1}))
-                .send()
-                .await
-                .unwrap()
-        })
+        tokio::spawn(
+            async move { v1_post(&c, &s, "v1err", json!({"wait": 20, "lifetime": 1})).await },
+        )
     };
     wait_listed(&c, &s, "v1err", 2).await;
     let r = c.delete(s.at("/v1/locks/v1err")).send().await.unwrap();
@@ -985,9 +899,8 @@ async fn v1_errors_are_json_with_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_document_describes_both_apis() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let r = client().get(s.at("/openapi.json")).send().await.unwrap();
+    let (_store, s, c) = serve_sqlite().await;
+    let r = c.get(s.at("/openapi.json")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let doc: Value = r.json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
@@ -1032,8 +945,8 @@ async fn openapi_document_describes_both_apis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_bearer_token_and_admin_basic() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite(&dir).await;
+    let server = Backend::sqlite();
+    let store = server.open().await;
     let both = HttpOptions {
         auth: AuthSettings {
             token: Some(Secret::new("tok-123")),
@@ -1162,8 +1075,9 @@ async fn tls_with_a_self_signed_certificate() {
         .unwrap_err()
         .to_string()
         .contains("key.pem"));
+    let store = Backend::sqlite();
     let s = Served::start(
-        sqlite(&dir).await,
+        store.open().await,
         "gw1",
         HttpOptions {
             tls: Some(tls),
@@ -1218,10 +1132,8 @@ async fn post_and_hang_up(s: &Served, resource: &str, wait: f64, lifetime: f64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_wait_never_holds_the_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "gone").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "gone").await;
     let holder = location(&rdlm_post(&c, &s, "gone", 5.0, 10.0).await);
     post_and_hang_up(&s, "gone", 20.0, 20.0).await;
     // The waiter is gone from the queue...
@@ -1258,10 +1170,8 @@ async fn a_client_that_disconnects_mid_wait_never_holds_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_waiting_requests_and_stops_accepting() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Served::start(sqlite(&dir).await, "gw1", HttpOptions::default()).await;
-    let c = client();
-    warm(&c, &s, "bye").await;
+    let (_store, s, c) = serve_sqlite().await;
+    warm(s.gateway(), "bye").await;
     let _held = location(&rdlm_post(&c, &s, "bye", 5.0, 10.0).await);
     let waiter = {
         let (c, url) = (c.clone(), s.at("/locks/bye"));
@@ -1282,22 +1192,17 @@ async fn shutdown_ends_waiting_requests_and_stops_accepting() {
     assert!(c.get(health).send().await.is_err(), "still accepting");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_on_one_nats_store_act_as_one_service() {
-    two_gateways_act_as_one_service(&Backend::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_on_one_etcd_store_act_as_one_service() {
-    two_gateways_act_as_one_service(&Backend::etcd()).await;
-}
+on_stores!(async Backend, two_gateways_act_as_one_service =>
+    two_gateways_on_one_nats_store_act_as_one_service: nats,
+    two_gateways_on_one_etcd_store_act_as_one_service: etcd,
+);
 
 async fn two_gateways_act_as_one_service(server: &Backend) {
     let store = server.open().await;
     let g1 = Arc::new(Served::start(store.clone(), "gw1", HttpOptions::default()).await);
     let g2 = Arc::new(Served::start(server.open().await, "gw2", HttpOptions::default()).await);
     let c = client();
-    warm(&c, &g1, "shared").await;
+    warm(g1.gateway(), "shared").await;
 
     let on1 = location(&rdlm_post(&c, &g1, "shared", 5.0, 10.0).await);
     let on2 = on1.replace(&g1.url, &g2.url);
@@ -1344,77 +1249,60 @@ async fn two_gateways_act_as_one_service(server: &Backend) {
     );
 }
 
-/// `putex lock NAME --ttl 1s` on `url`, with the keeper sockets in `dir`.
-pub(crate) fn putex_lock(
+/// `putex lock NAME --ttl 1s -- sh -c SCRIPT` on `url`, in `dir` (see
+/// [`putex_sh`](crate::common::agent::putex_sh)).
+fn putex_lock(
     url: &str,
-    dir: &std::path::Path,
+    dir: &Path,
     name: &str,
     args: &[&str],
     script: &str,
 ) -> tokio::process::Command {
-    let mut c = putex();
-    c.current_dir(dir)
-        .env("D", dir)
-        .env("PUTEX_KEEPER_DIR", dir.join("keepers"))
-        .env("RUST_LOG", "warn")
-        .args(["lock", name, "--ttl", "1s", "--store", url])
-        .args(args)
-        .args(["--", "sh", "-c", script])
-        .stdin(std::process::Stdio::null());
-    tokio::process::Command::from(c)
+    crate::common::agent::putex_lock(dir, url, name, "1s", args, script).into()
 }
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+/// `putex lock NAME -- sh -c SCRIPT` on `server`'s store in `dir` (with
+/// `$P` the putex binary), once SCRIPT runs: the process, and its
+/// `PUTEX_TOKEN`.
+pub(crate) async fn holding(
+    server: &Backend,
+    dir: &Path,
+    name: &str,
+    script: &str,
+) -> (tokio::process::Child, String) {
+    let script =
+        format!(r#"echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"; {script}"#);
+    let mut cmd = putex_lock(&server.url(), dir, name, &[], &script);
+    cmd.env("P", crate::common::agent::putex_bin());
+    let cmd = cmd.spawn().unwrap();
+    wait_file(&dir.join("token"), "putex lock never ran").await;
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    (cmd, token.trim().to_owned())
 }
 
-fn read_ns(path: &std::path::Path) -> Option<u128> {
+fn read_ns(path: &Path) -> Option<u128> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_locks_and_putex_lock_exclude_each_other() {
-    http_locks_and_putex_lock_exclude(&Backend::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_locks_and_putex_lock_exclude_each_other_on_etcd() {
-    http_locks_and_putex_lock_exclude(&Backend::etcd()).await;
-}
+on_stores!(async Backend, http_locks_and_putex_lock_exclude =>
+    http_locks_and_putex_lock_exclude_each_other: nats,
+    http_locks_and_putex_lock_exclude_each_other_on_etcd: etcd,
+);
 
 async fn http_locks_and_putex_lock_exclude(server: &Backend) {
-    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
+    let s = Served::on(server).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
 
     // putex lock holds: HTTP gets 408, then the lock once the command ends.
-    let mut cmd = putex_lock(
-        &server.url(),
-        d,
-        "inter",
-        &[],
-        r#"touch "$D/held"; sleep 1.5; date +%s%N > "$D/ended""#,
-    )
-    .spawn()
-    .unwrap();
-    let started = Instant::now();
-    while !d.join("held").exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "putex lock never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (mut cmd, _) = holding(server, d, "inter", r#"sleep 1.5; date +%s%N > "$D/ended""#).await;
     assert_eq!(
         rdlm_post(&c, &s, "inter", 0.0, 5.0).await.status(),
         StatusCode::REQUEST_TIMEOUT
     );
     let r = rdlm_post(&c, &s, "inter", 10.0, 5.0).await;
-    let granted = now_ns();
+    let granted = wall_ns();
     let url = location(&r);
     let ended = read_ns(&d.join("ended")).expect("granted before the command ended");
     assert!(ended <= granted);
@@ -1455,7 +1343,7 @@ async fn http_locks_and_putex_lock_exclude(server: &Backend) {
         !d.join("ran").exists(),
         "putex lock ran while HTTP held the lock"
     );
-    let released = now_ns();
+    let released = wall_ns();
     assert_eq!(
         status_of(&c, reqwest::Method::DELETE, &url).await,
         StatusCode::NO_CONTENT
@@ -1571,10 +1459,13 @@ fn token_of(r: &Response) -> (u64, u64) {
 /// starts the next by locking the same names again, expecting a `201`
 /// within a 5 s wait: an admin delete frees a lock granted over HTTP at
 /// once, and the fencing token still goes up.
-async fn rdlm_admin_deletes_free_http_locks_at_once(store: AnyStore) {
-    let s = Served::start(store, "gw1", HttpOptions::default()).await;
+async fn rdlm_admin_deletes_free_http_locks_at_once(server: &Backend) {
+    let s = Served::on(server).await;
     let c = client();
-    tokio::join!(warm(&c, &s, "resource1"), warm(&c, &s, "resource2"));
+    tokio::join!(
+        warm(s.gateway(), "resource1"),
+        warm(s.gateway(), "resource2")
+    );
     use reqwest::Method as M;
 
     // DELETE /resources/{r}, then the same name again at once.
@@ -1634,23 +1525,11 @@ async fn rdlm_admin_deletes_free_http_locks_at_once(store: AnyStore) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rdlm_admin_deletes_free_http_locks_at_once_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    rdlm_admin_deletes_free_http_locks_at_once(sqlite(&dir).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rdlm_admin_deletes_free_http_locks_at_once_nats() {
-    let server = NatsServer::start();
-    rdlm_admin_deletes_free_http_locks_at_once(nats(&server).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rdlm_admin_deletes_free_http_locks_at_once_etcd() {
-    let server = EtcdServer::start();
-    rdlm_admin_deletes_free_http_locks_at_once(etcd(&server).await).await;
-}
+on_stores!(async Backend, rdlm_admin_deletes_free_http_locks_at_once =>
+    rdlm_admin_deletes_free_http_locks_at_once_sqlite: sqlite,
+    rdlm_admin_deletes_free_http_locks_at_once_nats: nats,
+    rdlm_admin_deletes_free_http_locks_at_once_etcd: etcd,
+);
 
 /// A `201` that takes long to reach its client (a slow network, a slow
 /// client socket): the client counts its lifetime from the moment it
@@ -1658,10 +1537,10 @@ async fn rdlm_admin_deletes_free_http_locks_at_once_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
     use crate::common::proxy::{Mode, Proxy};
-    let dir = tempfile::tempdir().unwrap();
+    let store = Backend::sqlite();
     let s = Arc::new(
         Served::start_gateway(
-            sqlite(&dir).await,
+            store.open().await,
             GatewayOptions {
                 grant_deadline: Duration::from_secs(2),
                 ..gateway_options("gw1")
@@ -1671,7 +1550,7 @@ async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
         .await,
     );
     let c = client();
-    warm(&c, &s, "late201").await;
+    warm(s.gateway(), "late201").await;
     // Every byte between the first client and the gateway takes 900 ms:
     // within half the 2 s grant deadline.
     let addr = s.url.trim_start_matches("http://").parse().unwrap();
@@ -1735,19 +1614,14 @@ async fn a_201_slow_to_arrive_still_gets_its_whole_lifetime() {
     );
 }
 
+on_stores!(async Backend, grant_too_slow_is_given_back =>
+    a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter: nats,
+    a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter_on_etcd: etcd,
+);
+
 /// A gateway whose store is slow cannot answer within its grant deadline:
 /// it gives the lock back, and the next waiter gets it at once rather than
 /// after the lifetime.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter() {
-    grant_too_slow_is_given_back(&Backend::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_too_slow_to_answer_is_given_back_to_the_next_waiter_on_etcd() {
-    grant_too_slow_is_given_back(&Backend::etcd()).await;
-}
-
 async fn grant_too_slow_is_given_back(server: &Backend) {
     use crate::common::proxy::{Mode, Proxy};
     let proxy = Proxy::start(server.addr()).await.unwrap();
@@ -1772,7 +1646,7 @@ async fn grant_too_slow_is_given_back(server: &Backend) {
         .await,
     );
     let c = client();
-    warm(&c, &fast, "given").await;
+    warm(fast.gateway(), "given").await;
     let held = location(&rdlm_post(&c, &fast, "given", 5.0, 30.0).await);
     // B waits on the slow gateway, C behind it on the fast one.
     let b = {
@@ -1817,7 +1691,7 @@ async fn grant_too_slow_is_given_back(server: &Backend) {
 }
 
 /// Waits for `path` to exist.
-pub(crate) async fn wait_file(path: &std::path::Path, what: &str) {
+async fn wait_file(path: &Path, what: &str) {
     let started = Instant::now();
     while !path.exists() {
         assert!(started.elapsed() < Duration::from_secs(10), "{what}");
@@ -1825,35 +1699,21 @@ pub(crate) async fn wait_file(path: &std::path::Path, what: &str) {
     }
 }
 
+on_stores!(async Backend, http_release_and_renew_never_touch_a_holder =>
+    http_release_and_renew_never_touch_a_putex_lock_holder: nats,
+    http_release_and_renew_never_touch_a_putex_lock_holder_on_etcd: etcd,
+);
+
 /// `putex lock` holders are listed with their instance as the uid; an
 /// HTTP release or renewal naming it must not touch their record: a
 /// `released` record would let the next holder start at once while the
 /// command still runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_release_and_renew_never_touch_a_putex_lock_holder() {
-    http_release_and_renew_never_touch_a_holder(&Backend::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_release_and_renew_never_touch_a_putex_lock_holder_on_etcd() {
-    http_release_and_renew_never_touch_a_holder(&Backend::etcd()).await;
-}
-
 async fn http_release_and_renew_never_touch_a_holder(server: &Backend) {
-    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
+    let s = Served::on(server).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut cmd = putex_lock(
-        &server.url(),
-        d,
-        "watched",
-        &[],
-        r#"touch "$D/held"; sleep 3; touch "$D/done""#,
-    )
-    .spawn()
-    .unwrap();
-    wait_file(&d.join("held"), "putex lock never ran").await;
+    let (mut cmd, _) = holding(server, d, "watched", r#"sleep 3; touch "$D/done""#).await;
     let v = listed(&c, &s, "watched").await;
     let uid = v["locks"][0]["uid"].as_str().unwrap().to_owned();
     let st = crate::common::agent::status_json(&server.url(), "watched");
@@ -1884,30 +1744,20 @@ async fn http_release_and_renew_never_touch_a_holder(server: &Backend) {
 /// `/v1/`'s two admin calls on a lock granted over HTTP: `force` frees it
 /// at once (the waiter gets it, with a higher fencing token); `revoke`
 /// marks it `revoked`, and takers wait out its lifetime + D.
-async fn v1_force_frees_and_revoke_revokes_an_http_lock(store: AnyStore) {
-    let s = Arc::new(Served::start(store, "gw1", HttpOptions::default()).await);
+async fn v1_force_frees_and_revoke_revokes_an_http_lock(server: &Backend) {
+    let s = Arc::new(Served::on(server).await);
     let c = client();
-    warm(&c, &s, "vforce").await;
+    warm(s.gateway(), "vforce").await;
     use reqwest::Method as M;
     let post = |path: &str| c.post(s.at(path)).send();
 
-    let a = c
-        .post(s.at("/v1/locks/vforce"))
-        .json(&json!({"wait": 5, "lifetime": 60}))
-        .send()
-        .await
-        .unwrap();
+    let a = v1_post(&c, &s, "vforce", json!({"wait": 5, "lifetime": 60})).await;
     let a_token = token_of(&a);
     let a: Value = a.json().await.unwrap();
     let waiter = {
         let (c, s) = (c.clone(), s.clone());
         tokio::spawn(async move {
-            let r = c
-                .post(s.at("/v1/locks/vforce"))
-                .json(&json!({"wait": 20, "lifetime": 5}))
-                .send()
-                .await
-                .unwrap();
+            let r = v1_post(&c, &s, "vforce", json!({"wait": 20, "lifetime": 5})).await;
             (Instant::now(), r)
         })
     };
@@ -1949,12 +1799,7 @@ async fn v1_force_frees_and_revoke_revokes_an_http_lock(store: AnyStore) {
     assert_eq!(v["instance"], b["uid"]);
     let st: Value = get_json(&c, &s, "/v1/status/vforce").await;
     assert_eq!(st["state"], "revoked", "{st}");
-    let r = c
-        .post(s.at("/v1/locks/vforce"))
-        .json(&json!({"wait": 1, "lifetime": 1}))
-        .send()
-        .await
-        .unwrap();
+    let r = v1_post(&c, &s, "vforce", json!({"wait": 1, "lifetime": 1})).await;
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
 
     // Nothing holds it any more.
@@ -1966,52 +1811,26 @@ async fn v1_force_frees_and_revoke_revokes_an_http_lock(store: AnyStore) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v1_force_frees_and_revoke_revokes_an_http_lock_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    v1_force_frees_and_revoke_revokes_an_http_lock(sqlite(&dir).await).await;
-}
+on_stores!(async Backend, v1_force_frees_and_revoke_revokes_an_http_lock =>
+    v1_force_frees_and_revoke_revokes_an_http_lock_sqlite: sqlite,
+    v1_force_frees_and_revoke_revokes_an_http_lock_nats: nats,
+    v1_force_frees_and_revoke_revokes_an_http_lock_etcd: etcd,
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v1_force_frees_and_revoke_revokes_an_http_lock_nats() {
-    let server = NatsServer::start();
-    v1_force_frees_and_revoke_revokes_an_http_lock(nats(&server).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn v1_force_frees_and_revoke_revokes_an_http_lock_etcd() {
-    let server = EtcdServer::start();
-    v1_force_frees_and_revoke_revokes_an_http_lock(etcd(&server).await).await;
-}
+on_stores!(async Backend, admin_calls_revoke_a_holder_and_never_force_it =>
+    admin_calls_revoke_a_putex_lock_holder_and_never_force_it: nats,
+    admin_calls_revoke_a_putex_lock_holder_and_never_force_it_on_etcd: etcd,
+);
 
 /// A `putex lock` holder watches its record and may still be running:
 /// `force` refuses it, and RDLM's admin delete revokes it (S7) rather than
 /// freeing it — the command is stopped, and the next request waits W + G'.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it() {
-    admin_calls_revoke_a_holder_and_never_force_it(&Backend::nats()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_calls_revoke_a_putex_lock_holder_and_never_force_it_on_etcd() {
-    admin_calls_revoke_a_holder_and_never_force_it(&Backend::etcd()).await;
-}
-
 async fn admin_calls_revoke_a_holder_and_never_force_it(server: &Backend) {
-    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
+    let s = Served::on(server).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut cmd = putex_lock(
-        &server.url(),
-        d,
-        "agentheld",
-        &[],
-        r#"touch "$D/held"; sleep 30"#,
-    )
-    .spawn()
-    .unwrap();
-    wait_file(&d.join("held"), "putex lock never ran").await;
+    let (mut cmd, _) = holding(server, d, "agentheld", "sleep 30").await;
 
     let r = c
         .post(s.at("/v1/locks/agentheld/force"))

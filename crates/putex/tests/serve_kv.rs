@@ -12,16 +12,13 @@ use putex::store::AnyStore;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
-use crate::serve::{client, get_json, putex_lock, sqlite, wait_file, warm, Backend, Served};
+use crate::common::store::Backend;
+use crate::common::warm;
+use crate::serve::{client, get_json, holding, v1_post, Served};
 
 /// `POST /v1/locks/{resource}`: the grant's lock URL and fencing token.
 async fn grant(c: &Client, s: &Served, resource: &str, lifetime: f64) -> (String, String) {
-    let r = c
-        .post(s.at(&format!("/v1/locks/{resource}")))
-        .json(&json!({"wait": 10, "lifetime": lifetime}))
-        .send()
-        .await
-        .unwrap();
+    let r = v1_post(c, s, resource, json!({"wait": 10, "lifetime": lifetime})).await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let token = r.headers()["x-putex-token"].to_str().unwrap().to_owned();
     let url = r.headers()["location"].to_str().unwrap().to_owned();
@@ -68,8 +65,8 @@ async fn value(c: &Client, s: &Served, key: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grants_writes_and_tokens_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    grants_writes_and_tokens(sqlite(&dir).await, true).await;
+    let server = Backend::sqlite();
+    grants_writes_and_tokens(server.open().await, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +84,7 @@ async fn a_grants_writes_and_tokens_on_etcd() {
 async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
     let s = Served::start(store, "gw1", HttpOptions::default()).await;
     let c = client();
-    warm(&c, &s, "orders").await;
+    warm(s.gateway(), "orders").await;
     let (a, a_token) = grant(&c, &s, "orders", 30.0).await;
 
     // Held: its token checks, and its writes land.
@@ -207,31 +204,13 @@ async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
     assert_eq!(value(&c, &s, "orders.last").await.as_deref(), Some("46"));
 }
 
-/// `putex lock NAME -- sh -c SCRIPT` (with `$P` the putex binary), once
-/// it runs SCRIPT: the process, and its `PUTEX_TOKEN`.
-async fn holding(
-    server: &Backend,
-    d: &std::path::Path,
-    name: &str,
-    script: &str,
-) -> (tokio::process::Child, String) {
-    let script =
-        format!(r#"echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"; {script}"#);
-    let mut cmd = putex_lock(&server.url(), d, name, &[], &script);
-    cmd.env("P", crate::common::agent::putex_bin());
-    let cmd = cmd.spawn().unwrap();
-    wait_file(&d.join("token"), "putex lock never ran").await;
-    let token = std::fs::read_to_string(d.join("token")).unwrap();
-    (cmd, token.trim().to_owned())
-}
-
 /// A `putex lock` holder's `PUTEX_TOKEN` checks as held while its record
 /// renews under it (the record carries where its holding began), and not
 /// once it has released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_putex_lock_holders_token_checks_across_renewals() {
     let server = Backend::nats();
-    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
+    let s = Served::on(&server).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let (mut cmd, token) = holding(&server, dir.path(), "nightly", "sleep 3").await;
@@ -263,7 +242,7 @@ async fn a_putex_lock_holders_token_checks_across_renewals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_whose_lock_is_lost_writes_nothing() {
     let server = Backend::nats();
-    let s = Served::start(server.open().await, "gw1", HttpOptions::default()).await;
+    let s = Served::on(&server).await;
     let c = client();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

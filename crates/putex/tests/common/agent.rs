@@ -11,7 +11,7 @@
 //! service is killed on drop.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use putex::core::TimingConfig;
@@ -83,6 +83,35 @@ pub fn fast(dir: &Path, url: &str, lock: &str, node: &str, args: &[&str]) -> Age
 /// Starts the agent `spec` describes (see [`Agent::start`]).
 pub fn start(spec: AgentSpec) -> Agent {
     Agent::start(spec).expect("start putex run")
+}
+
+/// `putex ARGS… -- sh -c SCRIPT` of the built binary, as the tests run a
+/// critical section: in the scratch directory `dir`, with `$D` set to it,
+/// the keepers' sockets in `dir/keepers`, logging at `warn`, no stdin.
+pub fn putex_sh(dir: &Path, args: &[&str], script: &str) -> Command {
+    let mut c = putex();
+    c.current_dir(dir)
+        .env("D", dir)
+        .env("PUTEX_KEEPER_DIR", dir.join("keepers"))
+        .env("RUST_LOG", "warn")
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .stdin(Stdio::null());
+    c
+}
+
+/// `putex lock NAME --ttl TTL --store URL ARGS… -- sh -c SCRIPT` in `dir`
+/// (see [`putex_sh`]).
+pub fn putex_lock(
+    dir: &Path,
+    url: &str,
+    name: &str,
+    ttl: &str,
+    args: &[&str],
+    script: &str,
+) -> Command {
+    let lock = ["lock", name, "--ttl", ttl, "--store", url];
+    putex_sh(dir, &[&lock[..], args].concat(), script)
 }
 
 /// `putex ARGS…` (with `-o json`), which must succeed: its output.

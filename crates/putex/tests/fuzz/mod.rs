@@ -82,13 +82,7 @@ pub fn fuzz<S: Strategy>(
 }
 
 /// A runtime for the async targets (one per target, reused by its cases).
-pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
+pub use crate::common::runtime;
 
 /// Runs `f` with a time limit: a parser that hangs is as bad as one that
 /// panics.
