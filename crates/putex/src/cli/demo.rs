@@ -2,7 +2,7 @@
 //! failover measured against its bound.
 //!
 //! The demo's directory (store, logs, markers) is in memory (`/dev/shm`)
-//! unless `TMPDIR` says otherwise ([`demo_dir`]). The demo starts three
+//! unless `TMPDIR` says otherwise (`demo_dir`). The demo starts three
 //! `putex run` processes of this binary (nodes
 //! `node-1`…`node-3`, fast timing R = 100 ms, F = 3, C = 1) in child mode
 //! with a trivial service that leaves a marker file when it starts. It waits

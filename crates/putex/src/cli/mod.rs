@@ -31,9 +31,9 @@
 //! | 2 | usage or configuration error: the message names the flag or key |
 //! | 3 | the store is unreachable or refused to open |
 //! | 4 | another agent already runs this lock on this host (lock file), or another machine uses this node id |
-//! | 5 | `switchover`, `pause`, `resume`: `--wait` ran out ([`control::TIMED_OUT`]) |
+//! | 5 | `switchover`, `pause`, `resume`: `--wait` ran out ([`TIMED_OUT`](crate::cli::control::TIMED_OUT)) |
 //!
-//! `putex lock` and `putex id` exit with codes of their own ([`sysexits`]),
+//! `putex lock` and `putex id` exit with codes of their own (`sysexits`),
 //! so that theirs do not collide with the small codes a script's command
 //! returns.
 

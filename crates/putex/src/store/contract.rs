@@ -254,7 +254,7 @@ pub trait Store: Send + Sync {
 
     /// Whether this store's times say when this handle first *saw* a write
     /// rather than when the store applied it (etcd, whose keys carry no
-    /// time: [`etcd`]). Such times are safe for S1 (b) but say little about
+    /// time: [`crate::store::etcd`]). Such times are safe for S1 (b) but say little about
     /// records written long before: history durations then use the
     /// writers' own clocks.
     fn times_are_first_seen(&self) -> bool {

@@ -4,7 +4,7 @@
 //! write of its tenure (`docs/locks.md`, "Guarded writes"): the store
 //! refuses it once the lock has moved on. `get` and `list` read the store
 //! as it is. The agent (`putex run`) answers its hooks the same way, as a
-//! [`KvHolder`] of its own.
+//! `KvHolder` of its own.
 //!
 //! One JSON object per line each way: a [`KvRequest`], then its
 //! [`KvAnswer`]. The socket is made in the keeper directory (mode 0600,

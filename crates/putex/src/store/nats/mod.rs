@@ -4,7 +4,7 @@
 //!   `Nats-Expected-Last-Subject-Sequence` header (0 for a create), made
 //!   here rather than through `kv::Store::update` so that the server's error
 //!   code reaches the classifier, and answered on one subscription per
-//!   handle ([`acks`]): 10071 (wrong last sequence) **and** 10164 (what a
+//!   handle (`acks`): 10071 (wrong last sequence) **and** 10164 (what a
 //!   replicated bucket answers) are conflicts; a timeout, a lost
 //!   connection, "no responders" during a leader election or anything
 //!   unrecognised is **unknown** — both `create` and `update` have been

@@ -27,10 +27,10 @@ pub struct MeasurementTurn {
 
 impl SqliteStore {
     /// Waits for this process's turn to time compare-and-swaps on the
-    /// store ([`crate::store::measure`]): an exclusive `flock` on the file
+    /// store (`store::measure`): an exclusive `flock` on the file
     /// `<database>-measure` beside it, so that processes started together
     /// measure one after another instead of timing each other's writes (its
-    /// writers queue for one file lock). Waits at most [`TURN_PATIENCE`]
+    /// writers queue for one file lock). Waits at most `TURN_PATIENCE`
     /// (a measurement takes well under a second); `None` when the turn
     /// could not be had, and the caller measures anyway.
     pub async fn measurement_turn(&self) -> Option<MeasurementTurn> {

@@ -32,7 +32,7 @@
 //!   latest change per key (deletes as markers), so a watcher may see
 //!   several quick changes of one key as its latest.
 //! - **Measurements take turns**: the start-up measurement of the store's
-//!   compare-and-swaps ([`crate::store::measure`]) holds an exclusive
+//!   compare-and-swaps (`store::measure`) holds an exclusive
 //!   `flock` on `<database>-measure` ([`SqliteStore::measurement_turn`]),
 //!   so processes started together do not time each other's writes.
 //! - Every blocking call runs in [`tokio::task::spawn_blocking`]; a call
