@@ -88,8 +88,9 @@ pub enum Command {
     #[command(after_help = crate::cli::control::CONTROL_EXIT_CODES_HELP)]
     Switchover(crate::cli::control::SwitchoverArgs),
     /// Pauses failover (maintenance mode): nobody takes over, the holder
-    /// does not step down, putex runs no hooks and stops nothing, until
-    /// `putex resume`.
+    /// does not step down, putex starts and stops nothing (health and
+    /// position checks still run and are reported; they change nothing),
+    /// until `putex resume`.
     #[command(after_help = crate::cli::control::CONTROL_EXIT_CODES_HELP)]
     Pause(crate::cli::control::PauseArgs),
     /// Ends a pause: the holder arms its keeper again, then failover works

@@ -388,8 +388,9 @@ pub async fn pause(args: &PauseArgs) -> Result<(), CliError> {
             // member record says paused once it disarmed its keeper).
             if r.paused.is_some() && is_live(&r) && holder_knows(&store, &lock, &r.node).await {
                 println!(
-                    "{lock} paused: {} holds it; nobody takes over, putex runs no hooks and stops \
-                     nothing until `putex resume {lock}`",
+                    "{lock} paused: {} holds it; nobody takes over and putex starts and stops \
+                     nothing until `putex resume {lock}` (health and position checks still run \
+                     and are reported; they change nothing)",
                     r.node
                 );
                 return Ok(());
