@@ -781,6 +781,54 @@ fn follow_runs_on_each_standby_with_the_new_holders_address(url: &str, dir: &Pat
     agents.clear();
 }
 
+/// A standby whose follow hook keeps failing says so, with the hook's
+/// last stderr line, in `putex status` (its `why_not`, after what keeps
+/// it from taking over), and stops saying it once a follow succeeds. One store: nothing here depends on it.
+#[test]
+fn operator_a_failing_follow_says_why_in_status() {
+    let _slot = timing_slot();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let url = format!("sqlite://{}", dir.join("store.db").display());
+    let ok = dir.join("follow-ok");
+    let mut agents = cluster(dir, &url, &["n1", "n2"], &|_| {
+        vec![
+            "--follow".into(),
+            format!(
+                "[ -e {} ] && exit 0; echo 'FATAL:  requested WAL segment 3 has already been removed' >&2; exit 3",
+                ok.display()
+            ),
+        ]
+    });
+    let first = holder(&dir.join("events"));
+    let standby = if first == "n1" { "n2" } else { "n1" };
+    let why_not = || {
+        let st = status_json(&url, "svc");
+        st["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["node"] == standby).cloned())
+            .and_then(|m| m["why_not"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let failing =
+        "follow failing: exit 3: FATAL:  requested WAL segment 3 has already been removed";
+    assert!(
+        wait_for(Duration::from_secs(10), || why_not()
+            == format!("held by {first}; {failing}")),
+        "the standby's status never said its follow fails: {}",
+        why_not()
+    );
+    std::fs::write(&ok, "").unwrap();
+    // The follow is tried again every T.
+    assert!(
+        wait_for(bound_for(&url) * 2, || why_not()
+            == format!("held by {first}")),
+        "the standby still says its follow fails after one succeeded: {}",
+        why_not()
+    );
+    agents.clear();
+}
+
 all_stores!(
     operator_a_joining_standby_follows_only_after_its_start_up_stop,
     follows_only_after_the_start_up_stop

@@ -908,3 +908,43 @@ async fn supervision_signals_reach_the_child_through_the_keeper() {
     assert_eq!(forwarded, Some(Signal::SIGHUP));
     task.abort();
 }
+
+#[tokio::test]
+async fn supervision_a_failed_hook_says_how_it_ended_and_its_last_stderr_line() {
+    let runner = HookRunner::detect();
+    let run = |script: &str, timeout_ms: u64| {
+        let hook = Hook::new(HookKind::Follow, script);
+        let runner = runner.clone();
+        async move {
+            runner
+                .run(&hook, &hook_env(), None, Duration::from_millis(timeout_ms))
+                .await
+                .unwrap()
+        }
+    };
+    let failed = run(
+        "echo first >&2; echo out; echo '  FATAL:  WAL segment 3 removed  ' >&2; echo >&2; exit 3",
+        5_000,
+    )
+    .await;
+    assert_eq!(
+        failed.failure().as_deref(),
+        Some("exit 3: FATAL:  WAL segment 3 removed"),
+        "{failed:?}"
+    );
+    let quiet = run("exit 1", 5_000).await;
+    assert_eq!(quiet.failure().as_deref(), Some("exit 1"));
+    let slow = run("echo waiting >&2; sleep 5", 200).await;
+    let why = slow.failure().unwrap();
+    assert!(
+        why.starts_with("timed out after ") && why.ends_with(" ms: waiting"),
+        "{why}"
+    );
+    let long = run(&format!("echo {} >&2; exit 2", "x".repeat(500)), 5_000).await;
+    assert_eq!(
+        long.failure().unwrap(),
+        format!("exit 2: {}", "x".repeat(200))
+    );
+    let fine = run("echo all good >&2", 5_000).await;
+    assert_eq!(fine.failure(), None);
+}

@@ -317,6 +317,7 @@ impl Host for AgentHost {
                         }
                     } else {
                         st.follow_stop.cancel();
+                        st.follow_failing = None;
                     }
                     let own = Some(self.inner.node.as_str());
                     (*to == Role::Standby)

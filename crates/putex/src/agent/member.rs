@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::driver;
 use futures::StreamExt;
-use putex_core::{Candidate, Input, Role, StoreGap, StoreTime, Token};
+use putex_core::{Blocker, Candidate, Input, Role, StoreGap, StoreTime, Token};
 use tracing::Instrument;
 
 use super::state::AgentHost;
@@ -231,7 +231,7 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
                         .and_then(|h| host.set(|st| st.addrs.get(h).cloned()));
                     let env = host.hook_env(holder.clone(), addr);
                     tracing::info!(holder = ?env.holder, addr = ?env.holder_addr, "following the new holder");
-                    if AgentHost::run_hook_until(
+                    let ran = AgentHost::run_hook_until(
                         &host.inner,
                         HookKind::Follow,
                         &cmd,
@@ -240,8 +240,18 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
                         timeout,
                         stop.clone().cancelled_owned(),
                     )
-                    .await
-                    {
+                    .await;
+                    let failing = match &ran {
+                        Err(why) if !stop.is_cancelled() => Some(format!("follow failing: {why}")),
+                        _ => None,
+                    };
+                    let changed = host.set(|st| {
+                        std::mem::replace(&mut st.follow_failing, failing.clone()) != failing
+                    });
+                    if changed {
+                        host.inner.member_dirty.notify_one();
+                    }
+                    if ran.is_ok() {
                         return;
                     }
                     if stop.is_cancelled() {
@@ -352,10 +362,21 @@ impl AgentHost {
             priority: self.inner.settings.operator.priority,
             position: st.position,
             ready: Some(st.ready()),
-            blocker: st.blocker.as_ref().map(ToString::to_string),
+            blocker: why_not(st.blocker.as_ref(), st.follow_failing.as_deref()),
             addr: self.inner.settings.operator.advertise.clone(),
             paused: st.paused.as_ref().map(ToString::to_string),
         })
+    }
+}
+
+/// A member's `why_not`: what keeps the core from taking the lock here,
+/// and a follow that keeps failing (the replica may be of no use then
+/// either), both when both hold.
+fn why_not(blocker: Option<&Blocker>, follow_failing: Option<&str>) -> Option<String> {
+    match (blocker, follow_failing) {
+        (Some(b), Some(f)) => Some(format!("{b}; {f}")),
+        (Some(b), None) => Some(b.to_string()),
+        (None, f) => f.map(str::to_owned),
     }
 }
 

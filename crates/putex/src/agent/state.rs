@@ -122,6 +122,10 @@ pub(super) struct Status {
     /// Why the core would not take over now ("why not"), and whether that
     /// makes it not ready as a candidate (O3).
     pub(super) blocker: Option<Blocker>,
+    /// Why the last follow hook failed (`follow failing: exit 1: …`), until
+    /// one succeeds or this node leaves standby: shown as the member's
+    /// `why_not`.
+    pub(super) follow_failing: Option<String>,
     /// The last `--position`.
     pub(super) position: Option<u64>,
     /// The pause in force by this holder's record (O2).
@@ -311,6 +315,7 @@ impl AgentHost {
             std::future::pending(),
         )
         .await
+        .is_ok()
     }
 
     /// [`run_hook`](Self::run_hook), killing the hook's tree (and waiting
@@ -323,23 +328,29 @@ impl AgentHost {
         arg: Option<&str>,
         timeout: Duration,
         stop: impl std::future::Future<Output = ()>,
-    ) -> bool {
+    ) -> Result<(), String> {
         let hook = Hook::new(kind, command);
         match inner.runner.run_until(&hook, env, arg, timeout, stop).await {
             Ok(o) => {
                 inner.metrics.hook(o.name, o.duration);
-                if o.ok() {
-                    tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
-                } else if o.status == HookStatus::Cancelled {
+                match o.failure() {
+                    None => {
+                        tracing::debug!(hook = o.name, duration = ?o.duration, "hook succeeded");
+                        Ok(())
+                    }
                     // Logged by the runner; the caller says why.
-                } else {
-                    tracing::warn!(hook = o.name, status = ?o.status, duration = ?o.duration, "hook failed");
+                    Some(why) if o.status == HookStatus::Cancelled => Err(why),
+                    Some(why) => {
+                        inner.metrics.hook_failed(o.name);
+                        tracing::warn!(hook = o.name, status = ?o.status, duration = ?o.duration, "hook failed: {why}");
+                        Err(why)
+                    }
                 }
-                o.ok()
             }
             Err(e) => {
                 tracing::error!(error = %e, "hook could not run");
-                false
+                inner.metrics.hook_failed(kind.name());
+                Err(format!("could not run: {e}"))
             }
         }
     }

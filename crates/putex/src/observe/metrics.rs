@@ -22,6 +22,7 @@
 //! | `putex_store_call_duration_seconds{op,outcome}` | histogram | store calls by operation and outcome |
 //! | `putex_health_checks_total{mode,result}` | counter | health checks by mode and result |
 //! | `putex_hook_duration_seconds{hook}` | histogram | fence, activate and stop durations |
+//! | `putex_hook_failures_total{hook}` | counter | hooks that failed: exited non-zero, timed out or could not run |
 //! | `putex_graceful_stop_failures_total` | counter | graceful stops that could not prove the service stopped |
 //! | `putex_stop_unproven` | gauge | 1 while the last stop proved nothing: the service may still run (alarm) |
 //! | `putex_stops_unproven_total` | counter | stops, of any kind, that could not prove the service stopped |
@@ -147,6 +148,7 @@ struct Series {
     store: Family<StoreLabels, Histogram>,
     health: Family<HealthLabels, Counter>,
     hooks: Family<HookLabel, Histogram>,
+    hook_failures: Family<HookLabel, Counter>,
     stop_failures: Counter,
     stop_unproven: Gauge,
     stops_unproven: Counter,
@@ -235,6 +237,12 @@ impl Metrics {
             "Fence, activate and stop durations",
             hooks.clone(),
         );
+        let hook_failures = Family::<HookLabel, Counter>::default();
+        registry.register(
+            "hook_failures",
+            "Hooks that failed: exited non-zero, timed out or could not run",
+            hook_failures.clone(),
+        );
         let stop_failures = Counter::default();
         registry.register(
             "graceful_stop_failures",
@@ -280,6 +288,7 @@ impl Metrics {
             store,
             health,
             hooks,
+            hook_failures,
             stop_failures,
             stop_unproven,
             stops_unproven,
@@ -364,6 +373,16 @@ impl Metrics {
                 hook: hook.to_string(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// A hook failed: exited non-zero, timed out or could not run.
+    pub(crate) fn hook_failed(&self, hook: &str) {
+        self.0
+            .hook_failures
+            .get_or_create(&HookLabel {
+                hook: hook.to_string(),
+            })
+            .inc();
     }
 
     /// A graceful stop could not prove the service stopped.

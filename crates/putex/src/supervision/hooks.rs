@@ -284,12 +284,45 @@ pub struct HookOutcome {
     /// Whether a timed-out hook's whole tree is proven gone (always true for
     /// a hook that exited on its own; its leftovers are not killed).
     pub tree_gone: bool,
+    /// The last line the hook wrote to stderr (at most
+    /// [`LAST_LINE_MAX`] characters), to say why it failed.
+    pub last_stderr: Option<String>,
 }
+
+/// How much of a hook's last stderr line [`HookOutcome`] keeps.
+pub const LAST_LINE_MAX: usize = 200;
 
 impl HookOutcome {
     /// Exited 0 within its timeout.
     pub fn ok(&self) -> bool {
         matches!(self.status, HookStatus::Exited(e) if e.success())
+    }
+
+    /// Why it failed, for people: how it ended and its last stderr line
+    /// (`exit 1: requested WAL segment … has already been removed`);
+    /// `None` when it succeeded.
+    pub fn failure(&self) -> Option<String> {
+        if self.ok() {
+            return None;
+        }
+        let how = match self.status {
+            HookStatus::Exited(Exit {
+                code: Some(code), ..
+            }) => format!("exit {code}"),
+            HookStatus::Exited(Exit {
+                signal: Some(signal),
+                ..
+            }) => format!("killed by signal {signal}"),
+            HookStatus::Exited(_) => "ended".into(),
+            HookStatus::TimedOut => {
+                format!("timed out after {}", putex_core::time::Human(self.duration))
+            }
+            HookStatus::Cancelled => "stopped".into(),
+        };
+        Some(match &self.last_stderr {
+            Some(line) => format!("{how}: {line}"),
+            None => how,
+        })
     }
 }
 
@@ -373,7 +406,7 @@ impl HookRunner {
         };
         let readers: Vec<_> = streams
             .into_iter()
-            .map(|(stream, r)| tokio::spawn(log_lines(name, stream, r)))
+            .map(|(stream, r)| (stream, tokio::spawn(log_lines(name, stream, r))))
             .collect();
 
         let ended_early = tokio::select! {
@@ -390,12 +423,16 @@ impl HookRunner {
             }
         };
         let duration = started.elapsed();
-        for task in readers {
-            if tokio::time::timeout(DRAIN, async { task.await.ok() })
-                .await
-                .is_err()
+        let mut last_stderr = None;
+        for (stream, task) in readers {
+            // A leftover background process may hold the pipe: stop
+            // reading after DRAIN.
+            if let Ok(Some(Some(line))) =
+                tokio::time::timeout(DRAIN, async { task.await.ok() }).await
             {
-                // A leftover background process holds the pipe; stop reading.
+                if stream == "stderr" {
+                    last_stderr = Some(line);
+                }
             }
         }
         if let Some(cg) = &scope {
@@ -434,6 +471,7 @@ impl HookRunner {
             status,
             duration,
             tree_gone,
+            last_stderr,
         })
     }
 }
@@ -525,11 +563,19 @@ fn spawn(
     Ok((Running::Tokio(child, pid), streams))
 }
 
-async fn log_lines(hook: &'static str, stream: &'static str, r: Stream) {
+/// Logs `r` line by line; returns its last line that is not blank, cut to
+/// [`LAST_LINE_MAX`] characters.
+async fn log_lines(hook: &'static str, stream: &'static str, r: Stream) -> Option<String> {
     let mut lines = BufReader::new(r).lines();
+    let mut last = None;
     while let Ok(Some(line)) = lines.next_line().await {
         tracing::info!(hook, stream, "{line}");
+        let kept = line.trim();
+        if !kept.is_empty() {
+            last = Some(kept.chars().take(LAST_LINE_MAX).collect());
+        }
     }
+    last
 }
 
 #[cfg(test)]
