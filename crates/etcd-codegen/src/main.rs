@@ -1,4 +1,4 @@
-//! Generates putex's etcd gRPC code (`crates/putex/src/store/etcd/api/`)
+//! Generates putex's etcd gRPC code (`crates/putex/generated/etcd/`, included by `crates/putex/src/store/etcd/api/`)
 //! from etcd's `.proto` files (`proto/`, see `proto/README.md`), in Rust
 //! alone: protox compiles the files, tonic-prost-build writes the prost
 //! messages and the tonic clients. Nothing runs protoc, here or in any
@@ -42,7 +42,7 @@ fn proto_dir() -> PathBuf {
 
 /// The folder of the committed output.
 fn api_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../putex/src/store/etcd/api")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../putex/generated/etcd")
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,8 @@
 //! etcd's v3 gRPC API: the prost messages and tonic clients generated from
-//! etcd's `.proto` files by `crates/etcd-codegen` (`cargo run -p
-//! etcd-codegen`; its `--check`, run by `scripts/test`, fails when these
-//! files are not what it generates). Generated, so neither formatted nor
+//! etcd's `.proto` files by `crates/etcd-codegen` into
+//! `crates/putex/generated/etcd/` (`cargo run -p etcd-codegen`; its
+//! `--check`, run by `scripts/test`, fails when those files are not what it
+//! generates), kept out of `src/`: nobody writes them. Generated, so neither formatted nor
 //! linted here; never edit them by hand. The inputs and where they come
 //! from: `crates/etcd-codegen/proto/README.md`.
 //!
@@ -20,16 +21,25 @@
 
 /// Keys, values and events (`mvccpb`).
 pub mod mvccpb {
-    include!("mvccpb.rs");
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/generated/etcd/mvccpb.rs"
+    ));
 }
 
 /// Users, roles and permissions (`authpb`).
 pub mod authpb {
-    include!("authpb.rs");
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/generated/etcd/authpb.rs"
+    ));
 }
 
 /// The KV, Watch, Lease, Cluster, Maintenance and Auth services and their
 /// messages (`etcdserverpb`).
 pub mod etcdserverpb {
-    include!("etcdserverpb.rs");
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/generated/etcd/etcdserverpb.rs"
+    ));
 }
