@@ -161,7 +161,6 @@ pub struct PgCluster {
 const SETTINGS: &str = "
 listen_addresses = '127.0.0.1'
 wal_log_hints = on
-wal_keep_size = '256MB'
 max_wal_senders = 10
 max_connections = 40
 shared_buffers = '16MB'
@@ -173,7 +172,8 @@ wal_retrieve_retry_interval = '200ms'
 
 impl PgCluster {
     /// `n` nodes: `n1` made by `initdb`, the others by `pg_basebackup -R`
-    /// from it, all stopped. `sync`: the recipe's synchronous mode.
+    /// from it, each through its replication slot (`-C -S putex_n2`, as
+    /// `docs/postgresql.md` sets replicas up), all stopped. `sync`: the recipe's synchronous mode.
     pub fn create(n: usize, sync: bool) -> PgCluster {
         let bin = pg_bin();
         let user = pg_user();
@@ -259,7 +259,8 @@ impl PgCluster {
             self.ok(self
                 .pg("pg_basebackup")
                 .args(["-h", "127.0.0.1", "-p", &first.port.to_string()])
-                .args(["-U", "replicator", "-X", "stream", "-c", "fast", "-R", "-D"])
+                .args(["-U", "replicator", "-X", "stream", "-c", "fast", "-R"])
+                .args(["-C", "-S", &format!("putex_{}", node.name), "-D"])
                 .arg(&node.data));
         }
         self.ok(self
@@ -455,6 +456,17 @@ impl PgCluster {
         )
         .and_then(|_| self.sql(i, "select pg_reload_conf()"))
         .unwrap_or_else(|e| panic!("{}: {e}", self.nodes[i].name));
+    }
+
+    /// Adds `lines` (`KEY=value`, one per line) to node `i`'s recipe
+    /// configuration: the hooks read it at each run.
+    pub fn configure(&self, i: usize, lines: &str) {
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.nodes[i].conf)
+            .and_then(|mut f| writeln!(f, "{lines}"))
+            .expect("append to the recipe's config");
     }
 
     /// Starts node `i`'s server by hand (`pg_ctl start`), as an operator

@@ -810,6 +810,10 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
         holder: None,
         holder_addr: None,
         kv_socket: None,
+        members: vec![
+            (NodeId::new("n2").unwrap(), Duration::from_secs(3601)),
+            (NodeId::new("n1").unwrap(), Duration::ZERO),
+        ],
     };
     let runner = HookRunner::detect();
     let health = Hook::new(HookKind::Health, script.clone());
@@ -820,7 +824,7 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
     assert!(r.ok(), "{r:?}");
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
-        "putex-hook\n1\nPUTEX_HOOK=healthcheck\nPUTEX_LOCK=pg\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_TOKEN=5:77\n"
+        "putex-hook\n1\nPUTEX_HOOK=healthcheck\nPUTEX_LOCK=pg\nPUTEX_MEMBERS=n1=0 n2=3601\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_TOKEN=5:77\n"
     );
     // The mode is the last argument.
     let last = dir.path().join("last");
@@ -845,7 +849,7 @@ async fn supervision_hook_environment_and_arguments_are_as_documented() {
     assert!(r.ok());
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
-        "putex-hook\n0\nPUTEX_HOOK=deactivate\nPUTEX_LOCK=pg\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_STOP=graceful\nPUTEX_TOKEN=5:77\n"
+        "putex-hook\n0\nPUTEX_HOOK=deactivate\nPUTEX_LOCK=pg\nPUTEX_MEMBERS=n1=0 n2=3601\nPUTEX_NODE=n1\nPUTEX_PREVIOUS=n2\nPUTEX_ROLE=active\nPUTEX_STOP=graceful\nPUTEX_TOKEN=5:77\n"
     );
     let failing = Hook::new(HookKind::Fence, "exit 3");
     let r = runner

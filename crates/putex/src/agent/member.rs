@@ -39,8 +39,8 @@ pub(super) async fn member_writer(host: AgentHost, store: AnyStore, key: String)
 /// Reads the other members' records (a watch on `member.<lock>.`) and
 /// passes the fresh ones to the core every 3 R (O3): whom to defer to,
 /// whom a switchover may go to, how far behind this node is. Also keeps
-/// their `--advertise` addresses for the hooks, and runs `--follow` when
-/// the active holder changes.
+/// their `--advertise` addresses and record ages (`PUTEX_MEMBERS`) for the
+/// hooks, and runs `--follow` when the active holder changes.
 ///
 /// Fresh: written within 10 of its writer's R (plus two steps of a store
 /// clock that reads in steps), by the newest record's store time (no host's
@@ -108,6 +108,7 @@ pub(super) async fn member_feed(
                         .iter()
                         .filter_map(|m| Some((m.node.clone(), m.addr.clone()?)))
                         .collect();
+                    st.members = member_ages(&members);
                 });
                 if inject.unbounded_send(Input::Members(candidates)).is_err() {
                     return;
@@ -173,6 +174,35 @@ fn fresh_members(
             fresh && !matches!(rec.role.as_str(), "exited" | "starting")
         })
         .map(|(rec, _)| rec.clone())
+        .collect()
+}
+
+/// Every member whose record was read, with the age of its record against
+/// the newest one (`PUTEX_MEMBERS`): a member gone for an hour shows
+/// 3600, one that exited cleanly counts from its last record. A record
+/// whose node is no node id (written by someone else), or whose age
+/// cannot be told (another store epoch), is left out.
+fn member_ages(
+    members: &HashMap<String, (MemberRecord, StoreTime)>,
+) -> Vec<(crate::store::NodeId, Duration)> {
+    let Some(newest) = members
+        .values()
+        .map(|(_, t)| *t)
+        .max_by_key(|t| (t.era, t.nanos))
+    else {
+        return Vec::new();
+    };
+    members
+        .values()
+        .filter_map(|(rec, t)| {
+            let node = crate::store::NodeId::new(rec.node.clone()).ok()?;
+            let age = match newest.gap_since(*t) {
+                StoreGap::Forward(age) => age,
+                StoreGap::Backwards => Duration::ZERO,
+                StoreGap::Unbounded => return None,
+            };
+            Some((node, age))
+        })
         .collect()
 }
 
@@ -416,5 +446,41 @@ mod tests {
         let restored = active("n4", "1795954618401892884:3");
         assert_eq!(active_holder(&[new, restored, dead]).as_deref(), Some("n4"));
         assert_eq!(active_holder(&[standby]), None);
+    }
+
+    /// `PUTEX_MEMBERS`' ages: against the newest record, a member that
+    /// exited counts from its last record, garbage and other eras are left
+    /// out.
+    #[test]
+    fn member_ages_count_from_each_record_to_the_newest() {
+        let at = |era: u64, secs: u64| StoreTime {
+            era,
+            nanos: secs * 1_000_000_000,
+        };
+        let rec = |node: &str, role: &str| MemberRecord {
+            node: node.into(),
+            role: role.into(),
+            ..MemberRecord::default()
+        };
+        let members: HashMap<String, (MemberRecord, StoreTime)> = [
+            ("member.pg.db1", rec("db1", "active"), at(7, 5000)),
+            ("member.pg.db2", rec("db2", "standby"), at(7, 4999)),
+            ("member.pg.db3", rec("db3", "exited"), at(7, 1400)),
+            ("member.pg.x", rec("no good", "standby"), at(7, 5000)),
+            ("member.pg.old", rec("old", "standby"), at(6, 9000)),
+        ]
+        .into_iter()
+        .map(|(k, r, t)| (k.to_string(), (r, t)))
+        .collect();
+        let mut ages: Vec<(String, u64)> = member_ages(&members)
+            .into_iter()
+            .map(|(n, a)| (n.to_string(), a.as_secs()))
+            .collect();
+        ages.sort();
+        assert_eq!(
+            ages,
+            [("db1".into(), 0), ("db2".into(), 1), ("db3".into(), 3600)]
+        );
+        assert!(member_ages(&HashMap::new()).is_empty());
     }
 }

@@ -139,6 +139,9 @@ pub(super) struct Status {
     pub(super) tenure_open: bool,
     /// The other members' `--advertise` addresses, by node.
     pub(super) addrs: std::collections::HashMap<String, String>,
+    /// Every member whose record was read, fresh or not, and how long ago
+    /// its record was written (`PUTEX_MEMBERS`).
+    pub(super) members: Vec<(crate::store::NodeId, Duration)>,
     /// The active holder, as the member records say (`PUTEX_HOLDER`).
     pub(super) active_holder: Option<String>,
     /// The newest lock record this agent wrote that landed, and whether it
@@ -289,6 +292,7 @@ impl AgentHost {
                 .as_ref()
                 .and_then(|h| st.addrs.get(h).cloned()),
             kv_socket: self.inner.kv_socket.clone(),
+            members: st.members.clone(),
         }
     }
 

@@ -26,6 +26,7 @@
 //! | `PUTEX_HOLDER` | `putex run`: the active holder as the member records say, when known (the rejoin and follow hooks: the holder they are run for) |
 //! | `PUTEX_HOLDER_ADDR` | its `--advertise` address, when it published one |
 //! | `PUTEX_KV_SOCKET` | `putex run`: where `putex kv put`/`delete` ask the agent for guarded writes of its tenure (`docs/locks.md`) |
+//! | `PUTEX_MEMBERS` | `putex run`: the lock's members whose records the agent has read, this node too once its own came back, as `NODE=SECONDS` by node, space-separated (`db1=0 db2=1 db3=5412`): seconds since each one's record was last written, on the store's clock (a member that exited counts from its last record); unset until the records were read, and in the keeper's deactivate hook |
 //!
 //! Each run has a timeout; at the timeout the hook and everything it started
 //! (its cgroup scope, or its process group and descendants) are killed.
@@ -212,6 +213,10 @@ pub struct HookEnv {
     pub holder_addr: Option<String>,
     /// `PUTEX_KV_SOCKET`: where `putex kv` asks the agent for guarded writes.
     pub kv_socket: Option<std::path::PathBuf>,
+    /// `PUTEX_MEMBERS`: the lock's members whose records the agent has
+    /// read (this node too, once its own record came back), each with how
+    /// long ago its record was last written, on the store's clock.
+    pub members: Vec<(NodeId, Duration)>,
 }
 
 impl HookEnv {
@@ -228,6 +233,7 @@ impl HookEnv {
             holder: None,
             holder_addr: None,
             kv_socket: None,
+            members: Vec::new(),
         }
     }
 
@@ -257,8 +263,24 @@ impl HookEnv {
         if let Some(socket) = &self.kv_socket {
             v.push(("PUTEX_KV_SOCKET", socket.display().to_string()));
         }
+        if !self.members.is_empty() {
+            v.push(("PUTEX_MEMBERS", members_var(&self.members)));
+        }
         v
     }
+}
+
+/// `PUTEX_MEMBERS`: `NODE=SECONDS` pairs, by node, separated by spaces
+/// (`db1=0 db2=1 db3=5412`): whole seconds since each member's record was
+/// last written. Node ids hold no space or `=`.
+fn members_var(members: &[(NodeId, Duration)]) -> String {
+    let mut sorted: Vec<_> = members.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    sorted
+        .iter()
+        .map(|(node, age)| format!("{node}={}", age.as_secs()))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// How a hook run ended.
@@ -637,6 +659,7 @@ mod tests {
             holder: None,
             holder_addr: None,
             kv_socket: None,
+            members: Vec::new(),
         };
         let d = env.vars(HookKind::Deactivate);
         assert!(d.contains(&("PUTEX_STOP", "emergency".into())));
@@ -645,5 +668,23 @@ mod tests {
             .vars(HookKind::Health)
             .iter()
             .any(|(k, _)| *k == "PUTEX_STOP"));
+    }
+
+    #[test]
+    fn members_are_node_equals_seconds_by_node() {
+        let node = |n: &str| NodeId::new(n).unwrap();
+        let mut env = HookEnv::new(Name::new("pg").unwrap(), node("db1"));
+        assert!(!env
+            .vars(HookKind::Health)
+            .iter()
+            .any(|(k, _)| *k == "PUTEX_MEMBERS"));
+        env.members = vec![
+            (node("db3"), Duration::from_millis(5_412_900)),
+            (node("db1"), Duration::ZERO),
+            (node("db2.example.com"), Duration::from_millis(1_500)),
+        ];
+        let vars = env.vars(HookKind::Health);
+        let members = vars.iter().find(|(k, _)| *k == "PUTEX_MEMBERS").unwrap();
+        assert_eq!(members.1, "db1=0 db2.example.com=1 db3=5412");
     }
 }

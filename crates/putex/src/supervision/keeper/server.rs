@@ -599,6 +599,7 @@ impl State {
                 holder: None,
                 holder_addr: None,
                 kv_socket: self.opts.kv_socket.clone(),
+                members: Vec::new(),
             };
             let timeout = match kind {
                 StopKind::Emergency => self.opts.emergency_timeout,

@@ -19,6 +19,8 @@ use crate::common::agent::{putex, putex_bin, start, timing_slot, wait_for, wall_
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
+mod slots;
+
 /// The store a test runs on.
 #[derive(Clone, Copy)]
 enum Kind {

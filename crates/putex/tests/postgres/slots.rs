@@ -1,0 +1,221 @@
+//! Replication slots (`docs/postgresql.md`, "Replication slots"): the
+//! primary keeps the WAL of a replica that is away, through the slot the
+//! replica was made with (`pg_basebackup -C -S putex_n3`, as the guide
+//! says); the slot of a member gone longer than `SLOT_KEEP` is dropped, and
+//! that member, back, is rebuilt from the primary since its WAL is gone.
+//!
+//! The primary recycles WAL eagerly here (`max_wal_size` 32 MB, a
+//! checkpoint and a segment switch every few seconds, no `wal_keep_size`),
+//! so that a replica could not come back without its slot.
+
+use std::time::{Duration, Instant};
+
+use putex_testkit::postgres::{PgCluster, Writer};
+
+use super::{agent, cluster, logs, lost, wait_acks, Kind, StoreServer};
+use crate::common::agent::{timing_slot, wait_for};
+
+/// The primary (node 0) recycles WAL as soon as it may.
+fn recycle_eagerly(pg: &PgCluster) {
+    for sql in [
+        "alter system set max_wal_size = '32MB'",
+        "alter system set min_wal_size = '32MB'",
+        "select pg_reload_conf()",
+    ] {
+        pg.sql(0, sql).expect("set the primary's WAL sizes");
+    }
+}
+
+/// Writes WAL on the primary: the writer's rows, a segment switch and a
+/// checkpoint (which removes or recycles every segment nothing holds).
+fn churn(pg: &PgCluster, i: usize) {
+    pg.sql(
+        i,
+        "create table if not exists churn (v text);
+         insert into churn select repeat('x', 500) from generate_series(1, 2000)",
+    )
+    .expect("write rows");
+    pg.sql(i, "select pg_switch_wal()").expect("switch WAL");
+    pg.sql(i, "checkpoint").expect("checkpoint");
+}
+
+/// The slots on node `i`, as `name=active` lines sorted by name.
+fn slots_on(pg: &PgCluster, i: usize) -> Vec<String> {
+    pg.sql(
+        i,
+        "select slot_name || case when active then '=t' else '=f' end
+         from pg_replication_slots order by 1",
+    )
+    .map(|s| s.lines().map(str::to_owned).collect())
+    .unwrap_or_default()
+}
+
+/// Bytes of WAL between the slot's restart point and the primary's
+/// position, and whether the segment at its restart point is still in
+/// `pg_wal`.
+fn held_back(pg: &PgCluster, slot: &str) -> (u64, bool) {
+    let row = pg
+        .sql(
+            0,
+            &format!(
+                "select pg_current_wal_lsn() - restart_lsn,
+                        exists (select from pg_ls_waldir() where name = pg_walfile_name(restart_lsn))
+                 from pg_replication_slots where slot_name = '{slot}'"
+            ),
+        )
+        .expect("read the slot");
+    let (bytes, kept) = row
+        .split_once('|')
+        .unwrap_or_else(|| panic!("no slot {slot}: {row:?}"));
+    (bytes.parse().expect("a byte count"), kept == "t")
+}
+
+/// Node n3 is stopped (its agent and its server) for a minute while the
+/// primary takes writes and recycles WAL: its slot holds its WAL back (more
+/// than four times `max_wal_size`, the segment it needs still there), and
+/// back, n3 streams again with no rebuild and holds every acknowledged
+/// write. The other replica streams through its slot throughout.
+#[test]
+fn postgres_a_replica_away_for_a_minute_under_load_streams_again_through_its_slot() {
+    let server = StoreServer::start(Kind::Nats);
+    let url = server.url();
+    let pg = PgCluster::create(3, false);
+    let _slot = timing_slot();
+    let mut agents = cluster(&url, &pg, &[]);
+    recycle_eagerly(&pg);
+    assert_eq!(
+        slots_on(&pg, 0),
+        ["putex_n2=t", "putex_n3=t"],
+        "n1's slots:\n{}",
+        logs(&agents)
+    );
+
+    agents[2].stop_cleanly();
+    // Dropped now: dropping it later would kill its successor's keeper
+    // (the same keeper directory).
+    drop(agents.remove(2));
+    pg.stop_server(2);
+    let writer = Writer::start(pg.primary_conninfo());
+    let away = Instant::now();
+    while away.elapsed() < Duration::from_secs(60) {
+        churn(&pg, 0);
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    assert!(wait_acks(&writer, 100, Duration::from_secs(10)));
+    let (bytes, kept) = held_back(&pg, "putex_n3");
+    assert!(
+        bytes > 4 * 32 * 1024 * 1024 && kept,
+        "n3's slot holds back {bytes} bytes, its segment kept: {kept}"
+    );
+    assert_eq!(slots_on(&pg, 0), ["putex_n2=t", "putex_n3=f"]);
+
+    let away_for = away.elapsed();
+    let back = Instant::now();
+    agents.push(agent(&url, &pg, 2, &[]));
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.streaming_from(0)
+            == ["n2", "n3"]),
+        "n3 does not stream from n1 again ({:?}):\n{}",
+        pg.streaming_from(0),
+        logs(&agents)
+    );
+    let acks = writer.stop();
+    assert!(
+        wait_for(Duration::from_secs(10), || lost(&pg, 2, &acks).is_empty()),
+        "n3 lacks acknowledged writes: {:?}",
+        lost(&pg, 2, &acks)
+    );
+    let streaming = back.elapsed();
+    let n3 = agents[2].log_text();
+    assert!(
+        n3.contains("through the slot putex_n3") && !n3.contains("rebuil"),
+        "n3 did not simply stream through its slot:\n{n3}"
+    );
+    println!(
+        "n3 away {:.0} s: its slot held back {} MB (max_wal_size 32 MB), its segment kept; \
+         back, streaming {} ms after its agent started; 0 of {} acknowledged writes missing",
+        away_for.as_secs_f64(),
+        bytes >> 20,
+        streaming.as_millis(),
+        acks.len()
+    );
+}
+
+/// A member whose record is older than `SLOT_KEEP` (5 s here) loses its
+/// slot, while the other replica keeps its own; once WAL moved on, the
+/// member, back, is told by its server that the WAL is gone, is rebuilt
+/// from the primary (`REBUILD`, the old data kept aside) and streams.
+#[test]
+fn postgres_a_long_gone_members_slot_is_dropped_and_it_comes_back_rebuilt() {
+    let server = StoreServer::start(Kind::Nats);
+    let url = server.url();
+    let pg = PgCluster::create(3, false);
+    for i in 0..3 {
+        pg.configure(i, "SLOT_KEEP=5");
+    }
+    let _slot = timing_slot();
+    let mut agents = cluster(&url, &pg, &[]);
+    recycle_eagerly(&pg);
+
+    agents[2].stop_cleanly();
+    // Dropped now: dropping it later would kill its successor's keeper
+    // (the same keeper directory).
+    drop(agents.remove(2));
+    pg.stop_server(2);
+    let gone = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(40), || slots_on(&pg, 0)
+            == ["putex_n2=t"]),
+        "n1's slots {:?}:\n{}",
+        slots_on(&pg, 0),
+        logs(&agents)
+    );
+    let dropped_after = gone.elapsed();
+    assert!(
+        dropped_after >= Duration::from_secs(5),
+        "n3's slot dropped {dropped_after:?} after it left, before SLOT_KEEP"
+    );
+    assert!(agents[0]
+        .log_text()
+        .contains("replication slot putex_n3 dropped: its member was last heard from"));
+    let writer = Writer::start(pg.primary_conninfo());
+    for _ in 0..6 {
+        churn(&pg, 0);
+    }
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+
+    let back = Instant::now();
+    agents.push(agent(&url, &pg, 2, &[]));
+    assert!(
+        wait_for(Duration::from_secs(60), || pg.streaming_from(0)
+            == ["n2", "n3"]),
+        "n3 does not stream from n1 again ({:?}):\n{}",
+        pg.streaming_from(0),
+        logs(&agents)
+    );
+    let streaming = back.elapsed();
+    let n3 = agents[2].log_text();
+    assert!(
+        n3.contains("no longer has the WAL this replica needs") && n3.contains("rebuilt"),
+        "n3 was not rebuilt:\n{n3}"
+    );
+    let old = pg.nodes[2].data.with_extension("putex-old");
+    assert!(
+        old.join("PG_VERSION").exists(),
+        "n3's old data is not kept in {old:?}"
+    );
+    let acks = writer.stop();
+    assert!(
+        wait_for(Duration::from_secs(10), || lost(&pg, 2, &acks).is_empty()),
+        "n3 lacks acknowledged writes: {:?}",
+        lost(&pg, 2, &acks)
+    );
+    assert_eq!(slots_on(&pg, 0), ["putex_n2=t", "putex_n3=t"]);
+    println!(
+        "n3's slot dropped {} ms after it left (SLOT_KEEP 5 s; n2's kept); back, rebuilt and \
+         streaming {} ms after its agent started; 0 of {} acknowledged writes missing",
+        dropped_after.as_millis(),
+        streaming.as_millis(),
+        acks.len()
+    );
+}
