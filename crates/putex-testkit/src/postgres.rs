@@ -104,7 +104,7 @@ pub fn pg_user() -> Option<(u32, u32)> {
 /// client — may be given an ephemeral port as its own source port in the
 /// meantime, and the server's bind then fails for as long as that
 /// connection lives (seen: a replica that could not start in 30 s).
-pub(crate) fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     // Processes running tests side by side start at different places.
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -729,6 +729,107 @@ impl Writer {
 }
 
 impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One read of a [`Reader`].
+#[derive(Clone, Copy, Debug)]
+pub struct Answer {
+    /// When it came (wall-clock ns).
+    pub ns: u128,
+    /// Which server answered (its port) and whether it is in recovery;
+    /// `None`: the read failed.
+    pub server: Option<(u16, bool)>,
+}
+
+/// A client reading `select inet_server_port(), pg_is_in_recovery()`
+/// through 127.0.0.1:`port` (a load balancer's) every 100 ms, each on a new
+/// connection, recording who answered. Its own thread, as [`Writer`].
+pub struct Reader {
+    stop: Arc<AtomicBool>,
+    reads: Arc<Mutex<Vec<Answer>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reader {
+    /// Starts reading through `port`.
+    pub fn start(port: u16) -> Reader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(Mutex::new(Vec::new()));
+        let (s, r) = (stop.clone(), reads.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let conninfo = format!(
+                "host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=1"
+            );
+            rt.block_on(async move {
+                while !s.load(Ordering::SeqCst) {
+                    let server = read_once(&conninfo).await;
+                    r.lock().unwrap().push(Answer {
+                        ns: wall_ns(),
+                        server,
+                    });
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+        });
+        Reader {
+            stop,
+            reads,
+            thread: Some(thread),
+        }
+    }
+
+    /// The reads made from `ns` (wall-clock ns) on.
+    pub fn since(&self, ns: u128) -> Vec<Answer> {
+        self.reads
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.ns >= ns)
+            .copied()
+            .collect()
+    }
+
+    /// Stops reading; every read.
+    pub fn stop(mut self) -> Vec<Answer> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.reads.lock().unwrap().clone()
+    }
+}
+
+async fn read_once(conninfo: &str) -> Option<(u16, bool)> {
+    let call = Duration::from_secs(2);
+    let (client, connection) = tokio::time::timeout(
+        call,
+        tokio_postgres::connect(conninfo, tokio_postgres::NoTls),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let conn = tokio::spawn(connection);
+    let row = tokio::time::timeout(
+        call,
+        client.query_one("select inet_server_port(), pg_is_in_recovery()", &[]),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok);
+    conn.abort();
+    let row = row?;
+    let port: i32 = row.get(0);
+    Some((port as u16, row.get(1)))
+}
+
+impl Drop for Reader {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }

@@ -114,7 +114,13 @@ pub(super) async fn member_feed(
                     return;
                 }
                 let active = active_holder(&fresh);
-                host.set(|st| st.active_holder.clone_from(&active));
+                let holder_position = active
+                    .as_ref()
+                    .and_then(|a| fresh.iter().find(|m| m.node == *a).and_then(|m| m.position));
+                host.set(|st| {
+                    st.active_holder.clone_from(&active);
+                    st.holder_position = holder_position;
+                });
                 if active.is_some() && active != holder {
                     holder = active;
                     if holder.as_deref() != Some(own.as_str()) {

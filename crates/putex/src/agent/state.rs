@@ -144,6 +144,8 @@ pub(super) struct Status {
     pub(super) members: Vec<(crate::store::NodeId, Duration)>,
     /// The active holder, as the member records say (`PUTEX_HOLDER`).
     pub(super) active_holder: Option<String>,
+    /// The position the active holder's record last published.
+    pub(super) holder_position: Option<u64>,
     /// The newest lock record this agent wrote that landed, and whether it
     /// says it holds the lock: what the hooks' guarded writes compare
     /// against ([`super::kv`]).
@@ -207,6 +209,11 @@ impl crate::http::agent::AgentView for AgentHost {
             token: st.token.map(|t| t.to_string()),
             ready: !matches!(st.role, None | Some(Role::Starting | Role::Exited)),
             live,
+            position: st.position,
+            lag: match (st.role, st.position, st.holder_position) {
+                (Some(Role::Standby), Some(own), Some(holder)) => Some(holder.saturating_sub(own)),
+                _ => None,
+            },
         })
     }
 

@@ -5,6 +5,8 @@
 //! |---|---|---|
 //! | `GET /primary` | this node is `active` and its activate hook (or child) succeeded | 503 |
 //! | `GET /replica` | this node is `standby` and its last health check passed | 503 |
+//! | `GET /replica?lag=16MB` | the same, and this node's `--position` is at most that far behind the active holder's (bytes, or PostgreSQL's units `kB` `MB` `GB` `TB`, 1024-based) | 503; 400 for a bound that is not a size |
+//! | `GET /read-only` | `/primary` or `/replica` would be 200 (`?lag=` bounds a standby's as above) | 503 |
 //! | `GET /health` | always (the body says role and health) | — |
 //! | `GET /liveness` | the agent's state machine went round its loop recently (3 R + 1 s) | 503 |
 //! | `GET /readiness` | the agent has started and made its first decision | 503 |
@@ -13,18 +15,19 @@
 //!
 //! Every status route answers with the same JSON body ([`AgentSnapshot`]),
 //! so `curl` shows why a check fails. HAProxy's `option httpchk GET /primary`
-//! sends traffic to the active node only (Patroni's convention).
+//! sends traffic to the active node only, `GET /replica?lag=16MB` to the
+//! standbys that keep up (Patroni's convention, and its `lag` units).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the endpoints report, taken from the agent at each request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -43,6 +46,11 @@ pub struct AgentSnapshot {
     pub ready: bool,
     /// The state machine is making progress.
     pub live: bool,
+    /// This node's last `--position` (`None` without one).
+    pub position: Option<u64>,
+    /// A standby's: how far its position is behind the active holder's, as
+    /// the holder last published it (`None` when either is unknown).
+    pub lag: Option<u64>,
 }
 
 /// Something that can describe the agent right now.
@@ -61,6 +69,7 @@ pub fn router(view: View) -> Router {
         .route("/", get(|| async { axum::response::Redirect::to("/ui") }))
         .route("/primary", get(primary))
         .route("/replica", get(replica))
+        .route("/read-only", get(read_only))
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness))
@@ -101,9 +110,75 @@ async fn primary(State(view): State<View>) -> Response {
     answer(s.primary, s)
 }
 
-async fn replica(State(view): State<View>) -> Response {
-    let s = view.snapshot();
-    answer(s.role == "standby" && s.healthy == Some(true), s)
+/// `?lag=`: the most a standby may be behind to count as a replica.
+#[derive(Debug, Default, Deserialize)]
+struct LagBound {
+    lag: Option<String>,
+}
+
+impl LagBound {
+    /// The bound in bytes, or why it is none (for a 400).
+    fn bytes(&self) -> Result<Option<u64>, String> {
+        let Some(text) = &self.lag else {
+            return Ok(None);
+        };
+        parse_size(text)
+            .map(Some)
+            .map_err(|why| format!("lag={text:?}: {why}\n"))
+    }
+}
+
+/// A size as PostgreSQL writes one (and Patroni's `?lag=` takes): a whole
+/// number of bytes, or one followed by `B`, `kB`, `MB`, `GB` or `TB`
+/// (1024-based), with no space or one.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| {
+        "not a size: a whole number of bytes, or one with kB, MB, GB or TB".to_string()
+    })?;
+    let scale: u64 = match unit.trim_start() {
+        "" | "B" => 1,
+        "kB" | "KB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        other => return Err(format!("unknown unit {other:?}: use B, kB, MB, GB or TB")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| "too large".to_string())
+}
+
+/// A healthy standby within `bound` of the holder (any lag without one;
+/// an unknown lag is not within a bound).
+fn is_replica(s: &AgentSnapshot, bound: Option<u64>) -> bool {
+    s.role == "standby"
+        && s.healthy == Some(true)
+        && bound.is_none_or(|b| s.lag.is_some_and(|lag| lag <= b))
+}
+
+async fn replica(State(view): State<View>, Query(q): Query<LagBound>) -> Response {
+    match q.bytes() {
+        Ok(bound) => {
+            let s = view.snapshot();
+            answer(is_replica(&s, bound), s)
+        }
+        Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
+    }
+}
+
+async fn read_only(State(view): State<View>, Query(q): Query<LagBound>) -> Response {
+    match q.bytes() {
+        Ok(bound) => {
+            let s = view.snapshot();
+            answer(s.primary || is_replica(&s, bound), s)
+        }
+        Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
+    }
 }
 
 async fn health(State(view): State<View>) -> Response {
@@ -129,4 +204,55 @@ async fn metrics(State(view): State<View>) -> Response {
         view.metrics(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_bytes_or_postgresql_units() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("16777216", 16 << 20),
+            ("16MB", 16 << 20),
+            ("16 MB", 16 << 20),
+            ("512kB", 512 << 10),
+            ("1GB", 1 << 30),
+            ("2TB", 2 << 40),
+            ("100B", 100),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "",
+            "MB",
+            "-1",
+            "1.5MB",
+            "16mb",
+            "16 MiB",
+            "99999999999999TB",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_lag_bound_admits_only_standbys_known_to_be_within_it() {
+        let standby = |lag| AgentSnapshot {
+            role: "standby".into(),
+            healthy: Some(true),
+            lag,
+            ..AgentSnapshot::default()
+        };
+        assert!(is_replica(&standby(None), None));
+        assert!(is_replica(&standby(Some(10)), Some(10)));
+        assert!(!is_replica(&standby(Some(11)), Some(10)));
+        assert!(!is_replica(&standby(None), Some(10)));
+        let unhealthy = AgentSnapshot {
+            healthy: Some(false),
+            ..standby(Some(0))
+        };
+        assert!(!is_replica(&unhealthy, None));
+    }
 }

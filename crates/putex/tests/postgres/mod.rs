@@ -19,6 +19,7 @@ use crate::common::agent::{putex, putex_bin, start, timing_slot, wait_for, wall_
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
+mod haproxy;
 mod slots;
 
 /// The store a test runs on.
@@ -85,14 +86,25 @@ fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
 /// Starts every node's agent: `n1` first, until it is the primary, then the
 /// others, until both stream from it.
 fn cluster(url: &str, pg: &PgCluster, extra: &[&str]) -> Vec<Agent> {
-    let mut agents = vec![agent(url, pg, 0, extra)];
+    cluster_each(url, pg, |_| extra.iter().map(|s| s.to_string()).collect())
+}
+
+/// [`cluster`] with flags of each node's own (`extra(i)`).
+fn cluster_each(url: &str, pg: &PgCluster, extra: impl Fn(usize) -> Vec<String>) -> Vec<Agent> {
+    let flags = |i: usize| extra(i);
+    let start_node = |i: usize| {
+        let f = flags(i);
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
+        agent(url, pg, i, &f)
+    };
+    let mut agents = vec![start_node(0)];
     assert!(
         wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
         "n1 did not become the primary:\n{}",
         logs(&agents)
     );
     for i in 1..pg.nodes.len() {
-        agents.push(agent(url, pg, i, extra));
+        agents.push(start_node(i));
     }
     assert!(
         wait_for(Duration::from_secs(30), || pg.streaming_from(0).len()
