@@ -477,10 +477,28 @@ impl PgCluster {
 
     /// Stops node `i`'s server with a fast shutdown, as an operator would.
     pub fn stop_server(&self, i: usize) {
+        let data = &self.nodes[i].data;
         let mut cmd = self.pg("pg_ctl");
-        cmd.args(["stop", "-m", "fast", "-w", "-D"])
-            .arg(&self.nodes[i].data);
-        self.ok(&mut cmd);
+        cmd.args(["stop", "-m", "fast", "-w", "-D"]).arg(data);
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        if !out.status.success() {
+            let log = std::fs::read_to_string(data.join("putex-pg.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let pid = std::fs::read_to_string(data.join("postmaster.pid")).unwrap_or_default();
+            let ps = Command::new("ps")
+                .args(["-eo", "pid,ppid,stat,etimes,args"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "{cmd:?} failed:\n{}\npostmaster.pid: {pid}\nthe server's log, last lines first:\n{}\nps:\n{ps}",
+                output_text(&out),
+                tail.join("\n")
+            );
+        }
     }
 
     /// SIGKILLs node `i`'s postmaster and every process it started: the
@@ -496,7 +514,7 @@ impl PgCluster {
     }
 
     /// The `putex run` flags of the recipe for node `i`: every hook,
-    /// `--advertise` and `--position`.
+    /// `--advertise`, `--position` and `--info`.
     pub fn hook_flags(&self, i: usize) -> Vec<String> {
         let script = &self.hooks;
         let hook = |cmd: &str| {
@@ -521,6 +539,8 @@ impl PgCluster {
             hook("follow"),
             "--rejoin".into(),
             hook("rejoin"),
+            "--info".into(),
+            hook("info"),
         ]
     }
 

@@ -401,6 +401,7 @@ impl AgentHost {
             blocker: why_not(st.blocker.as_ref(), st.follow_failing.as_deref()),
             addr: self.inner.settings.operator.advertise.clone(),
             paused: st.paused.as_ref().map(ToString::to_string),
+            info: st.info.clone(),
         })
     }
 }

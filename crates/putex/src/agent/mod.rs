@@ -59,6 +59,7 @@ pub mod control;
 mod error;
 pub(crate) mod files;
 mod host;
+mod info;
 mod kv;
 pub mod member;
 pub mod settings;
@@ -342,6 +343,7 @@ pub async fn run(
     if settings.operator.position.is_some() {
         tasks.spawn(member::position_feed(host.clone(), inject.clone()).in_current_span());
     }
+    tasks.spawn(info::info_feed(host.clone()).in_current_span());
     tasks.spawn(
         control::control_feed(host.clone(), store.clone(), lock.clone(), inject.clone())
             .in_current_span(),

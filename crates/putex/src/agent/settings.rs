@@ -91,6 +91,9 @@ pub struct OperatorSettings {
     /// `--failback-after`: while holding, switch over to a member with a
     /// higher `--priority` once it has been ready this long (O5).
     pub failback_after: Option<std::time::Duration>,
+    /// `--info`: a shell command printing a small JSON object for the
+    /// member record ([`crate::report::info`]).
+    pub info: Option<String>,
 }
 
 /// The default `--priority`.
@@ -106,6 +109,7 @@ impl Default for OperatorSettings {
             advertise: None,
             follow: None,
             failback_after: None,
+            info: None,
         }
     }
 }

@@ -146,6 +146,8 @@ pub(super) struct Status {
     pub(super) active_holder: Option<String>,
     /// The position the active holder's record last published.
     pub(super) holder_position: Option<u64>,
+    /// What `--info` last printed.
+    pub(super) info: std::collections::BTreeMap<String, String>,
     /// The newest lock record this agent wrote that landed, and whether it
     /// says it holds the lock: what the hooks' guarded writes compare
     /// against ([`super::kv`]).

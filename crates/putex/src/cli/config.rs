@@ -205,6 +205,12 @@ pub struct AgentArgs {
     /// e.g. re-point a replica at the new primary.
     #[arg(long, env = "PUTEX_FOLLOW", value_name = "CMD")]
     pub follow: Option<String>,
+    /// A command printing a small JSON object about this node (e.g. its
+    /// role, timeline and LSNs), run every 3 renewals: published in the
+    /// member record and shown by putex status, a column per field (at most
+    /// 16 fields of strings, numbers or booleans, 4 KiB).
+    #[arg(long, env = "PUTEX_INFO", value_name = "CMD")]
+    pub info: Option<String>,
     /// Hand the lock back: while holding, switch over to a member with a
     /// higher --priority once it has been ready (checks passing, rejoined,
     /// within --max-lag) for this long without a break [default: never].
@@ -289,6 +295,8 @@ pub struct FileConfig {
     pub advertise: Option<String>,
     /// `follow`.
     pub follow: Option<String>,
+    /// `info`.
+    pub info: Option<String>,
     /// `failback-after`.
     pub failback_after: Option<String>,
 }
@@ -515,6 +523,7 @@ pub fn resolve(
         rejoin: pick(&args.rejoin, &file.rejoin),
         advertise: pick(&args.advertise, &file.advertise),
         follow: pick(&args.follow, &file.follow),
+        info: pick(&args.info, &file.info),
         failback_after: args
             .failback_after
             .or(file_duration("failback-after", &file.failback_after)?),
@@ -523,6 +532,7 @@ pub fn resolve(
         ("--position", HookKind::Position, &operator.position),
         ("--rejoin", HookKind::Rejoin, &operator.rejoin),
         ("--follow", HookKind::Follow, &operator.follow),
+        ("--info", HookKind::Info, &operator.info),
     ] {
         if let Some(cmd) = cmd {
             Hook::new(kind, cmd.as_str())

@@ -100,7 +100,10 @@ pub fn render(st: &LockStatus) -> String {
         return out;
     }
     out.push('\n');
-    let mut rows = vec![vec![
+    // A column per `--info` field any member published, by name.
+    let info: std::collections::BTreeSet<&String> =
+        st.members.iter().flat_map(|m| m.info.keys()).collect();
+    let mut header = vec![
         "NODE".to_string(),
         "ROLE".into(),
         "HEALTHY".into(),
@@ -108,10 +111,12 @@ pub fn render(st: &LockStatus) -> String {
         "LAST SEEN".into(),
         "PRIO".into(),
         "POSITION".into(),
-        "WHY NOT".into(),
-    ]];
+    ];
+    header.extend(info.iter().map(|k| k.to_uppercase()));
+    header.push("WHY NOT".into());
+    let mut rows = vec![header];
     for m in &st.members {
-        rows.push(vec![
+        let mut row = vec![
             m.node.clone(),
             match &m.alarm {
                 Some(a) => format!("{} ({})", m.role, a.to_uppercase()),
@@ -134,11 +139,16 @@ pub fn render(st: &LockStatus) -> String {
                 (Some(p), _) => p.to_string(),
                 (None, _) => "-".into(),
             },
-            match (&st.paused, m.role.as_str()) {
-                (Some(_), "standby") => "paused".into(),
-                _ => m.why_not.clone().unwrap_or_else(|| "-".into()),
-            },
-        ]);
+        ];
+        row.extend(
+            info.iter()
+                .map(|k| m.info.get(*k).cloned().unwrap_or_else(|| "-".into())),
+        );
+        row.push(match (&st.paused, m.role.as_str()) {
+            (Some(_), "standby") => "paused".into(),
+            _ => m.why_not.clone().unwrap_or_else(|| "-".into()),
+        });
+        rows.push(row);
     }
     out.push_str(&table(&rows));
     out

@@ -51,6 +51,9 @@ pub struct MemberRecord {
     /// Failover is paused by its record: who paused, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<String>,
+    /// What `--info` last printed ([`crate::report::info`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub info: std::collections::BTreeMap<String, String>,
 }
 
 fn default_priority() -> u32 {
@@ -76,6 +79,7 @@ impl Default for MemberRecord {
             blocker: None,
             addr: None,
             paused: None,
+            info: std::collections::BTreeMap::new(),
         }
     }
 }

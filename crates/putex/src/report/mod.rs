@@ -11,8 +11,10 @@
 //! |---|---|
 //! | [`status`] | status queries: holders, members, waiters, semaphores, pools (`putex status`, `/v1/status`, the web page) |
 //! | [`members`] | member records (`member.<lock>.<node>`): what each agent tells the others and `putex status` |
+//! | [`info`] | a member record's `info`: what `putex run --info` printed, checked as untrusted input |
 //! | `web` | the web status page: locks, holders, members, health, fencing tokens, a failover timeline (hidden: served by `putex serve` and the agent's `--http`, not an API; public only for the fuzz tests of its data) |
 
+pub mod info;
 pub mod members;
 pub mod status;
 #[doc(hidden)]

@@ -137,6 +137,10 @@ pub struct MemberStatus {
     /// (or it holds the lock).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why_not: Option<String>,
+    /// What its `--info` printed ([`crate::report::info`]), fields checked
+    /// again as read.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub info: std::collections::BTreeMap<String, String>,
 }
 
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
@@ -203,6 +207,7 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
             why_not: m
                 .blocker
                 .or_else(|| (m.priority == 0).then(|| "priority 0".into())),
+            info: crate::report::info::sanitize(m.info),
         });
     }
     let highest = st.members.iter().filter_map(|m| m.position).max();

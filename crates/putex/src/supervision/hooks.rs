@@ -16,7 +16,7 @@
 //!
 //! | variable | value |
 //! |---|---|
-//! | `PUTEX_HOOK` | `healthcheck`, `fence`, `activate`, `deactivate`, `position`, `rejoin` or `follow` |
+//! | `PUTEX_HOOK` | `healthcheck`, `fence`, `activate`, `deactivate`, `position`, `rejoin`, `follow` or `info` |
 //! | `PUTEX_LOCK` | the lock name |
 //! | `PUTEX_NODE` | this node's id |
 //! | `PUTEX_ROLE` | the agent's role (`starting`, `standby`, `confirming`, `active`, `stepping-down`, `lapsed`) |
@@ -75,6 +75,8 @@ pub enum HookKind {
     Rejoin,
     /// `--follow`: follow the new holder.
     Follow,
+    /// `--info`: print a small JSON object for the member record.
+    Info,
 }
 
 impl HookKind {
@@ -88,6 +90,7 @@ impl HookKind {
             HookKind::Position => "position",
             HookKind::Rejoin => "rejoin",
             HookKind::Follow => "follow",
+            HookKind::Info => "info",
         }
     }
 }

@@ -113,6 +113,16 @@ fn cluster_each(url: &str, pg: &PgCluster, extra: impl Fn(usize) -> Vec<String>)
         pg.streaming_from(0),
         logs(&agents)
     );
+    // A replica streams a moment before its follow hook has seen it and
+    // exited: a test that stopped its agent meanwhile would kill the hook's
+    // tree, the server its `pg_ctl start` still waits for included.
+    assert!(
+        wait_for(Duration::from_secs(30), || agents[1..]
+            .iter()
+            .all(|a| a.log_text().contains("hook=\"follow\" code=Some(0)"))),
+        "the replicas' follow hooks did not finish:\n{}",
+        logs(&agents)
+    );
     agents
 }
 

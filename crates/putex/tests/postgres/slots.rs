@@ -219,3 +219,93 @@ fn postgres_a_long_gone_members_slot_is_dropped_and_it_comes_back_rebuilt() {
         acks.len()
     );
 }
+
+/// A follow that keeps failing says why where operators look: with
+/// `REBUILD=off`, n3 comes back after its slot was dropped and its WAL
+/// removed; its follow fails every T, and `putex status` shows its
+/// `why_not` as `follow failing: exit 1: …` ending with the server's own
+/// complaint (`requested WAL segment … has already been removed`).
+#[test]
+fn postgres_a_failing_follow_says_why_in_status() {
+    let server = StoreServer::start(Kind::Nats);
+    let url = server.url();
+    let pg = PgCluster::create(3, false);
+    for i in 0..3 {
+        pg.configure(i, "SLOT_KEEP=5");
+    }
+    pg.configure(2, "REBUILD=off\nFOLLOW_TIMEOUT=5");
+    let _slot = timing_slot();
+    let mut agents = cluster(&url, &pg, &[]);
+    recycle_eagerly(&pg);
+
+    // --info: each member's own account, a column per field (run every
+    // 3 R: the first may still have found the server stopped).
+    let info = |node: &str| {
+        crate::common::agent::status_json(&url, "pg")["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["node"] == node)
+            .map(|m| m["info"].clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let (n1, n2) = (info("n1"), info("n2"));
+            n1["server"] == "primary"
+                && n1["timeline"] == "1"
+                && n2["server"] == "replica"
+                && n2["receiver"] == "streaming"
+        }),
+        "n1's info {}, n2's {}",
+        info("n1"),
+        info("n2")
+    );
+
+    agents[2].stop_cleanly();
+    drop(agents.remove(2));
+    pg.stop_server(2);
+    assert!(
+        wait_for(Duration::from_secs(40), || slots_on(&pg, 0)
+            == ["putex_n2=t"]),
+        "n1's slots {:?}:\n{}",
+        slots_on(&pg, 0),
+        logs(&agents)
+    );
+    for _ in 0..6 {
+        churn(&pg, 0);
+    }
+    agents.push(agent(&url, &pg, 2, &[]));
+    let why_not = || {
+        crate::common::agent::status_json(&url, "pg")["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["node"] == "n3")
+            .and_then(|m| m["why_not"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_for(Duration::from_secs(40), || {
+            let w = why_not();
+            w.contains("follow failing: exit 1: ")
+                && w.contains("requested WAL segment")
+                && w.contains("has already been removed")
+        }),
+        "n3's why_not: {:?}\n{}",
+        why_not(),
+        logs(&agents)
+    );
+    let table = crate::common::agent::putex()
+        .args(["status", "pg", "--store", &url])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("RECEIVER")
+            && table.contains("TIMELINE")
+            && table.contains("follow failing"),
+        "{table}"
+    );
+    println!("{table}");
+}

@@ -145,6 +145,20 @@ pub struct MemberView {
     /// holding the lock until a stop is proven)`: the service may still run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// Its last `--position`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// How far its position is behind the highest any member published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    /// Why it would not take over now, e.g. `lagging 1200`, `priority 0`,
+    /// `follow failing: exit 1: …`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+    /// What its `putex run --info` printed: field names and values as text
+    /// (at most 16 fields).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub info: std::collections::BTreeMap<String, String>,
 }
 
 impl From<MemberStatus> for MemberView {
@@ -158,6 +172,10 @@ impl From<MemberStatus> for MemberView {
             last_seen_ms: m.last_seen_ms,
             silent: m.silent,
             alarm: m.alarm,
+            position: m.position,
+            lag: m.lag,
+            why_not: m.why_not,
+            info: m.info,
         }
     }
 }
