@@ -25,6 +25,8 @@
 //! - [`proxy`]: a TCP proxy between a client and its server that loses,
 //!   holds, delays or resets traffic on command (partitions without
 //!   touching the host's network).
+//! - [`ports`]: free loopback ports below the kernel's ephemeral range,
+//!   for servers that bind them later than the test picks them.
 //! - [`procfs`]: `/proc` readings for the benchmarks' figures.
 //! - [`timing`]: turns for the timing-sensitive tests, within a process and
 //!   across the processes `scripts/test` runs side by side.
@@ -41,6 +43,7 @@ pub mod etcd_server;
 pub mod nats_server;
 pub mod netns;
 pub mod pki;
+pub mod ports;
 pub mod postgres;
 pub mod procfs;
 pub mod proxy;

@@ -254,11 +254,13 @@ fn cluster_args(i: usize, listen: &str, routes: &str) -> Vec<String> {
     ]
 }
 
-/// A free loopback TCP port (bound, then released: a small race that is
-/// acceptable for cluster route ports, which must be known up front).
+/// A free loopback port for a cluster route, which must be known before
+/// the servers start: below the ephemeral range ([`crate::ports`]), so
+/// that no server's own client port, picked by the kernel from that range,
+/// takes it first (seen: a node's client listener on the route port chosen
+/// for it, and its route listener refused).
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    crate::ports::free_port()
 }
 
 /// A 3-node JetStream cluster on loopback, or on a [`Lan`].

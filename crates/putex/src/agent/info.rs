@@ -50,27 +50,7 @@ async fn run_info(
     host: &AgentHost,
     timeout: Duration,
 ) -> Result<BTreeMap<String, String>, String> {
-    let mut command = tokio::process::Command::new("/bin/sh");
-    command
-        .arg("-c")
-        .arg(cmd)
-        .arg("putex-hook")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true);
-    for (k, v) in host.env(None).vars(HookKind::Info) {
-        command.env(k, v);
-    }
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    let out = tokio::time::timeout(timeout, child.wait_with_output())
-        .await
-        .map_err(|_| format!("{cmd:?} took longer than {timeout:?}"))?
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?} exited with {}", out.status));
-    }
-    parse(&out.stdout).map_err(|why| format!("{cmd:?}: {why}"))
+    let vars = host.env(None).vars(HookKind::Info);
+    let out = super::member::command_stdout(cmd, &vars, timeout).await?;
+    parse(&out).map_err(|why| format!("{cmd:?}: {why}"))
 }

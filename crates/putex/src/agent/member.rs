@@ -341,11 +341,30 @@ pub(super) async fn position_feed(host: AgentHost, inject: driver::InputSender) 
 
 /// Runs `--position` once: its standard output, trimmed, as a number.
 async fn read_position(cmd: &str, timeout: Duration) -> Result<u64, String> {
+    let vars = [("PUTEX_HOOK", HookKind::Position.name().to_string())];
+    let out = command_stdout(cmd, &vars, timeout).await?;
+    let text = String::from_utf8_lossy(&out);
+    text.trim().parse::<u64>().map_err(|_| {
+        format!(
+            "{cmd:?} printed {:?}, not a non-negative integer",
+            text.trim()
+        )
+    })
+}
+
+/// Runs `cmd` with `/bin/sh -c` and `vars`, stdin from /dev/null, stderr
+/// to the agent's, for at most `timeout` (killed after): its standard
+/// output, if it exited 0 (`--position`, `--info`).
+pub(super) async fn command_stdout(
+    cmd: &str,
+    vars: &[(&'static str, String)],
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
     let child = tokio::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(cmd)
         .arg("putex-hook")
-        .env("PUTEX_HOOK", HookKind::Position.name())
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -359,13 +378,7 @@ async fn read_position(cmd: &str, timeout: Duration) -> Result<u64, String> {
     if !out.status.success() {
         return Err(format!("{cmd:?} exited with {}", out.status));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.trim().parse::<u64>().map_err(|_| {
-        format!(
-            "{cmd:?} printed {:?}, not a non-negative integer",
-            text.trim()
-        )
-    })
+    Ok(out.stdout)
 }
 
 impl AgentHost {

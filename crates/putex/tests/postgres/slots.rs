@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use putex_testkit::postgres::{PgCluster, Writer};
 
 use super::{agent, cluster, logs, lost, wait_acks, Kind, StoreServer};
-use crate::common::agent::{timing_slot, wait_for};
+use crate::common::agent::{timing_slot, wait_for, Agent};
 
 /// The primary (node 0) recycles WAL as soon as it may.
 fn recycle_eagerly(pg: &PgCluster) {
@@ -70,6 +70,52 @@ fn held_back(pg: &PgCluster, slot: &str) -> (u64, bool) {
     (bytes.parse().expect("a byte count"), kept == "t")
 }
 
+/// Node n3 leaves: its agent stops, then its server.
+fn leave(pg: &PgCluster, agents: &mut Vec<Agent>) {
+    agents[2].stop_cleanly();
+    // Dropped now: dropping it later would kill its successor's keeper
+    // (the same keeper directory).
+    drop(agents.remove(2));
+    pg.stop_server(2);
+}
+
+/// n3 [`leave`]s and stays away until n1 dropped its slot (`SLOT_KEEP`)
+/// and kept n2's, then until n1 no longer has the WAL segment n3 will ask
+/// for: how long the slot took to go.
+fn away_until_its_slot_is_dropped(pg: &PgCluster, agents: &mut Vec<Agent>) -> Duration {
+    let replayed = pg
+        .sql(2, "select pg_last_wal_replay_lsn()")
+        .expect("n3's replay position");
+    leave(pg, agents);
+    let gone = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(40), || slots_on(pg, 0)
+            == ["putex_n2=t"]),
+        "n1's slots {:?}:\n{}",
+        slots_on(pg, 0),
+        logs(agents)
+    );
+    let dropped = gone.elapsed();
+    let kept = || {
+        pg.sql(
+            0,
+            &format!(
+                "select count(*) from pg_ls_waldir() where name = pg_walfile_name('{replayed}')"
+            ),
+        )
+        .expect("list n1's WAL")
+            == "1"
+    };
+    for _ in 0..30 {
+        if !kept() {
+            break;
+        }
+        churn(pg, 0);
+    }
+    assert!(!kept(), "n1 still has the WAL n3 needs from {replayed}");
+    dropped
+}
+
 /// Node n3 is stopped (its agent and its server) for a minute while the
 /// primary takes writes and recycles WAL: its slot holds its WAL back (more
 /// than four times `max_wal_size`, the segment it needs still there), and
@@ -90,11 +136,7 @@ fn postgres_a_replica_away_for_a_minute_under_load_streams_again_through_its_slo
         logs(&agents)
     );
 
-    agents[2].stop_cleanly();
-    // Dropped now: dropping it later would kill its successor's keeper
-    // (the same keeper directory).
-    drop(agents.remove(2));
-    pg.stop_server(2);
+    leave(&pg, &mut agents);
     let writer = Writer::start(pg.primary_conninfo());
     let away = Instant::now();
     while away.elapsed() < Duration::from_secs(60) {
@@ -157,20 +199,7 @@ fn postgres_a_long_gone_members_slot_is_dropped_and_it_comes_back_rebuilt() {
     let mut agents = cluster(&url, &pg, &[]);
     recycle_eagerly(&pg);
 
-    agents[2].stop_cleanly();
-    // Dropped now: dropping it later would kill its successor's keeper
-    // (the same keeper directory).
-    drop(agents.remove(2));
-    pg.stop_server(2);
-    let gone = Instant::now();
-    assert!(
-        wait_for(Duration::from_secs(40), || slots_on(&pg, 0)
-            == ["putex_n2=t"]),
-        "n1's slots {:?}:\n{}",
-        slots_on(&pg, 0),
-        logs(&agents)
-    );
-    let dropped_after = gone.elapsed();
+    let dropped_after = away_until_its_slot_is_dropped(&pg, &mut agents);
     assert!(
         dropped_after >= Duration::from_secs(5),
         "n3's slot dropped {dropped_after:?} after it left, before SLOT_KEEP"
@@ -179,9 +208,6 @@ fn postgres_a_long_gone_members_slot_is_dropped_and_it_comes_back_rebuilt() {
         .log_text()
         .contains("replication slot putex_n3 dropped: its member was last heard from"));
     let writer = Writer::start(pg.primary_conninfo());
-    for _ in 0..6 {
-        churn(&pg, 0);
-    }
     assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
 
     let back = Instant::now();
@@ -262,19 +288,7 @@ fn postgres_a_failing_follow_says_why_in_status() {
         info("n2")
     );
 
-    agents[2].stop_cleanly();
-    drop(agents.remove(2));
-    pg.stop_server(2);
-    assert!(
-        wait_for(Duration::from_secs(40), || slots_on(&pg, 0)
-            == ["putex_n2=t"]),
-        "n1's slots {:?}:\n{}",
-        slots_on(&pg, 0),
-        logs(&agents)
-    );
-    for _ in 0..6 {
-        churn(&pg, 0);
-    }
+    away_until_its_slot_is_dropped(&pg, &mut agents);
     agents.push(agent(&url, &pg, 2, &[]));
     let why_not = || {
         crate::common::agent::status_json(&url, "pg")["members"]
