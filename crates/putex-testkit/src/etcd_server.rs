@@ -30,8 +30,9 @@ use crate::nats_server::all_stopped;
 use crate::netns::Lan;
 use crate::postgres::free_port;
 
-/// How long a member (or a cluster) may take to become healthy.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a member (or a cluster) may take to become healthy: on a
+/// loaded CI machine a member once had written nothing at all after 10 s.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How many lines of a member's log a failure shows.
 const LOG_TAIL_LINES: usize = 60;
@@ -496,7 +497,10 @@ impl EtcdServer {
 
     /// The log's last lines, for a failure's message.
     fn log_tail(&self) -> String {
-        let log = self.log();
+        let log = match std::fs::read_to_string(self.log_path()) {
+            Ok(log) => log,
+            Err(e) => return format!("cannot read {}: {e}", self.log_path().display()),
+        };
         let lines: Vec<&str> = log.lines().collect();
         let from = lines.len().saturating_sub(LOG_TAIL_LINES);
         format!(
@@ -545,9 +549,10 @@ impl EtcdServer {
             }
             assert!(
                 Instant::now() < deadline,
-                "etcd {} ({}) was not healthy within {START_TIMEOUT:?}:\n{}",
+                "etcd {} ({}) was not healthy within {START_TIMEOUT:?} ({}):\n{}",
                 self.name,
                 self.endpoint(),
+                crate::procfs::describe(pid_of(&self.child()).as_raw()),
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(20));

@@ -17,7 +17,7 @@ use nix::unistd::Pid;
 use crate::netns::Lan;
 
 /// How long a server may take to start listening.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Finds nats-server, or panics with how to install it.
 pub fn nats_server_binary() -> PathBuf {
@@ -148,7 +148,8 @@ impl NatsServer {
             }
             assert!(
                 Instant::now() < deadline,
-                "nats-server did not start within {START_TIMEOUT:?}:\n{}",
+                "nats-server did not start within {START_TIMEOUT:?} ({}):\n{}",
+                crate::procfs::describe(server.child.id() as i32),
                 server.log()
             );
             std::thread::sleep(Duration::from_millis(20));

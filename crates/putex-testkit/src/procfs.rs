@@ -90,3 +90,24 @@ pub fn cpu_model() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into())
 }
+
+/// What a process is doing, for a fixture's failure message: its state
+/// (`R` running, `S` sleeping, `T` stopped, `Z` zombie …), CPU time and
+/// what it waits in (`/proc/PID/wchan`), or that it is gone.
+pub fn describe(pid: i32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return format!("process {pid} is gone");
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .unwrap_or("?")
+        .to_owned();
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    format!(
+        "process {pid}: state {state}, {} CPU ticks, waiting in {:?}; load {}",
+        cpu_ticks(pid),
+        wchan,
+        load_average()
+    )
+}
