@@ -154,6 +154,24 @@ impl PgCluster {
     /// from it, each through its replication slot (`-C -S putex_n2`, as
     /// `docs/postgresql.md` sets replicas up), all stopped. `sync`: the recipe's synchronous mode.
     pub fn create(n: usize, sync: bool) -> PgCluster {
+        let cluster = Self::layout(n);
+        cluster.build();
+        cluster.write_configs(sync);
+        cluster
+    }
+
+    /// `n` nodes with nothing in their data directories (which do not
+    /// exist) and the recipe's configuration of each written: what the
+    /// recipe's bootstrap starts from (`docs/postgresql.md`, "Bootstrap").
+    pub fn empty(n: usize, sync: bool) -> PgCluster {
+        let cluster = Self::layout(n);
+        cluster.write_configs(sync);
+        cluster
+    }
+
+    /// The cluster's directory, its socket directory and the nodes' names,
+    /// ports and paths; nothing made yet.
+    fn layout(n: usize) -> PgCluster {
         let bin = pg_bin();
         let user = pg_user();
         let dir = tempfile::Builder::new()
@@ -195,7 +213,7 @@ impl PgCluster {
                 conf: dir.path().join(format!("n{i}.conf")),
             })
             .collect();
-        let cluster = PgCluster {
+        PgCluster {
             dir,
             hooks,
             bin,
@@ -203,12 +221,10 @@ impl PgCluster {
             user,
             sock,
             stand_in: None,
-        };
-        cluster.build(sync);
-        cluster
+        }
     }
 
-    fn build(&self, sync: bool) {
+    fn build(&self) {
         let first = &self.nodes[0];
         self.ok(self
             .pg("initdb")
@@ -246,6 +262,10 @@ impl PgCluster {
             .pg("pg_ctl")
             .args(["stop", "-m", "fast", "-w", "-D"])
             .arg(&first.data));
+    }
+
+    /// The recipe's configuration file of every node.
+    fn write_configs(&self, sync: bool) {
         for node in &self.nodes {
             let text = format!(
                 "PGDATA='{}'\nPGBIN='{}'\nPGHOST='{}'\nPGPORT={}\nPGCTL_OPTS='-p {}'\n\
@@ -268,6 +288,25 @@ impl PgCluster {
             .arg(node.data.with_extension("log"))
             .arg("-D")
             .arg(&node.data));
+    }
+
+    /// Writes `text` to `name` in the cluster's directory, owned by the
+    /// cluster's user with `mode` (a `~/.pgpass` must be 0600 and its
+    /// user's); returns its path.
+    pub fn put_file(&self, name: &str, text: &str, mode: u32) -> PathBuf {
+        let path = self.dir().join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .expect("chmod the file");
+        if let Some((uid, gid)) = self.user {
+            nix::unistd::chown(
+                &path,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("give the file to postgres");
+        }
+        path
     }
 
     /// The cluster's directory.

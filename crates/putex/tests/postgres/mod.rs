@@ -19,6 +19,7 @@ use crate::common::agent::{putex, putex_bin, start, timing_slot, wait_for, wall_
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
+mod bootstrap;
 mod haproxy;
 mod slots;
 
@@ -202,6 +203,14 @@ fn postgres_a_deposed_primary_started_by_hand_refuses_fenced_writes() {
          for each statement execute function putex.fence()",
     )
     .unwrap();
+    // Asynchronous replication: n2 has the table a moment later (on a busy
+    // machine, not always before the crash that follows).
+    assert!(
+        wait_for(Duration::from_secs(10), || pg
+            .sql(1, "select to_regclass('orders') is not null")
+            .is_ok_and(|t| t == "t")),
+        "the table did not reach n2"
+    );
 
     // n1's host crashes; n2 is promoted and records its own, higher token.
     agents[0].crash();

@@ -1,0 +1,180 @@
+//! Bootstrap (`docs/postgresql.md`, "Bootstrap"): three nodes with empty
+//! data directories and the recipe's configuration as the guide writes it
+//! (`packaging/postgresql/bootstrap/postgresql.conf` and `pg_hba.conf`,
+//! passwords in `~/.pgpass`, initdb's default options: peer and
+//! scram-sha-256). Both sides: one node initialises the cluster and the
+//! others are cloned from it and stream; a replica whose data directory was
+//! deleted is cloned again; and once the cluster was initialised, empty
+//! data directories are never initialised again, and say why.
+
+use std::time::{Duration, Instant};
+
+use putex_testkit::postgres::{PgCluster, Writer};
+
+use super::{agent, logs, lost, wait_acks};
+use crate::common::agent::{putex, timing_slot, wait_for, Agent};
+use crate::common::nats_server::NatsServer;
+
+const PASSWORD: &str = "s3cret'pw";
+
+/// The cluster of `n` empty nodes configured as the guide says.
+fn guide_cluster(n: usize) -> PgCluster {
+    let pg = PgCluster::empty(n, false);
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../packaging/postgresql/bootstrap");
+    let read = |f: &str| std::fs::read_to_string(examples.join(f)).expect("the guide's example");
+    let conf = pg.put_file("postgresql.conf", &read("postgresql.conf"), 0o644);
+    let hba = pg.put_file("pg_hba.conf", &read("pg_hba.conf"), 0o644);
+    pg.put_file(
+        ".pgpass",
+        &format!("*:*:*:replicator:{PASSWORD}\n*:*:*:postgres:{PASSWORD}\n"),
+        0o600,
+    );
+    let putex = pg.runnable(crate::common::agent::putex_bin());
+    for i in 0..n {
+        let mut lines = format!(
+            "POSTGRESQL_CONF='{}'\nPG_HBA='{}'\nPUTEX='{}'\n",
+            conf.display(),
+            hba.display(),
+            putex.display()
+        );
+        if pg.user.is_none() {
+            // Not root: the servers run as this user, whom peer
+            // authentication knows by that name only.
+            let me = std::env::var("USER").unwrap_or_else(|_| "postgres".into());
+            lines += &format!("PGUSER={me}\n");
+        }
+        pg.configure(i, &lines);
+    }
+    pg
+}
+
+/// Whether node `i` has a data directory (initialised or cloned).
+fn has_data(pg: &PgCluster, i: usize) -> bool {
+    pg.nodes[i].data.join("PG_VERSION").exists()
+}
+
+/// Which node is the primary, once one is.
+fn primary(pg: &PgCluster) -> Option<usize> {
+    (0..pg.nodes.len()).find(|&i| pg.is_primary(i) == Some(true))
+}
+
+/// Stops node `i`'s server if it runs (an agent's clean stop stops a
+/// primary's, not a replica's).
+fn stop_if_running(pg: &PgCluster, i: usize) {
+    if pg.postmaster(i).is_some() {
+        pg.stop_server(i);
+    }
+}
+
+#[test]
+fn postgres_bootstrap_from_empty_data_directories() {
+    let _slot = timing_slot();
+    let server = NatsServer::start();
+    let url = server.url.clone();
+    let pg = guide_cluster(3);
+    let started = Instant::now();
+    let mut agents: Vec<Option<Agent>> = (0..3).map(|i| Some(agent(&url, &pg, i, &[]))).collect();
+    let all_logs = |agents: &[Option<Agent>]| {
+        agents
+            .iter()
+            .flatten()
+            .map(|a| a.log_text())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // One primary, two replicas streaming from it.
+    assert!(
+        wait_for(Duration::from_secs(90), || primary(&pg)
+            .is_some_and(|p| pg.streaming_from(p).len() == 2)),
+        "no primary with two streaming replicas:\n{}",
+        all_logs(&agents)
+    );
+    let ready = started.elapsed();
+    let p = primary(&pg).unwrap();
+    let sysid = pg
+        .sql(p, "select system_identifier from pg_control_system()")
+        .unwrap();
+    let mark = putex()
+        .args(["kv", "get", "putex-pg.pg.system", "--store", &url])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&mark.stdout).trim(),
+        sysid,
+        "the store names the cluster"
+    );
+    for i in 0..3 {
+        // A replica streams a moment before it accepts connections.
+        let of = || pg.sql(i, "select system_identifier from pg_control_system()");
+        assert!(
+            wait_for(Duration::from_secs(10), || of().as_ref() == Ok(&sysid)),
+            "node {i} is not a copy of the initialised cluster {sysid}: {:?}",
+            of()
+        );
+    }
+    // The writer reaches it with the password the bootstrap set.
+    let conninfo = format!(
+        "{} password='{}'",
+        pg.primary_conninfo(),
+        PASSWORD.replace('\'', "\\'")
+    );
+    let writer = Writer::start(conninfo);
+    assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
+    // A replica whose data directory is deleted is cloned again.
+    let r = (0..3).find(|&i| i != p).unwrap();
+    if let Some(mut a) = agents[r].take() {
+        a.stop_cleanly();
+    }
+    stop_if_running(&pg, r);
+    std::fs::remove_dir_all(&pg.nodes[r].data).unwrap();
+    let again = Instant::now();
+    agents[r] = Some(agent(&url, &pg, r, &[]));
+    let name = pg.nodes[r].name.clone();
+    assert!(
+        wait_for(Duration::from_secs(60), || pg
+            .streaming_from(p)
+            .contains(&name)),
+        "{name}, deleted, was not cloned again:\n{}",
+        all_logs(&agents)
+    );
+    let recloned = again.elapsed();
+    let acks = writer.stop();
+    assert!(
+        wait_for(Duration::from_secs(10), || lost(&pg, r, &acks).is_empty()),
+        "the recloned replica lacks acknowledged writes"
+    );
+    println!(
+        "bootstrap: primary {} with two streaming replicas {:.1} s after three agents started on empty data directories; \
+         {name} deleted and streaming again {:.1} s after its agent started; 0 of {} writes missing",
+        pg.nodes[p].name,
+        ready.as_secs_f64(),
+        recloned.as_secs_f64(),
+        acks.len()
+    );
+    // Every data directory gone: nobody initialises again, and says why.
+    // The replicas' agents first: the primary's would hand over.
+    for i in (0..3).filter(|&i| i != p).chain([p]) {
+        if let Some(mut a) = agents[i].take() {
+            a.stop_cleanly();
+        }
+    }
+    for i in 0..3 {
+        stop_if_running(&pg, i);
+        std::fs::remove_dir_all(&pg.nodes[i].data).unwrap();
+    }
+    let agents: Vec<Agent> = (0..3).map(|i| agent(&url, &pg, i, &[])).collect();
+    assert!(
+        wait_for(Duration::from_secs(20), || agents
+            .iter()
+            .all(|a| a.log_text().contains("never initialised again"))),
+        "the agents did not say why they wait:\n{}",
+        logs(&agents)
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        (0..3).all(|i| !has_data(&pg, i)),
+        "an empty data directory was initialised again:\n{}",
+        logs(&agents)
+    );
+}
