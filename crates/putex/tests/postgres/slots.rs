@@ -117,7 +117,10 @@ fn away_until_its_slot_is_dropped(pg: &PgCluster, agents: &mut Vec<Agent>) -> Du
         }
         churn(pg, 0);
     }
-    assert!(!kept(), "n1 still has WAL n3 may ask for (at or before {stopped_at})");
+    assert!(
+        !kept(),
+        "n1 still has WAL n3 may ask for (at or before {stopped_at})"
+    );
     dropped
 }
 
