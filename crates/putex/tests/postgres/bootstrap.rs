@@ -15,7 +15,14 @@ use super::{agent, logs, lost, wait_acks};
 use crate::common::agent::{putex, timing_slot, wait_for, Agent};
 use crate::common::nats_server::NatsServer;
 
-const PASSWORD: &str = "s3cret'pw";
+/// A password with what each of its readers escapes: `'` (SQL, libpq
+/// connection strings), `:` and `\` (`~/.pgpass`).
+const PASSWORD: &str = r"s3cret'p:w\x";
+
+/// [`PASSWORD`] as a `~/.pgpass` field.
+fn pgpass_field() -> String {
+    PASSWORD.replace('\\', r"\\").replace(':', r"\:")
+}
 
 /// The cluster of `n` empty nodes configured as the guide says.
 fn guide_cluster(n: usize) -> PgCluster {
@@ -27,7 +34,10 @@ fn guide_cluster(n: usize) -> PgCluster {
     let hba = pg.put_file("pg_hba.conf", &read("pg_hba.conf"), 0o644);
     pg.put_file(
         ".pgpass",
-        &format!("*:*:*:replicator:{PASSWORD}\n*:*:*:postgres:{PASSWORD}\n"),
+        &format!(
+            "*:*:*:replicator:{p}\n*:*:*:postgres:{p}\n",
+            p = pgpass_field()
+        ),
         0o600,
     );
     let putex = pg.runnable(crate::common::agent::putex_bin());
@@ -117,7 +127,7 @@ fn postgres_bootstrap_from_empty_data_directories() {
     let conninfo = format!(
         "{} password='{}'",
         pg.primary_conninfo(),
-        PASSWORD.replace('\'', "\\'")
+        PASSWORD.replace('\\', r"\\").replace('\'', r"\'")
     );
     let writer = Writer::start(conninfo);
     assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
