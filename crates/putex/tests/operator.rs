@@ -1077,11 +1077,21 @@ fn failback_after_the_hold_down_and_not_before(url: &str, dir: &Path) {
     let after = Duration::from_nanos((back.ns - joined) as u64);
     eprintln!("failback {after:?} after the preferred node started");
     assert!(after >= Duration::from_millis(1500), "{after:?}");
-    let h = putex()
-        .args(["history", "svc", "--store", url])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&h.stdout).contains("failback to n1"));
+    // The handover's history entry is written beside the start, not
+    // before it (CI, etcd: not yet there when read at once).
+    let history = || {
+        let h = putex()
+            .args(["history", "svc", "--store", url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&h.stdout).into_owned()
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), || history()
+            .contains("failback to n1")),
+        "{}",
+        history()
+    );
     assert_no_overlap(&events(&ev), &[], "");
     agents.clear();
 }
