@@ -66,7 +66,8 @@ pub enum Rule {
     /// O1 broken: a release handed to another node is taken at once.
     TakeHandedToOther = 1 << 20,
     /// O3/O4 broken: priority 0, `--max-lag` and a pending rejoin do not
-    /// keep a node from taking over.
+    /// keep a node from taking over (nor a switchover's target behind
+    /// `--max-lag` from taking its release before it caught up, O1).
     IgnoreEligibility = 1 << 21,
     /// O5 broken: fail back as soon as a preferred member is ready, without
     /// the hold-down.

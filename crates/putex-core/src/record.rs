@@ -61,6 +61,15 @@ pub struct LockRecord {
     /// theirs alone.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hold_ms: u64,
+    /// O1: the release's target takes it only once its own position is
+    /// within `--max-lag` of the highest position it knows, waiting for that
+    /// (a stopped holder's last writes still reaching it) at most
+    /// [`hold_ms`](LockRecord::hold_ms); a target that has not caught up by
+    /// then takes nothing, and the release is an ordinary one. Set unless
+    /// the operator waived the lag (`putex switchover --allow-lag`). Absent
+    /// (false) in records of older versions: taken at once, as they were.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub catch_up: bool,
     /// O2: failover is paused. Nobody takes over a paused record; its
     /// holder runs no hooks, stops nothing and renews regardless of health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,6 +111,10 @@ impl std::fmt::Display for Pause {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl LockRecord {
@@ -245,6 +258,7 @@ mod tests {
             gap_ms: 2_000,
             to: None,
             hold_ms: 0,
+            catch_up: false,
             paused: None,
             since: None,
         }

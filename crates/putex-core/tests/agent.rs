@@ -240,6 +240,7 @@ fn holder(state: LockState, lease_ms: u64) -> LockRecord {
         gap_ms: 2000,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     }
@@ -1377,6 +1378,7 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         gap_ms: 2000,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     };
@@ -1473,6 +1475,7 @@ fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
         gap_ms: 2000,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     };
@@ -1507,6 +1510,7 @@ fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
         gap_ms: 2000,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     };
@@ -2132,8 +2136,12 @@ fn o1_a_switchover_to_a_target_that_does_not_qualify_is_refused() {
     }
 }
 
+/// O1, the holder's side: a target behind the highest position is not
+/// refused (under load it always is, by what was written since it last
+/// published): the release asks it to catch up, unless `--allow-lag`
+/// waived that. A target whose position is unknown is still refused.
 #[test]
-fn o1_a_lagging_target_needs_allow_lag() {
+fn o1_a_lagging_target_is_handed_a_release_it_must_catch_up_to() {
     for allow_lag in [false, true] {
         let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
         h.input(Input::Position(Some(1_000)));
@@ -2143,12 +2151,23 @@ fn o1_a_lagging_target_needs_allow_lag() {
             to: Some("b".into()),
             allow_lag,
         });
-        let expected = if allow_lag {
-            Role::SteppingDown
-        } else {
-            Role::Active
-        };
-        assert_eq!(h.agent.role(), expected, "allow_lag {allow_lag}");
+        assert_eq!(h.agent.role(), Role::SteppingDown, "allow_lag {allow_lag}");
+        h.answer_stop(StopKind::Graceful, true);
+        let (_, op) = h.store();
+        let r = written(&op);
+        assert_eq!(r.to.as_deref(), Some("b"));
+        assert_eq!(r.catch_up, !allow_lag, "allow_lag {allow_lag}");
+    }
+    for to in [Some("b"), None] {
+        let mut h = Harness::configured("a", |c| c.max_lag = Some(10));
+        h.input(Input::Position(Some(1_000)));
+        let mut h = holding_with(h);
+        h.input(Input::Members(vec![candidate("b", None, true)]));
+        h.input(Input::Switchover {
+            to: to.map(Into::into),
+            allow_lag: false,
+        });
+        assert_eq!(h.agent.role(), Role::Active, "to {to:?}");
     }
 }
 
@@ -2177,6 +2196,7 @@ fn handed_to(to: &str) -> LockRecord {
     LockRecord {
         to: Some(to.into()),
         hold_ms: 2_000,
+        catch_up: false,
         ..holder(LockState::Released, 10_000)
     }
 }
@@ -2202,8 +2222,10 @@ fn o1_a_release_handed_to_another_node_is_theirs_for_d() {
     );
 }
 
+/// A release that does not ask its target to catch up (`--allow-lag`, or
+/// a record of an older version) is taken at once, whatever the lag.
 #[test]
-fn o1_the_target_takes_its_release_at_once_even_beyond_max_lag() {
+fn o1_the_target_takes_a_release_without_catch_up_at_once_even_beyond_max_lag() {
     let mut h = Harness::configured("b", |c| c.max_lag = Some(10));
     h.input(Input::Position(Some(0)));
     h.input(Input::Members(vec![candidate("c", Some(100), true)]));
@@ -2218,6 +2240,85 @@ fn o1_the_target_takes_its_release_at_once_even_beyond_max_lag() {
         })
     )));
     assert!(h.activated(), "S3: activated at once");
+}
+
+fn handed_to_catching_up(to: &str) -> LockRecord {
+    LockRecord {
+        catch_up: true,
+        ..handed_to(to)
+    }
+}
+
+/// O1, the target's side: beyond `--max-lag` it does not take the release
+/// but asks for a fresh position, once per sample; within `--max-lag` it
+/// takes it at once.
+#[test]
+fn o1_a_target_behind_takes_its_release_once_it_caught_up() {
+    let mut h = Harness::configured("b", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(0)));
+    h.input(Input::Members(vec![candidate("a", Some(100), true)]));
+    look(&mut h, Some(entry(&handed_to_catching_up("b"), 7, 50.0)));
+    assert!(!acquiring(&h), "took the release 100 behind");
+    assert_eq!(
+        h.agent.blocker(),
+        Some(putex_core::Blocker::Lagging(Some(100)))
+    );
+    let samples = h
+        .out
+        .iter()
+        .filter(|o| matches!(o, Output::SamplePosition))
+        .count();
+    assert_eq!(samples, 1, "one sample asked for");
+    let _ = h.take(|o| matches!(o, Output::SamplePosition));
+    h.input(Input::Position(Some(50)));
+    assert!(!acquiring(&h), "took the release 50 behind");
+    let _ = h.take(|o| matches!(o, Output::SamplePosition));
+    assert!(
+        !h.find(|o| matches!(o, Output::SamplePosition)),
+        "asked twice for one sample"
+    );
+    h.input(Input::Position(Some(95)));
+    assert!(acquiring(&h), "did not take the release within --max-lag");
+    assert_eq!(h.agent.blocker(), None);
+}
+
+/// O1, bounded: a target that has not caught up within the release's hold
+/// takes nothing (O3); the release is an ordinary one, which a candidate
+/// within `--max-lag` takes once D passed.
+#[test]
+fn o1_a_target_that_does_not_catch_up_within_the_hold_takes_nothing() {
+    let release = entry(&handed_to_catching_up("b"), 7, 50.0);
+    let mut h = Harness::configured("b", |c| c.max_lag = Some(10));
+    h.input(Input::Position(Some(0)));
+    h.input(Input::Members(vec![candidate("a", Some(100), true)]));
+    look(&mut h, Some(release.clone()));
+    standby_until(&mut h, 104.0, &release);
+    assert!(!acquiring(&h), "took the release while 100 behind");
+    assert_eq!(
+        h.agent.blocker(),
+        Some(putex_core::Blocker::Lagging(Some(100)))
+    );
+    let mut other = Harness::configured("a", |c| c.max_lag = Some(10));
+    other.input(Input::Position(Some(100)));
+    other.input(Input::Members(vec![candidate("b", Some(0), true)]));
+    look(&mut other, Some(release.clone()));
+    assert!(!acquiring(&other), "took a release handed to b at once");
+    standby_until(&mut other, 102.5, &release);
+    assert!(acquiring(&other), "the release was not taken after D");
+}
+
+/// Mutation proof for O1's catch-up: with `--max-lag` ignored
+/// (`IgnoreEligibility`) the target takes the release 100 behind at once.
+#[test]
+fn mutation_a_target_that_does_not_catch_up_is_seen() {
+    let mut h = Harness::configured("b", |c| {
+        c.max_lag = Some(10);
+        c.mutations = Mutations::only(Rule::IgnoreEligibility);
+    });
+    h.input(Input::Position(Some(0)));
+    h.input(Input::Members(vec![candidate("a", Some(100), true)]));
+    look(&mut h, Some(entry(&handed_to_catching_up("b"), 7, 50.0)));
+    assert!(acquiring(&h));
 }
 
 #[test]

@@ -168,6 +168,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> {
                 gap_ms,
                 to: None,
                 hold_ms: 0,
+                catch_up: false,
                 paused: None,
                 since: None,
             },
@@ -339,6 +340,7 @@ fn expected_record(v: &Value) -> Option<LockRecord> {
         gap_ms: uint("gap_ms")?,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     })
@@ -796,7 +798,10 @@ impl World {
                         hook: Hook::Rejoin,
                         ok: true,
                     }),
-                    Output::PersistHighest(_) | Output::Event(_) | Output::Exit(_) => {}
+                    Output::PersistHighest(_)
+                    | Output::SamplePosition
+                    | Output::Event(_)
+                    | Output::Exit(_) => {}
                 }
             }
             match self.inputs.pop_front() {

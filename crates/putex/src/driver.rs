@@ -75,6 +75,10 @@ pub trait Host: Send + Sync + 'static {
         let _ = (holder, deadline);
         futures::future::ready(true).boxed()
     }
+    /// Runs `--position` now rather than at its next round; its result
+    /// comes back as `Input::Position` (O1: a switchover's target catching
+    /// up). A host without `--position` ignores it.
+    fn sample_position(&self) {}
     /// Something worth logging or observing happened.
     fn event(&self, event: &Event);
     /// Why the machine would not take the lock over now (`None`: it would,
@@ -362,6 +366,10 @@ fn dispatch(
         }),
         Output::PersistHighest(token) => {
             host.persist_highest(token);
+            None
+        }
+        Output::SamplePosition => {
+            host.sample_position();
             None
         }
         Output::Event(event) => {

@@ -372,6 +372,7 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         gap_ms: 100,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     };

@@ -31,14 +31,28 @@ impl Agent {
             .and_then(|o| o.record())
             .map(|r| r.node.clone());
         let record = seen.observed.as_ref().and_then(|o| o.record());
-        // O1: a release handed to this node is taken at once, whatever the
-        // lag (the holder checked it, or an operator overrode it).
-        let handed_to_me = !seen.absent_like
-            && record.is_some_and(|r| {
-                r.state == LockState::Released && r.to.as_deref() == Some(self.id.node.as_str())
-            });
-        if handed_to_me {
-            return self.acquire_released(AcquireKind::Handover, previous);
+        // O1: a release handed to this node is taken at once, or once this
+        // node caught up: within --max-lag of the highest position it knows
+        // (unless the operator waived the lag). It waits for that at most
+        // the release's hold, asking for a fresh --position sample each time
+        // one arrives; after the hold it is an ordinary release, which O3
+        // below keeps a node still behind from taking.
+        let handed_to_me = record.filter(|r| {
+            !seen.absent_like
+                && r.state == LockState::Released
+                && r.to.as_deref() == Some(self.id.node.as_str())
+        });
+        if let Some(r) = handed_to_me {
+            if !self.must_catch_up(r) {
+                return self.acquire_released(AcquireKind::Handover, previous);
+            }
+            if self.now < seen.first_seen + r.hold() {
+                if !self.operator.position_wanted {
+                    self.operator.position_wanted = true;
+                    self.outputs.push_back(Output::SamplePosition);
+                }
+                return;
+            }
         }
         // O3: beyond --max-lag this node takes nothing over.
         if !self.within_lag() {

@@ -327,7 +327,7 @@ impl Agent {
         self.lease = None;
         self.tenure = None;
         self.release_writes.clear();
-        self.operator.handover_to = None;
+        self.operator.handover = None;
         self.operator.pause = PauseState::Off;
         self.operator.unpause_pending = false;
         // What a standby saw before this tenure is stale; judge afresh (S1).

@@ -514,6 +514,16 @@ enum PauseState {
     Resuming { pause: Pause, at: Option<Instant> },
 }
 
+/// A handover under way (O1, O5): whom the release names, and whether
+/// that node must catch up before it takes it.
+#[derive(Clone, Debug)]
+struct Handover {
+    to: String,
+    /// Not waived by the operator (`--allow-lag`): the target takes the
+    /// release only within `--max-lag` ([`LockRecord::catch_up`]).
+    catch_up: bool,
+}
+
 /// The operator controls' state (O1–O4).
 #[derive(Clone, Debug)]
 struct Operator {
@@ -527,8 +537,9 @@ struct Operator {
     /// A pause asked for (applied when active).
     pause_wanted: Option<Pause>,
     pause: PauseState,
-    /// The target of the switchover under way: the release names it.
-    handover_to: Option<String>,
+    /// The handover under way (a switchover's or a failback's): the
+    /// release names its target.
+    handover: Option<Handover>,
     /// O4: not eligible until the rejoin hook succeeds.
     rejoin_needed: bool,
     /// The rejoin hook is running until this deadline.
@@ -540,6 +551,9 @@ struct Operator {
     /// O5: each preferred member's start of its unbroken readiness, as
     /// this node has heard it.
     preferred_since: Vec<(String, Instant)>,
+    /// A release handed to this node that must catch up first asked for a
+    /// fresh `--position` sample, which has not arrived yet (O1).
+    position_wanted: bool,
     /// O3: an operator let this standby take the lock over beyond
     /// `--max-lag` (`putex switchover --to NODE --allow-lag` with no holder);
     /// until it next acquires.
@@ -604,13 +618,14 @@ impl Agent {
                 position: None,
                 pause_wanted: None,
                 pause: PauseState::Off,
-                handover_to: None,
+                handover: None,
                 rejoin_needed: config.rejoin,
                 rejoin_running: None,
                 rejoin_retry_at: None,
                 failback_after: config.failback_after,
                 preferred_since: Vec::new(),
                 lag_waived: false,
+                position_wanted: false,
                 unpause_pending: false,
             },
             outputs: VecDeque::new(),
@@ -668,7 +683,10 @@ impl Agent {
             Input::Turn(ours) => self.turn = ours,
             Input::Release => self.on_release_request(),
             Input::Members(members) => self.on_members(members),
-            Input::Position(position) => self.operator.position = position,
+            Input::Position(position) => {
+                self.operator.position = position;
+                self.operator.position_wanted = false;
+            }
             Input::Switchover { to, allow_lag } => self.on_switchover(to, allow_lag),
             Input::Pause(pause) => self.on_pause(pause),
             Input::Resume => self.on_resume(),

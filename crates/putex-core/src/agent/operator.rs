@@ -6,7 +6,9 @@
 //!
 //! - O1: a switchover is a graceful step-down (H2, H6) whose release names
 //!   a target; others leave such a release alone for D, then it is an
-//!   ordinary one (S3).
+//!   ordinary one (S3). Unless the operator waived the lag, the target
+//!   takes it only once within `--max-lag` (its position catching up with
+//!   what the stopped holder wrote last), for at most those D.
 //! - O2: a pause exists only through the holder's own record. The keeper is
 //!   disarmed only once a paused renewal is known to have landed (after
 //!   which no standby takes the record over, and a takeover CAS on an older
@@ -133,7 +135,10 @@ impl Agent {
             return;
         }
         self.operator.preferred_since.clear();
-        self.operator.handover_to = Some(to.clone());
+        self.operator.handover = Some(Handover {
+            to: to.clone(),
+            catch_up: true,
+        });
         self.step_down(Reason::Failback { to });
     }
 
@@ -163,6 +168,14 @@ impl Agent {
     pub(super) fn candidacy_allows(&self) -> bool {
         self.mutations.is(Rule::IgnoreEligibility)
             || (self.operator.priority > 0 && !self.operator.rejoin_needed)
+    }
+
+    /// O1: whether this node, the target of `release`, must catch up
+    /// before it takes it: the release asks for that and this node is
+    /// beyond `--max-lag` (an operator's `--allow-lag` on this node waives
+    /// it too).
+    pub(super) fn must_catch_up(&self, release: &LockRecord) -> bool {
+        release.catch_up && !self.within_lag()
     }
 
     /// Whether this node is within `--max-lag` (or an operator waived it).
@@ -243,7 +256,10 @@ impl Agent {
             }
             if r.state == LockState::Released {
                 match &r.to {
-                    Some(to) if *to == self.id.node => return None,
+                    // Handed to this node: taken at once, or once caught
+                    // up (the lag check below says how far behind).
+                    Some(to) if *to == self.id.node && !self.must_catch_up(r) => return None,
+                    Some(to) if *to == self.id.node => {}
                     Some(to) if self.now < seen.first_seen + r.hold() => {
                         return Some(Blocker::HandedTo(to.clone()))
                     }
@@ -321,12 +337,11 @@ impl Agent {
                         format!("{node} is not ready (failing checks, rejoining or backing off)"),
                     );
                 }
-                if let (false, Some(lag)) = (allow_lag, self.lag_beyond(c.position)) {
-                    let why = match lag {
-                        Some(by) => format!("{node} is lagging {by} behind (--max-lag)"),
-                        None => format!("{node} has no known position (--max-lag)"),
-                    };
-                    return refuse(self, why);
+                // A known position behind the highest is no reason to
+                // refuse: the target catches up once this node stopped
+                // writing (the release says so), or does not take it.
+                if let (false, Some(None)) = (allow_lag, self.lag_beyond(c.position)) {
+                    return refuse(self, format!("{node} has no known position (--max-lag)"));
                 }
                 node.clone()
             }
@@ -338,7 +353,7 @@ impl Agent {
                     .filter(|c| {
                         c.ready
                             && c.priority > 0
-                            && (allow_lag || self.lag_beyond(c.position).is_none())
+                            && (allow_lag || self.lag_beyond(c.position) != Some(None))
                     })
                     .max_by(|a, b| {
                         rank(a.position, a.priority, &a.node)
@@ -350,7 +365,10 @@ impl Agent {
                 }
             }
         };
-        self.operator.handover_to = Some(target.clone());
+        self.operator.handover = Some(Handover {
+            to: target.clone(),
+            catch_up: !allow_lag,
+        });
         self.step_down(Reason::Switchover { to: target });
     }
 

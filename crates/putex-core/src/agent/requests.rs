@@ -104,9 +104,10 @@ impl Agent {
     /// (O1).
     pub(super) fn release_record(&self, write: &str) -> LockRecord {
         let mut record = self.record_of(LockState::Released, write, None);
-        if let Some(to) = self.operator.handover_to.clone() {
+        if let Some(handover) = self.operator.handover.clone() {
             record.hold_ms = ceil_millis(self.operator.defer);
-            record.to = Some(to);
+            record.to = Some(handover.to);
+            record.catch_up = handover.catch_up;
         }
         record
     }
@@ -140,6 +141,7 @@ impl Agent {
             gap_ms: ceil_millis(gap),
             to: None,
             hold_ms: 0,
+            catch_up: false,
             paused: None,
             since: self
                 .tenure

@@ -214,7 +214,7 @@ impl Agent {
         self.release_writes.clear();
         self.unconfirmed.clear();
         self.step_down_deadline = None;
-        self.operator.handover_to = None;
+        self.operator.handover = None;
         self.operator.pause = PauseState::Off;
         self.operator.unpause_pending = false;
         if !std::mem::take(&mut self.keep_health) {

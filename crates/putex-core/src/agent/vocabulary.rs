@@ -610,6 +610,10 @@ pub enum Output {
         /// Kill it then.
         deadline: Instant,
     },
+    /// Run `--position` now and report it with [`Input::Position`]: a
+    /// release was handed to this node, which waits to catch up (O1). A
+    /// host without `--position` ignores it.
+    SamplePosition,
     /// Tell the keeper.
     Keeper(KeeperCommand),
     /// Persist this as the highest fencing token seen for the lock (S6).

@@ -1032,6 +1032,9 @@ impl World {
                 self.at(at, Ev::Deliver { h, gen, input });
             }
             Output::PersistHighest(t) => self.hosts[h].persisted.highest = Some(t),
+            // The simulated hosts publish no position (no --max-lag): a
+            // host without --position ignores the request.
+            Output::SamplePosition => {}
             Output::Event(e) => self.on_event(h, e),
             Output::Exit(reason) => {
                 let host = &mut self.hosts[h];

@@ -253,6 +253,10 @@ impl Host for AgentHost {
         });
     }
 
+    fn sample_position(&self) {
+        self.inner.position_wanted.notify_one();
+    }
+
     fn persist_highest(&self, token: Token) {
         self.set(|st| {
             if st.highest.is_none_or(|h| token > h) {

@@ -303,8 +303,9 @@ pub(super) fn follow(host: &AgentHost, holder: Option<String>) {
     );
 }
 
-/// `--position`: runs the command every R and passes what it prints to the
-/// core (and the member record). A failure (or output that is not a
+/// `--position`: runs the command every R, and at once when the core asks
+/// (a switchover's target catching up, O1), and passes what it prints to
+/// the core (and the member record). A failure (or output that is not a
 /// non-negative integer) makes the position unknown: such a node is
 /// beyond any `--max-lag`.
 pub(super) async fn position_feed(host: AgentHost, inject: driver::InputSender) {
@@ -335,7 +336,10 @@ pub(super) async fn position_feed(host: AgentHost, inject: driver::InputSender) 
         if inject.unbounded_send(Input::Position(position)).is_err() {
             return;
         }
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = host.inner.position_wanted.notified() => {}
+        }
     }
 }
 

@@ -297,6 +297,7 @@ pub async fn run(
             }),
             stops: watch::Sender::new(0),
             member_dirty: Notify::new(),
+            position_wanted: Notify::new(),
             resync: tokio::sync::Mutex::new(()),
             state_dirty: Notify::new(),
             history: crate::observe::history::HistoryWriter::spawn(

@@ -178,6 +178,9 @@ pub(super) struct Inner {
     pub(super) stops: watch::Sender<u64>,
     /// Wakes the member-record writer.
     pub(super) member_dirty: Notify,
+    /// Wakes the `--position` feed for a sample now (O1: a switchover's
+    /// target catching up).
+    pub(super) position_wanted: Notify,
     /// Held while the rejoin or a follow hook runs: they never overlap (both
     /// resynchronise the same service with the holder).
     pub(super) resync: tokio::sync::Mutex<()>,

@@ -41,7 +41,11 @@ pub struct SwitchoverArgs {
     /// data, then highest priority).
     #[arg(long, value_name = "NODE")]
     pub to: Option<String>,
-    /// Hand over to a target beyond its --max-lag (it may lack data).
+    /// Hand over to a target beyond its --max-lag at once (it may lack
+    /// data). Without it such a target is still handed the lock, but takes
+    /// it only once its position caught up with what the stopped holder
+    /// wrote last, within 2 R; otherwise nobody waits for it and the
+    /// usual election (often the old holder) follows.
     #[arg(long)]
     pub allow_lag: bool,
     /// When: a duration from now (`10m`) or a time (`2026-11-28T02:00:00Z`);
@@ -227,6 +231,13 @@ pub async fn switchover(args: &SwitchoverArgs) -> Result<(), CliError> {
             "switchover of {lock} refused by {}: {why}",
             holder.node
         ))),
+        Switched::NotTaken(target, by) => Err(CliError::Other(format!(
+            "switchover of {lock}: {} handed it to {target}, which did not take it (a target \
+             behind its --max-lag waits at most 2 R for its position to catch up; `putex \
+             status {lock}` shows its lag); {by} took {lock} instead. --allow-lag hands over \
+             regardless",
+            holder.node
+        ))),
         Switched::TimedOut(state) => Err(CliError::Exit(
             TIMED_OUT,
             format!(
@@ -318,6 +329,9 @@ enum Switched {
     To(String, putex_core::Token),
     Refused(String),
     TimedOut(String),
+    /// The holder handed the lock to the first node, which did not take
+    /// it; the second took it instead.
+    NotTaken(String, String),
 }
 
 async fn wait_for_switchover(
@@ -331,11 +345,23 @@ async fn wait_for_switchover(
     let deadline = Instant::now() + wait;
     let mut polls = 0u64;
     let mut last = String::from("the holder has not acted yet");
+    // The node the holder's release named, once seen.
+    let mut handed_to: Option<String> = None;
     loop {
         if let Some((e, r)) = lock_record(store, lock).await? {
             let moved = r.node != from.node && to.is_none_or(|t| r.node == t);
             if moved && r.state == LockState::Active {
                 return Ok(Switched::To(r.node, e.token));
+            }
+            if r.state == LockState::Released && r.node == from.node {
+                if let Some(t) = &r.to {
+                    handed_to = Some(t.clone());
+                }
+            }
+            if let Some(t) = handed_to.as_ref().filter(|t| **t != r.node) {
+                if matches!(r.state, LockState::Confirming | LockState::Active) {
+                    return Ok(Switched::NotTaken(t.clone(), r.node));
+                }
             }
             last = format!("{} is {:?}", r.node, r.state).to_lowercase();
         }

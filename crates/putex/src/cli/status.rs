@@ -327,6 +327,7 @@ mod tests {
             gap_ms: 2_000,
             to: None,
             hold_ms: 0,
+            catch_up: false,
             paused: None,
             since: None,
         };

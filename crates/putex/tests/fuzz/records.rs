@@ -74,6 +74,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> + Clone {
             gap_ms,
             to: None,
             hold_ms: 0,
+            catch_up: false,
             paused: None,
             since: None,
         })

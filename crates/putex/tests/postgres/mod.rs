@@ -316,7 +316,17 @@ fn postgres_recipe_names_a_program_it_lacks() {
 
 #[test]
 fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
-    switchover_case(Kind::Nats, false);
+    switchover_case(Kind::Nats, false, false);
+}
+
+/// Synchronous mode, `--max-lag 0`: under load the target is always some
+/// bytes behind the position the primary published last, and the
+/// switchover still needs no `--allow-lag` — the target takes the lock once
+/// it replayed what the old primary's fast shutdown sent it; nothing
+/// acknowledged is lost.
+#[test]
+fn postgres_synchronous_switchover_under_load_needs_no_allow_lag() {
+    switchover_case(Kind::Nats, false, true);
 }
 
 /// The same on etcd (the other PostgreSQL version runs of
@@ -324,7 +334,7 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one() {
 /// with PostgreSQL's version).
 #[test]
 fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one_on_etcd() {
-    switchover_case(Kind::Etcd, false);
+    switchover_case(Kind::Etcd, false, false);
 }
 
 /// The same with every server run as a systemd unit (the recipe's
@@ -332,20 +342,21 @@ fn postgres_switchover_under_load_and_the_old_primary_follows_the_new_one_on_etc
 /// them with `systemctl`, never behind the unit's back.
 #[test]
 fn postgres_switchover_with_postgresql_run_as_a_systemd_unit() {
-    switchover_case(Kind::Nats, true);
+    switchover_case(Kind::Nats, true, false);
 }
 
-fn switchover_case(kind: Kind, service: bool) {
+fn switchover_case(kind: Kind, service: bool, sync: bool) {
     let server = StoreServer::start(kind);
     let url = server.url();
-    let mut pg = PgCluster::create(3, false);
+    let mut pg = PgCluster::create(3, sync);
     if service {
         pg.use_systemctl_stand_in();
     }
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
     let _slot = timing_slot();
-    let agents = cluster(&url, &pg, &[]);
+    let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
+    let agents = cluster(&url, &pg, extra);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(
         wait_acks(&writer, 100, Duration::from_secs(20)),
@@ -389,7 +400,8 @@ fn switchover_case(kind: Kind, service: bool) {
     assert_eq!(runs, [pg.nodes[0].port, n2], "the writes' primaries");
     let gap = write_gap(&acks).unwrap();
     eprintln!(
-        "switchover n1 → n2: command {:.0} ms; writes unavailable {:.0} ms (last ack on n1 → first on n2); {} writes acknowledged",
+        "{}switchover n1 → n2: command {:.0} ms; writes unavailable {:.0} ms (last ack on n1 → first on n2); {} writes acknowledged",
+        if sync { "synchronous " } else { "" },
         ms(took),
         ms(gap),
         acks.len()

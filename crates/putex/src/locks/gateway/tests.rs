@@ -14,6 +14,7 @@ fn record(state: LockState, instance: &str, write: &str) -> LockRecord {
         gap_ms: 200,
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     }

@@ -111,6 +111,7 @@ pub(super) fn claim_record(who: &Claimant, instance: &str) -> LockRecord {
         gap_ms: default_gap_ms(),
         to: None,
         hold_ms: 0,
+        catch_up: false,
         paused: None,
         since: None,
     }
