@@ -1340,7 +1340,18 @@ fn r19_an_unproven_stop_keeps_the_lease_until_a_stop_is_proven(server: &Backend)
         "echo start $PUTEX_NODE $(date +%s%N) $PUTEX_TOKEN >> {}",
         ev.display()
     );
-    let flags = ["--activate", &activate, "--deactivate", &deactivate];
+    // R = 250 ms (T = 750 ms) rather than 100 ms: what is tested is that
+    // a holder that renews keeps its lease while its stop is unproven; a
+    // renewal that a loaded machine (CI, etcd) delays past T would end the
+    // licence for another reason.
+    let flags = [
+        "--activate",
+        &activate,
+        "--deactivate",
+        &deactivate,
+        "--renew",
+        "250ms",
+    ];
     let mut a = start(fast(dir.path(), &url, "svc", "n1", &flags));
     assert!(
         wait_for(Duration::from_secs(5), || starts(&ev).len() == 1),
