@@ -137,6 +137,11 @@ pub struct PgCluster {
 
 /// The settings every node gets (its port comes with `pg_ctl -o`, since
 /// `pg_basebackup` copies this file).
+/// The roles' password in a cluster [`PgCluster::as_the_guide_says`] made,
+/// with what each of its readers escapes: `'` (SQL, libpq connection
+/// strings), `:` and `\` (`~/.pgpass`).
+pub const GUIDE_PASSWORD: &str = r"s3cret'p:w\x";
+
 const SETTINGS: &str = "
 listen_addresses = '127.0.0.1'
 wal_log_hints = on
@@ -167,6 +172,59 @@ impl PgCluster {
         let cluster = Self::layout(n);
         cluster.write_configs(sync);
         cluster
+    }
+
+    /// `n` nodes with empty data directories, configured as
+    /// `docs/postgresql.md` ("Bootstrap") says: the packaged
+    /// `packaging/postgresql/bootstrap/postgresql.conf` and `pg_hba.conf`
+    /// verbatim, the roles' password ([`GUIDE_PASSWORD`]) in the cluster
+    /// user's `~/.pgpass`, initdb's default options (peer and
+    /// scram-sha-256), `putex` where that user can run it. The bootstrap
+    /// test and the benchmark start from this.
+    pub fn as_the_guide_says(n: usize, sync: bool, putex: &Path) -> PgCluster {
+        let pg = PgCluster::empty(n, sync);
+        let examples =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/postgresql/bootstrap");
+        let read = |f: &str| {
+            std::fs::read_to_string(examples.join(f))
+                .unwrap_or_else(|e| panic!("the guide's {f}: {e}"))
+        };
+        let conf = pg.put_file("postgresql.conf", &read("postgresql.conf"), 0o644);
+        let hba = pg.put_file("pg_hba.conf", &read("pg_hba.conf"), 0o644);
+        // `~/.pgpass` escapes `:` and `\`.
+        let field = GUIDE_PASSWORD.replace('\\', r"\\").replace(':', r"\:");
+        pg.put_file(
+            ".pgpass",
+            &format!("*:*:*:replicator:{field}\n*:*:*:postgres:{field}\n"),
+            0o600,
+        );
+        let putex = pg.runnable(putex);
+        for i in 0..n {
+            let mut lines = format!(
+                "POSTGRESQL_CONF='{}'\nPG_HBA='{}'\nPUTEX='{}'\n",
+                conf.display(),
+                hba.display(),
+                putex.display()
+            );
+            if pg.user.is_none() {
+                // Not root: the servers run as this user, whom peer
+                // authentication knows by that name only.
+                let me = std::env::var("USER").unwrap_or_else(|_| "postgres".into());
+                lines += &format!("PGUSER={me}\n");
+            }
+            pg.configure(i, &lines);
+        }
+        pg
+    }
+
+    /// [`PgCluster::primary_conninfo`] with [`GUIDE_PASSWORD`]: how a
+    /// client reaches a cluster [`PgCluster::as_the_guide_says`] made.
+    pub fn guide_conninfo(&self) -> String {
+        format!(
+            "{} password='{}'",
+            self.primary_conninfo(),
+            GUIDE_PASSWORD.replace('\\', r"\\").replace('\'', r"\'")
+        )
     }
 
     /// The cluster's directory, its socket directory and the nodes' names,
@@ -410,11 +468,23 @@ impl PgCluster {
             .unwrap_or_else(|| panic!("no node {name}"))
     }
 
-    /// The postmaster's pid of node `i`, if it runs.
+    /// The postmaster's pid of node `i`, if it runs. A pid file left by a
+    /// server that was killed names a process that is gone — or, once the
+    /// pid was used again, another one (another test's postmaster): a
+    /// postmaster works in its data directory, so the process counts only
+    /// if that is its working directory (when this user may read it).
     pub fn postmaster(&self, i: usize) -> Option<i32> {
-        let text = std::fs::read_to_string(self.nodes[i].data.join("postmaster.pid")).ok()?;
+        let data = &self.nodes[i].data;
+        let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
         let pid: i32 = text.lines().next()?.trim().parse().ok()?;
-        crate::agent::start_time(pid).map(|_| pid)
+        crate::agent::start_time(pid)?;
+        match std::fs::read_link(format!("/proc/{pid}/cwd")) {
+            Ok(cwd) => {
+                let data = data.canonicalize().unwrap_or_else(|_| data.clone());
+                (cwd == data).then_some(pid)
+            }
+            Err(_) => Some(pid),
+        }
     }
 
     /// Runs every node's server as the systemd unit `putex-pg@NODE` of the

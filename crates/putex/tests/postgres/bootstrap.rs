@@ -15,50 +15,6 @@ use super::{agent, logs, lost, wait_acks};
 use crate::common::agent::{putex, timing_slot, wait_for, Agent};
 use crate::common::nats_server::NatsServer;
 
-/// A password with what each of its readers escapes: `'` (SQL, libpq
-/// connection strings), `:` and `\` (`~/.pgpass`).
-const PASSWORD: &str = r"s3cret'p:w\x";
-
-/// [`PASSWORD`] as a `~/.pgpass` field.
-fn pgpass_field() -> String {
-    PASSWORD.replace('\\', r"\\").replace(':', r"\:")
-}
-
-/// The cluster of `n` empty nodes configured as the guide says.
-fn guide_cluster(n: usize) -> PgCluster {
-    let pg = PgCluster::empty(n, false);
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../packaging/postgresql/bootstrap");
-    let read = |f: &str| std::fs::read_to_string(examples.join(f)).expect("the guide's example");
-    let conf = pg.put_file("postgresql.conf", &read("postgresql.conf"), 0o644);
-    let hba = pg.put_file("pg_hba.conf", &read("pg_hba.conf"), 0o644);
-    pg.put_file(
-        ".pgpass",
-        &format!(
-            "*:*:*:replicator:{p}\n*:*:*:postgres:{p}\n",
-            p = pgpass_field()
-        ),
-        0o600,
-    );
-    let putex = pg.runnable(crate::common::agent::putex_bin());
-    for i in 0..n {
-        let mut lines = format!(
-            "POSTGRESQL_CONF='{}'\nPG_HBA='{}'\nPUTEX='{}'\n",
-            conf.display(),
-            hba.display(),
-            putex.display()
-        );
-        if pg.user.is_none() {
-            // Not root: the servers run as this user, whom peer
-            // authentication knows by that name only.
-            let me = std::env::var("USER").unwrap_or_else(|_| "postgres".into());
-            lines += &format!("PGUSER={me}\n");
-        }
-        pg.configure(i, &lines);
-    }
-    pg
-}
-
 /// Whether node `i` has a data directory (initialised or cloned).
 fn has_data(pg: &PgCluster, i: usize) -> bool {
     pg.nodes[i].data.join("PG_VERSION").exists()
@@ -82,7 +38,7 @@ fn postgres_bootstrap_from_empty_data_directories() {
     let _slot = timing_slot();
     let server = NatsServer::start();
     let url = server.url.clone();
-    let pg = guide_cluster(3);
+    let pg = PgCluster::as_the_guide_says(3, false, crate::common::agent::putex_bin());
     let started = Instant::now();
     let mut agents: Vec<Option<Agent>> = (0..3).map(|i| Some(agent(&url, &pg, i, &[]))).collect();
     let all_logs = |agents: &[Option<Agent>]| {
@@ -124,11 +80,7 @@ fn postgres_bootstrap_from_empty_data_directories() {
         );
     }
     // The writer reaches it with the password the bootstrap set.
-    let conninfo = format!(
-        "{} password='{}'",
-        pg.primary_conninfo(),
-        PASSWORD.replace('\\', r"\\").replace('\'', r"\'")
-    );
+    let conninfo = pg.guide_conninfo();
     let writer = Writer::start(conninfo);
     assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
     // A replica whose data directory is deleted is cloned again.
@@ -149,6 +101,16 @@ fn postgres_bootstrap_from_empty_data_directories() {
         all_logs(&agents)
     );
     let recloned = again.elapsed();
+    // The follow hook that cloned it returns a moment after the replica
+    // streams; stopping the agent before would cancel it, and a cancelled
+    // hook's whole scope is killed — the server it started included.
+    assert!(
+        wait_for(Duration::from_secs(30), || agents[r].as_ref().is_some_and(
+            |a| a.log_text().contains(r#"hook finished hook="follow""#)
+        )),
+        "{name}'s follow hook did not finish:\n{}",
+        all_logs(&agents)
+    );
     let acks = writer.stop();
     assert!(
         wait_for(Duration::from_secs(10), || lost(&pg, r, &acks).is_empty()),
