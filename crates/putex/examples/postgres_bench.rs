@@ -28,10 +28,15 @@
 //! - **acknowledged commits lost** after each event;
 //! - **idle cost**, once, writer stopped: VmRSS and CPU of the primary's and
 //!   a replica's agent over 10 s, alone and with the hooks it ran (`psql`
-//!   twice per R: the health check and the position).
+//!   twice per R: the health check and the position);
+//! - **bootstrap**, first, `--runs` times: three agents started together
+//!   on empty data directories configured as the guide says
+//!   (`PgCluster::as_the_guide_says`, a store of its own each time) → one
+//!   primary with two streaming replicas, and a first write acknowledged.
 //!
 //! `--json FILE` writes the keys `scripts/bench-patroni` writes:
-//! `crash_failover_ms`, `switchover_unavailable_ms`, `lost`, `idle`.
+//! `crash_failover_ms`, `switchover_unavailable_ms`, `lost`, `idle`,
+//! `bootstrap_ms`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -111,6 +116,45 @@ impl Bench {
     }
 }
 
+/// Three agents started together on empty data directories (the guide's
+/// bootstrap) → one primary with two streaming replicas and a first
+/// acknowledged write: that time, in ms.
+fn bootstrap(putex: &std::path::Path, timing: &[&str], max_lag: &str, sync: bool) -> f64 {
+    // A store of its own: the cluster's record (putex-pg.pg.system) names
+    // this cluster, not the next one.
+    let server = NatsServer::start();
+    let pg = PgCluster::as_the_guide_says(3, sync, putex);
+    let started = Instant::now();
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let spec = pg
+                .agent_spec(putex, &server.url, i)
+                .args(timing)
+                .args(&["--max-lag", max_lag]);
+            Agent::start(spec).expect("start putex run")
+        })
+        .collect();
+    let primary = || (0..3).find(|&i| pg.is_primary(i) == Some(true));
+    let up = wait_for(Duration::from_secs(120), || {
+        primary().is_some_and(|p| pg.streaming_from(p).len() == 2)
+    });
+    if !up {
+        for a in &agents {
+            eprintln!("--- {}:\n{}", a.node(), a.log_text());
+        }
+        panic!("no primary with two streaming replicas from empty data directories");
+    }
+    let writer = Writer::start(pg.guide_conninfo());
+    assert!(
+        wait_for(Duration::from_secs(30), || !writer.acks().is_empty()),
+        "no write on the bootstrapped primary"
+    );
+    let took = started.elapsed();
+    writer.stop();
+    drop(agents);
+    ms(took)
+}
+
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
@@ -131,12 +175,21 @@ fn main() {
     };
     let mut timing = timing;
     timing.extend(["--healthcheck-timeout", "250ms"]);
+    let max_lag = if args.synchronous { "0" } else { "16777216" };
+    let mut bootstraps = Vec::new();
+    for run in 1..=args.runs {
+        let took = bootstrap(&putex, &timing, max_lag, args.synchronous);
+        println!(
+            "bootstrap {run}: three empty data directories → a primary with two streaming replicas and a first write in {took:.0} ms"
+        );
+        bootstraps.push(took);
+    }
     let mut b = Bench {
         putex,
         url: server.url.clone(),
         pg: PgCluster::create(3, args.synchronous),
         timing,
-        max_lag: if args.synchronous { "0" } else { "16777216" },
+        max_lag,
         agents: vec![None, None, None],
     };
     b.start(0);
@@ -207,18 +260,12 @@ fn main() {
         let target = (p + 1) % 3;
         let before = writer.acks().len();
         // In synchronous mode with --max-lag 0 a target under load is
-        // always some bytes behind the position published a moment
-        // before, and the switchover would be refused: --allow-lag. The old
-        // primary's fast shutdown sends the target the rest before it
-        // releases; the lost-commit check below holds it to that.
-        let allow_lag: &[&str] = if args.synchronous {
-            &["--allow-lag"]
-        } else {
-            &[]
-        };
+        // always some bytes behind the position published a moment before:
+        // it takes the lock once it caught up with what the old primary's
+        // fast shutdown sent it (no --allow-lag); the lost-commit check
+        // below holds it to that.
         let out = Command::new(&b.putex)
             .args(["switchover", "pg", "--to", &b.pg.nodes[target].name])
-            .args(allow_lag)
             .args(["--store", &b.url])
             .output()
             .expect("putex switchover");
@@ -282,14 +329,16 @@ fn main() {
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
     println!(
-        "putex (R = {}): crash failover median {:.0} ms, switchover unavailability median {:.0} ms, {} of {acked} acknowledged writes lost",
+        "putex (R = {}): bootstrap median {:.0} ms, crash failover median {:.0} ms, switchover unavailability median {:.0} ms, {} of {acked} acknowledged writes lost",
         b.timing[1],
+        med(&bootstraps),
         med(&crashes),
         med(&switchovers),
         lost.iter().sum::<usize>()
     );
     if let Some(path) = args.json {
         let j = serde_json::json!({
+            "bootstrap_ms": bootstraps,
             "crash_failover_ms": crashes,
             "switchover_unavailable_ms": switchovers,
             "lost": lost,
