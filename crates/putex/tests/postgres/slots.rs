@@ -27,16 +27,22 @@ fn recycle_eagerly(pg: &PgCluster) {
 }
 
 /// Writes WAL on the primary: the writer's rows, a segment switch and a
-/// checkpoint (which removes or recycles every segment nothing holds).
-fn churn(pg: &PgCluster, i: usize) {
-    pg.sql(
-        i,
+/// checkpoint (which removes or recycles every segment nothing holds). A
+/// failure (node `i` no longer the primary: CI once saw n1 read-only here)
+/// shows the agents' logs.
+fn churn(pg: &PgCluster, i: usize, agents: &[Agent]) {
+    let run = |what: &str, sql: &str| {
+        if let Err(e) = pg.sql(i, sql) {
+            panic!("{what} on node {i}: {e}\n{}", logs(agents));
+        }
+    };
+    run(
+        "write rows",
         "create table if not exists churn (v text);
          insert into churn select repeat('x', 500) from generate_series(1, 2000)",
-    )
-    .expect("write rows");
-    pg.sql(i, "select pg_switch_wal()").expect("switch WAL");
-    pg.sql(i, "checkpoint").expect("checkpoint");
+    );
+    run("switch WAL", "select pg_switch_wal()");
+    run("checkpoint", "checkpoint");
 }
 
 /// The slots on node `i`, as `name=active` lines sorted by name.
@@ -115,7 +121,7 @@ fn away_until_its_slot_is_dropped(pg: &PgCluster, agents: &mut Vec<Agent>) -> Du
         if !kept() {
             break;
         }
-        churn(pg, 0);
+        churn(pg, 0, agents);
     }
     assert!(
         !kept(),
@@ -148,7 +154,7 @@ fn postgres_a_replica_away_for_a_minute_under_load_streams_again_through_its_slo
     let writer = Writer::start(pg.primary_conninfo());
     let away = Instant::now();
     while away.elapsed() < Duration::from_secs(60) {
-        churn(&pg, 0);
+        churn(&pg, 0, &agents);
         std::thread::sleep(Duration::from_secs(3));
     }
     assert!(wait_acks(&writer, 100, Duration::from_secs(10)));
