@@ -150,3 +150,45 @@ fn postgres_bootstrap_from_empty_data_directories() {
         logs(&agents)
     );
 }
+
+/// The same start in synchronous mode (`SYNC=on`, `--max-lag 0`): the
+/// settings the recipe gives the new cluster (a synchronous primary's
+/// `synchronous_standby_names`) do not hold up its own making, and the
+/// first commits are acknowledged once a replica streams.
+#[test]
+fn postgres_bootstrap_in_synchronous_mode() {
+    let _slot = timing_slot();
+    let server = NatsServer::start();
+    let url = server.url.clone();
+    let pg = PgCluster::as_the_guide_says(3, true, crate::common::agent::putex_bin());
+    let started = Instant::now();
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| agent(&url, &pg, i, &["--max-lag", "0"]))
+        .collect();
+    assert!(
+        wait_for(Duration::from_secs(90), || primary(&pg)
+            .is_some_and(|p| pg.streaming_from(p).len() == 2)),
+        "no primary with two streaming replicas:\n{}",
+        logs(&agents)
+    );
+    let ready = started.elapsed();
+    let p = primary(&pg).unwrap();
+    assert_eq!(
+        pg.sql(p, "show synchronous_standby_names").as_deref(),
+        Ok("ANY 1 (*)"),
+        "the primary is not synchronous"
+    );
+    let writer = Writer::start(pg.guide_conninfo());
+    assert!(
+        wait_acks(&writer, 50, Duration::from_secs(20)),
+        "no writes:\n{}",
+        logs(&agents)
+    );
+    let acks = writer.stop();
+    println!(
+        "synchronous bootstrap: primary {} with two streaming replicas {:.1} s after three agents started on empty data directories; {} writes acknowledged",
+        pg.nodes[p].name,
+        ready.as_secs_f64(),
+        acks.len()
+    );
+}
