@@ -422,6 +422,9 @@ fn switchover_case(kind: Kind, service: bool, sync: bool) {
             .is_ok_and(|c| c == "1")),
         "n1 does not replay n2's writes"
     );
+    if sync {
+        switch_back(&url, &pg, &agents);
+    }
     if service {
         // n1 started as the primary, the replicas to follow it; n1 stopped
         // for the switchover and started again as n2's replica.
@@ -435,6 +438,63 @@ fn switchover_case(kind: Kind, service: bool, sync: bool) {
             "systemctl calls: {calls:?}"
         );
     }
+}
+
+/// A second switchover, n2 → n1, under load: n3, which followed n1's
+/// timeline and then n2's, is re-pointed at n1 without being stopped — its
+/// control file may still name n1's first timeline, but its WAL receiver
+/// streams n2's (the WAL it received goes past where n1's first timeline
+/// forked off, which is no divergence) — and nothing acknowledged is lost.
+fn switch_back(url: &str, pg: &PgCluster, agents: &[Agent]) {
+    let writer = Writer::start(pg.primary_conninfo());
+    assert!(
+        wait_acks(&writer, 100, Duration::from_secs(20)),
+        "no writes"
+    );
+    let out = putex()
+        .args(["switchover", "pg", "--to", "n1", "--store", url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "switchover back: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        logs(agents)
+    );
+    let n1 = pg.nodes[0].port;
+    assert!(
+        wait_for(Duration::from_secs(10), || writer
+            .acks()
+            .iter()
+            .any(|a| a.port == n1)),
+        "no write reached n1 again:\n{}",
+        logs(agents)
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || pg.streaming_from(0)
+            == ["n2", "n3"]),
+        "n2 and n3 do not stream from n1 ({:?}):\n{}",
+        pg.streaming_from(0),
+        logs(agents)
+    );
+    assert!(wait_acks(&writer, 50, Duration::from_secs(10)));
+    let acks = writer.stop();
+    let gap = write_gap(&acks).unwrap();
+    eprintln!(
+        "synchronous switchover n2 → n1: writes unavailable {:.0} ms; {} writes acknowledged",
+        ms(gap),
+        acks.len()
+    );
+    assert_eq!(
+        lost(pg, 0, &acks),
+        Vec::<i64>::new(),
+        "acknowledged writes lost"
+    );
+    let n3 = agents[2].log_text();
+    assert!(
+        !n3.contains("to be rewound"),
+        "n3 was stopped for a rewind it did not need:\n{n3}"
+    );
 }
 
 /// Crash of the primary's host (postmaster, agent and keeper SIGKILLed
