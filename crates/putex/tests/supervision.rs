@@ -792,6 +792,118 @@ async fn supervision_hook_stopped_from_outside_kills_whole_tree_without_cgroup()
     hook_kill_case(HookRunner::without_cgroup(), "54", true).await;
 }
 
+/// Both sides of a hook's daemons (`docs/supervision.md`, "Hooks"): a
+/// daemon the hook started — in a session of its own, its starter gone, as
+/// `pg_ctl start` leaves the postmaster — outlives the hook when it is
+/// stopped from outside (a standby's follow hook when its node takes the
+/// lock, or its agent stops), when it times out and when it exits, while
+/// the hook's own children (a background job, a `setsid` child it still
+/// waits for) are killed; and the hook's scope is removed every time (it
+/// was left behind, empty, before).
+async fn hook_daemon_case(runner: HookRunner, tag: &str, how: &str) {
+    let own = [format!("1000.{tag}1"), format!("1000.{tag}2")];
+    let daemon = [format!("1000.{tag}3")];
+    let _cleanup = Cleanup {
+        keeper: None,
+        sleeps: own.iter().chain(&daemon).cloned().collect(),
+        scope: None,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    // A hook that exits has no children of its own left: those would keep
+    // its scope (and are left running, as ever).
+    let children = if how == "exit" {
+        String::new()
+    } else {
+        format!("sleep {} & setsid sleep {} & ", own[0], own[1])
+    };
+    let last = if how == "exit" { "true" } else { "wait" };
+    let own_cgroup = dir.path().join("cgroup");
+    let hook = Hook::new(
+        HookKind::Follow,
+        format!(
+            "cat /proc/self/cgroup > {}; (setsid sleep {} &); {children}sleep 0.2; touch {}; {last}",
+            own_cgroup.display(),
+            daemon[0],
+            ready.display()
+        ),
+    );
+    let out = match how {
+        "stop" => {
+            let ready = ready.clone();
+            let stop = async move {
+                while !ready.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            runner
+                .run_until(&hook, &hook_env(), None, Duration::from_secs(60), stop)
+                .await
+        }
+        "timeout" => {
+            runner
+                .run(&hook, &hook_env(), None, Duration::from_secs(2))
+                .await
+        }
+        _ => {
+            runner
+                .run(&hook, &hook_env(), None, Duration::from_secs(60))
+                .await
+        }
+    }
+    .unwrap();
+    assert!(ready.exists(), "the hook never started its children");
+    assert!(
+        all_running(&daemon),
+        "the daemon did not outlive the hook ({how}, {out:?})"
+    );
+    assert!(
+        all_gone(&own),
+        "a child of the hook itself survived ({how})"
+    );
+    if runner.uses_cgroup() {
+        let pid = sleeps(&daemon[0])[0];
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert!(
+            cgroup.contains(putex::supervision::hooks::DAEMONS_SCOPE),
+            "the daemon is not in the daemons' scope: {cgroup}"
+        );
+        let root = putex::supervision::process::CgroupRoot::detect().unwrap();
+        let scope = std::fs::read_to_string(&own_cgroup).unwrap();
+        let scope = putex::supervision::process::unified_cgroup_path(&scope).unwrap();
+        let scope = root.dir().join(scope.rsplit('/').next().unwrap());
+        assert!(
+            !scope.exists(),
+            "the hook's scope was left behind: {}",
+            scope.display()
+        );
+    }
+    eprintln!(
+        "hook (cgroup={}, {how}): its daemon outlives it, its own children are gone",
+        runner.uses_cgroup()
+    );
+}
+
+#[tokio::test]
+async fn supervision_hook_daemons_outlive_a_stopped_hook_cgroup() {
+    hook_daemon_case(HookRunner::detect(), "55", "stop").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_daemons_outlive_a_stopped_hook_without_cgroup() {
+    hook_daemon_case(HookRunner::without_cgroup(), "56", "stop").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_daemons_outlive_a_timed_out_hook_cgroup() {
+    hook_daemon_case(HookRunner::detect(), "57", "timeout").await;
+}
+
+#[tokio::test]
+async fn supervision_hook_daemons_outlive_a_hook_that_exits_cgroup() {
+    hook_daemon_case(HookRunner::detect(), "58", "exit").await;
+}
+
 #[tokio::test]
 async fn supervision_hook_environment_and_arguments_are_as_documented() {
     let dir = tempfile::tempdir().unwrap();

@@ -28,8 +28,13 @@
 //! | `PUTEX_KV_SOCKET` | `putex run`: where `putex kv put`/`delete` ask the agent for guarded writes of its tenure (`docs/locks.md`) |
 //! | `PUTEX_MEMBERS` | `putex run`: the lock's members whose records the agent has read, this node too once its own came back, as `NODE=SECONDS` by node, space-separated (`db1=0 db2=1 db3=5412`): seconds since each one's record was last written, on the store's clock (a member that exited counts from its last record); unset until the records were read, and in the keeper's deactivate hook |
 //!
-//! Each run has a timeout; at the timeout the hook and everything it started
-//! (its cgroup scope, or its process group and descendants) are killed.
+//! Each run has a timeout; at the timeout (or when its caller stops it) the
+//! hook and everything it started (its cgroup scope, or its process group
+//! and descendants) are killed — except its daemons: a process it started in
+//! a session of its own whose parent has exited (`setsid`, `daemon`, the
+//! postmaster of `pg_ctl start`) outlives the hook, as it does when the hook
+//! exits; in a cgroup it moves to the scope [`DAEMONS_SCOPE`] beside the
+//! hooks' own. A hook's scope is removed once it is empty.
 //! stdout and stderr go to the tracing log line by line, tagged with the hook's
 //! name; the exit status and duration come back in a [`HookOutcome`].
 //! [`Hook::validate`] finds a missing or non-executable hook at start-up.
@@ -55,6 +60,9 @@ use crate::supervision::process::{
 /// How long output is still read after a hook exited (a background process
 /// it started may hold the pipes open forever).
 const DRAIN: Duration = Duration::from_millis(100);
+/// The scope, beside the hooks' own, that the daemons a hook started move
+/// to when it ends ([`HookRunner::release_daemons`]).
+pub const DAEMONS_SCOPE: &str = "putex-hook-daemons";
 /// How long killing a timed-out hook's tree may take before we give up.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
@@ -442,6 +450,9 @@ impl HookRunner {
         let (status, tree_gone) = match ended_early {
             Err(exit) => (HookStatus::Exited(exit), true),
             Ok(status) => {
+                if let Some(cg) = &scope {
+                    self.release_daemons(name, cg);
+                }
                 tree.kill();
                 child.wait().await;
                 (status, tree.wait_empty(KILL_WAIT, true).await)
@@ -461,6 +472,9 @@ impl HookRunner {
             }
         }
         if let Some(cg) = &scope {
+            if !tree.is_empty() {
+                self.release_daemons(name, cg);
+            }
             if tree.is_empty() {
                 let _ = cg.remove();
             } else {
@@ -498,6 +512,68 @@ impl HookRunner {
             tree_gone,
             last_stderr,
         })
+    }
+}
+
+impl HookRunner {
+    /// Moves the daemons a hook started out of its scope, into
+    /// [`DAEMONS_SCOPE`], before the scope is killed (timeout, cancel) or
+    /// removed (exit): they outlive the hook, as they do without a cgroup.
+    /// A daemon is a process in a session other than the hook's whose parent
+    /// is not in the scope any more — started with `setsid` or `daemon` by a
+    /// process that has exited, as `pg_ctl start` starts the postmaster —
+    /// with every process of its session (the postmaster's backends). What
+    /// the hook itself still runs stays and is killed: its shell, its
+    /// background jobs, a `setsid` child whose parent is still there. The
+    /// scope is frozen meanwhile, so nothing forks unseen.
+    fn release_daemons(&self, hook: &'static str, scope: &Cgroup) {
+        let Some(root) = &self.cgroup else {
+            return;
+        };
+        let Ok(pids) = scope.procs() else {
+            return;
+        };
+        if pids.is_empty() {
+            return;
+        }
+        let own_session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
+        let frozen = scope.freeze();
+        let members: Vec<_> = scope
+            .procs()
+            .unwrap_or(pids)
+            .into_iter()
+            .filter_map(process::proc_entry)
+            .collect();
+        let in_scope: std::collections::HashSet<i32> = members.iter().map(|e| e.pid).collect();
+        let sessions: std::collections::HashSet<i32> = members
+            .iter()
+            .filter(|e| e.session != own_session && !in_scope.contains(&e.ppid))
+            .map(|e| e.session)
+            .collect();
+        let daemons: Vec<i32> = members
+            .iter()
+            .filter(|e| sessions.contains(&e.session))
+            .map(|e| e.pid)
+            .collect();
+        if !daemons.is_empty() {
+            match root.open_or_create(DAEMONS_SCOPE) {
+                Ok(to) => {
+                    let moved = daemons.iter().filter(|&&pid| to.adopt(pid).is_ok()).count();
+                    tracing::info!(
+                        hook,
+                        daemons = moved,
+                        scope = %to.path().display(),
+                        "the daemons the hook started outlive it"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(hook, error = %e, "the hook's daemons cannot leave its scope")
+                }
+            }
+        }
+        if frozen {
+            scope.thaw();
+        }
     }
 }
 

@@ -103,7 +103,9 @@ fn postgres_bootstrap_from_empty_data_directories() {
     let recloned = again.elapsed();
     // The follow hook that cloned it returns a moment after the replica
     // streams; stopping the agent before would cancel it, and a cancelled
-    // hook's whole scope is killed — the server it started included.
+    // hook's tree is killed — a server whose `pg_ctl start` has not
+    // returned yet included (only a daemon whose starter exited outlives
+    // it).
     assert!(
         wait_for(Duration::from_secs(30), || agents[r].as_ref().is_some_and(
             |a| a.log_text().contains(r#"hook finished hook="follow""#)

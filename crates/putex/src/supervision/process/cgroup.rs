@@ -91,6 +91,20 @@ impl CgroupRoot {
     }
 }
 
+impl CgroupRoot {
+    /// The scope `name`, made if it does not exist yet, kept as it is if it
+    /// does (populated or not): a scope shared by several owners.
+    pub fn open_or_create(&self, name: &str) -> Result<Cgroup, ProcessError> {
+        let path = self.dir.join(name);
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(cg_err(&path)(e)),
+        }
+        Ok(Cgroup { path })
+    }
+}
+
 /// A cgroup v2 scope that holds one process tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cgroup {
@@ -154,33 +168,59 @@ impl Cgroup {
             let p = self.file("cgroup.kill");
             return fs::write(&p, "1").map_err(cg_err(&p));
         }
-        let freeze = self.file("cgroup.freeze");
-        let frozen = fs::write(&freeze, "1").is_ok();
-        if frozen {
-            // Freezing is asynchronous; give it a moment so nothing forks
-            // between listing and killing. Killing works on frozen tasks.
-            for _ in 0..50 {
-                let events = fs::read_to_string(self.file("cgroup.events")).unwrap_or_default();
-                if events.lines().any(|l| l.trim() == "frozen 1") {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
+        // Killing works on frozen tasks.
+        let frozen = self.freeze();
         let result = self.signal(Signal::SIGKILL);
         if frozen {
-            let _ = fs::write(&freeze, "0");
+            self.thaw();
         }
         result
     }
 
+    /// Freezes the scope (`cgroup.freeze`), so that nothing in it runs —
+    /// nor forks — until [`thaw`](Self::thaw); waits up to 50 ms for the
+    /// kernel to confirm (freezing is asynchronous). Whether it froze.
+    pub fn freeze(&self) -> bool {
+        if fs::write(self.file("cgroup.freeze"), "1").is_err() {
+            return false;
+        }
+        for _ in 0..50 {
+            let events = fs::read_to_string(self.file("cgroup.events")).unwrap_or_default();
+            if events.lines().any(|l| l.trim() == "frozen 1") {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Ends a [`freeze`](Self::freeze).
+    pub fn thaw(&self) {
+        let _ = fs::write(self.file("cgroup.freeze"), "0");
+    }
+
+    /// Moves process `pid` into this scope (a frozen process moved out of a
+    /// frozen scope runs again).
+    pub fn adopt(&self, pid: i32) -> Result<(), ProcessError> {
+        let p = self.file("cgroup.procs");
+        fs::write(&p, pid.to_string()).map_err(cg_err(&p))
+    }
+
     /// Removes the scope if it is empty. Removing a scope that is gone
-    /// already is fine.
+    /// already is fine. The kernel refuses (`EBUSY`) for a moment after the
+    /// last process was reaped: it tries again for up to 100 ms.
     pub fn remove(&self) -> Result<(), ProcessError> {
-        match fs::remove_dir(&self.path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(cg_err(&self.path)(e)),
+        let mut tries = 0;
+        loop {
+            match fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(Errno::EBUSY as i32) && tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(cg_err(&self.path)(e)),
+            }
         }
     }
 }
