@@ -95,10 +95,11 @@ esac"#
             &bin,
             "psql",
             r#"q="$*"
+case "$q" in *"-f -"*) q=$(cat) ;; esac
 case "$q" in
-*pg_walfile_name*) echo 00000002 ;;
+*concat_ws*pg_ls_waldir*) echo 't|2|0/0|0/0|4242||' ;;
+*pg_walfile_name*) echo '00000002|' ;;
 *pg_is_in_recovery*) echo t ;;
-*pg_stat_wal_receiver*) echo 1 ;;
 *) ;;
 esac"#,
         );
