@@ -884,6 +884,35 @@ async fn hook_daemon_case(runner: HookRunner, tag: &str, how: &str) {
     );
 }
 
+/// The empty scope of a hook runner that died before it could remove it
+/// (an agent killed while a hook ran) is removed when the next runner
+/// starts; a scope whose runner lives, or that still holds a process, is
+/// not.
+#[test]
+fn supervision_a_dead_runners_empty_hook_scope_is_removed() {
+    let Some(root) = putex::supervision::process::CgroupRoot::detect() else {
+        eprintln!("no usable cgroup2 here: nothing to remove");
+        return;
+    };
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let orphan = root.dir().join(format!("putex-hook-healthcheck-{dead}-7"));
+    let mine = root.dir().join(format!(
+        "putex-hook-healthcheck-{}-99999",
+        std::process::id()
+    ));
+    std::fs::create_dir(&orphan).unwrap();
+    std::fs::create_dir(&mine).unwrap();
+    let _runner = HookRunner::detect();
+    let orphan_left = orphan.exists();
+    let mine_left = mine.exists();
+    let _ = std::fs::remove_dir(&orphan);
+    let _ = std::fs::remove_dir(&mine);
+    assert!(!orphan_left, "the dead runner's empty scope was left");
+    assert!(mine_left, "a living runner's scope was removed");
+}
+
 #[tokio::test]
 async fn supervision_hook_daemons_outlive_a_stopped_hook_cgroup() {
     hook_daemon_case(HookRunner::detect(), "55", "stop").await;
