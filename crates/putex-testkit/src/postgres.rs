@@ -842,6 +842,77 @@ impl Drop for Writer {
     }
 }
 
+/// One connection kept open to a server, whose statements are sent now and
+/// answered later: a test can send a statement to a server it froze
+/// (SIGSTOP) and read the answer once it resumed. Its own thread and
+/// runtime, as [`Writer`].
+pub struct Session {
+    requests: std::sync::mpsc::Sender<(String, std::sync::mpsc::Sender<Result<(), String>>)>,
+}
+
+impl Session {
+    /// Connects through `conninfo` (within 5 s, else the error).
+    pub fn connect(conninfo: &str) -> Result<Session, String> {
+        let (requests, incoming) =
+            std::sync::mpsc::channel::<(String, std::sync::mpsc::Sender<Result<(), String>>)>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let conninfo = conninfo.to_owned();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                let connected = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio_postgres::connect(&conninfo, tokio_postgres::NoTls),
+                )
+                .await;
+                let client = match connected {
+                    Ok(Ok((client, connection))) => {
+                        tokio::spawn(connection);
+                        let _ = ready_tx.send(Ok(()));
+                        client
+                    }
+                    Ok(Err(e)) => return drop(ready_tx.send(Err(e.to_string()))),
+                    Err(_) => return drop(ready_tx.send(Err("no connection within 5 s".into()))),
+                };
+                while let Ok((sql, answer)) = incoming.recv() {
+                    let done =
+                        client
+                            .batch_execute(&sql)
+                            .await
+                            .map_err(|e| match e.as_db_error() {
+                                Some(db) => format!("{}: {}", db.code().code(), db.message()),
+                                None => e.to_string(),
+                            });
+                    let _ = answer.send(done);
+                }
+            });
+        });
+        ready
+            .recv()
+            .map_err(|_| "the session's thread ended".to_owned())??;
+        Ok(Session { requests })
+    }
+
+    /// Sends `sql` (one or more statements); the answer arrives on the
+    /// receiver once the server gave it (`Err`: the server's SQLSTATE and
+    /// message, or why the connection failed).
+    pub fn send(&self, sql: &str) -> std::sync::mpsc::Receiver<Result<(), String>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _ = self.requests.send((sql.to_owned(), tx));
+        rx
+    }
+
+    /// Sends `sql` and waits `within` for its answer.
+    pub fn run(&self, sql: &str, within: Duration) -> Result<(), String> {
+        self.send(sql)
+            .recv_timeout(within)
+            .map_err(|_| format!("no answer to {sql:?} within {within:?}"))?
+    }
+}
+
 /// One read of a [`Reader`].
 #[derive(Clone, Copy, Debug)]
 pub struct Answer {

@@ -20,6 +20,7 @@ use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
 mod bootstrap;
+mod fencing;
 mod haproxy;
 mod slots;
 
@@ -166,111 +167,6 @@ fn one_primary_at_a_time(acks: &[Ack]) -> Vec<u16> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// The recipe records each promoted primary's fencing token in
-/// `putex.primary_token`. A deposed primary started again by hand (its
-/// host crashed, n2 was promoted, then someone ran `pg_ctl start` on n1's
-/// data directory: two primaries) refuses the writes of a session that
-/// names the current primary's token (`SET putex.token`, checked by the
-/// `putex.fence()` trigger), which the current primary accepts.
-#[test]
-fn postgres_a_deposed_primary_started_by_hand_refuses_fenced_writes() {
-    let server = StoreServer::start(Kind::Nats);
-    let url = server.url();
-    let pg = PgCluster::create(2, false);
-    let _slot = timing_slot();
-    let mut agents = cluster(&url, &pg, &[]);
-    let token_in = |i: usize| {
-        pg.sql(
-            i,
-            "select epoch || ':' || revision from putex.primary_token",
-        )
-    };
-    let member_token = |node: &str| {
-        let st = crate::common::agent::status_json(&url, "pg");
-        st["members"]
-            .as_array()
-            .and_then(|m| m.iter().find(|m| m["node"] == node))
-            .and_then(|m| m["token"].as_str().map(str::to_owned))
-    };
-    let t1 = token_in(0).expect("n1 recorded its token");
-    assert_eq!(Some(t1.clone()), member_token("n1"), "{}", logs(&agents));
-    pg.sql(
-        0,
-        "create table orders (id int); \
-         create trigger fenced before insert or update or delete on orders \
-         for each statement execute function putex.fence()",
-    )
-    .unwrap();
-    // Asynchronous replication: n2 has the table a moment later (on a busy
-    // machine, not always before the crash that follows).
-    assert!(
-        wait_for(Duration::from_secs(10), || pg
-            .sql(1, "select to_regclass('orders') is not null")
-            .is_ok_and(|t| t == "t")),
-        "the table did not reach n2"
-    );
-
-    // n1's host crashes; n2 is promoted and records its own, higher token.
-    agents[0].crash();
-    pg.kill_server(0);
-    assert!(
-        wait_for(Duration::from_secs(30), || pg.is_primary(1) == Some(true)
-            && token_in(1).is_ok_and(|t| t != t1)),
-        "n2 was not promoted with a token of its own:\n{}",
-        logs(&agents)
-    );
-    let t2 = token_in(1).unwrap();
-    let parse = |t: &str| putex::core::Token::parse(t).unwrap();
-    assert!(parse(&t2) > parse(&t1), "{t2} after {t1}");
-    // n2's member record is written after its transition, on its own
-    // schedule: it names the token the database recorded soon after.
-    let mut seen = None;
-    assert!(
-        wait_for(Duration::from_secs(10), || {
-            seen = member_token("n2");
-            seen.as_deref() == Some(t2.as_str())
-        }),
-        "n2's member record says token {seen:?}, its database {t2}:\n{}",
-        logs(&agents)
-    );
-
-    // n1's server started by hand: a second primary, with n1's token.
-    drop(agents.remove(0));
-    pg.start_server(0);
-    assert_eq!(pg.is_primary(0), Some(true));
-    assert_eq!(token_in(0), Ok(t1.clone()));
-    let fenced = |i: usize, id: i32| {
-        pg.sql(
-            i,
-            &format!("set putex.token = '{t2}'; insert into orders values ({id})"),
-        )
-    };
-    let refused = fenced(0, 1).expect_err("the deposed primary took a fenced write");
-    assert!(refused.contains("not the current primary"), "{refused}");
-    // n2 takes it (a busy machine may have made n2 step down meanwhile on
-    // slow health checks: then it takes the lock again, with a higher token).
-    let mut last = Err(String::new());
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            last = fenced(1, 2);
-            last.is_ok()
-        }),
-        "the current primary refused a fenced write: {last:?}\n{}",
-        logs(&agents)
-    );
-    // Sessions that name no token are not checked: the fence is theirs to ask for.
-    pg.sql(0, "insert into orders values (3)").unwrap();
-    assert_eq!(
-        pg.sql(0, "select string_agg(id::text, ',') from orders"),
-        Ok("3".into())
-    );
-    assert_eq!(
-        pg.sql(1, "select string_agg(id::text, ',') from orders"),
-        Ok("2".into())
-    );
-    pg.stop_server(0);
 }
 
 /// The recipe checks every program it runs once, at start: a PGBIN that
