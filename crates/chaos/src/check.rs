@@ -26,13 +26,22 @@
 //!   a service that stopped before the end counts too (a lapse with no
 //!   takeover is an outage, not a ride-through).
 //!
+//! - **Guarded writes landed after a takeover** ([`guarded_after_takeover`]):
+//!   where the resource is the store itself, every holder writes its
+//!   tenure's token guardedly under a key of its own; the store's revisions
+//!   order them. A write of tenure `t` that landed at revision `v` with some
+//!   other tenure's acquisition `s` between (`t < s < v`: a takeover came
+//!   first) is a write the store should have refused.
+//! - **Tenures whose guarded writes never landed** ([`tenures_without_writes`]):
+//!   the other side — a service that ran long enough wrote something.
+//!
 //! [`self_test`] feeds each checker a synthetic history with the fault it
 //! exists to find, and fails if it does not find it (a check that cannot
 //! fail is not a check).
 
 use std::time::Duration;
 
-use crate::resource::{Event, Tok, What};
+use crate::resource::{show_token, Event, Tok, What};
 
 /// A service's run on the harness clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +168,71 @@ pub fn stale_rejected(events: &[Event]) -> usize {
             )
         })
         .count()
+}
+
+/// A guarded write found in the store: the tenure's token it carries (its
+/// key names it) and the store's token of the write itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreWrite {
+    /// The key.
+    pub key: String,
+    /// The tenure that wrote it.
+    pub tenure: Tok,
+    /// Where the store put it.
+    pub at: Tok,
+}
+
+/// Guarded writes that landed where the lock was no longer their tenure's:
+/// before their own acquisition, or after another tenure's (any token a
+/// service started with or a write carries, of the same epoch, between
+/// the write's tenure and the write).
+pub fn guarded_after_takeover(writes: &[StoreWrite], events: &[Event]) -> Vec<String> {
+    let mut tenures: Vec<Tok> = intervals(events).iter().map(|i| i.token).collect();
+    tenures.extend(writes.iter().map(|w| w.tenure));
+    tenures.sort_unstable();
+    tenures.dedup();
+    let mut out = Vec::new();
+    for w in writes {
+        if w.at.0 != w.tenure.0 {
+            continue;
+        }
+        if w.at <= w.tenure {
+            out.push(format!(
+                "{} landed at {}, not after its tenure's acquisition {}",
+                w.key,
+                show_token(w.at),
+                show_token(w.tenure)
+            ));
+        } else if let Some(s) = tenures
+            .iter()
+            .find(|s| s.0 == w.tenure.0 && **s > w.tenure && **s < w.at)
+        {
+            out.push(format!(
+                "{} of tenure {} landed at {}, after tenure {} had taken the lock",
+                w.key,
+                show_token(w.tenure),
+                show_token(w.at),
+                show_token(*s)
+            ));
+        }
+    }
+    out
+}
+
+/// Services that ran for `min` or longer (to their stop, or to `end`) and
+/// whose tenure has no guarded write in the store.
+pub fn tenures_without_writes(
+    writes: &[StoreWrite],
+    events: &[Event],
+    end: u64,
+    min: Duration,
+) -> Vec<Interval> {
+    let min = u64::try_from(min.as_nanos()).unwrap_or(u64::MAX);
+    intervals(events)
+        .into_iter()
+        .filter(|i| i.stop.unwrap_or(end).saturating_sub(i.start) >= min)
+        .filter(|i| !writes.iter().any(|w| w.tenure == i.token))
+        .collect()
 }
 
 /// Starts whose token is not above every token started with before:
@@ -338,6 +412,43 @@ pub fn self_test() -> Vec<String> {
         start(100, 2, "b", (6, 3)),
     ];
     expect(regressed(&new_epoch).is_empty(), "new epoch: not regressed");
+
+    // The store as the resource: a at 10, b took it at 12, c at 20.
+    let sw = |key: &str, tenure: u64, at: u64| StoreWrite {
+        key: key.into(),
+        tenure: (1, tenure),
+        at: (1, at),
+    };
+    let fine = [sw("a1", 10, 11), sw("b1", 12, 13), sw("b2", 12, 15)];
+    let three = vec![
+        start(0, 1, "a", (1, 10)),
+        stop(90, 1),
+        start(100, 2, "b", (1, 12)),
+        stop(190, 2),
+        start(200, 3, "c", (1, 20)),
+    ];
+    expect(
+        guarded_after_takeover(&fine, &three).is_empty(),
+        "guarded: in order",
+    );
+    expect(
+        guarded_after_takeover(&[sw("a2", 10, 14)], &three).len() == 1,
+        "guarded: a's write after b's acquisition",
+    );
+    // c's acquisition is known only from its start, not from a write.
+    expect(
+        guarded_after_takeover(&[sw("b3", 12, 21)], &three).len() == 1,
+        "guarded: b's write after c's acquisition",
+    );
+    expect(
+        guarded_after_takeover(&[sw("a0", 10, 9)], &three).len() == 1,
+        "guarded: a write before its own acquisition",
+    );
+    let idle = tenures_without_writes(&fine, &three, ms(1000), Duration::from_millis(500));
+    expect(
+        idle.len() == 1 && idle[0].node == "c",
+        "guarded: c ran 800 ms and wrote nothing",
+    );
 
     // Failover: a fault at 0 and the next start 500 ms later.
     let f = failovers(&clean, &[ms(0) + 1, ms(120)], ms(200));

@@ -26,7 +26,7 @@
 //! ```text
 //! chaos --putex PATH [--quick] [--seed N] [--scenario NAME]... [--runs N]
 //!       [--margin-ms M] [--self-test] [--list] [--keep]
-//! chaos service ADDR [--every DUR] [--for DUR]     (the agents' child)
+//! chaos service ADDR [--every DUR] [--for DUR] [--kv PUTEX]   (the agents' child)
 //! ```
 
 mod agents;
@@ -47,7 +47,7 @@ use scenarios::Ctx;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: chaos --putex PATH [--quick] [--seed N] [--scenario NAME]... [--runs N] \
-         [--margin-ms M] [--self-test] [--list] [--keep]\n       chaos service ADDR [--every DUR] [--for DUR]"
+         [--margin-ms M] [--self-test] [--list] [--keep]\n       chaos service ADDR [--every DUR] [--for DUR] [--kv PUTEX]"
     );
     ExitCode::from(2)
 }
@@ -277,14 +277,19 @@ fn service(args: &[String]) -> ExitCode {
     };
     let mut every = Duration::from_millis(50);
     let mut run_for = None;
+    let mut kv = None;
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
-        let v = it.next().and_then(|v| humantime::parse_duration(v).ok());
-        match (a.as_str(), v) {
+        let Some(v) = it.next() else {
+            return usage();
+        };
+        match (a.as_str(), humantime::parse_duration(v).ok()) {
             ("--every", Some(d)) => every = d,
             ("--for", Some(d)) => run_for = Some(d),
+            ("--kv", _) => kv = Some(PathBuf::from(v)),
             _ => return usage(),
         }
     }
-    ExitCode::from(u8::try_from(resource::service(addr, every, run_for)).unwrap_or(1))
+    let code = resource::service(addr, every, run_for, kv.as_deref());
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -386,7 +387,13 @@ fn handle_line(
 /// agent's child (child mode) or as `putex lock`'s CMD. It reads
 /// `PUTEX_NODE` and `PUTEX_TOKEN`, says `start`, then writes every `every`
 /// until killed (or for `run_for`, then exits 0).
-pub fn service(addr: &str, every: Duration, run_for: Option<Duration>) -> i32 {
+///
+/// With `kv` (the `putex` binary), every write is also made in the store
+/// itself as a guarded write of the tenure (`putex kv put`, through the
+/// `putex lock` that runs this service), under a key of its own:
+/// [`GUARDED_PREFIX`]`<revision>.<node>.<seq>` (`<revision>` of the token).
+/// A refused write is said on stderr; the next one is tried all the same.
+pub fn service(addr: &str, every: Duration, run_for: Option<Duration>, kv: Option<&Path>) -> i32 {
     let node = std::env::var("PUTEX_NODE").unwrap_or_else(|_| "?".into());
     let Some(token) = std::env::var("PUTEX_TOKEN")
         .ok()
@@ -411,9 +418,30 @@ pub fn service(addr: &str, every: Duration, run_for: Option<Duration>) -> i32 {
         if writeln!(s, "w {token} {seq}").is_err() {
             return 3;
         }
+        if let Some(putex) = kv {
+            guarded_put(putex, &node, &token, seq);
+        }
         if run_for.is_some_and(|d| started.elapsed() >= d) {
             return 0;
         }
+    }
+}
+
+/// Where the services' guarded writes go in the store (`putex kv` keys).
+pub const GUARDED_PREFIX: &str = "chaos.w.";
+
+/// One guarded write of the service: `putex kv put`, its value the token.
+fn guarded_put(putex: &Path, node: &str, token: &str, seq: u64) {
+    let revision = token.split_once(':').map_or(token, |(_, r)| r);
+    let key = format!("{GUARDED_PREFIX}{revision}.{node}.{seq}");
+    match std::process::Command::new(putex)
+        .args(["kv", "put", &key, token])
+        .stdin(std::process::Stdio::null())
+        .status()
+    {
+        Ok(st) if st.success() => {}
+        Ok(st) => eprintln!("chaos service: putex kv put {key}: {st}"),
+        Err(e) => eprintln!("chaos service: putex kv put {key}: {e}"),
     }
 }
 

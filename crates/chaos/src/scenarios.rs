@@ -499,8 +499,14 @@ impl<'a> World<'a> {
     }
 
     /// Starts a `putex lock` client behind a proxy of its own; each section
-    /// runs the service for `section`.
-    pub fn add_client(&mut self, node: &str, section: Duration) -> Result<(), String> {
+    /// runs the service for `section`, which with `guarded` also makes each
+    /// write a guarded write in the store (`chaos service --kv`).
+    pub fn add_client(
+        &mut self,
+        node: &str,
+        section: Duration,
+        guarded: bool,
+    ) -> Result<(), String> {
         let url = self.proxies_for(node)?;
         let mut spec = self.spec(node, url, Vec::new());
         spec.lock = "chaoslock".into();
@@ -516,6 +522,10 @@ impl<'a> World<'a> {
         }
         spec.flags = flags;
         spec.service = service_argv(&self.ctx.me, &self.res.addr().to_string(), Some(section));
+        if guarded {
+            spec.service
+                .extend(["--kv".to_owned(), self.ctx.putex.display().to_string()]);
+        }
         self.clients.push(LockClient::start(spec));
         Ok(())
     }
@@ -682,26 +692,7 @@ impl<'a> World<'a> {
     /// kills leftover services, and returns the history.
     pub fn finish(mut self) -> RunOut {
         self.out.end = self.h.now();
-        self.set_all(Mode::Pass);
-        if let Some(s) = self.single() {
-            s.resume();
-        }
-        for c in &mut self.clients {
-            let codes = c.stop();
-            let lost = codes.iter().filter(|c| **c == 76).count();
-            self.out.notes.push(format!(
-                "{}: {} sections, {} lost (exit 76), exit codes {:?}",
-                c.node,
-                codes.len(),
-                lost,
-                {
-                    let mut u = codes.clone();
-                    u.sort_unstable();
-                    u.dedup();
-                    u
-                }
-            ));
-        }
+        self.stop_clients();
         for a in &mut self.agents {
             signal(a.pid(), Signal::SIGCONT);
             for k in a.keepers() {
@@ -721,6 +712,32 @@ impl<'a> World<'a> {
         self.out.events = self.h.events();
         drop(self.res);
         std::mem::take(&mut self.out)
+    }
+
+    /// Lets every fault go (proxies pass, a paused server resumes) and
+    /// stops the `putex lock` clients, noting their exit codes; again is
+    /// a no-op.
+    pub fn stop_clients(&mut self) {
+        self.set_all(Mode::Pass);
+        if let Some(s) = self.single() {
+            s.resume();
+        }
+        for mut c in std::mem::take(&mut self.clients) {
+            let codes = c.stop();
+            let lost = codes.iter().filter(|c| **c == 76).count();
+            self.out.notes.push(format!(
+                "{}: {} sections, {} lost (exit 76), exit codes {:?}",
+                c.node,
+                codes.len(),
+                lost,
+                {
+                    let mut u = codes.clone();
+                    u.sort_unstable();
+                    u.dedup();
+                    u
+                }
+            ));
+        }
     }
 }
 
@@ -1540,6 +1557,16 @@ pub fn all() -> Vec<Scenario> {
             ..Scenario::DEFAULTS
         },
         Scenario {
+            name: "guarded",
+            fault_no: "10",
+            about: "the store is the resource: `putex lock` clients whose services write guardedly (`putex kv put`) under the lock scenario's faults; no write lands after a takeover",
+            quick_runs: 1,
+            full_runs: 3,
+            count_transitions: false,
+            run: guarded_scenario,
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
             name: "bucket-recreate",
             fault_no: "11",
             about: "the bucket deleted and re-created under running agents, then their connections reset",
@@ -1804,8 +1831,94 @@ pub fn all() -> Vec<Scenario> {
 fn lock_scenario(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
     let mut w = World::new(ctx, Kind::Single, FAST3, "lock")?;
     for n in ["c1", "c2", "c3"] {
-        w.add_client(n, Duration::from_millis(1500))?;
+        w.add_client(n, Duration::from_millis(1500), false)?;
     }
+    lock_faults(&mut w, rng, 2);
+    Ok(w.finish())
+}
+
+/// The store is the resource (issue 47's chaos case): the lock scenario's
+/// clients and faults, with every service write also made as a guarded
+/// write in the store (`putex kv put`, a key per write). Read back from
+/// the store at the end: no write landed after another tenure took the
+/// lock ([`check::guarded_after_takeover`]), and every service that ran
+/// for a second wrote something ([`check::tenures_without_writes`]).
+fn guarded_scenario(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, Kind::Single, FAST3, "guarded")?;
+    for n in ["c1", "c2", "c3"] {
+        w.add_client(n, Duration::from_millis(1500), true)?;
+    }
+    // Held for 5 T, a guarded write the holder sent lands after the
+    // takeover (about W + G' = 2.5 T): the store must refuse it.
+    lock_faults(&mut w, rng, 5);
+    w.stop_clients();
+    let url = w.direct_url();
+    let writes = ctx.rt.block_on(store_writes(&url))?;
+    let events = w.h.events();
+    let end = w.h.now();
+    let mut out = w.finish();
+    out.errors
+        .extend(check::guarded_after_takeover(&writes, &events));
+    for i in check::tenures_without_writes(&writes, &events, end, Duration::from_secs(1)) {
+        out.errors.push(format!(
+            "{} ran tenure {} for a second or more and no guarded write of it landed",
+            i.node,
+            show_token(i.token)
+        ));
+    }
+    if writes.is_empty() {
+        out.errors.push("no guarded write landed at all".into());
+    }
+    // What the services said of the writes that did not land.
+    let said = std::fs::read_dir(&out.dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|f| std::fs::read_to_string(f.path()).ok())
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    out.notes.push(format!(
+        "{} guarded writes landed in the store; it refused {} (sent by a holder that had \
+         lost the lock unawares); {} answered no lock held and {} unanswered to the services",
+        writes.len(),
+        said.matches("guarded write refused").count(),
+        said.matches("exit status: 76\n").count(),
+        said.matches("exit status: 69\n").count()
+    ));
+    Ok(out)
+}
+
+/// The services' guarded writes, read from the store at `url`.
+async fn store_writes(url: &str) -> Result<Vec<check::StoreWrite>, String> {
+    let parsed = putex::store::StoreUrl::parse(url).map_err(|e| e.to_string())?;
+    let store = putex::store::AnyStore::open(&parsed)
+        .await
+        .map_err(|e| format!("open {url}: {e}"))?;
+    let keys = putex::locks::guard::list(&store, crate::resource::GUARDED_PREFIX)
+        .await
+        .map_err(|e| format!("list the guarded writes: {e}"))?;
+    let mut writes = Vec::new();
+    for (key, at) in keys {
+        let value = putex::locks::guard::get(&store, &key)
+            .await
+            .map_err(|e| format!("read {key}: {e}"))?
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&value);
+        let tenure = crate::resource::parse_token(text.trim())
+            .ok_or_else(|| format!("{key} holds {text:?}, not a token"))?;
+        writes.push(check::StoreWrite {
+            key,
+            tenure,
+            at: (at.epoch, at.revision),
+        });
+    }
+    writes.sort_by_key(|w| w.at);
+    Ok(writes)
+}
+
+/// Seven faults, each kind once in a shuffled order, each on the client
+/// whose critical section has run for a while; the hold lasts `hold` T.
+fn lock_faults(w: &mut World, rng: &mut Rng, hold: u32) {
     let mut kinds: Vec<usize> = (0..7).collect();
     for i in (1..kinds.len()).rev() {
         let j = usize::try_from(rng.below(i as u64 + 1)).unwrap_or(0);
@@ -1865,22 +1978,21 @@ fn lock_scenario(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
                 signal(pid, Signal::SIGCONT);
             }
             3 => {
-                proxy_fault(&mut w, &node, Mode::Blackhole, t * 3, "blackhole");
+                proxy_fault(w, &node, Mode::Blackhole, t * 3, "blackhole");
             }
             4 => {
                 let d = rng.between(Duration::from_millis(50), Duration::from_millis(300));
-                proxy_fault(&mut w, &node, Mode::Reset, d, "reset");
+                proxy_fault(w, &node, Mode::Reset, d, "reset");
             }
             5 => {
-                proxy_fault(&mut w, &node, Mode::DropReplies, t * 3, "drop-replies");
+                proxy_fault(w, &node, Mode::DropReplies, t * 3, "drop-replies");
             }
             _ => {
-                proxy_fault(&mut w, &node, Mode::Hold, t * 2, "hold");
+                proxy_fault(w, &node, Mode::Hold, t * hold, "hold");
             }
         }
         std::thread::sleep(Duration::from_secs(1));
     }
-    Ok(w.finish())
 }
 
 fn bucket_scenario(ctx: &Ctx, _: &mut Rng) -> Result<RunOut, String> {

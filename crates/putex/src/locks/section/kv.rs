@@ -247,6 +247,16 @@ async fn serve(stream: UnixStream, holder: &dyn KvHolder) -> std::io::Result<()>
     write.write_all(&out).await
 }
 
+/// A guarded write made while the tenure looked held here and refused
+/// (the store found the lock record moved on): said in the log, since it
+/// means this holder learned of its loss from the store.
+fn refused_said<T>(key: &str, written: Result<T, GuardError>) -> Result<T, GuardError> {
+    if let Err(GuardError::NotHeld) = &written {
+        tracing::warn!(key, "guarded write refused: the lock record moved on (another holder, a release or a revocation)");
+    }
+    written
+}
+
 /// The guard of the section's current tenure, if it holds the lock.
 fn guard_of(shared: &Arc<Shared>, keys: &[String]) -> Option<Guard> {
     let (winner, tenure) = {
@@ -289,11 +299,11 @@ async fn answer(request: KvRequest, holder: &dyn KvHolder) -> KvAnswer {
             };
         }
         KvRequest::Put { key, value } => match holder.guard() {
-            Some(g) => g.put(key, value.as_bytes()).await,
+            Some(g) => refused_said(key, g.put(key, value.as_bytes()).await),
             None => Err(GuardError::NotHeld),
         },
         KvRequest::Delete { key } => match holder.guard() {
-            Some(g) => g.delete(key).await,
+            Some(g) => refused_said(key, g.delete(key).await),
             None => Err(GuardError::NotHeld),
         },
     };
