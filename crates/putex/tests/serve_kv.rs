@@ -66,22 +66,22 @@ async fn value(c: &Client, s: &Served, key: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grants_writes_and_tokens_on_sqlite() {
     let server = Backend::sqlite();
-    grants_writes_and_tokens(server.open().await, true).await;
+    grants_writes_and_tokens(server.open().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grants_writes_and_tokens_on_nats() {
     let server = Backend::nats();
-    grants_writes_and_tokens(server.open().await, false).await;
+    grants_writes_and_tokens(server.open().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grants_writes_and_tokens_on_etcd() {
     let server = Backend::etcd();
-    grants_writes_and_tokens(server.open().await, true).await;
+    grants_writes_and_tokens(server.open().await).await;
 }
 
-async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
+async fn grants_writes_and_tokens(store: AnyStore) {
     let s = Served::start(store, "gw1", HttpOptions::default()).await;
     let c = client();
     warm(s.gateway(), "orders").await;
@@ -117,32 +117,15 @@ async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
     }
     assert_eq!(put(&c, &a, "orders.last", "43").await.0, StatusCode::OK);
 
-    // Several at once: all or none where the store can (not NATS).
+    // Several at once: all or none (on NATS an atomic batch).
     let batch = json!({"writes": [
         {"op": "put", "key": "orders.batch", "value": "1"},
         {"op": "delete", "key": "files/a.txt"},
     ]});
     let r = c.post(format!("{a}/kv")).json(&batch).send().await.unwrap();
-    if batches {
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(value(&c, &s, "orders.batch").await.as_deref(), Some("1"));
-        assert_eq!(value(&c, &s, "files/a.txt").await, None);
-    } else {
-        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-        let body: Value = r.json().await.unwrap();
-        assert!(
-            body["error"]["message"].as_str().unwrap().contains("one"),
-            "{body}"
-        );
-        assert_eq!(value(&c, &s, "orders.batch").await, None);
-        let r = c
-            .delete(format!("{a}/kv/files/a.txt"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(value(&c, &s, "files/a.txt").await, None);
-    }
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    assert_eq!(value(&c, &s, "orders.batch").await.as_deref(), Some("1"));
+    assert_eq!(value(&c, &s, "files/a.txt").await, None);
     let keys = get_json(&c, &s, "/v1/kv?prefix=orders.").await;
     let listed: Vec<&str> = keys["keys"]
         .as_array()
@@ -150,11 +133,7 @@ async fn grants_writes_and_tokens(store: AnyStore, batches: bool) {
         .iter()
         .map(|k| k["key"].as_str().unwrap())
         .collect();
-    let mut want = vec!["orders.last"];
-    if batches {
-        want.insert(0, "orders.batch");
-    }
-    assert_eq!(listed, want, "{keys}");
+    assert_eq!(listed, ["orders.batch", "orders.last"], "{keys}");
 
     // Bad input: named, nothing written.
     let r = c

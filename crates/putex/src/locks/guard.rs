@@ -59,7 +59,7 @@ pub enum GuardError {
     #[error("the lock is no longer held by this tenure: nothing was written")]
     NotHeld,
     /// A key or batch the store cannot take (bad characters, too long,
-    /// a key named twice, a batch on NATS).
+    /// a key named twice, a batch on a nats-server before 2.12).
     #[error(transparent)]
     Invalid(StoreError),
     /// The store did not answer in time: the write may or may not have
@@ -166,8 +166,9 @@ impl Guard {
     }
 
     /// Several writes, all or none, if this tenure still holds the lock
-    /// when the store commits them (etcd and the embedded store; NATS takes
-    /// one write at a time). Keys are the caller's, each named once.
+    /// when the store commits them (etcd: one `Txn`; the embedded store: one
+    /// transaction; NATS: one atomic batch, nats-server 2.12+). Keys are
+    /// the caller's, each named once.
     ///
     /// A renewal of ours that lands just before makes the store refuse the
     /// write (the record moved): it is made again against the newer record,

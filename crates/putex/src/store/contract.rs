@@ -354,8 +354,9 @@ pub trait Store: Send + Sync {
     /// conditional publish), never a read followed by a write. Returns the
     /// token of the last write.
     ///
-    /// NATS checks one write at a time: more than one is a
-    /// [`StoreError::Config`].
+    /// On NATS, more than one write is an atomic batch (nats-server 2.12+;
+    /// the first batch lets the bucket take them, `allow_atomic`); an older
+    /// server refuses it with a [`StoreError::Config`].
     fn guarded(
         &self,
         guard_key: &str,

@@ -400,25 +400,34 @@ async fn guarded(s: &AnyStore) {
             "{bad:?}: {r:?}"
         );
     }
-    // Several keys at once: all or none (NATS takes one write at a time).
+    // Several keys at once: all or none (on NATS an atomic batch, 2.12+).
     let batch = [put("kv.g.a", "1"), put("kv.g.b", "2")];
     let stale = s.guarded(lock, renewed, &batch, T).await;
-    let applied = s.guarded(lock, taken, &batch, T).await;
-    if matches!(s, AnyStore::Nats(_)) {
-        assert!(
-            matches!(applied, Err(StoreError::Config { .. })),
-            "{applied:?}"
-        );
-        assert!(matches!(stale, Err(StoreError::Config { .. })), "{stale:?}");
-    } else {
-        assert!(
-            matches!(stale, Err(StoreError::Conflict { .. })),
-            "{stale:?}"
-        );
-        applied.unwrap();
-        assert_eq!(value("kv.g.a").await, Some(b"1".to_vec()));
-        assert_eq!(value("kv.g.b").await, Some(b"2".to_vec()));
-    }
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(value("kv.g.a").await, None, "nothing of a stale batch");
+    assert_eq!(value("kv.g.b").await, None, "nothing of a stale batch");
+    let applied = s.guarded(lock, taken, &batch, T).await.unwrap();
+    assert_eq!(value("kv.g.a").await, Some(b"1".to_vec()));
+    assert_eq!(value("kv.g.b").await, Some(b"2".to_vec()));
+    // A put and a delete at once; the batch's token is past each write.
+    let mixed = [
+        put("kv.g.a", "3"),
+        Write::Delete {
+            key: "kv.g.b".into(),
+        },
+    ];
+    let after = s.guarded(lock, taken, &mixed, T).await.unwrap();
+    assert!(after > applied, "{after:?} after {applied:?}");
+    assert_eq!(value("kv.g.a").await, Some(b"3".to_vec()));
+    assert_eq!(value("kv.g.b").await, None);
+    let moved = s.update(lock, &json("d"), taken, T).await.unwrap();
+    let late = s.guarded(lock, taken, &mixed, T).await;
+    assert!(matches!(late, Err(StoreError::Conflict { .. })), "{late:?}");
+    s.guarded(lock, moved, &batch, T).await.unwrap();
+    assert_eq!(value("kv.g.b").await, Some(b"2".to_vec()));
 }
 
 async fn contract(handles: &[AnyStore]) {

@@ -149,7 +149,7 @@ pub(crate) async fn delete_key(
     request_body = KvBatchBody,
     responses(
         (status = 200, description = "All written while the grant held the lock", body = WrittenView),
-        (status = 400, description = "Malformed, a key named twice, too large, or a batch on NATS", body = ErrorBody),
+        (status = 400, description = "Malformed, a key named twice, too large, or a batch on a nats-server before 2.12", body = ErrorBody),
         Unauthorized,
         (status = 409, description = "`not_held`: nothing was written", body = ErrorBody),
         (status = 503, description = "Store failure", body = ErrorBody),

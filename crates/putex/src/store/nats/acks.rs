@@ -126,6 +126,22 @@ impl Acks {
     }
 }
 
+impl Acks {
+    /// Publishes `payload` to `subject` without a reply: a message of an
+    /// atomic batch before its last, which the stream does not answer.
+    pub(super) async fn send(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Vec<u8>,
+    ) -> Result<(), WriteError> {
+        self.client
+            .publish_with_headers(subject, headers, payload.into())
+            .await
+            .map_err(|e| unknown(format_args!("the write was not handed to the client: {e}")))
+    }
+}
+
 /// A write's place among the waiting, removed when the write ends.
 struct Entry<'a> {
     waiting: &'a Waiting,

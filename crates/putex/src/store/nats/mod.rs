@@ -127,6 +127,9 @@ struct Inner {
     /// marker can expire ([`Store::retire`]). Set once the bucket does:
     /// at the open, or when the update that allows them returns.
     ttl_allowed: AtomicBool,
+    /// Whether the bucket takes atomic batches (`allow_atomic`, nats-server
+    /// 2.12+): set at the first guarded batch, which asks for it.
+    atomic_allowed: AtomicBool,
     /// Every write of this handle and the one subscription its answers
     /// come on.
     acks: acks::Acks,
@@ -143,6 +146,14 @@ enum Marker {
     /// after [`RETIRED_KEPT`](super::RETIRED_KEPT): then nothing of the key
     /// is left.
     Retire,
+}
+
+/// What a compare-and-swap writes: one key's value or marker, or (a
+/// guarded write only) an atomic batch of several keys.
+#[derive(Clone, Copy, Debug)]
+enum Body<'a> {
+    One(&'a [u8], Marker),
+    Batch(&'a [Write]),
 }
 
 /// How many calls of one handle are under way at once; the rest wait their
@@ -385,7 +396,7 @@ impl Store for NatsStore {
         self.cas(
             Op::Update,
             key,
-            (value, Marker::None),
+            Body::One(value, Marker::None),
             expected,
             None,
             timeout,
@@ -415,7 +426,7 @@ impl Store for NatsStore {
         self.cas(
             Op::Delete,
             key,
-            (&[], Marker::Delete),
+            Body::One(&[], Marker::Delete),
             expected,
             None,
             timeout,
@@ -437,15 +448,23 @@ impl Store for NatsStore {
         } else {
             Marker::Delete
         };
-        self.cas(Op::Delete, key, (&[], marker), expected, None, timeout)
-            .await
-            .map(drop)
+        self.cas(
+            Op::Delete,
+            key,
+            Body::One(&[], marker),
+            expected,
+            None,
+            timeout,
+        )
+        .await
+        .map(drop)
     }
 
     /// One write, published with the guard's last revision as its
     /// expectation (`Nats-Expected-Last-Subject-Sequence-Subject`): the
-    /// stream leader checks and appends in one step. NATS has no such
-    /// check over several subjects at once: a batch is refused.
+    /// stream leader checks and appends in one step. Several writes are
+    /// one atomic batch (nats-server 2.12+, [`writes`]), each message with
+    /// the same expectation, checked when the batch commits.
     async fn guarded(
         &self,
         guard_key: &str,
@@ -454,16 +473,12 @@ impl Store for NatsStore {
         timeout: Duration,
     ) -> Result<Token, StoreError> {
         check_guarded(guard_key, writes)?;
-        let [write] = writes else {
-            return Err(StoreError::config(
-                "NATS makes one guarded write at a time (a batch needs etcd or the embedded store)",
-            ));
+        let (key, body) = match writes {
+            [Write::Put { key, value }] => (key.as_str(), Body::One(value, Marker::None)),
+            [Write::Delete { key }] => (key.as_str(), Body::One(&[], Marker::Delete)),
+            [first, ..] => (first.key(), Body::Batch(writes)),
+            [] => unreachable!("check_guarded refuses an empty batch"),
         };
-        let body = match write {
-            Write::Put { value, .. } => (value.as_slice(), Marker::None),
-            Write::Delete { .. } => (&[][..], Marker::Delete),
-        };
-        let key = write.key();
         self.cas(Op::Guarded, key, body, guard, Some(guard_key), timeout)
             .await
     }

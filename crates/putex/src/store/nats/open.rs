@@ -188,6 +188,7 @@ impl NatsStore {
                 echo: tokio::sync::Mutex::new(None),
                 servers: cfg.servers.len(),
                 ttl_allowed: AtomicBool::new(ttl_allowed),
+                atomic_allowed: AtomicBool::new(stream_info.config.allow_atomic_publish),
                 acks,
             }),
         };
@@ -324,34 +325,7 @@ async fn date_revisions(kv: &mut kv::Store, bucket: &str, info: &jetstream::stre
 /// retired key leaves a delete marker, as any delete does. Putex sets a TTL
 /// on nothing but those markers.
 async fn allow_ttl(js: &jetstream::Context, bucket: &str, info: &jetstream::stream::Info) -> bool {
-    let stream = &info.config.name;
-    // The stream's configuration as the server has it, with every field
-    // (this client may not know them all, and an update sets each one),
-    // and TTLs allowed.
-    let update = async {
-        let info: serde_json::Value = js
-            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut config = info
-            .get("config")
-            .cloned()
-            .ok_or_else(|| format!("no configuration in {info}"))?;
-        config
-            .as_object_mut()
-            .ok_or("the configuration is no object")?
-            .insert("allow_msg_ttl".into(), true.into());
-        let answer: serde_json::Value = js
-            .request(format!("STREAM.UPDATE.{stream}"), &config)
-            .await
-            .map_err(|e| e.to_string())?;
-        match answer.pointer("/config/allow_msg_ttl") {
-            Some(serde_json::Value::Bool(true)) => Ok(()),
-            _ => Err(answer
-                .get("error")
-                .map_or_else(|| answer.to_string(), ToString::to_string)),
-        }
-    };
+    let update = set_stream_flag(js, &info.config.name, "allow_msg_ttl");
     match tokio::time::timeout(OPEN_ATTEMPT_MAX, update).await {
         Ok(Ok(())) => {
             tracing::info!(
@@ -375,6 +349,42 @@ async fn allow_ttl(js: &jetstream::Context, bucket: &str, info: &jetstream::stre
             );
             false
         }
+    }
+}
+
+/// Sets `flag` to true in the configuration of `stream`: the configuration
+/// as the server has it, with every field (this client may not know them
+/// all, and an update sets each one), and the flag. `Err`: what the server
+/// said instead.
+pub(super) async fn set_stream_flag(
+    js: &jetstream::Context,
+    stream: &str,
+    flag: &str,
+) -> Result<(), String> {
+    let info: serde_json::Value = js
+        .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut config = info
+        .get("config")
+        .cloned()
+        .ok_or_else(|| format!("no configuration in {info}"))?;
+    if config.get(flag) == Some(&serde_json::Value::Bool(true)) {
+        return Ok(());
+    }
+    config
+        .as_object_mut()
+        .ok_or("the configuration is no object")?
+        .insert(flag.into(), true.into());
+    let answer: serde_json::Value = js
+        .request(format!("STREAM.UPDATE.{stream}"), &config)
+        .await
+        .map_err(|e| e.to_string())?;
+    match answer.pointer(&format!("/config/{flag}")) {
+        Some(serde_json::Value::Bool(true)) => Ok(()),
+        _ => Err(answer
+            .get("error")
+            .map_or_else(|| answer.to_string(), ToString::to_string)),
     }
 }
 

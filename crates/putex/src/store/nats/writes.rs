@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 
-use super::{acks, Marker, NatsStore, KV_OPERATION};
+use super::open::{parse_version, set_stream_flag};
+use super::{acks, Body, Marker, NatsStore, KV_OPERATION};
 use crate::store::keys::validate_key;
-use crate::store::{Op, Store, StoreError, Token, RETIRED_KEPT};
+use crate::store::{Op, Store, StoreError, Token, Write, RETIRED_KEPT};
 
 /// A per-message TTL (nats-server 2.11 and later, on a stream that allows
 /// them): the message is removed when it passes.
@@ -24,6 +25,13 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// compared, when it is not the published one (nats-server 2.11+): a
 /// guarded write.
 const EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+/// An atomic batch's headers (ADR-50, nats-server 2.12+): its id, each
+/// message's place in it, and on the last, the commit.
+const BATCH_ID: &str = "Nats-Batch-Id";
+const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
+const BATCH_COMMIT: &str = "Nats-Batch-Commit";
+/// The first nats-server with atomic batches.
+const ATOMIC_BATCH_SERVER: (u64, u64, u64) = (2, 12, 0);
 
 impl NatsStore {
     /// Publishes to the key's subject; `expect` is the required last
@@ -71,13 +79,98 @@ impl NatsStore {
             })
     }
 
+    /// Publishes `writes` as one atomic batch (nats-server 2.12+, on a
+    /// stream that allows them, [`NatsStore::allow_atomic`]): every message
+    /// carries the guard's expectation (`guard`'s last revision is
+    /// `guard_revision`), which the stream checks against its state before
+    /// the batch when the last message commits it; all land or none does.
+    /// Every message but the last is published without a reply; the stream
+    /// answers the commit with the revision of the batch's last message.
+    async fn publish_batch(
+        &self,
+        writes: &[Write],
+        guard_revision: u64,
+        guard: &str,
+    ) -> Result<u64, StoreError> {
+        let key = writes.first().map_or("", Write::key);
+        self.allow_atomic(key).await?;
+        let inbox = self.inner.client.new_inbox();
+        let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
+        let guard = format!("{}{guard}", self.inner.subject_prefix);
+        let n = writes.len();
+        for (i, write) in writes.iter().enumerate() {
+            let mut headers = HeaderMap::new();
+            headers.insert(BATCH_ID, id.as_str());
+            headers.insert(BATCH_SEQUENCE, async_nats::HeaderValue::from(i + 1));
+            headers.insert(
+                EXPECTED_LAST_SUBJECT_SEQ,
+                async_nats::HeaderValue::from(guard_revision),
+            );
+            headers.insert(EXPECTED_LAST_SUBJECT_SEQ_SUBJECT, guard.as_str());
+            let value = match write {
+                Write::Put { value, .. } => value.clone(),
+                Write::Delete { .. } => {
+                    headers.insert(KV_OPERATION, "DEL");
+                    Vec::new()
+                }
+            };
+            let subject = format!("{}{}", self.inner.subject_prefix, write.key());
+            let sent = if i + 1 == n {
+                headers.insert(BATCH_COMMIT, "1");
+                self.inner.acks.publish(subject, headers, value).await
+            } else {
+                self.inner
+                    .acks
+                    .send(subject, headers, value)
+                    .await
+                    .map(|()| 0)
+            };
+            let revision = sent.map_err(|e| match e {
+                acks::WriteError::Conflict => StoreError::conflict(Op::Guarded, key),
+                acks::WriteError::Unknown(why) => StoreError::unknown(Op::Guarded, key, why),
+            })?;
+            if i + 1 == n {
+                return Ok(revision);
+            }
+        }
+        unreachable!("a batch has a last message")
+    }
+
+    /// Makes the bucket take atomic batches (`allow_atomic` on its stream),
+    /// once per handle; a server before 2.12, or credentials that may not
+    /// update the stream, get an error that says so.
+    async fn allow_atomic(&self, key: &str) -> Result<(), StoreError> {
+        if self.inner.atomic_allowed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let version = self.inner.client.server_info().version;
+        if parse_version(&version).is_some_and(|v| v < ATOMIC_BATCH_SERVER) {
+            return Err(StoreError::config(format!(
+                "a guarded batch needs nats-server 2.12 or later (atomic batch publish); this one is {version}: write one key at a time, or use etcd or the embedded store"
+            )));
+        }
+        let stream = &self.inner.kv.stream_name;
+        set_stream_flag(&self.inner.js, stream, "allow_atomic")
+            .await
+            .map_err(|e| {
+                StoreError::unknown(
+                    Op::Guarded,
+                    key,
+                    format!("cannot let the bucket take atomic batches (allow_atomic on stream {stream}): {e}"),
+                )
+            })?;
+        tracing::info!(stream = %stream, "the bucket now takes atomic batches (guarded writes of several keys)");
+        self.inner.atomic_allowed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// A write to `key` that lands only if `expected` holds: the key's own
     /// last revision, or with `guard` that key's (a guarded write).
     pub(super) async fn cas(
         &self,
         op: Op,
         key: &str,
-        (value, marker): (&[u8], Marker),
+        body: Body<'_>,
         expected: Token,
         guard: Option<&str>,
         timeout: Duration,
@@ -108,10 +201,17 @@ impl NatsStore {
                     // Revision 0 would mean "must not exist": not a CAS on a record.
                     return Err(StoreError::conflict(op, key));
                 }
-                match self
-                    .publish(op, key, value, Some(expected.revision), guard, marker)
-                    .await
-                {
+                let written = match (body, guard) {
+                    (Body::One(value, marker), _) => {
+                        self.publish(op, key, value, Some(expected.revision), guard, marker)
+                            .await
+                    }
+                    (Body::Batch(writes), Some(guard)) => {
+                        self.publish_batch(writes, expected.revision, guard).await
+                    }
+                    (Body::Batch(_), None) => unreachable!("only a guarded write is a batch"),
+                };
+                match written {
                     Ok(revision) => Ok(Token::new(epoch, revision)),
                     Err(e) => {
                         if cached && e.is_conflict() {
