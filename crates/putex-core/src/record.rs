@@ -71,7 +71,8 @@ pub struct LockRecord {
     #[serde(default, skip_serializing_if = "is_false")]
     pub catch_up: bool,
     /// O2: failover is paused. Nobody takes over a paused record; its
-    /// holder runs no hooks, stops nothing and renews regardless of health.
+    /// holder starts and stops nothing and renews regardless of health
+    /// (health and position checks still run and are reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Pause>,
     /// The holding this record belongs to: the fencing token (`EPOCH:REVISION`)

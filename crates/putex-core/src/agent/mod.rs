@@ -35,24 +35,9 @@
 //!
 //! # Where each rule lives
 //!
-//! - H1 licence: `Lease::licence_end` is the *send* time of the last
-//!   successful write plus T; `expire_licence` ends it.
-//! - H2 healthy renewals: `start_round` and `on_health`.
-//! - H3/H4 conflicts and unknown outcomes: `on_verify` and `adopt`.
-//! - H5 deadlines: `deadline`.
-//! - H6 release only with proof: `on_stopped`; a stop that proves nothing
-//!   keeps the lease and is retried: `on_unproven_stop`,
-//!   `retry_unproven_stop`.
-//! - Keeper: nothing starts before it acknowledged the arm: `try_activate`,
-//!   `on_keeper_ack`; a dead keeper: `on_keeper`.
-//! - S1 two witnesses: `standby_try_acquire` and `probe_verdict`.
-//! - S2 confirmation, S3 clean release, S4 absent record: `on_acquired`.
-//! - S5 start-up and identity: `start` and `observe_lock`.
-//! - S6 store regression: `observe_lock`, `Tenure::floor`.
-//! - S7 revocation: records in state `revoked` are lost to holders and stale
-//!   to takers.
-//! - O1–O5 operator controls (switchover, pause, candidate order, rejoin):
-//!   `operator.rs`.
+//! Each rule's section in `docs/safety.md` ends with a **Code.** paragraph
+//! naming the functions that carry it (H1–H6, S1–S7, the keeper); O1–O5
+//! are `operator.rs` (`docs/safety.md`, "Operator controls").
 
 use std::collections::VecDeque;
 use std::time::Duration;
