@@ -885,9 +885,9 @@ async fn hook_daemon_case(runner: HookRunner, tag: &str, how: &str) {
 }
 
 /// The empty scope of a hook runner that died before it could remove it
-/// (an agent killed while a hook ran) is removed when the next runner
-/// starts; a scope whose runner lives, or that still holds a process, is
-/// not.
+/// (an agent killed while a hook ran), or of a keeper killed with
+/// `kill -9`, is removed when the next runner (or keeper) starts; a scope
+/// whose maker lives, or that still holds a process, is not.
 #[test]
 fn supervision_a_dead_runners_empty_hook_scope_is_removed() {
     let Some(root) = putex::supervision::process::CgroupRoot::detect() else {
@@ -902,15 +902,24 @@ fn supervision_a_dead_runners_empty_hook_scope_is_removed() {
         "putex-hook-healthcheck-{}-99999",
         std::process::id()
     ));
-    std::fs::create_dir(&orphan).unwrap();
-    std::fs::create_dir(&mine).unwrap();
+    // A keeper's scope (`putex-LOCK-PID`, the lock name with dashes).
+    let keeper_orphan = root.dir().join(format!("putex-night-ly-{dead}"));
+    let keeper_mine = root
+        .dir()
+        .join(format!("putex-night-ly-{}", std::process::id()));
+    let scopes = [&orphan, &mine, &keeper_orphan, &keeper_mine];
+    for scope in scopes {
+        std::fs::create_dir(scope).unwrap();
+    }
     let _runner = HookRunner::detect();
-    let orphan_left = orphan.exists();
-    let mine_left = mine.exists();
-    let _ = std::fs::remove_dir(&orphan);
-    let _ = std::fs::remove_dir(&mine);
-    assert!(!orphan_left, "the dead runner's empty scope was left");
-    assert!(mine_left, "a living runner's scope was removed");
+    let left: Vec<bool> = scopes.iter().map(|s| s.exists()).collect();
+    for scope in scopes {
+        let _ = std::fs::remove_dir(scope);
+    }
+    assert!(!left[0], "the dead runner's empty scope was left");
+    assert!(left[1], "a living runner's scope was removed");
+    assert!(!left[2], "the dead keeper's empty scope was left");
+    assert!(left[3], "a living keeper's scope was removed");
 }
 
 #[tokio::test]

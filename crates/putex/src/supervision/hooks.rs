@@ -369,12 +369,12 @@ static SCOPE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl HookRunner {
     /// Uses cgroup scopes if this process can create them. Removes the
-    /// empty scopes of hook runners that died before they could (an agent
-    /// killed while a hook ran): `putex-hook-KIND-PID-N` whose PID is gone.
+    /// empty scopes of hook runners and keepers that died before they could
+    /// ([`CgroupRoot::remove_orphan_scopes`]).
     pub fn detect() -> HookRunner {
         let cgroup = CgroupRoot::detect();
         if let Some(root) = &cgroup {
-            remove_orphan_scopes(root);
+            root.remove_orphan_scopes();
         }
         HookRunner { cgroup }
     }
@@ -578,32 +578,6 @@ impl HookRunner {
         if frozen {
             scope.thaw();
         }
-    }
-}
-
-/// Removes the empty hook scopes in `root` whose runner's process is gone
-/// (see [`HookRunner::detect`]); a populated one is left alone.
-fn remove_orphan_scopes(root: &CgroupRoot) {
-    let Ok(entries) = std::fs::read_dir(root.dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix("putex-hook-") else {
-            continue;
-        };
-        // KIND-PID-N: the runner's pid is the second field from the end.
-        let Some(pid) = rest.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        let scope = Cgroup::open(entry.path());
-        if std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || scope.populated().unwrap_or(true)
-        {
-            continue;
-        }
-        let _ = scope.remove();
     }
 }
 

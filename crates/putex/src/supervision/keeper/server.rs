@@ -134,6 +134,9 @@ async fn serve(opts: KeeperOptions) -> Result<(), KeeperError> {
     } else {
         None
     };
+    if let Some(root) = &cgroup_root {
+        root.remove_orphan_scopes();
+    }
     let mut st = State {
         me: std::process::id() as i32,
         deadline: Deadline::Disarmed,

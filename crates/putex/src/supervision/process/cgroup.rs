@@ -92,6 +92,30 @@ impl CgroupRoot {
 }
 
 impl CgroupRoot {
+    /// Removes the scopes putex made here whose maker died before it could
+    /// (an agent killed while a hook ran, a keeper killed with `kill -9`):
+    /// `putex-hook-KIND-PID-N` of a hook runner and `putex-LOCK-PID` of a
+    /// keeper, when process PID is gone **and** the scope is empty. A
+    /// populated scope is left alone (a service a dead keeper left is the
+    /// next agent's to stop, `docs/supervision.md`), and so is a scope whose
+    /// PID runs (its maker, or a process that took its number: kept).
+    pub fn remove_orphan_scopes(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(maker_pid) else {
+                continue;
+            };
+            let scope = Cgroup::open(entry.path());
+            if Path::new(&format!("/proc/{pid}")).exists() || scope.populated().unwrap_or(true) {
+                continue;
+            }
+            let _ = scope.remove();
+        }
+    }
+
     /// The scope `name`, made if it does not exist yet, kept as it is if it
     /// does (populated or not): a scope shared by several owners.
     pub fn open_or_create(&self, name: &str) -> Result<Cgroup, ProcessError> {
@@ -103,6 +127,19 @@ impl CgroupRoot {
         }
         Ok(Cgroup { path })
     }
+}
+
+/// The pid of the process that made a putex scope, from its name:
+/// `putex-hook-KIND-PID-N` (a hook runner's) or `putex-LOCK-PID` (a
+/// keeper's; the lock name may hold dashes, the pid is the last field).
+/// `None` for any other name (`putex-hook-daemons`, someone else's scope).
+fn maker_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("putex-")?;
+    let field = match rest.strip_prefix("hook-") {
+        Some(hook) => hook.rsplit('-').nth(1)?,
+        None => rest.rsplit('-').next()?,
+    };
+    field.parse().ok()
 }
 
 /// A cgroup v2 scope that holds one process tree.
@@ -237,4 +274,20 @@ pub fn wrap_in_cgroup(cgroup: &Cgroup, argv: &[OsString]) -> Vec<OsString> {
     ];
     out.extend(argv.iter().cloned());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::maker_pid;
+
+    #[test]
+    fn a_scopes_maker_is_read_from_its_name() {
+        assert_eq!(maker_pid("putex-hook-healthcheck-4242-7"), Some(4242));
+        assert_eq!(maker_pid("putex-hook-follow-up-4242-7"), Some(4242));
+        assert_eq!(maker_pid("putex-nightly-77"), Some(77));
+        assert_eq!(maker_pid("putex-night-ly-77"), Some(77));
+        assert_eq!(maker_pid("putex-hook-daemons"), None);
+        assert_eq!(maker_pid("putex-nightly"), None);
+        assert_eq!(maker_pid("user.slice"), None);
+    }
 }
