@@ -93,7 +93,7 @@ impl NatsStore {
         guard: &str,
     ) -> Result<u64, StoreError> {
         let key = writes.first().map_or("", Write::key);
-        self.allow_atomic(key).await?;
+        self.allow_atomic().await?;
         let inbox = self.inner.client.new_inbox();
         let id = inbox.rsplit('.').next().unwrap_or(&inbox).to_owned();
         let guard = format!("{}{guard}", self.inner.subject_prefix);
@@ -139,7 +139,7 @@ impl NatsStore {
     /// Makes the bucket take atomic batches (`allow_atomic` on its stream),
     /// once per handle; a server before 2.12, or credentials that may not
     /// update the stream, get an error that says so.
-    async fn allow_atomic(&self, key: &str) -> Result<(), StoreError> {
+    async fn allow_atomic(&self) -> Result<(), StoreError> {
         if self.inner.atomic_allowed.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -153,11 +153,9 @@ impl NatsStore {
         set_stream_flag(&self.inner.js, stream, "allow_atomic")
             .await
             .map_err(|e| {
-                StoreError::unknown(
-                    Op::Guarded,
-                    key,
-                    format!("cannot let the bucket take atomic batches (allow_atomic on stream {stream}): {e}"),
-                )
+                StoreError::config(format!(
+                    "nothing written: cannot let the bucket take atomic batches (allow_atomic on stream {stream}; credentials that may not update it?): {e}"
+                ))
             })?;
         tracing::info!(stream = %stream, "the bucket now takes atomic batches (guarded writes of several keys)");
         self.inner.atomic_allowed.store(true, Ordering::SeqCst);
