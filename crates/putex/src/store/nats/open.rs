@@ -318,6 +318,37 @@ async fn date_revisions(kv: &mut kv::Store, bucket: &str, info: &jetstream::stre
     }
 }
 
+/// The first nats-server with atomic batches.
+const ATOMIC_BATCH_SERVER: (u64, u64, u64) = (2, 12, 0);
+
+impl NatsStore {
+    /// Makes the bucket take atomic batches (`allow_atomic` on its stream),
+    /// once per handle; a server before 2.12, or credentials that may not
+    /// update the stream, get an error that says so.
+    pub(super) async fn allow_atomic(&self) -> Result<(), StoreError> {
+        if self.inner.atomic_allowed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let version = self.inner.client.server_info().version;
+        if parse_version(&version).is_some_and(|v| v < ATOMIC_BATCH_SERVER) {
+            return Err(StoreError::config(format!(
+                "a guarded batch needs nats-server 2.12 or later (atomic batch publish); this one is {version}: write one key at a time, or use etcd or the embedded store"
+            )));
+        }
+        let stream = &self.inner.kv.stream_name;
+        set_stream_flag(&self.inner.js, stream, "allow_atomic")
+            .await
+            .map_err(|e| {
+                StoreError::config(format!(
+                    "nothing written: cannot let the bucket take atomic batches (allow_atomic on stream {stream}; credentials that may not update it?): {e}"
+                ))
+            })?;
+        tracing::info!(stream = %stream, "the bucket now takes atomic batches (guarded writes of several keys)");
+        self.inner.atomic_allowed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// Lets the bucket's stream take per-message TTLs (nats-server 2.11 and
 /// later), so that the marker of a retired key expires and nothing of the
 /// key is left ([`Store::retire`](crate::store::Store::retire)). False when

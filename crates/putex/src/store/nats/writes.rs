@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 
-use super::open::{parse_version, set_stream_flag};
 use super::{acks, Body, Marker, NatsStore, KV_OPERATION};
 use crate::store::keys::validate_key;
 use crate::store::{Op, Store, StoreError, Token, Write, RETIRED_KEPT};
@@ -30,8 +29,6 @@ const EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequ
 const BATCH_ID: &str = "Nats-Batch-Id";
 const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 const BATCH_COMMIT: &str = "Nats-Batch-Commit";
-/// The first nats-server with atomic batches.
-const ATOMIC_BATCH_SERVER: (u64, u64, u64) = (2, 12, 0);
 
 impl NatsStore {
     /// Publishes to the key's subject; `expect` is the required last
@@ -134,32 +131,6 @@ impl NatsStore {
             }
         }
         unreachable!("a batch has a last message")
-    }
-
-    /// Makes the bucket take atomic batches (`allow_atomic` on its stream),
-    /// once per handle; a server before 2.12, or credentials that may not
-    /// update the stream, get an error that says so.
-    async fn allow_atomic(&self) -> Result<(), StoreError> {
-        if self.inner.atomic_allowed.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let version = self.inner.client.server_info().version;
-        if parse_version(&version).is_some_and(|v| v < ATOMIC_BATCH_SERVER) {
-            return Err(StoreError::config(format!(
-                "a guarded batch needs nats-server 2.12 or later (atomic batch publish); this one is {version}: write one key at a time, or use etcd or the embedded store"
-            )));
-        }
-        let stream = &self.inner.kv.stream_name;
-        set_stream_flag(&self.inner.js, stream, "allow_atomic")
-            .await
-            .map_err(|e| {
-                StoreError::config(format!(
-                    "nothing written: cannot let the bucket take atomic batches (allow_atomic on stream {stream}; credentials that may not update it?): {e}"
-                ))
-            })?;
-        tracing::info!(stream = %stream, "the bucket now takes atomic batches (guarded writes of several keys)");
-        self.inner.atomic_allowed.store(true, Ordering::SeqCst);
-        Ok(())
     }
 
     /// A write to `key` that lands only if `expected` holds: the key's own
