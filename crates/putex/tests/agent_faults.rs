@@ -346,6 +346,20 @@ fn k_failed_try(server: &Backend) -> Result<(), String> {
         "stepped down only after {detect:?}\n{}",
         c.dump()
     );
+    // On a loaded machine the renewals of a holder stepping down can reach
+    // its keeper too late: the licence ends during the stop and the keeper
+    // fires (CI of 819bd8a: a 284 ms deactivate hook). The release still
+    // comes once the stop is proven, but what is measured below (stop line
+    // to next start) then includes the slow hook: not the case under test.
+    if c.agent("n1")
+        .log_text()
+        .contains("the keeper's deadline passed")
+    {
+        return Err(format!(
+            "n1's licence ended while it stepped down (its keeper fired)\n{}",
+            c.dump()
+        ));
+    }
     // Released (S3): no staleness wait (W + G ≈ 400 ms) for the next one.
     assert!(next.ns >= stop.ns, "{}", c.dump());
     assert!(
