@@ -346,6 +346,44 @@ async fn rdlm_a_fresh_resource_is_granted_at_once_on_an_older_embedded_store() {
     }
 }
 
+/// S4 refined on etcd, both sides: the first fresh resource of a prefix
+/// gets a 408 with `wait: 1` that says why (nothing proves yet: its create
+/// writes the anchor the later proofs count from); a few seconds on, fresh
+/// resources are granted at once — but not one whose record was deleted by
+/// hand since (its history shows the delete: the whole W + G' again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_a_fresh_resource_is_granted_at_once_on_etcd() {
+    let store = Backend::etcd();
+    let s = Served::on(&store).await;
+    let c = client();
+    let r = rdlm_post(&c, &s, "young", 1.0, 10.0).await;
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("cannot prove"), "{body}");
+    let Backend::Etcd(server) = &store else {
+        unreachable!()
+    };
+    let put = server.etcdctl(&["put", "putex/lock.deleted", "by hand"]);
+    assert!(put.status.success(), "{put:?}");
+    let del = server.etcdctl(&["del", "putex/lock.deleted"]);
+    assert!(del.status.success(), "{del:?}");
+
+    // W + G' is 2.5 s at `--acquire-lease 2s`; the proof reads whole seconds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for resource in ["fresh1", "fresh2", "fresh3"] {
+        let started = Instant::now();
+        let r = rdlm_post(&c, &s, resource, 1.0, 10.0).await;
+        eprintln!("{resource}: {} after {:?}", r.status(), started.elapsed());
+        let url = location(&r);
+        assert_eq!(
+            status_of(&c, reqwest::Method::DELETE, &url).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    let r = rdlm_post(&c, &s, "deleted", 1.0, 10.0).await;
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT, "deleted by hand");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdlm_lock_get_list_delete() {
     let (_store, s, c) = serve_sqlite().await;

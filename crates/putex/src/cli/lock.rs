@@ -53,7 +53,8 @@ Timing: R = --renew (1s), T = F·R = 10s (--failures 10, or --ttl), G = C·R = 2
 (--confirm 2). A holder killed or frozen loses CMD at most T after its last
 renewal; a crashed holder's lock is taken over after about T + G; a released
 lock passes on in milliseconds. The first use of a name waits W + G' once (S4) on
-NATS and etcd, and on an embedded store whose file is younger than that; it says so.";
+NATS, and on an embedded store or etcd prefix whose proof is younger than that; it
+says so.";
 
 /// `--once-mode`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -60,6 +60,19 @@ pub(super) struct Clock {
     terms: Mutex<Terms>,
 }
 
+/// One reading of the clock lease.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reading {
+    /// Whole seconds since the lease was granted, rounded up: the true
+    /// time lies in `(seconds − 1, seconds]`.
+    pub seconds: u64,
+    /// The lease read.
+    pub lease: i64,
+    /// The raft term and the cluster of the member that answered.
+    pub term: u64,
+    pub cluster: u64,
+}
+
 #[derive(Clone, Copy)]
 struct Lease {
     id: i64,
@@ -93,7 +106,7 @@ impl Clock {
         if known.iter().all(Option::is_some) {
             return Ok(known.into_iter().flatten().collect());
         }
-        let seconds = self.read(client, prefix, op, about).await?;
+        let seconds = self.read(client, prefix, op, about).await?.seconds;
         let mut stamps = self.stamps.lock();
         Ok(items
             .iter()
@@ -127,7 +140,7 @@ impl Clock {
 
     /// The store's time now, as a probe would be stamped.
     pub(super) async fn now(&self, client: &Client, prefix: &str) -> Result<StoreTime, StoreError> {
-        let seconds = self.read(client, prefix, Op::Get, CLOCK_KEY).await?;
+        let seconds = self.read(client, prefix, Op::Get, CLOCK_KEY).await?.seconds;
         Ok(StoreTime {
             era: self.era,
             nanos: (seconds + 1) * NANOS,
@@ -140,19 +153,20 @@ impl Clock {
     }
 
     /// Seconds on the leader's clock since the clock lease was granted
-    /// (rounded up), finding or granting the lease first.
+    /// (rounded up), finding or granting the lease first: the reading, with
+    /// the lease, raft term and cluster it came from.
     ///
     /// The lock is held only to find or grant the lease, never across a
     /// reading: a reading that hangs (a member cut off from its peers
     /// before it knows it has no leader) holds up only its own caller,
     /// whose deadline ends it, not every read of the handle behind it.
-    async fn read(
+    pub(super) async fn read(
         &self,
         client: &Client,
         prefix: &str,
         op: Op,
         about: &str,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Reading, StoreError> {
         let mut why = "the etcd clock lease kept vanishing";
         for _ in 0..3 {
             let l = self.lease(client, prefix, op, about).await?;
@@ -167,10 +181,11 @@ impl Clock {
                 }
                 continue;
             }
-            let admitted = ttl
+            let (cluster, term) = ttl
                 .header
                 .as_ref()
-                .is_some_and(|h| self.terms.lock().admit(h.cluster_id, h.raft_term));
+                .map_or((0, 0), |h| (h.cluster_id, h.raft_term));
+            let admitted = ttl.header.is_some() && self.terms.lock().admit(cluster, term);
             if !admitted {
                 // A deposed leader's reading: asked again (it may reach a
                 // current member); else unknown, and the probe comes again.
@@ -178,7 +193,12 @@ impl Clock {
                     "an etcd member answered the clock from an older raft term (a deposed leader)";
                 continue;
             }
-            return Ok(u64::try_from(l.granted.saturating_sub(ttl.ttl)).unwrap_or(0));
+            return Ok(Reading {
+                seconds: u64::try_from(l.granted.saturating_sub(ttl.ttl)).unwrap_or(0),
+                lease: l.id,
+                term,
+                cluster,
+            });
         }
         Err(StoreError::unknown(op, about, why))
     }

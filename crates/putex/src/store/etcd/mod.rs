@@ -44,6 +44,9 @@
 //!   [`AnyStore::clock_step`](crate::store::AnyStore::clock_step) to the core.
 //!   The cost: a takeover waits up to 2 s more than on NATS (the TTL's
 //!   one-second resolution, on both ends); see `docs/safety.md`.
+//! - **First use** (S4 refined): a lock record's create is followed by the
+//!   proof of how long its key was vacant — its history from an anchor
+//!   revision timed on the store clock (`vacancy.rs`).
 //! - **Watches** share one etcd watch over the prefix per handle (`store/hub.rs`);
 //!   a watch from an old revision reads the changes since then with a watch
 //!   of its own, and a compacted revision is re-read as the latest state.
@@ -54,7 +57,8 @@
 //! The code: `client.rs` is the gRPC client over the generated API
 //! (`api/`); `calls.rs` makes a call again while it never reached etcd and
 //! classifies its failure; `open.rs` connects and settles the epoch;
-//! `clock.rs` is the store clock; `watch.rs` feeds the watches. The handle,
+//! `clock.rs` is the store clock; `vacancy.rs` proves a first use's
+//! vacancy; `watch.rs` feeds the watches. The handle,
 //! the epoch checks of every write and the [`Store`] operations are here.
 
 use std::fmt;
@@ -67,8 +71,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::keys::{validate_filter, validate_key, PROBE_PREFIX};
 use super::{
-    check_guarded, with_deadline, Entry, Op, ReadMode, Store, StoreError, StoreTime, Token,
-    WatchEvent, WatchStream, Write,
+    check_guarded, with_deadline, Created, Entry, Op, ReadMode, Store, StoreError, StoreTime,
+    Token, WatchEvent, WatchStream, Write,
 };
 
 mod api;
@@ -76,6 +80,7 @@ mod calls;
 mod client;
 mod clock;
 mod open;
+mod vacancy;
 mod watch;
 
 use api::etcdserverpb::{self as pb, ResponseHeader};
@@ -450,6 +455,23 @@ impl Store for EtcdStore {
             .await
         })
         .await
+    }
+
+    /// A create, then the proof of how long the key was vacant before it
+    /// (`vacancy.rs`), within the same deadline: a proof not done by then
+    /// is none.
+    async fn create_vacant(
+        &self,
+        key: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Created, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let token = self.create(key, value, timeout).await?;
+        let vacant_for = tokio::time::timeout_at(deadline, self.vacancy(key, token.revision))
+            .await
+            .unwrap_or(Duration::ZERO);
+        Ok(Created { token, vacant_for })
     }
 
     async fn update(
