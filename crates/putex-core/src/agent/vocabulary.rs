@@ -528,9 +528,10 @@ pub enum AbsentWhy {
     /// its record was removed, and the store cannot prove that no holder's
     /// record was lost (S4).
     FirstUse,
-    /// The store proves the lock record was never there since the store
-    /// was made, but it was made less than W + G' ago: a holder of the
-    /// store it replaced could still be running (S4).
+    /// The store proves the lock record was not there for a while, but for
+    /// less than W + G': the store was made (or, on etcd, its proof began)
+    /// moments ago, and a holder of a store it replaced, or whose record was
+    /// lost before that, could still be running (S4).
     YoungStore,
     /// The store lost records this node saw, or handed a revision out twice
     /// (S6): a holder may believe it still holds the lock.
@@ -548,9 +549,9 @@ impl AbsentWhy {
                  (docs/safety.md, S4)"
             }
             AbsentWhy::YoungStore => {
-                "the store was made moments ago, and a holder of a store it replaced could \
-                 still be running; names used after the first W + G' of a store start at \
-                 once (docs/safety.md, S4)"
+                "the store was made moments ago (on etcd: its proof that names were unused \
+                 began moments ago), and a holder whose record it does not have could still \
+                 be running; later first uses start at once (docs/safety.md, S4)"
             }
             AbsentWhy::StoreWentBack => {
                 "the store lost records this node had seen, and a holder whose record it lost \

@@ -737,8 +737,8 @@ impl fmt::Display for Timeline {
         write!(
             f,
             "first use of a lock name (no record yet) waits {} before activating, unless \
-             the store proves the name unused that long (the embedded store does once its \
-             file is that old: docs/stores.md)",
+             the store proves the name unused that long (the embedded store and etcd do, \
+             once their proof is that old: docs/stores.md)",
             ms(self.absent_wait)
         )
     }
