@@ -515,6 +515,45 @@ async fn store_etcd_a_create_says_how_long_the_key_was_vacant() {
     assert!(later.vacant_for >= Duration::from_secs(1), "{later:?}");
 }
 
+/// A handle whose watch feed ran since the anchor proves from what its feed
+/// delivered, without etcd's history: after a compaction past the anchor it
+/// still proves a key vacant (a fresh handle, which must ask the history,
+/// cannot), and not one the feed saw written and deleted by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_etcd_a_long_running_handle_proves_vacancy_from_its_feed() {
+    let server = EtcdServer::start();
+    let url = url_of(&[server.endpoint()], "");
+    let long = open_retrying(&url).await;
+    let _feed = long.watch("member.", None, T).await.unwrap();
+    let first = long.create_vacant("lock.a", b"a", T).await.unwrap();
+    assert_eq!(
+        first.vacant_for,
+        Duration::ZERO,
+        "the anchor is written now"
+    );
+    let anchored = Instant::now();
+    for args in [["put", "putex/lock.y", "x"], ["del", "putex/lock.y", ""]] {
+        let args: Vec<&str> = args.into_iter().filter(|a| !a.is_empty()).collect();
+        let o = etcdctl(&[server.endpoint()], &args);
+        assert!(o.status.success(), "{o:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let y = long.create_vacant("lock.y", b"y", T).await.unwrap();
+    assert_eq!(y.vacant_for, Duration::ZERO, "the feed saw it deleted");
+    let last = long.create("member.v", b"x", T).await.unwrap();
+    let o = etcdctl(
+        &[server.endpoint()],
+        &["compact", &last.revision.to_string()],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let x = long.create_vacant("lock.x", b"x", T).await.unwrap();
+    assert!(x.vacant_for >= Duration::from_secs(1), "{x:?}");
+    assert!(x.vacant_for <= anchored.elapsed(), "{x:?}");
+    let fresh = open_retrying(&url).await;
+    let z = fresh.create_vacant("lock.z", b"z", T).await.unwrap();
+    assert_eq!(z.vacant_for, Duration::ZERO, "the history was compacted");
+}
+
 /// 10,000 watches on one handle share its one etcd watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_etcd_ten_thousand_watches_share_one_feed() {

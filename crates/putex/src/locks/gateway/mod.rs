@@ -304,7 +304,11 @@ pub struct GrantRecord {
 }
 
 /// The timing an HTTP lock is acquired with: T = `lifetime`, R = T / 10
-/// (at most 1 s), C = 2.
+/// (at most 1 s), C = 2; a store call may take three quarters of R, not two
+/// fifths: the gateway's health check answers at once, and a first use's
+/// proof of vacancy on etcd waits for a watch that etcd serves on its
+/// 100 ms sync (`docs/stores.md`, First use), which 80 ms (R = 200 ms at
+/// the default `--acquire-lease 2s`) would cut short half the time.
 pub fn timing_for(lifetime: Duration, max_drift: putex_core::Drift) -> Result<Timing, String> {
     let renew = (lifetime / 10).min(Duration::from_secs(1));
     let failures = u32::try_from(lifetime.as_nanos().div_ceil(renew.as_nanos().max(1)))
@@ -316,6 +320,8 @@ pub fn timing_for(lifetime: Duration, max_drift: putex_core::Drift) -> Result<Ti
         confirm: 2,
         max_drift,
         allow_short_lease: true,
+        healthcheck_timeout: Some(renew / 10),
+        store_timeout: Some(renew * 3 / 4),
         ..TimingConfig::default()
     }
     .validate()

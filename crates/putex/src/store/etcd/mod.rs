@@ -123,6 +123,8 @@ struct Inner {
     epoch_stale: AtomicBool,
     /// The store clock and the stamps it gave ([`clock`]).
     clock: Clock,
+    /// What the feed delivered, for a first use's proof (`vacancy.rs`).
+    seen: vacancy::FeedSeen,
     /// Every watch on this handle, fed by one etcd watch (`watch::feed`).
     hub: Arc<Hub>,
     /// Held while a feed starts; holds the feed's stop.

@@ -71,6 +71,7 @@ impl EtcdStore {
                 cluster: AtomicU64::new(0),
                 epoch_stale: AtomicBool::new(true),
                 clock: Clock::new(),
+                seen: super::vacancy::FeedSeen::new(),
                 hub: Hub::new(),
                 starting: tokio::sync::Mutex::new(None),
             }),

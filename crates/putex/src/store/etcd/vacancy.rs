@@ -37,9 +37,14 @@
 //! old is there, and a compaction that keeps the last few minutes leaves
 //! the newer when it takes the older.
 //!
+//! A handle whose watch feed runs ([`FeedSeen`]) asks no history for an
+//! anchor newer than the feed's start: the feed delivered every change of
+//! the key since then, in order, up to our create.
+//!
 //! Anything that goes wrong proves nothing ([`Duration::ZERO`]): the create
 //! stands, and the core waits the whole W + G' as without a proof.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::calls::{client_error, retry_unsent};
@@ -58,6 +63,122 @@ pub(super) const ANCHOR_KEYS: [&str; 2] = ["=vacancy.0", "=vacancy.1"];
 /// minutes of history (etcd's periodic `--auto-compaction-retention` keeps
 /// at least its retention) leaves the newer one.
 const ANCHOR_EVERY: u64 = 60;
+
+/// How long a proof waits for the handle's own watch feed to deliver the
+/// create before it asks etcd's history instead.
+const FEED_PATIENCE: Duration = Duration::from_millis(50);
+
+/// The most keys whose changes [`FeedSeen`] keeps; past it, it forgets
+/// them all and its coverage starts again (a proof then asks the history).
+const MAX_SEEN_KEYS: usize = 100_000;
+
+/// What this handle's watch feed delivered, for proofs without a watch of
+/// their own: the feed delivers every change under the prefix, in revision
+/// order, after the revision it started at, so once it delivered our
+/// create at H it had delivered every change of that key before H since its
+/// start. A long-running process (the gateway, an agent) proves from this
+/// as soon as an anchor newer than its feed's start is old enough; etcd's
+/// history is asked only for what came before.
+pub(super) struct FeedSeen {
+    state: parking_lot::Mutex<Seen>,
+    bumped: tokio::sync::watch::Sender<()>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Which feed this is of the handle's: what an earlier feed still
+    /// delivers after a later one started is not taken.
+    feed: u64,
+    /// The running feed's start: every change after this revision is
+    /// delivered. `None`: no feed runs.
+    from: Option<u64>,
+    /// The last two revisions at which each key changed since `from`, the
+    /// older first (0: none).
+    changes: HashMap<String, [u64; 2]>,
+}
+
+impl FeedSeen {
+    pub(super) fn new() -> FeedSeen {
+        FeedSeen {
+            state: parking_lot::Mutex::new(Seen::default()),
+            bumped: tokio::sync::watch::Sender::new(()),
+        }
+    }
+
+    /// A feed started: it delivers every change after revision `from`.
+    /// Returns its number, which its deliveries carry.
+    pub(super) fn started(&self, from: u64) -> u64 {
+        let mut seen = self.state.lock();
+        let feed = seen.feed + 1;
+        *seen = Seen {
+            feed,
+            from: Some(from),
+            changes: HashMap::new(),
+        };
+        drop(seen);
+        self.bumped.send_replace(());
+        feed
+    }
+
+    /// Feed `feed` delivered these changes (key, revision), in order.
+    pub(super) fn delivered<'a>(&self, feed: u64, changes: impl Iterator<Item = (&'a str, u64)>) {
+        let mut seen = self.state.lock();
+        if seen.feed != feed || seen.from.is_none() {
+            return;
+        }
+        for (key, revision) in changes {
+            if seen.changes.len() >= MAX_SEEN_KEYS && !seen.changes.contains_key(key) {
+                // Forget them all: covered again from this revision on.
+                *seen = Seen {
+                    feed,
+                    from: Some(revision),
+                    changes: HashMap::new(),
+                };
+                continue;
+            }
+            let last = seen.changes.entry(key.to_owned()).or_default();
+            *last = [last[1], revision];
+        }
+        drop(seen);
+        self.bumped.send_replace(());
+    }
+
+    /// Feed `feed` ended: nothing is covered until another starts.
+    pub(super) fn ended(&self, feed: u64) {
+        let mut seen = self.state.lock();
+        if seen.feed == feed {
+            seen.from = None;
+            seen.changes.clear();
+        }
+        drop(seen);
+        self.bumped.send_replace(());
+    }
+
+    /// The running feed's start, if one runs.
+    fn from(&self) -> Option<u64> {
+        self.state.lock().from
+    }
+
+    /// Once the feed delivered `key`'s change at `created`: the feed's start
+    /// and the revision of the key's change before `created` since then (0:
+    /// none). `None` when no feed covers it (none runs, it started after
+    /// `created` or restarted, or the key changed again since).
+    async fn before(&self, key: &str, created: u64) -> Option<(u64, u64)> {
+        let mut bumped = self.bumped.subscribe();
+        loop {
+            {
+                let seen = self.state.lock();
+                let from = seen.from.filter(|from| *from < created)?;
+                match seen.changes.get(key) {
+                    Some([before, last]) if *last == created => return Some((from, *before)),
+                    Some([_, last]) if *last > created => return None,
+                    _ => {}
+                }
+            }
+            bumped.changed().await.ok()?;
+        }
+    }
+}
 
 /// The anchor's value: revision `revision` was applied before the clock
 /// lease `lease` read `reading` seconds, in raft term `term` of `cluster`,
@@ -147,7 +268,23 @@ impl EtcdStore {
             self.write_anchor(slot, key).await?;
         }
         // The oldest anchor that proves: its revision before our create, and
-        // no change of the key between them.
+        // no change of the key between them — first as this handle's feed
+        // saw it, if it ran since the anchor.
+        let fed = self.inner.seen.from();
+        if usable
+            .iter()
+            .any(|(_, a)| a.revision < created && fed.is_some_and(|from| a.revision >= from))
+        {
+            let seen = tokio::time::timeout(FEED_PATIENCE, self.inner.seen.before(key, created));
+            if let Ok(Some((from, before))) = seen.await {
+                let proving = usable.iter().find(|(_, a)| {
+                    a.revision < created && a.revision >= from && a.revision >= before
+                });
+                if let Some((_, anchor)) = proving {
+                    return Ok(anchor.vacant_for(&now));
+                }
+            }
+        }
         let mut changed = 0;
         let mut compacted = None;
         for (slot, anchor) in usable {
@@ -342,6 +479,31 @@ mod tests {
             (vec![], Some(0)),
             "another epoch"
         );
+    }
+
+    /// The feed's view: once it delivered the create, the key's change
+    /// before it; nothing from a feed that started after an earlier one,
+    /// nor once it ended, nor for a create before its start.
+    #[tokio::test]
+    async fn a_feed_tells_the_change_before_a_create_it_delivered() {
+        let seen = FeedSeen::new();
+        assert_eq!(seen.before("lock.a", 20).await, None, "no feed");
+        let first = seen.started(10);
+        seen.delivered(first, [("lock.a", 12), ("lock.b", 13)].into_iter());
+        let waiting = seen.before("lock.a", 20);
+        seen.delivered(first, [("lock.a", 20)].into_iter());
+        assert_eq!(waiting.await, Some((10, 12)));
+        assert_eq!(seen.before("lock.b", 13).await, Some((10, 0)));
+        assert_eq!(seen.before("lock.b", 9).await, None, "before the feed");
+        // A later feed: the earlier one's late deliveries are not taken.
+        let second = seen.started(30);
+        seen.delivered(first, [("lock.c", 31)].into_iter());
+        seen.delivered(second, [("lock.c", 35)].into_iter());
+        assert_eq!(seen.before("lock.c", 35).await, Some((30, 0)));
+        seen.ended(first);
+        assert_eq!(seen.from(), Some(30), "the earlier feed's end ends nothing");
+        seen.ended(second);
+        assert_eq!(seen.before("lock.c", 35).await, None, "ended");
     }
 
     /// An anchor measures only readings of its own lease, term, cluster

@@ -159,13 +159,16 @@ impl EtcdStore {
         }
         let request = self.whole_prefix();
         let mut signed_in_again = false;
-        let stream = loop {
+        let (stream, from) = loop {
             let mut stream = retry_unsent(|| self.inner.client.watch(request.clone()))
                 .await
                 .map_err(|e| client_error(Op::Watch, filter, e))?;
             // Registered once etcd says so: what is written after that is fed.
             match stream.message().await {
-                Ok(Some(r)) if r.created && !r.canceled => break stream,
+                Ok(Some(r)) if r.created && !r.canceled => {
+                    let from = r.header.as_ref().map_or(0, |h| h.revision);
+                    break (stream, u64::try_from(from).unwrap_or(0));
+                }
                 // etcd refuses a watch whose token expired by cancelling it
                 // ("invalid auth token"; "permission denied" from etcd 3.5.1),
                 // which the client's own sign-in again does not see: once
@@ -189,6 +192,7 @@ impl EtcdStore {
                 Err(e) => return Err(client_error(Op::Watch, filter, e)),
             }
         };
+        let fed = self.inner.seen.started(from);
         let token = tokio_util::sync::CancellationToken::new();
         *stop = Some(token.clone().drop_guard());
         tokio::spawn(feed(
@@ -196,6 +200,7 @@ impl EtcdStore {
             Arc::downgrade(&self.inner),
             stream,
             token,
+            fed,
         ));
         self.inner.hub.revive();
         Ok(())
@@ -234,11 +239,17 @@ async fn feed(
     store: std::sync::Weak<Inner>,
     mut stream: client::WatchStream,
     stop: tokio_util::sync::CancellationToken,
+    fed: u64,
 ) {
     loop {
         let next = tokio::select! {
             next = stream.message() => next,
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                if let Some(inner) = store.upgrade() {
+                    inner.seen.ended(fed);
+                }
+                return;
+            }
         };
         let (Some(hub), Some(inner)) = (hub.upgrade(), store.upgrade()) else {
             return;
@@ -270,6 +281,10 @@ async fn feed(
                         }
                         raws.push(raw);
                     }
+                    store
+                        .inner
+                        .seen
+                        .delivered(fed, raws.iter().map(|r| (r.key.as_str(), r.revision)));
                     if raws.is_empty() {
                         continue;
                     }
@@ -298,6 +313,7 @@ async fn feed(
             Ok(None) => StoreError::unknown(Op::Watch, "", "the watch feed ended"),
             Err(e) => client_error(Op::Watch, "", e),
         };
+        store.inner.seen.ended(fed);
         hub.fail(|| failed.clone());
         return;
     }
