@@ -75,7 +75,8 @@ pub struct ServeArgs {
     pub max_wait: Duration,
     /// The lease the gateway acquires with before it grants a lock for its
     /// lifetime: the first request for a never-used resource waits about
-    /// 1.2 times this (S4), and after a store lost a record S4 protects
+    /// 1.2 times this (S4) unless the store proves the name unused that long
+    /// (the embedded store, etcd: docs/stores.md), and after a store lost a record S4 protects
     /// holders only up to it (as --max-lease does for agents).
     #[arg(long, env = "PUTEX_ACQUIRE_LEASE", value_parser = parse_duration, default_value = "2s", value_name = "DUR")]
     pub acquire_lease: Duration,

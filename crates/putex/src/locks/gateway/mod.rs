@@ -257,7 +257,8 @@ pub struct GatewayOptions {
 pub const DEFAULT_GRANT_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The default [`GatewayOptions::acquire_lease`]: the first request for a
-/// never-used resource waits about 2.4 s.
+/// never-used resource waits about 2.4 s where the store cannot prove it
+/// unused (S4).
 pub const DEFAULT_ACQUIRE_LEASE: Duration = Duration::from_secs(2);
 
 /// The gateway: cheap to clone, one per `putex serve`.
