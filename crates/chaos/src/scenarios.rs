@@ -2315,6 +2315,30 @@ fn mixed_scenario(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
     Ok(w.finish())
 }
 
+/// A run judged only on what the machine's load can cause (`KIND`: a
+/// set-up that failed, a failover slower than allowed) is run again once
+/// with seed + 1000, and noted under the table with the load average and,
+/// for a run that was judged, where its history is kept.
+fn retry_once(
+    row: &mut Row,
+    seeds: &mut Vec<u64>,
+    (name, seed, run, runs): (&str, u64, usize, usize),
+    kind: &str,
+    what: &str,
+    kept: Option<&std::path::Path>,
+) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let kept = kept.map_or(String::new(), |k| format!("; kept in {}", k.display()));
+    row.notes.push(format!(
+        "{kind} only, retried once with seed {}: {what} (load average {}{kept})",
+        seed.wrapping_add(1000),
+        load.trim(),
+    ));
+    row.retried = true;
+    eprintln!("chaos: {name} run {run}/{runs}: {what}; retrying once");
+    seeds.push(seed.wrapping_add(1000));
+}
+
 /// Runs a scenario `runs` times and sums the verdicts into a row.
 pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
     let mut row = Row {
@@ -2377,20 +2401,8 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
             // holder lapsed right after the cluster was steady, 0 faults).
             Err(e) if retry => {
                 retry = false;
-                row.notes.push(format!(
-                    "set-up only, retried once with seed {}: {e} (load average {})",
-                    seed.wrapping_add(1000),
-                    std::fs::read_to_string("/proc/loadavg")
-                        .unwrap_or_default()
-                        .trim(),
-                ));
-                row.retried = true;
-                eprintln!(
-                    "chaos: {} run {}/{runs}: {e}; retrying once",
-                    sc.name,
-                    i + 1
-                );
-                seeds.push(seed.wrapping_add(1000));
+                let run = (sc.name, seed, i + 1, runs);
+                retry_once(&mut row, &mut seeds, run, "set-up", &e.to_string(), None);
                 i += 1;
                 continue;
             }
@@ -2412,21 +2424,8 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
             let kept = keep(ctx, &format!("retried-{}", sc.name), seed, &out);
             let what = row.failures[before..].join("; ");
             row = snapshot;
-            row.notes.push(format!(
-                "timing only, retried once with seed {}: {what} (load average {}; kept in {})",
-                seed.wrapping_add(1000),
-                std::fs::read_to_string("/proc/loadavg")
-                    .unwrap_or_default()
-                    .trim(),
-                kept.display()
-            ));
-            row.retried = true;
-            eprintln!(
-                "chaos: {} run {}/{runs}: {what}; retrying once",
-                sc.name,
-                i + 1
-            );
-            seeds.push(seed.wrapping_add(1000));
+            let run = (sc.name, seed, i + 1, runs);
+            retry_once(&mut row, &mut seeds, run, "timing", &what, Some(&kept));
             i += 1;
             continue;
         }
