@@ -49,6 +49,13 @@ impl Gateway {
                 Err(e @ StoreError::Config { .. }) => return Err(GuardError::Invalid(e)),
             }
         }
+        // Held by every read, refused by the store every time: said, as
+        // `putex lock` says it (locks/section/kv.rs).
+        tracing::warn!(
+            resource = %resource,
+            uid = %uid,
+            "guarded write refused: the lock record moved on (another holder, a release or a revocation)"
+        );
         Err(GuardError::NotHeld)
     }
 }
