@@ -319,6 +319,20 @@ async fn rdlm_hello_and_refusals() {
     assert_eq!(v["_links"]["self"]["href"], "/resources/resource2");
 }
 
+/// Each fresh resource is granted within `wait: 1` (a `201`), then freed.
+async fn granted_with_wait_1(c: &Client, s: &Served, resources: &[&str]) {
+    for resource in resources {
+        let started = Instant::now();
+        let r = rdlm_post(c, s, resource, 1.0, 10.0).await;
+        eprintln!("{resource}: {} after {:?}", r.status(), started.elapsed());
+        let url = location(&r);
+        assert_eq!(
+            status_of(c, reqwest::Method::DELETE, &url).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+}
+
 /// S4 refined, both sides: on an embedded store made moments ago a fresh
 /// resource asked for with `wait: 1` gets a 408 that says why (the store
 /// cannot prove what a file it replaced held); once the file is older than
@@ -334,16 +348,7 @@ async fn rdlm_a_fresh_resource_is_granted_at_once_on_an_older_embedded_store() {
     assert!(body.contains("the store was made moments ago"), "{body}");
 
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(made.elapsed())).await;
-    for resource in ["fresh1", "fresh2", "fresh3"] {
-        let started = Instant::now();
-        let r = rdlm_post(&c, &s, resource, 1.0, 10.0).await;
-        eprintln!("{resource}: {} after {:?}", r.status(), started.elapsed());
-        let url = location(&r);
-        assert_eq!(
-            status_of(&c, reqwest::Method::DELETE, &url).await,
-            StatusCode::NO_CONTENT
-        );
-    }
+    granted_with_wait_1(&c, &s, &["fresh1", "fresh2", "fresh3"]).await;
 }
 
 /// S4 refined on etcd, both sides: the first fresh resource of a prefix
@@ -370,16 +375,7 @@ async fn rdlm_a_fresh_resource_is_granted_at_once_on_etcd() {
 
     // W + G' is 2.5 s at `--acquire-lease 2s`; the proof reads whole seconds.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    for resource in ["fresh1", "fresh2", "fresh3"] {
-        let started = Instant::now();
-        let r = rdlm_post(&c, &s, resource, 1.0, 10.0).await;
-        eprintln!("{resource}: {} after {:?}", r.status(), started.elapsed());
-        let url = location(&r);
-        assert_eq!(
-            status_of(&c, reqwest::Method::DELETE, &url).await,
-            StatusCode::NO_CONTENT
-        );
-    }
+    granted_with_wait_1(&c, &s, &["fresh1", "fresh2", "fresh3"]).await;
     let r = rdlm_post(&c, &s, "deleted", 1.0, 10.0).await;
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT, "deleted by hand");
 }

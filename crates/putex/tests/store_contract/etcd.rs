@@ -428,6 +428,13 @@ async fn store_etcd_clock_gap_is_never_more_than_real_time() {
     assert_ne!(w.time.era, first.time.era);
 }
 
+/// How long a create of `key` through a handle of its own (as a new `putex
+/// lock` process would make it) proves the key was vacant.
+async fn vacancy_of(url: &StoreUrl, key: &str) -> Duration {
+    let s = open_retrying(url).await;
+    s.create_vacant(key, b"v", T).await.unwrap().vacant_for
+}
+
 /// S4 refined on etcd (`docs/stores.md`, "First use"): a create says how
 /// long its key was provably vacant — measured from the anchor the first
 /// create wrote, never more than the real time since and no more than
@@ -438,7 +445,6 @@ async fn store_etcd_clock_gap_is_never_more_than_real_time() {
 async fn store_etcd_a_create_says_how_long_the_key_was_vacant() {
     let server = EtcdServer::start();
     let url = url_of(&[server.endpoint()], "");
-    let fresh = || async { open_retrying(&url).await };
     let ctl = |args: &[&str]| {
         let o = etcdctl(&[server.endpoint()], args);
         assert!(o.status.success(), "{args:?}: {o:?}");
@@ -447,12 +453,11 @@ async fn store_etcd_a_create_says_how_long_the_key_was_vacant() {
     ctl(&["put", "putex/lock.old", "x"]);
     ctl(&["del", "putex/lock.old"]);
     let before_anchor = Instant::now();
-    let first = fresh()
-        .await
-        .create_vacant("lock.a", b"a", T)
-        .await
-        .unwrap();
-    assert_eq!(first.vacant_for, Duration::ZERO, "no anchor yet: {first:?}");
+    assert_eq!(
+        vacancy_of(&url, "lock.a").await,
+        Duration::ZERO,
+        "no anchor yet"
+    );
     let anchored = Instant::now();
     // Changed after the anchor: written and deleted by hand.
     ctl(&["put", "putex/lock.changed", "x"]);
@@ -460,59 +465,43 @@ async fn store_etcd_a_create_says_how_long_the_key_was_vacant() {
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     // Each from a handle of its own, as a new `putex lock` process would.
     for key in ["lock.b", "lock.old"] {
-        let c = fresh().await.create_vacant(key, b"b", T).await.unwrap();
+        let c = vacancy_of(&url, key).await;
         let (real_max, real_min) = (before_anchor.elapsed(), anchored.elapsed());
-        assert!(c.vacant_for <= real_max, "{key}: {c:?} > {real_max:?}");
+        assert!(c <= real_max, "{key}: {c:?} > {real_max:?}");
         assert!(
-            c.vacant_for + Duration::from_millis(2_200) >= real_min,
+            c + Duration::from_millis(2_200) >= real_min,
             "{key}: {c:?} lags {real_min:?} by more than two steps"
         );
     }
-    let changed = fresh()
-        .await
-        .create_vacant("lock.changed", b"c", T)
-        .await
-        .unwrap();
-    assert_eq!(
-        changed.vacant_for,
-        Duration::ZERO,
-        "deleted since the anchor"
-    );
-    let again = fresh().await.create_vacant("lock.a", b"again", T).await;
+    let changed = vacancy_of(&url, "lock.changed").await;
+    assert_eq!(changed, Duration::ZERO, "deleted since the anchor");
+    let again = open_retrying(&url).await;
+    let again = again.create_vacant("lock.a", b"again", T).await;
     assert!(
         matches!(again, Err(StoreError::Conflict { .. })),
         "{again:?}"
     );
 
     // Compacted past the anchor: no proof, and a new anchor.
-    let s = fresh().await;
+    let s = open_retrying(&url).await;
     let last = s.create("member.v", b"x", T).await.unwrap();
     ctl(&["compact", &last.revision.to_string()]);
     let compacted = s.create_vacant("lock.d", b"d", T).await.unwrap();
     assert_eq!(compacted.vacant_for, Duration::ZERO, "compacted");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let after = fresh()
-        .await
-        .create_vacant("lock.e", b"e", T)
-        .await
-        .unwrap();
-    assert!(after.vacant_for >= Duration::from_secs(1), "{after:?}");
+    let after = vacancy_of(&url, "lock.e").await;
+    assert!(after >= Duration::from_secs(1), "{after:?}");
 
     // A restarted member: a new raft term, its leases refreshed.
     server.restart();
-    let restarted = fresh()
-        .await
-        .create_vacant("lock.f", b"f", T)
-        .await
-        .unwrap();
-    assert_eq!(restarted.vacant_for, Duration::ZERO, "a new term");
+    assert_eq!(
+        vacancy_of(&url, "lock.f").await,
+        Duration::ZERO,
+        "a new term"
+    );
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let later = fresh()
-        .await
-        .create_vacant("lock.g", b"g", T)
-        .await
-        .unwrap();
-    assert!(later.vacant_for >= Duration::from_secs(1), "{later:?}");
+    let later = vacancy_of(&url, "lock.g").await;
+    assert!(later >= Duration::from_secs(1), "{later:?}");
 }
 
 /// A handle whose watch feed ran since the anchor proves from what its feed
