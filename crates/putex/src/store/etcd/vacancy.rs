@@ -49,6 +49,7 @@ use std::time::Duration;
 
 use super::calls::{client_error, retry_unsent};
 use super::clock::Reading;
+use super::watch::prefix_end;
 use super::{client, pb, rev, EtcdStore, EPOCH_KEY};
 
 use crate::store::{Op, StoreError};
@@ -56,6 +57,8 @@ use crate::store::{Op, StoreError};
 /// The two anchor records, under the prefix: a new one is written beside
 /// the other, so that one older than [`ANCHOR_EVERY`] is always there.
 pub(super) const ANCHOR_KEYS: [&str; 2] = ["=vacancy.0", "=vacancy.1"];
+/// What both anchors' keys start with: one range reads them.
+const ANCHOR_PREFIX: &str = "=vacancy.";
 
 /// How old the newest usable anchor grows before a first use writes a
 /// newer one in the other slot (seconds on the store clock): the older one
@@ -311,12 +314,10 @@ impl EtcdStore {
 
     /// The anchors that are there and parse.
     async fn read_anchors(&self, about: &str) -> Result<[Option<Anchor>; 2], StoreError> {
-        let (first, last) = (self.full(ANCHOR_KEYS[0]), self.full(ANCHOR_KEYS[1]));
-        let mut end = last.into_bytes();
-        end.push(0);
+        let start = self.full(ANCHOR_PREFIX).into_bytes();
         let request = pb::RangeRequest {
-            key: first.into_bytes(),
-            range_end: end,
+            range_end: prefix_end(&start),
+            key: start,
             ..Default::default()
         };
         let resp = retry_unsent(|| self.inner.client.range(request.clone()))

@@ -208,7 +208,7 @@ impl EtcdStore {
 }
 
 /// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
