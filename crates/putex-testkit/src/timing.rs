@@ -10,9 +10,16 @@
 //! by `PUTEX_TEST_TIMING_LOCK`, when set: one timing-sensitive test on the
 //! machine at a time, whichever process runs it, while the other tests of
 //! each process go on beside it.
+//!
+//! With `PUTEX_TEST_TIMING_LOG` set, each slot given back appends a line
+//! to that file: the test (its thread's name, or the program's), the
+//! seconds it waited for the slot and the seconds it held it —
+//! `scripts/test` sums them in its table of where the time went.
 
 use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Timing-sensitive tests running now in this process, and the signal that
 /// one ended.
@@ -31,10 +38,15 @@ pub const DEFAULT_TIMING_SLOTS: usize = 1;
 pub struct TimingSlot {
     /// The locked `PUTEX_TEST_TIMING_LOCK` file; closing it unlocks.
     _machine: Option<File>,
+    /// How long the test waited for the slot.
+    waited: Duration,
+    /// When the test got it.
+    since: Instant,
 }
 
 impl Drop for TimingSlot {
     fn drop(&mut self) {
+        log_turn(self.waited, self.since.elapsed());
         let (running, ended) = &RUNNING;
         *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
         ended.notify_one();
@@ -50,6 +62,7 @@ impl Drop for TimingSlot {
 /// When `PUTEX_TEST_TIMING_LOCK` names a file that cannot be created or
 /// locked (the message names it).
 pub fn timing_slot() -> TimingSlot {
+    let asked = Instant::now();
     let slots = std::env::var("PUTEX_TEST_TIMING_SLOTS")
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
@@ -63,7 +76,11 @@ pub fn timing_slot() -> TimingSlot {
     *n += 1;
     drop(n);
     // From here on the slot is counted: a panic below gives it back.
-    let mut slot = TimingSlot { _machine: None };
+    let mut slot = TimingSlot {
+        _machine: None,
+        waited: Duration::ZERO,
+        since: asked,
+    };
     if let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOCK").filter(|p| !p.is_empty()) {
         let file = OpenOptions::new()
             .create(true)
@@ -75,5 +92,33 @@ pub fn timing_slot() -> TimingSlot {
             .unwrap_or_else(|e| panic!("PUTEX_TEST_TIMING_LOCK {path:?}: lock: {e}"));
         slot._machine = Some(file);
     }
+    slot.since = Instant::now();
+    slot.waited = slot.since - asked;
     slot
+}
+
+/// Appends a turn to `PUTEX_TEST_TIMING_LOG`, if set: `TEST\tWAITED\tHELD`
+/// (seconds). A log that cannot be written loses the line, not the test.
+fn log_turn(waited: Duration, held: Duration) {
+    let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOG").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let thread = std::thread::current();
+    let test = match thread.name() {
+        Some(name) if name != "main" => name.to_owned(),
+        _ => std::env::args()
+            .next()
+            .map(|a| a.rsplit('/').next().unwrap_or_default().to_owned())
+            .unwrap_or_default(),
+    };
+    // One write of the whole line: appends of several processes do not
+    // interleave within it.
+    let line = format!(
+        "{test}\t{:.1}\t{:.1}\n",
+        waited.as_secs_f64(),
+        held.as_secs_f64()
+    );
+    if let Ok(mut file) = OpenOptions::new().create(true).append(true).open(path) {
+        let _ = file.write_all(line.as_bytes());
+    }
 }
