@@ -253,8 +253,8 @@ fn check(args: &[&str]) -> Output {
 /// (T < 10 s) is refused unless `--allow-short-lease`.
 #[test]
 fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
-    let _slot = timing_slot();
     let cluster = crate::common::nats_server::NatsCluster::start();
+    let _slot = timing_slot();
     check_refuses_a_short_lease(&format!("{}?bucket=putex_short&replicas=3", cluster.url()));
 }
 
@@ -262,8 +262,8 @@ fn agent_check_refuses_a_short_lease_on_a_replicated_bucket() {
 /// only after an election timeout).
 #[test]
 fn agent_check_refuses_a_short_lease_on_a_3_member_etcd() {
-    let _slot = timing_slot();
     let cluster = crate::common::etcd_server::EtcdCluster::start(3);
+    let _slot = timing_slot();
     check_refuses_a_short_lease(&format!("etcd://{}", cluster.endpoints().join(",")));
 }
 
@@ -293,8 +293,8 @@ fn check_refuses_a_short_lease(url: &str) {
 
 #[test]
 fn agent_check_rejects_bad_options_by_name_and_prints_the_timeline() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
+    let _slot = timing_slot();
     let url = server.url.as_str();
     let cases: [(&[&str], &str); 3] = [
         (&["--failures", "1"], "--failures must be at least 2"),

@@ -39,14 +39,16 @@ macro_rules! on_nats_and_etcd {
 
             #[test]
             fn nats() {
+                let store = Backend::nats();
                 let _slot = timing_slot();
-                $body(&Backend::nats());
+                $body(&store);
             }
 
             #[test]
             fn etcd() {
+                let store = Backend::etcd();
                 let _slot = timing_slot();
-                $body(&Backend::etcd());
+                $body(&store);
             }
         }
     };

@@ -17,15 +17,15 @@ macro_rules! on_nats_and_etcd {
 
             #[test]
             fn nats() {
-                let _slot = $crate::common::agent::timing_slot();
                 let server = $crate::common::nats_server::NatsServer::start();
+                let _slot = $crate::common::agent::timing_slot();
                 $body(&server.url);
             }
 
             #[test]
             fn etcd() {
-                let _slot = $crate::common::agent::timing_slot();
                 let server = $crate::common::etcd_server::EtcdServer::start();
+                let _slot = $crate::common::agent::timing_slot();
                 $body(&format!("etcd://{}", server.endpoint()));
             }
         }

@@ -158,8 +158,8 @@ struct Bed {
 
 impl Bed {
     fn new() -> Bed {
-        let slot = timing_slot();
         let server = NatsServer::start();
+        let slot = timing_slot();
         let dir = tempfile::tempdir().unwrap();
         Bed {
             rt: runtime(),

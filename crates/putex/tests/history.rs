@@ -84,16 +84,16 @@ impl Drop for Watch {
 
 #[test]
 fn history_and_watch_follow_a_crash_failover() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
+    let _slot = timing_slot();
     follow_a_crash_failover(&server.url, true);
 }
 
 /// On etcd the takeover waits for the store clock too (whole seconds).
 #[test]
 fn history_and_watch_follow_a_crash_failover_on_etcd() {
-    let _slot = timing_slot();
     let server = EtcdServer::start();
+    let _slot = timing_slot();
     follow_a_crash_failover(&format!("etcd://{}", server.endpoint()), false);
 }
 

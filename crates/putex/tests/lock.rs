@@ -1179,8 +1179,8 @@ fn leased_ids_are_distinct_and_die_with_their_holder() {
 /// tree running. On the old code nothing stopped them.
 #[test]
 fn r21_a_killed_keeper_without_cgroups_still_stops_the_command() {
-    let _slot = timing_slot();
     let env = Env::nats();
+    let _slot = timing_slot();
     let mut first = env
         .lock("fault", &["--no-cgroup"], HOLD)
         .stderr(Stdio::piped())

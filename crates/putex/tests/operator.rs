@@ -33,8 +33,8 @@ macro_rules! all_stores {
 
             #[test]
             fn nats() {
-                let _slot = timing_slot();
                 let server = Backend::nats();
+                let _slot = timing_slot();
                 let dir = tempfile::tempdir().unwrap();
                 $body(&server.url(), dir.path());
             }
@@ -49,8 +49,8 @@ macro_rules! all_stores {
 
             #[test]
             fn etcd() {
-                let _slot = timing_slot();
                 let server = Backend::etcd();
+                let _slot = timing_slot();
                 let dir = tempfile::tempdir().unwrap();
                 $body(&server.url(), dir.path());
             }
@@ -1169,16 +1169,16 @@ mod operator_a_switchover_to_a_target_cut_off_from_the_store_ends_with_one_holde
 
     #[test]
     fn nats() {
-        let _slot = timing_slot();
         let server = Backend::nats();
+        let _slot = timing_slot();
         let dir = tempfile::tempdir().unwrap();
         switchover_to_a_cut_off_target(&server, dir.path());
     }
 
     #[test]
     fn etcd() {
-        let _slot = timing_slot();
         let server = Backend::etcd();
+        let _slot = timing_slot();
         let dir = tempfile::tempdir().unwrap();
         switchover_to_a_cut_off_target(&server, dir.path());
     }

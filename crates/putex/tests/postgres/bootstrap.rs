@@ -35,8 +35,8 @@ fn stop_if_running(pg: &PgCluster, i: usize) {
 
 #[test]
 fn postgres_bootstrap_from_empty_data_directories() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
+    let _slot = timing_slot();
     let url = server.url.clone();
     let pg = PgCluster::as_the_guide_says(3, false, crate::common::agent::putex_bin());
     let started = Instant::now();
@@ -159,8 +159,8 @@ fn postgres_bootstrap_from_empty_data_directories() {
 /// first commits are acknowledged once a replica streams.
 #[test]
 fn postgres_bootstrap_in_synchronous_mode() {
-    let _slot = timing_slot();
     let server = NatsServer::start();
+    let _slot = timing_slot();
     let url = server.url.clone();
     let pg = PgCluster::as_the_guide_says(3, true, crate::common::agent::putex_bin());
     let started = Instant::now();
