@@ -231,9 +231,11 @@ pub struct World<'a> {
     /// What the run leaves.
     pub out: RunOut,
     /// This run's turn among the machine's timing-sensitive tests
-    /// (putex_testkit::timing), from the moment its store is up until
-    /// everything above is gone.
-    _turn: TimingSlot,
+    /// (putex_testkit::timing), from the moment its store is up until the
+    /// run's end is noted and its clients stopped ([`World::finish`]): the
+    /// agents' and servers' teardown after it is judged for safety only,
+    /// which does not depend on the machine's load.
+    turn: Option<TimingSlot>,
 }
 
 impl<'a> World<'a> {
@@ -302,7 +304,7 @@ impl<'a> World<'a> {
                 dir,
                 ..RunOut::default()
             },
-            _turn: turn,
+            turn: Some(turn),
         };
         w.out.bound = Some(w.bound());
         Ok(w)
@@ -693,6 +695,7 @@ impl<'a> World<'a> {
     pub fn finish(mut self) -> RunOut {
         self.out.end = self.h.now();
         self.stop_clients();
+        drop(self.turn.take());
         for a in &mut self.agents {
             signal(a.pid(), Signal::SIGCONT);
             for k in a.keepers() {

@@ -13,13 +13,14 @@
 //!
 //! With `PUTEX_TEST_TIMING_LOG` set, each slot given back appends a line
 //! to that file: the test (its thread's name, or the program's), the
-//! seconds it waited for the slot and the seconds it held it —
-//! `scripts/test` sums them in its table of where the time went.
+//! seconds it waited for the slot, the seconds it held it and when it got
+//! it (seconds since the Unix epoch) — `scripts/test` sums them in its
+//! table of where the time went.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Timing-sensitive tests running now in this process, and the signal that
 /// one ended.
@@ -42,11 +43,13 @@ pub struct TimingSlot {
     waited: Duration,
     /// When the test got it.
     since: Instant,
+    /// The same on the wall clock, for the log.
+    since_wall: SystemTime,
 }
 
 impl Drop for TimingSlot {
     fn drop(&mut self) {
-        log_turn(self.waited, self.since.elapsed());
+        log_turn(self.waited, self.since.elapsed(), self.since_wall);
         let (running, ended) = &RUNNING;
         *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
         ended.notify_one();
@@ -80,6 +83,7 @@ pub fn timing_slot() -> TimingSlot {
         _machine: None,
         waited: Duration::ZERO,
         since: asked,
+        since_wall: SystemTime::now(),
     };
     if let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOCK").filter(|p| !p.is_empty()) {
         let file = OpenOptions::new()
@@ -93,13 +97,15 @@ pub fn timing_slot() -> TimingSlot {
         slot._machine = Some(file);
     }
     slot.since = Instant::now();
+    slot.since_wall = SystemTime::now();
     slot.waited = slot.since - asked;
     slot
 }
 
-/// Appends a turn to `PUTEX_TEST_TIMING_LOG`, if set: `TEST\tWAITED\tHELD`
-/// (seconds). A log that cannot be written loses the line, not the test.
-fn log_turn(waited: Duration, held: Duration) {
+/// Appends a turn to `PUTEX_TEST_TIMING_LOG`, if set:
+/// `TEST\tWAITED\tHELD\tSTARTED` (seconds; STARTED since the Unix epoch).
+/// A log that cannot be written loses the line, not the test.
+fn log_turn(waited: Duration, held: Duration, started: SystemTime) {
     let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOG").filter(|p| !p.is_empty()) else {
         return;
     };
@@ -113,10 +119,14 @@ fn log_turn(waited: Duration, held: Duration) {
     };
     // One write of the whole line: appends of several processes do not
     // interleave within it.
+    let started = started
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
     let line = format!(
-        "{test}\t{:.1}\t{:.1}\n",
+        "{test}\t{:.1}\t{:.1}\t{:.1}\n",
         waited.as_secs_f64(),
-        held.as_secs_f64()
+        held.as_secs_f64(),
+        started.as_secs_f64()
     );
     if let Ok(mut file) = OpenOptions::new().create(true).append(true).open(path) {
         let _ = file.write_all(line.as_bytes());
