@@ -233,8 +233,8 @@ pub struct World<'a> {
     /// This run's turn among the machine's timing-sensitive tests
     /// (putex_testkit::timing), from the moment its store is up until the
     /// run's end is noted and its clients stopped ([`World::finish`]): the
-    /// agents' and servers' teardown after it is judged for safety only,
-    /// which does not depend on the machine's load.
+    /// checks judge the history up to that end, not the agents' and
+    /// servers' teardown after it.
     turn: Option<TimingSlot>,
 }
 
