@@ -233,9 +233,9 @@ pub struct World<'a> {
     /// This run's turn among the machine's timing-sensitive tests
     /// (putex_testkit::timing), from the moment its store is up until
     /// everything above is gone: the teardown of three agents and a store
-    /// cluster is load that the next timing-sensitive test must not meet
-    /// (with the turn given back at the run's end, two fresh-clone runs
-    /// each failed one such test).
+    /// cluster is load beside the next timing-sensitive test (two
+    /// fresh-clone runs with the turn given back at the run's end each
+    /// failed one agent test; other changes were in those runs too).
     _turn: TimingSlot,
 }
 
