@@ -43,13 +43,11 @@ pub struct TimingSlot {
     waited: Duration,
     /// When the test got it.
     since: Instant,
-    /// The same on the wall clock, for the log.
-    since_wall: SystemTime,
 }
 
 impl Drop for TimingSlot {
     fn drop(&mut self) {
-        log_turn(self.waited, self.since.elapsed(), self.since_wall);
+        log_turn(self.waited, self.since.elapsed());
         let (running, ended) = &RUNNING;
         *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
         ended.notify_one();
@@ -83,7 +81,6 @@ pub fn timing_slot() -> TimingSlot {
         _machine: None,
         waited: Duration::ZERO,
         since: asked,
-        since_wall: SystemTime::now(),
     };
     if let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOCK").filter(|p| !p.is_empty()) {
         let file = OpenOptions::new()
@@ -97,7 +94,6 @@ pub fn timing_slot() -> TimingSlot {
         slot._machine = Some(file);
     }
     slot.since = Instant::now();
-    slot.since_wall = SystemTime::now();
     slot.waited = slot.since - asked;
     slot
 }
@@ -105,7 +101,7 @@ pub fn timing_slot() -> TimingSlot {
 /// Appends a turn to `PUTEX_TEST_TIMING_LOG`, if set:
 /// `TEST\tWAITED\tHELD\tSTARTED` (seconds; STARTED since the Unix epoch).
 /// A log that cannot be written loses the line, not the test.
-fn log_turn(waited: Duration, held: Duration, started: SystemTime) {
+fn log_turn(waited: Duration, held: Duration) {
     let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOG").filter(|p| !p.is_empty()) else {
         return;
     };
@@ -119,7 +115,7 @@ fn log_turn(waited: Duration, held: Duration, started: SystemTime) {
     };
     // One write of the whole line: appends of several processes do not
     // interleave within it.
-    let started = started
+    let started = (SystemTime::now() - held)
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let line = format!(
