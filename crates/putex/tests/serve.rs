@@ -1295,8 +1295,8 @@ fn putex_lock(
     crate::common::agent::putex_lock(dir, url, name, "1s", args, script).into()
 }
 
-/// `putex lock NAME -- sh -c SCRIPT` on `server`'s store in `dir` (with
-/// `$P` the putex binary), once SCRIPT runs: the process, and its
+/// `putex lock NAME --ttl 1s -- sh -c SCRIPT` on `server`'s store in `dir`
+/// (with `$P` the putex binary), once SCRIPT runs: the process, and its
 /// `PUTEX_TOKEN`.
 pub(crate) async fn holding(
     server: &Backend,
@@ -1304,9 +1304,21 @@ pub(crate) async fn holding(
     name: &str,
     script: &str,
 ) -> (tokio::process::Child, String) {
+    holding_for(server, dir, name, "1s", script).await
+}
+
+/// [`holding`] with a `--ttl` of the caller's.
+pub(crate) async fn holding_for(
+    server: &Backend,
+    dir: &Path,
+    name: &str,
+    ttl: &str,
+    script: &str,
+) -> (tokio::process::Child, String) {
     let script =
         format!(r#"echo "$PUTEX_TOKEN" > "$D/token.tmp"; mv "$D/token.tmp" "$D/token"; {script}"#);
-    let mut cmd = putex_lock(&server.url(), dir, name, &[], &script);
+    let mut cmd: tokio::process::Command =
+        crate::common::agent::putex_lock(dir, &server.url(), name, ttl, &[], &script).into();
     cmd.env("P", crate::common::agent::putex_bin());
     let cmd = cmd.spawn().unwrap();
     wait_file(&dir.join("token"), "putex lock never ran").await;

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::common::store::Backend;
 use crate::common::warm;
-use crate::serve::{client, get_json, holding, v1_post, Served};
+use crate::serve::{client, get_json, holding, holding_for, v1_post, Served};
 
 /// `POST /v1/locks/{resource}`: the grant's lock URL and fencing token.
 async fn grant(c: &Client, s: &Served, resource: &str, lifetime: f64) -> (String, String) {
@@ -228,7 +228,10 @@ async fn a_command_whose_lock_is_lost_writes_nothing() {
     let script = r#"trap '"$P" kv put report.late x 2> "$D/err"; echo $? > "$D/rc"; exit 0' TERM
 "$P" kv put report.early x
 while :; do sleep 0.05; done"#;
-    let (mut cmd, token) = holding(&server, d, "report", script).await;
+    // --ttl 3s: the trap's `putex kv put` runs between the revocation and
+    // the licence's end, when the keeper kills what is left; with 1 s a
+    // busy machine once ended it before it wrote its exit code.
+    let (mut cmd, token) = holding_for(&server, d, "report", "3s", script).await;
     let token = token.as_str();
     let started = Instant::now();
     while value(&c, &s, "report.early").await.is_none() {
