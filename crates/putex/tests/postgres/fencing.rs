@@ -10,8 +10,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use putex_testkit::postgres::{PgCluster, Session};
 
-use super::{cluster, logs, Kind, StoreServer};
-use crate::common::agent::{timing_slot, wait_for, Agent};
+use super::{cluster, logs, turn_on_a_used_lock, Kind, StoreServer};
+use crate::common::agent::{wait_for, Agent};
 use putex_testkit::agent::{descendants, signal};
 
 /// The token node `i`'s database recorded at its promotion.
@@ -115,7 +115,7 @@ fn postgres_a_deposed_primary_started_by_hand_refuses_fenced_writes() {
     let server = StoreServer::start(Kind::Nats);
     let url = server.url();
     let pg = PgCluster::create(2, false);
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let (mut agents, t1) = fenced_cluster(&url, &pg);
 
     // n1's host crashes; n2 is promoted and records its own, higher token.
@@ -159,7 +159,7 @@ fn postgres_a_deposed_primary_frozen_past_its_licence_refuses_fenced_writes() {
     let server = StoreServer::start(Kind::Nats);
     let url = server.url();
     let pg = PgCluster::create(2, false);
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let (agents, t1) = fenced_cluster(&url, &pg);
     let n1 = format!(
         "host=127.0.0.1 port={} user=postgres dbname=postgres",

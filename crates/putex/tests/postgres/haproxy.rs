@@ -14,8 +14,11 @@ use std::time::Duration;
 
 use putex_testkit::postgres::{free_port, Ack, Answer, PgCluster, Reader, Writer};
 
-use super::{cluster_each, logs, ms, one_primary_at_a_time, wait_acks, Kind, StoreServer};
-use crate::common::agent::{putex, timing_slot, wait_for, wall_ns};
+use super::{
+    cluster_each, logs, ms, one_primary_at_a_time, turn_on_a_used_lock, wait_acks, Kind,
+    StoreServer,
+};
+use crate::common::agent::{putex, wait_for, wall_ns};
 
 /// The `haproxy` binary: `PUTEX_HAPROXY`, else `/usr/sbin/haproxy` or
 /// `haproxy` on `PATH`.
@@ -173,7 +176,7 @@ fn postgres_haproxy_as_documented_routes_writers_to_the_primary_and_readers_to_r
     let pg = PgCluster::create(3, false);
     let http: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let ports = (free_port(), free_port());
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let mut agents = cluster_each(&url, &pg, |i| {
         vec!["--http".into(), format!("127.0.0.1:{}", http[i])]
     });

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
 
-use crate::common::agent::{putex, putex_bin, start, timing_slot, wait_for, wall_ns, Agent};
+use crate::common::agent::{
+    putex, putex_bin, start, timing_slot, wait_for, wall_ns, Agent, TimingSlot,
+};
 use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
@@ -83,6 +85,32 @@ fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
         spec = spec.default_flag(flag[0], flag[1]);
     }
     start(spec.default_flag("--stop-timeout", "2s"))
+}
+
+/// The turn among timing-sensitive tests for a test whose cluster starts on
+/// a lock used before, as a cluster in service has: while the test waits
+/// for its turn, `putex lock pg --node n1 -- true` leaves a record n1
+/// released, so that n1 takes the lock at once instead of waiting out a
+/// first use (W + G', 2 s at R = 500 ms: most of a minute of turns over the
+/// module). n1, not a node of its own: the recipe makes a replication slot
+/// for every node it has heard of. The first use of a name is what the
+/// bootstrap tests, the demo and S4's own tests exercise.
+fn turn_on_a_used_lock(url: &str) -> TimingSlot {
+    let used = putex()
+        .args(["lock", "pg", "--ttl", "300ms", "--node", "n1"])
+        .args(["--store", url, "--", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start putex lock");
+    let slot = timing_slot();
+    let out = used.wait_with_output().expect("putex lock");
+    assert!(
+        out.status.success(),
+        "putex lock pg on {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    slot
 }
 
 /// Starts every node's agent: `n1` first, until it is the primary, then the
@@ -250,7 +278,7 @@ fn switchover_case(kind: Kind, service: bool, sync: bool) {
     }
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
     let agents = cluster(&url, &pg, extra);
     let writer = Writer::start(pg.primary_conninfo());
@@ -405,7 +433,7 @@ fn crash_case(kind: Kind, sync: bool) {
     let pg = PgCluster::create(3, sync);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let extra: &[&str] = if sync { &["--max-lag", "0"] } else { &[] };
     let mut agents = cluster(&url, &pg, extra);
     let writer = Writer::start(pg.primary_conninfo());
@@ -568,7 +596,7 @@ fn ahead_case(stopped: bool) {
     let pg = PgCluster::create(3, false);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&server.url);
     let mut agents = vec![agent(&server.url, &pg, 0, &[])];
     assert!(
         wait_for(Duration::from_secs(30), || pg.is_primary(0) == Some(true)),
@@ -664,7 +692,7 @@ fn postgres_pause_restart_the_primary_resume_and_no_failover() {
     let pg = PgCluster::create(3, false);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&server.url);
     let agents = cluster(&server.url, &pg, &[]);
     let writer = Writer::start(pg.primary_conninfo());
     assert!(wait_acks(&writer, 50, Duration::from_secs(20)), "no writes");
@@ -735,7 +763,7 @@ fn postgres_a_lagging_replica_is_not_promoted_until_it_catches_up() {
     let pg = PgCluster::create(2, false);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&server.url);
     let mut agents = cluster(&server.url, &pg, &["--max-lag", "65536"]);
     pg.sql(1, "select pg_wal_replay_pause()").unwrap();
     let writer = Writer::start(pg.primary_conninfo());
@@ -805,7 +833,7 @@ fn cut_off_case(wedged: bool) {
     let mut pg = PgCluster::create(2, false);
     // The turn among timing-sensitive tests starts once the servers are
     // made (initdb, base backups: seconds of work that measures nothing).
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&server.url);
     if wedged {
         // Its fast step goes through `timeout 1 systemctl stop`.
         pg.use_systemctl_stand_in();

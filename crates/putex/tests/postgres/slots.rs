@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use putex_testkit::postgres::{PgCluster, Writer};
 
-use super::{agent, cluster, logs, lost, wait_acks, Kind, StoreServer};
-use crate::common::agent::{timing_slot, wait_for, Agent};
+use super::{agent, cluster, logs, lost, turn_on_a_used_lock, wait_acks, Kind, StoreServer};
+use crate::common::agent::{wait_for, Agent};
 
 /// The primary (node 0) recycles WAL as soon as it may.
 fn recycle_eagerly(pg: &PgCluster) {
@@ -155,7 +155,7 @@ fn postgres_a_replica_away_under_load_streams_again_through_its_slot() {
     let server = StoreServer::start(Kind::Nats);
     let url = server.url();
     let pg = PgCluster::create(3, false);
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let mut agents = cluster(&url, &pg, &UNDER_CHURN);
     recycle_eagerly(&pg);
     assert_eq!(
@@ -233,7 +233,7 @@ fn postgres_a_long_gone_members_slot_is_dropped_and_it_comes_back_rebuilt() {
     for i in 0..3 {
         pg.configure(i, "SLOT_KEEP=5");
     }
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let mut agents = cluster(&url, &pg, &UNDER_CHURN);
     recycle_eagerly(&pg);
 
@@ -298,7 +298,7 @@ fn postgres_a_failing_follow_says_why_in_status() {
         pg.configure(i, "SLOT_KEEP=5");
     }
     pg.configure(2, "REBUILD=off\nFOLLOW_TIMEOUT=5");
-    let _slot = timing_slot();
+    let _slot = turn_on_a_used_lock(&url);
     let mut agents = cluster(&url, &pg, &[]);
     recycle_eagerly(&pg);
 
