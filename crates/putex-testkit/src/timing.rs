@@ -11,6 +11,15 @@
 //! machine at a time, whichever process runs it, while the other tests of
 //! each process go on beside it.
 //!
+//! While a test holds its slot, its thread runs at nice
+//! [`TURN_NICE`] where the system allows it (root, or `CAP_SYS_NICE`;
+//! elsewhere the nice value stays as it was), and so does every process it
+//! starts meanwhile (a child inherits its creator's nice value): the agents,
+//! keepers and hooks of the test that is measured win the CPU over the
+//! tests that measure nothing and over whatever else the machine runs (a
+//! busy loop beside a suite on 2 cores made R = 100 ms holders lapse and a
+//! hook start 2 s late). Its nice value goes back when the slot does.
+//!
 //! With `PUTEX_TEST_TIMING_LOG` set, each slot given back appends a line
 //! to that file: the test (its thread's name, or the program's), the
 //! seconds it waited for the slot, the seconds it held it and when it got
@@ -33,6 +42,9 @@ static RUNNING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 /// still failed on time (`scripts/test` keeps the default).
 pub const DEFAULT_TIMING_SLOTS: usize = 1;
 
+/// The nice value of a test's thread while it holds its slot.
+pub const TURN_NICE: i32 = -10;
+
 /// A place among the timing-sensitive tests running at once, held until
 /// dropped (and with it the machine-wide lock, if one is configured).
 #[must_use = "the slot is given back when dropped"]
@@ -43,10 +55,15 @@ pub struct TimingSlot {
     waited: Duration,
     /// When the test got it.
     since: Instant,
+    /// The thread's nice value before the slot raised its priority, if it did.
+    nice_before: Option<i32>,
 }
 
 impl Drop for TimingSlot {
     fn drop(&mut self) {
+        if let Some(nice) = self.nice_before {
+            set_thread_nice(nice);
+        }
         log_turn(self.waited, self.since.elapsed());
         let (running, ended) = &RUNNING;
         *running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
@@ -81,6 +98,7 @@ pub fn timing_slot() -> TimingSlot {
         _machine: None,
         waited: Duration::ZERO,
         since: asked,
+        nice_before: None,
     };
     if let Some(path) = std::env::var_os("PUTEX_TEST_TIMING_LOCK").filter(|p| !p.is_empty()) {
         let file = OpenOptions::new()
@@ -93,9 +111,38 @@ pub fn timing_slot() -> TimingSlot {
             .unwrap_or_else(|e| panic!("PUTEX_TEST_TIMING_LOCK {path:?}: lock: {e}"));
         slot._machine = Some(file);
     }
+    let before = thread_nice();
+    if before > TURN_NICE && set_thread_nice(TURN_NICE) {
+        slot.nice_before = Some(before);
+    }
     slot.since = Instant::now();
     slot.waited = slot.since - asked;
     slot
+}
+
+/// The calling thread's nice value (on Linux, nice is a thread's own).
+#[allow(unsafe_code)] // two libc calls; nix has no getpriority/setpriority
+fn thread_nice() -> i32 {
+    // SAFETY: getpriority reads the scheduling priority of the calling
+    // thread (who 0 of PRIO_PROCESS is the caller); errno is reset first,
+    // as -1 is also a valid nice value.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if nice == -1 && *libc::__errno_location() != 0 {
+            0
+        } else {
+            nice
+        }
+    }
+}
+
+/// Sets the calling thread's nice value; false where it is not allowed
+/// (raising a priority needs root or `CAP_SYS_NICE`).
+#[allow(unsafe_code)]
+fn set_thread_nice(nice: i32) -> bool {
+    // SAFETY: setpriority changes only the calling thread's priority.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) == 0 }
 }
 
 /// Appends a turn to `PUTEX_TEST_TIMING_LOG`, if set:
