@@ -18,7 +18,8 @@
 //! keepers and hooks of the test that is measured win the CPU over the
 //! tests that measure nothing and over whatever else the machine runs (a
 //! busy loop beside a suite on 2 cores made R = 100 ms holders lapse and a
-//! hook start 2 s late). Its nice value goes back when the slot does.
+//! hook start 2 s late). Its nice value goes back when the slot does: drop
+//! a slot on the thread that took it (a test's local, a chaos world's field).
 //!
 //! With `PUTEX_TEST_TIMING_LOG` set, each slot given back appends a line
 //! to that file: the test (its thread's name, or the program's), the
