@@ -57,6 +57,8 @@ pub struct NatsServer {
     /// The client URL, `nats://127.0.0.1:<port>`.
     pub url: String,
     dir: tempfile::TempDir,
+    /// How it was started (a restart uses the same).
+    args: Vec<String>,
 }
 
 impl NatsServer {
@@ -107,53 +109,56 @@ impl NatsServer {
         std::fs::create_dir_all(&ports_dir).expect("ports dir");
         args.push("--ports_file_dir".into());
         args.push(ports_dir.display().to_string());
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
-        let bin = nats_server_binary();
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
-        };
-        let child = cmd
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {}: {e}; run scripts/install-nats-server",
-                    bin.display()
-                )
-            });
+        let child = launch(dir.path(), &args, netns);
         let mut server = NatsServer {
             child,
             url: String::new(),
             dir,
+            args,
         };
+        server.url = server.wait_listening();
+        server
+    }
+
+    /// The URL of the ports file the server writes once it listens.
+    fn wait_listening(&mut self) -> String {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(url) = read_ports_file(&ports_dir) {
-                server.url = url;
-                return server;
+            if let Some(url) = read_ports_file(&self.dir.path().join("ports")) {
+                return url;
             }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "nats-server exited with {status} on start:\n{}",
-                    server.log()
-                );
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("nats-server exited with {status} on start:\n{}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
                 "nats-server did not start within {START_TIMEOUT:?} ({}):\n{}",
-                crate::procfs::describe(server.child.id() as i32),
-                server.log()
+                crate::procfs::describe(self.child.id() as i32),
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Starts a server of [`NatsServer::start`] again, on the same port
+    /// and store directory (killing it first if it runs), as after a crash
+    /// or an upgrade, and returns once it listens.
+    pub fn restart(&mut self) {
+        self.kill();
+        let port = self.port().to_string();
+        let p = self
+            .args
+            .iter()
+            .position(|a| a == "-p")
+            .expect("restart: a server of NatsServer::start (its port on the command line)");
+        self.args[p + 1] = port;
+        // A killed server leaves its ports file behind.
+        let ports_dir = self.dir.path().join("ports");
+        for entry in std::fs::read_dir(&ports_dir).expect("ports dir").flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        self.child = launch(self.dir.path(), &self.args, None);
+        self.wait_listening();
     }
 
     /// Freezes the server (SIGSTOP): requests get no answer. Returns once
@@ -238,6 +243,36 @@ fn jetstream_args(dir: &Path) -> Vec<String> {
     ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", &store]
         .map(String::from)
         .into()
+}
+
+/// Starts nats-server with `args` in `dir` (its log appended to
+/// `server.log` there), in network namespace `netns` if given.
+fn launch(dir: &Path, args: &[String], netns: Option<&str>) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .expect("log file");
+    let bin = nats_server_binary();
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {}: {e}; run scripts/install-nats-server",
+                bin.display()
+            )
+        })
 }
 
 /// Node `i`'s cluster flags: its name (`n1` …), the cluster's, where it

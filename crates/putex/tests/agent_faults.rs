@@ -11,6 +11,8 @@
 //! - the holder cut off from the store (the test kit's fault proxy in front
 //!   of its store, cut: `Mode::Cut`), and the store itself paused shorter
 //!   and longer than T;
+//! - the store down (killed) and back: the holder stops by T, the service
+//!   runs again within the bound of the store's return;
 //! - the holder's agent frozen (SIGSTOP) while its keeper runs;
 //! - a second machine with the same node id.
 
@@ -851,6 +853,111 @@ fn store_pause_try(server: &Backend) -> Result<(), String> {
         c.dump()
     );
     assert_no_overlap(&all, &[], &c.dump());
+    c.maybe_dump();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The store down and back.
+
+/// A store outage: the server killed, and started again on its port and
+/// data 3 s later. Both sides: the holder stops by T, as for a pause, and
+/// nobody runs the service while the store is down; and the service runs
+/// again within B + a quarter second (the standbys' clients try to
+/// reconnect at least every 250 ms) + twice a hook's slack of the store's
+/// return. async-nats alone backs off to 4 s between tries: after this
+/// outage a standby on NATS started 1.5 s after the store's return (a
+/// 5 s outage: 4.3 s at R = 100 ms, F = 10); with its tries at least every
+/// 250 ms, 0.14-0.51 s.
+mod agent_faults_after_a_store_outage_the_service_runs_again_within_the_bound {
+    use super::*;
+
+    #[test]
+    fn nats() {
+        let mut store = Backend::nats();
+        let _slot = timing_slot();
+        after_a_store_outage_the_service_runs_again_within_the_bound(&mut store);
+    }
+
+    #[test]
+    fn etcd() {
+        let mut store = Backend::etcd();
+        let _slot = timing_slot();
+        after_a_store_outage_the_service_runs_again_within_the_bound(&mut store);
+    }
+}
+
+/// How long the store stays down.
+const OUTAGE: Duration = Duration::from_secs(3);
+
+/// The longest wait between two of a client's tries to reconnect
+/// (`RECONNECT_DELAY_MAX` of the NATS store).
+const RECONNECT: Duration = Duration::from_millis(250);
+
+fn after_a_store_outage_the_service_runs_again_within_the_bound(server: &mut Backend) {
+    tries("outage", || store_outage_try(server));
+}
+
+/// One try of the outage test; `Err` when the holder lapsed before it.
+fn store_outage_try(server: &mut Backend) -> Result<(), String> {
+    let url = server.url();
+    let mut c = Cluster::new(&url);
+    c.try_steady(("n1", None), &["n2", "n3"], &[])?;
+    let down = wall_ns();
+    server.kill();
+    std::thread::sleep(OUTAGE);
+    let during = c.events();
+    server.restart();
+    let back = wall_ns();
+    lapsed_before(&c, "n1", down, "outage")?;
+    let stop = during
+        .iter()
+        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
+        .unwrap_or_else(|| {
+            panic!(
+                "the holder did not stop while the store was down\n{}",
+                c.dump()
+            )
+        })
+        .clone();
+    assert!(
+        after(down, stop.ns) <= T + HOOK_SLACK,
+        "n1 stopped {:?} after the store went down\n{}",
+        after(down, stop.ns),
+        c.dump()
+    );
+    assert!(
+        !during.iter().any(|l| l.what == "start" && l.ns > down),
+        "a service started while the store was down\n{}",
+        c.dump()
+    );
+    let within = bound_for(&url) + RECONNECT + HOOK_SLACK * 2;
+    // A start after `down` came after the restart (none came during the
+    // outage); on etcd maybe before `back`, which waits for etcdctl to say
+    // the member is healthy.
+    wait_for(within * 3, || {
+        c.events().iter().any(|l| l.what == "start" && l.ns > down)
+    });
+    let next = c
+        .events()
+        .into_iter()
+        .find(|l| l.what == "start" && l.ns > down)
+        .unwrap_or_else(|| panic!("no service started after the store came back\n{}", c.dump()));
+    eprintln!(
+        "store down for {OUTAGE:?}: n1 stopped {:?} into it; {} started {:?} after it was back (at most {within:?})",
+        after(down, stop.ns),
+        next.node,
+        after(back, next.ns)
+    );
+    assert!(
+        after(back, next.ns) <= within,
+        "{} started {:?} after the store was back (at most {within:?})\n{}",
+        next.node,
+        after(back, next.ns),
+        c.dump()
+    );
+    assert_one_active_and_stable(&c, bound_for(&url));
+    assert_no_overlap(&c.events(), &[], &c.dump());
     c.maybe_dump();
     Ok(())
 }

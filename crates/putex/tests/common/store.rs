@@ -87,6 +87,26 @@ impl Backend {
         }
     }
 
+    /// Kills the server (SIGKILL, as a crash).
+    pub fn kill(&mut self) {
+        match self {
+            Backend::Nats(s) => s.kill(),
+            Backend::Etcd(s) => s.kill(),
+            Backend::Sqlite(_) => panic!("an SQLite store has no server to kill"),
+        }
+    }
+
+    /// Starts the server again on its port and data (killing it first if
+    /// it runs); returns once it listens (nats-server) or once it is
+    /// healthy (etcd).
+    pub fn restart(&mut self) {
+        match self {
+            Backend::Nats(s) => s.restart(),
+            Backend::Etcd(s) => s.restart(),
+            Backend::Sqlite(_) => panic!("an SQLite store has no server to restart"),
+        }
+    }
+
     /// A suffix for the tags of test services' `sleep` arguments: a service
     /// a failed test leaves behind on one store is never taken for another
     /// store's.

@@ -80,6 +80,7 @@ impl NatsStore {
             .name("putex")
             .connection_timeout(Duration::from_secs(5))
             .ping_interval(PING_INTERVAL)
+            .reconnect_delay_callback(stuck::reconnect_delay)
             .reconnect_to_server_callback(move |servers, info| {
                 std::future::ready(choose.pick(&servers, (&info.host, info.port)))
             })

@@ -40,6 +40,11 @@
 //! stream-leader election looks the same from every server for a few
 //! seconds; the reconnects it causes cost a connection each (the watch
 //! feed resumes from its last revision), nothing more.
+//!
+//! A server that is down (restarted, upgraded, its host rebooting) refuses
+//! connections, and the client tries again after [`reconnect_delay`]:
+//! never more than [`RECONNECT_DELAY_MAX`], so that a handle is back
+//! within a quarter second of its server.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
@@ -55,6 +60,35 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(1);
 /// How long a message the handle publishes to itself may take to come
 /// back through its server, for the server to count as answering.
 pub const ECHO_WITHIN: Duration = Duration::from_millis(500);
+
+/// The longest wait between two tries to reconnect. async-nats doubles its
+/// wait from 2 ms up to 4 s: after a store outage of 5 s, an agent found
+/// its server back 3 to 4 s late, where a failover takes W + G' (0.4 s at
+/// R = 100 ms). A try costs a TCP connection to a server that is down: a
+/// hundred agents trying every 125-250 ms make under 800 a second.
+pub const RECONNECT_DELAY_MAX: Duration = Duration::from_millis(250);
+
+/// How long the client waits before its `attempts`-th try in a row to
+/// connect: none before the first, then doubling from 2 ms as async-nats
+/// does, and from [`RECONNECT_DELAY_MAX`] on a random wait between half of
+/// it and all of it, so that the handles a restart disconnected together
+/// do not all come back in the same millisecond.
+pub fn reconnect_delay(attempts: usize) -> Duration {
+    if attempts <= 1 {
+        return Duration::ZERO;
+    }
+    let doubling = u32::try_from(attempts - 1).unwrap_or(u32::MAX).min(20);
+    let doubled = Duration::from_millis(1 << doubling);
+    if doubled < RECONNECT_DELAY_MAX {
+        return doubled;
+    }
+    let half = RECONNECT_DELAY_MAX / 2;
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let spread = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+    half + Duration::from_nanos(random % spread + 1)
+}
 
 /// How often the client pings its server: a server gone silent is left
 /// after three unanswered pings (async-nats's default is 60 s, which left a
@@ -160,7 +194,7 @@ impl ServerChoice {
 
     /// The server to try next: the least failed of `servers`, at random
     /// among those — but not the one being left, while another is known —
-    /// after the client's usual delay (none for the first attempt). The
+    /// after [`reconnect_delay`] (none for the first attempt). The
     /// one being left is the address picked for it and the address it
     /// gives itself (`host`, `port` of its last INFO), when both are in
     /// `servers` (a URL's alias or proxy, and the address the cluster
@@ -200,6 +234,24 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_reconnect_waits_at_most_a_quarter_second() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        assert_eq!(reconnect_delay(1), Duration::ZERO);
+        assert_eq!(reconnect_delay(2), 2 * MS);
+        assert_eq!(reconnect_delay(8), 128 * MS);
+        for attempts in [9, 10, 13, 64, usize::MAX] {
+            let d = reconnect_delay(attempts);
+            assert!(
+                d > RECONNECT_DELAY_MAX / 2 && d <= RECONNECT_DELAY_MAX,
+                "try {attempts}: {d:?}"
+            );
+        }
+        let spread: std::collections::HashSet<Duration> =
+            (0..20).map(|_| reconnect_delay(20)).collect();
+        assert!(spread.len() > 1, "the same wait every time: {spread:?}");
+    }
 
     /// A call of `kind` that started `at` and ended 200 ms later.
     fn ended(s: &Stuck, kind: Call, answered: bool, at: Instant) -> bool {
