@@ -606,15 +606,7 @@ fn spawn_etcd(args: &[String], log: &Path, netns: Option<&str>) -> Child {
         .open(log)
         .expect("etcd log file");
     let bin = etcd_binary();
-    // `ip netns exec` execs etcd in the namespace: the child is etcd itself.
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
+    let mut cmd = crate::netns::command_in(&bin, netns);
     // etcd takes ETCD_* variables as flags (and refuses one that a flag
     // shadows): none of the caller's.
     for (k, _) in std::env::vars_os() {

@@ -8,7 +8,7 @@
 //! the test with the command that installs it; it never skips.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -254,14 +254,7 @@ fn launch(dir: &Path, args: &[String], netns: Option<&str>) -> Child {
         .open(dir.join("server.log"))
         .expect("log file");
     let bin = nats_server_binary();
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
+    let mut cmd = crate::netns::command_in(&bin, netns);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))

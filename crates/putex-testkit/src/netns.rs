@@ -168,3 +168,16 @@ impl Drop for Lan {
         }
     }
 }
+
+/// A command running `bin`, in network namespace `netns` if given: `ip
+/// netns exec` execs it there, so the child is `bin` itself.
+pub(crate) fn command_in(bin: &std::path::Path, netns: Option<&str>) -> std::process::Command {
+    match netns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => std::process::Command::new(bin),
+    }
+}

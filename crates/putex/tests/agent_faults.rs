@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use putex::store::nats::RECONNECT_DELAY_MAX;
 
 use crate::common::agent::{
     assert_no_overlap, bound_for, dump, events, fast, hooks, start, starts, timing_slot, wait_for,
@@ -890,10 +891,6 @@ mod agent_faults_after_a_store_outage_the_service_runs_again_within_the_bound {
 /// How long the store stays down.
 const OUTAGE: Duration = Duration::from_secs(3);
 
-/// The longest wait between two of a client's tries to reconnect
-/// (`RECONNECT_DELAY_MAX` of the NATS store).
-const RECONNECT: Duration = Duration::from_millis(250);
-
 fn after_a_store_outage_the_service_runs_again_within_the_bound(server: &mut Backend) {
     tries("outage", || store_outage_try(server));
 }
@@ -931,7 +928,7 @@ fn store_outage_try(server: &mut Backend) -> Result<(), String> {
         "a service started while the store was down\n{}",
         c.dump()
     );
-    let within = bound_for(&url) + RECONNECT + HOOK_SLACK * 2;
+    let within = bound_for(&url) + RECONNECT_DELAY_MAX + HOOK_SLACK * 2;
     // A start after `down` came after the restart (none came during the
     // outage); on etcd maybe before `back`, which waits for etcdctl to say
     // the member is healthy.

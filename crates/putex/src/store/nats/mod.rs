@@ -550,5 +550,5 @@ mod tests;
 mod watch;
 mod writes;
 
-pub use stuck::{PING_INTERVAL, STUCK_AFTER};
+pub use stuck::{PING_INTERVAL, RECONNECT_DELAY_MAX, STUCK_AFTER};
 pub use writes::first_dated_revision;
