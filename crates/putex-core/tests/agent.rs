@@ -870,6 +870,68 @@ fn a_tenure_over_a_release_that_started_nothing_is_given_back() {
     assert!(!h.activated());
 }
 
+/// A shutdown while the swap over a released record is on its way waits
+/// for its outcome: landed, the lock is given back at once (S3; exiting
+/// would leave a `confirming` record that everyone waits out for W + G');
+/// refused, it exits at once; unanswered, it exits within one lease T
+/// (by then no licence the swap could have given is left).
+#[test]
+fn a_shutdown_during_an_acquisition_waits_for_it_and_gives_a_landed_one_back() {
+    for outcome in ["landed", "conflict", "unanswered"] {
+        let mut h = Harness::new("a");
+        look(
+            &mut h,
+            Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+        );
+        let (swap, _) = h.store();
+        let asked = h.now;
+        h.input(Input::Shutdown);
+        assert_eq!(
+            h.agent.role(),
+            Role::Standby,
+            "{outcome}: exited with the swap on its way"
+        );
+        match outcome {
+            "landed" => {
+                h.reply(swap, StoreOutcome::Written(Token::new(1, 8)));
+                assert_eq!(h.agent.role(), Role::SteppingDown, "{outcome}");
+                let (id, expected) = h.release_write();
+                assert_eq!(expected, Token::new(1, 8));
+                h.reply(id, StoreOutcome::Written(Token::new(1, 9)));
+                assert!(h.find(|o| matches!(
+                    o,
+                    Output::Exit(putex_core::ExitReason::Shutdown { released: true })
+                )));
+                assert!(!h.activated(), "activated during a shutdown");
+            }
+            "conflict" => {
+                h.reply(swap, StoreOutcome::Conflict);
+                assert_eq!(h.agent.role(), Role::Exited, "{outcome}");
+            }
+            _ => {
+                h.forget_store();
+                let mut exited_at = None;
+                for tenth in 1..=120 {
+                    h.advance_to(asked + f64::from(tenth) / 10.0);
+                    h.health(true);
+                    h.forget_store();
+                    if h.agent.role() == Role::Exited {
+                        exited_at = Some(h.now - asked);
+                        break;
+                    }
+                }
+                let t = timing().lease().as_secs_f64();
+                let exited_at = exited_at.expect("never exited");
+                assert!(
+                    exited_at <= t + 0.1,
+                    "exited {exited_at} s after the shutdown"
+                );
+            }
+        }
+        assert_eq!(h.agent.role(), Role::Exited, "{outcome}");
+    }
+}
+
 #[test]
 fn an_unanswered_arm_gives_up_at_the_activate_timeout() {
     let mut h = Harness::new("a");

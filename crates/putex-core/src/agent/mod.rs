@@ -463,6 +463,14 @@ pub struct Agent {
     /// run. Retried every round; while holding, the lease is kept.
     unproven: u32,
     shutdown: bool,
+    /// A shutdown that came while an acquisition's swap was on its way
+    /// waits for its outcome until then (one lease T: any licence the swap
+    /// could have given has ended by that time). Taken, the lock is left
+    /// as a shutdown leaves a tenure (given back if it came over a
+    /// release, S3); not taken, the agent exits. Exiting at once would
+    /// leave a `confirming` record with nobody behind it, which every
+    /// other node must wait out (W + G').
+    shutdown_wait: Option<Instant>,
     /// Whether the host lets this node acquire now ([`Input::Turn`]).
     turn: bool,
     /// The current step-down was asked for with [`Input::Release`]: the
@@ -591,6 +599,7 @@ impl Agent {
             step_down_deadline: None,
             unproven: 0,
             shutdown: false,
+            shutdown_wait: None,
             turn: true,
             keep_health: false,
             release_wanted: false,
@@ -718,6 +727,7 @@ impl Agent {
         consider(self.probe_op.as_ref().map(|p| p.deadline));
         consider(self.health.map(|h| h.deadline));
         consider(self.step_down_deadline);
+        consider(self.shutdown_wait);
         consider(self.operator_timeout());
         if let Some(t) = &self.tenure {
             if self.role == Role::Confirming || self.paused() {

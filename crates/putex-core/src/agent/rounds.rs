@@ -43,6 +43,15 @@ impl Agent {
                 self.on_health(h.id, false);
             }
         }
+        if self
+            .shutdown_wait
+            .is_some_and(|until| self.now >= until || !self.acquisition_pending())
+        {
+            self.on_shutdown_wait_over();
+            if self.role == Role::Exited {
+                return;
+            }
+        }
         if let Some(t) = &self.tenure {
             match (t.service, t.keeper) {
                 (_, KeeperArm::Arming { deadline, .. })

@@ -302,6 +302,22 @@ impl Agent {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutdown = true;
+        if self.role == Role::Standby && self.acquisition_pending() {
+            // Its outcome decides how to leave (`shutdown_wait`).
+            self.shutdown_wait = Some(self.now + self.timing.lease());
+            return;
+        }
+        self.finish_shutdown();
+    }
+
+    /// A shutdown whose acquisition settled (taken or not), or whose wait
+    /// for it ran out.
+    pub(super) fn on_shutdown_wait_over(&mut self) {
+        self.shutdown_wait = None;
+        self.finish_shutdown();
+    }
+
+    fn finish_shutdown(&mut self) {
         if self.paused() {
             // O2: the operator owns the service; the paused record stays
             // and nobody takes over until a resume.
