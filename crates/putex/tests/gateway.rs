@@ -159,6 +159,46 @@ async fn admin_revoke_cancels_waiters_and_a_gone_client_holds_nothing() {
     assert!(g1.release(&n("gone"), &n(&next.uid)).await.unwrap());
 }
 
+/// RDLM's delete, both sides, in rounds (the waiter's take of the freed
+/// lock races the delete's cancel): from the moment the delete answers,
+/// no listing shows the freed lock, the cancelled request or a lock that
+/// request took meanwhile; the request ends `Cancelled`; and the resource
+/// is free for the next request at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_admin_delete_nothing_is_listed_and_the_lock_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(&dir, "gw1").await;
+    warm(&g, "del").await;
+    for round in 0..8 {
+        let held = g.acquire(req("del", 1000, 10_000)).await.unwrap();
+        let waiter = {
+            let g = g.clone();
+            tokio::spawn(async move { g.acquire(req("del", 20_000, 1000)).await })
+        };
+        waiting(&g, "del").await;
+        assert!(g.delete(&n("del")).await.unwrap());
+        while !waiter.is_finished() {
+            let listed = g.locks(&n("del")).await.unwrap();
+            assert!(listed.is_empty(), "round {round}: {listed:?}");
+        }
+        assert!(
+            matches!(waiter.await.unwrap(), Err(AcquireError::Cancelled)),
+            "round {round}"
+        );
+        let listed = g.locks(&n("del")).await.unwrap();
+        assert!(listed.is_empty(), "round {round}: {listed:?}");
+        assert!(g.get(&n("del"), &n(&held.uid)).await.unwrap().is_none());
+        let started = Instant::now();
+        let next = g.acquire(req("del", 3000, 1000)).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "round {round}: {:?}",
+            started.elapsed()
+        );
+        assert!(g.release(&n("del"), &n(&next.uid)).await.unwrap());
+    }
+}
+
 /// A grant counts from its write: handed over in time, it says how much of
 /// its licence is left; handed over too late, or never (its client left),
 /// it is given back and the next waiter gets the lock at once rather than

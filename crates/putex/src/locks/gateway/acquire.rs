@@ -196,18 +196,20 @@ impl Gateway {
         };
         match outcome {
             Ok(_) => {
-                ticket.leave().await;
                 // An admin delete cancels the waiters before it frees the
                 // holder: a lock taken since was freed by that delete, and
-                // this request was cancelled by it. Grant, and give back.
-                // (A failed read cancels nothing: the grant reports it.)
-                let cancelled = self.cancelled_up_to(&req.resource).await.unwrap_or(0) > arrival;
-                let grant = self.grant(&req, &uid).await?;
-                if cancelled {
-                    grant.give_back().await;
+                // this request was cancelled by it. Give it back ungranted
+                // before leaving the line: while the ticket stands,
+                // listings know the lock for a cancelled request's and
+                // leave it out. (A failed read cancels nothing: the grant
+                // reports it.)
+                if self.cancelled_up_to(&req.resource).await.unwrap_or(0) > arrival {
+                    self.give_back_ungranted(&req.resource, &uid).await;
+                    ticket.leave().await;
                     return Err(AcquireError::Cancelled);
                 }
-                Ok(grant)
+                ticket.leave().await;
+                self.grant(&req, &uid).await
             }
             Err(e) => {
                 // Out of line at once: a request cancelled by an admin
@@ -216,11 +218,12 @@ impl Gateway {
                 let _ = inputs.unbounded_send(Input::Turn(false));
                 let settling = *role.borrow() == Role::Confirming;
                 let cancelled = matches!(e, AcquireError::Cancelled);
-                // A cancelled request that took the lock keeps its ticket
-                // until it has given the lock back: listings know the lock
-                // it holds meanwhile for a cancelled request's and leave it
-                // out; nobody else could take it before anyway.
-                let ticket = if settling && cancelled {
+                // A cancelled request keeps its ticket until its agent has
+                // stopped (and given back a lock it took as the delete
+                // freed it): listings know the lock it holds meanwhile for
+                // a cancelled request's and leave it out; nobody else could
+                // take it before anyway.
+                let ticket = if cancelled {
                     Some(ticket)
                 } else {
                     ticket.leave().await;
@@ -247,9 +250,6 @@ impl Gateway {
                         // gap goes on in the background past the bound.
                         let _ = tokio::time::timeout(self.timeout(), finish).await;
                     }
-                    if let Some(ticket) = ticket {
-                        ticket.leave().await;
-                    }
                 } else {
                     let _ = stop_tx.send(());
                     if tokio::time::timeout(timing.lease(), &mut driver)
@@ -258,6 +258,9 @@ impl Gateway {
                     {
                         driver.abort();
                     }
+                }
+                if let Some(ticket) = ticket {
+                    ticket.leave().await;
                 }
                 Err(e)
             }

@@ -191,15 +191,6 @@ impl Grant {
         info.lifetime_left = Some(info.lifetime + self.deadline - elapsed);
         Ok(info)
     }
-
-    /// Gives a grant that will not be handed over back now, and returns
-    /// once the release is written: whoever hears of the refusal after
-    /// this finds the lock free.
-    async fn give_back(mut self) {
-        if let Some(gateway) = self.give_back.take() {
-            release_grant(gateway, self.resource.clone(), self.uid.clone()).await;
-        }
-    }
 }
 
 impl Drop for Grant {

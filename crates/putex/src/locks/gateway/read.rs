@@ -144,25 +144,14 @@ impl Gateway {
 
     /// The granted and waiting locks of `resource`.
     pub async fn locks(&self, resource: &Name) -> Result<Vec<LockInfo>, StoreError> {
-        let t = self.timeout();
         let mut out = Vec::new();
-        if let Some(entry) = self
-            .store
-            .get(&keys::lock(resource), ReadMode::Leader, t)
-            .await?
-        {
-            let holder = match holder_of(&entry) {
-                Some(rec) if self.cancelled_waiter(resource, &rec).await? => None,
-                other => other,
-            };
-            if let Some(rec) = holder {
-                if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
-                    let uid = rec.instance.clone();
-                    out.push(
-                        self.granted_info(resource, &uid, &entry, &rec, left)
-                            .await?,
-                    );
-                }
+        if let Some((entry, rec)) = self.listed_holder(resource).await? {
+            if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
+                let uid = rec.instance.clone();
+                out.push(
+                    self.granted_info(resource, &uid, &entry, &rec, left)
+                        .await?,
+                );
             }
         }
         let cancelled = self.cancelled_up_to(resource).await?;
@@ -176,6 +165,38 @@ impl Gateway {
         waiting.sort_by_key(|r| r.arrival);
         out.extend(waiting.iter().map(|r| waiting_info(resource, r)));
         Ok(out)
+    }
+
+    /// `resource`'s holder as a listing shows it: `None` when nothing holds
+    /// it or a cancelled request does ([`Gateway::cancelled_waiter`]). A
+    /// holder that is no HTTP grant is read twice around the look at its
+    /// ticket: a cancelled request leaves the line only once it has given
+    /// the lock back, so a ticket gone meanwhile with the record changed
+    /// means the first read was of a lock given back since (read again).
+    async fn listed_holder(
+        &self,
+        resource: &Name,
+    ) -> Result<Option<(Entry, LockRecord)>, StoreError> {
+        let (t, key) = (self.timeout(), keys::lock(resource));
+        let mut entry = self.store.get(&key, ReadMode::Leader, t).await?;
+        let mut looks = 0;
+        loop {
+            let Some((e, rec)) = entry.and_then(|e| holder_of(&e).map(|r| (e, r))) else {
+                return Ok(None);
+            };
+            if is_http_grant(&rec) {
+                return Ok(Some((e, rec)));
+            }
+            if self.cancelled_waiter(resource, &rec).await? {
+                return Ok(None);
+            }
+            looks += 1;
+            let again = self.store.get(&key, ReadMode::Leader, t).await?;
+            if looks == 3 || again.as_ref().is_some_and(|a| a.token == e.token) {
+                return Ok(Some((e, rec)));
+            }
+            entry = again;
+        }
     }
 
     /// Whether `rec` is held by an HTTP request that an admin delete

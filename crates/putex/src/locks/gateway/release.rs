@@ -36,6 +36,47 @@ impl Gateway {
         Ok(live && written.is_ok())
     }
 
+    /// Gives back a lock that request `uid`'s agent took but that was never
+    /// granted (an admin delete cancelled the request as it freed the
+    /// lock): its record becomes `released` (S3: the next waiter starts at
+    /// once). Nobody ran under it — that is the proof a release needs
+    /// (H6). Retried on a conflict, as the agent's last renewal may still
+    /// land; a failure is logged and the lock expires after its lease.
+    pub(super) async fn give_back_ungranted(&self, resource: &Name, uid: &Name) {
+        if let Err(e) = self.try_give_back_ungranted(resource, uid).await {
+            tracing::warn!(%resource, %uid, "giving back a cancelled request's lock failed (it expires after its lease): {e}");
+        }
+    }
+
+    async fn try_give_back_ungranted(&self, resource: &Name, uid: &Name) -> Result<(), StoreError> {
+        let t = self.timeout();
+        let key = keys::lock(resource);
+        for _ in 0..3 {
+            let Some(entry) = self.store.get(&key, ReadMode::Leader, t).await? else {
+                return Ok(());
+            };
+            let Some(rec) =
+                holder_of(&entry).filter(|r| r.instance == uid.as_str() && !is_http_grant(r))
+            else {
+                return Ok(()); // not ours (any more): revoked, or taken over
+            };
+            let released = LockRecord {
+                state: LockState::Released,
+                write: format!("{uid}-cancelled"),
+                ..rec
+            };
+            match self
+                .store
+                .update(&key, &released.encode(), entry.token, t)
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+        Err(StoreError::conflict(crate::store::Op::Update, &key))
+    }
+
     /// Extends the granted lock `uid` by a new lifetime from now (its own if
     /// `None`): its record is rewritten, advertising `lifetime + D` like a
     /// grant. `None` if it is not held. The [`Grant`] must be handed over
