@@ -463,14 +463,13 @@ pub struct Agent {
     /// run. Retried every round; while holding, the lease is kept.
     unproven: u32,
     shutdown: bool,
-    /// A shutdown that came while an acquisition's swap was on its way
-    /// waits for its outcome until then (one lease T: any licence the swap
-    /// could have given has ended by that time). Taken, the lock is left
-    /// as a shutdown leaves a tenure (given back if it came over a
-    /// release, S3); not taken, the agent exits. Exiting at once would
-    /// leave a `confirming` record with nobody behind it, which every
-    /// other node must wait out (W + G').
-    shutdown_wait: Option<Instant>,
+    /// A shutdown came while an acquisition's swap was on its way: it waits
+    /// for the swap's reply, or its deadline (the store timeout). Taken,
+    /// the lock is left as a shutdown leaves a tenure (given back if it
+    /// came over a release, S3); refused or unanswered, the agent exits.
+    /// Exiting at once would leave a swap that lands with nobody behind
+    /// it: a `confirming` record every other node must wait out (W + G').
+    shutdown_awaits_swap: bool,
     /// Whether the host lets this node acquire now ([`Input::Turn`]).
     turn: bool,
     /// The current step-down was asked for with [`Input::Release`]: the
@@ -599,7 +598,7 @@ impl Agent {
             step_down_deadline: None,
             unproven: 0,
             shutdown: false,
-            shutdown_wait: None,
+            shutdown_awaits_swap: false,
             turn: true,
             keep_health: false,
             release_wanted: false,
@@ -727,7 +726,6 @@ impl Agent {
         consider(self.probe_op.as_ref().map(|p| p.deadline));
         consider(self.health.map(|h| h.deadline));
         consider(self.step_down_deadline);
-        consider(self.shutdown_wait);
         consider(self.operator_timeout());
         if let Some(t) = &self.tenure {
             if self.role == Role::Confirming || self.paused() {
@@ -773,6 +771,16 @@ impl Agent {
     fn write_id(&mut self) -> String {
         self.next_write += 1;
         format!("{}-{}", self.id.instance, self.next_write)
+    }
+
+    /// An acquisition's swap is on its way (its reply not yet in, its
+    /// deadline not yet passed).
+    fn swap_in_flight(&self) -> bool {
+        self.role == Role::Standby
+            && self
+                .lock_op
+                .as_ref()
+                .is_some_and(|p| matches!(p.what, LockOp::Acquire { .. }))
     }
 
     /// An acquisition's swap is on its way, or its outcome is unknown.

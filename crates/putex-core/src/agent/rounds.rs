@@ -43,11 +43,8 @@ impl Agent {
                 self.on_health(h.id, false);
             }
         }
-        if self
-            .shutdown_wait
-            .is_some_and(|until| self.now >= until || !self.acquisition_pending())
-        {
-            self.on_shutdown_wait_over();
+        if self.shutdown_awaits_swap && !self.swap_in_flight() {
+            self.on_swap_settled_in_shutdown();
             if self.role == Role::Exited {
                 return;
             }

@@ -302,18 +302,18 @@ impl Agent {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutdown = true;
-        if self.role == Role::Standby && self.acquisition_pending() {
-            // Its outcome decides how to leave (`shutdown_wait`).
-            self.shutdown_wait = Some(self.now + self.timing.lease());
+        if self.swap_in_flight() {
+            // Its outcome decides how to leave (`shutdown_awaits_swap`).
+            self.shutdown_awaits_swap = true;
             return;
         }
         self.finish_shutdown();
     }
 
-    /// A shutdown whose acquisition settled (taken or not), or whose wait
-    /// for it ran out.
-    pub(super) fn on_shutdown_wait_over(&mut self) {
-        self.shutdown_wait = None;
+    /// The swap a shutdown waited for was answered (taken or not) or ran
+    /// past its deadline (unknown: nobody waits for a verification).
+    pub(super) fn on_swap_settled_in_shutdown(&mut self) {
+        self.shutdown_awaits_swap = false;
         self.finish_shutdown();
     }
 
