@@ -159,6 +159,9 @@ impl Gateway {
             rx,
         ));
         let _ = inputs.unbounded_send(Input::Turn(*turn.borrow()));
+        // Whether the driver's task ended by itself (its agent exited): a
+        // finished task must not be awaited again.
+        let mut driver_ended = false;
         let outcome = loop {
             tokio::select! {
                 changed = turn.changed() => {
@@ -191,7 +194,10 @@ impl Gateway {
                     });
                 }
                 _ = &mut cancelled => break Err(AcquireError::Timeout),
-                _ = &mut driver => break Err(AcquireError::Timeout),
+                _ = &mut driver => {
+                    driver_ended = true;
+                    break Err(AcquireError::Timeout);
+                }
             }
         };
         match outcome {
@@ -229,17 +235,23 @@ impl Gateway {
                     ticket.leave().await;
                     None
                 };
-                if settling {
+                if driver_ended {
+                    // Its agent exited: nothing of this request holds or
+                    // writes anything any more.
+                } else if settling {
                     // Taking the lock over (its fencing gap): leaving now
                     // would leave a `confirming` record that every taker
                     // must wait out (H6 allows no release from it). Finish
                     // in the background instead — activate, grant nothing,
-                    // release — so that the lock is free for the next
-                    // request.
+                    // release, then leave the line — so that the lock is
+                    // free for the next request.
                     let finish = tokio::spawn(async move {
                         let _ = granted.recv().await;
                         let _ = stop_tx.send(());
                         let _ = driver.await;
+                        if let Some(ticket) = ticket {
+                            ticket.leave().await;
+                        }
                     });
                     if cancelled {
                         // An admin delete freed the lock and cancelled this
@@ -250,6 +262,7 @@ impl Gateway {
                         // gap goes on in the background past the bound.
                         let _ = tokio::time::timeout(self.timeout(), finish).await;
                     }
+                    return Err(e);
                 } else {
                     let _ = stop_tx.send(());
                     if tokio::time::timeout(timing.lease(), &mut driver)

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// How many times a listing reads a lock record that keeps changing
+/// around the look at its holder's ticket before it shows the last one.
+const LISTING_LOOKS: u32 = 3;
+
 impl Gateway {
     pub(super) async fn read_prefix(
         &self,
@@ -170,9 +174,10 @@ impl Gateway {
     /// `resource`'s holder as a listing shows it: `None` when nothing holds
     /// it or a cancelled request does ([`Gateway::cancelled_waiter`]). A
     /// holder that is no HTTP grant is read twice around the look at its
-    /// ticket: a cancelled request leaves the line only once it has given
-    /// the lock back, so a ticket gone meanwhile with the record changed
-    /// means the first read was of a lock given back since (read again).
+    /// ticket: a cancelled request leaves the line once its agent stopped
+    /// and gave the lock back, so a ticket gone meanwhile with the record
+    /// changed means the first read was of a lock given back since (read
+    /// again, up to [`LISTING_LOOKS`] times).
     async fn listed_holder(
         &self,
         resource: &Name,
@@ -192,7 +197,7 @@ impl Gateway {
             }
             looks += 1;
             let again = self.store.get(&key, ReadMode::Leader, t).await?;
-            if looks == 3 || again.as_ref().is_some_and(|a| a.token == e.token) {
+            if looks == LISTING_LOOKS || again.as_ref().is_some_and(|a| a.token == e.token) {
                 return Ok(Some((e, rec)));
             }
             entry = again;

@@ -36,12 +36,14 @@ impl Gateway {
         Ok(live && written.is_ok())
     }
 
-    /// Gives back a lock that request `uid`'s agent took but that was never
-    /// granted (an admin delete cancelled the request as it freed the
-    /// lock): its record becomes `released` (S3: the next waiter starts at
-    /// once). Nobody ran under it — that is the proof a release needs
-    /// (H6). Retried on a conflict, as the agent's last renewal may still
-    /// land; a failure is logged and the lock expires after its lease.
+    /// Gives back a lock that request `uid`'s agent took and activated but
+    /// that was never granted (an admin delete cancelled the request as it
+    /// freed the lock): its record becomes `released` (S3: the next waiter
+    /// starts at once). The agent activated, so any fencing gap was paid,
+    /// and the gateway started nothing under it — that is the proof a
+    /// release needs (H6). Retried on a conflict, as the agent's last
+    /// renewal may still land; a failure is logged and the lock expires
+    /// after its lease.
     pub(super) async fn give_back_ungranted(&self, resource: &Name, uid: &Name) {
         if let Err(e) = self.try_give_back_ungranted(resource, uid).await {
             tracing::warn!(%resource, %uid, "giving back a cancelled request's lock failed (it expires after its lease): {e}");
@@ -70,8 +72,12 @@ impl Gateway {
                 .update(&key, &released.encode(), entry.token, t)
                 .await
             {
+                Ok(token) => {
+                    self.raise_highest(resource, token);
+                    return Ok(());
+                }
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(|_| ()),
+                Err(e) => return Err(e),
             }
         }
         Err(StoreError::conflict(crate::store::Op::Update, &key))
