@@ -209,6 +209,25 @@ mod tests {
         assert_eq!(c.auth, NatsAuth::Creds("/x/y.creds".into()));
         assert!(!c.tls.required);
 
+        // A list of whole URLs, as NATS_URL and the nats CLI take it.
+        let c = nats("nats://a:4222,nats://b:5222,nats://c?bucket=locks");
+        assert_eq!(c.servers, ["a:4222", "b:5222", "c:4222"]);
+        assert_eq!(c.bucket, "locks");
+        let c = nats("tls://u:p@a,tls://u:p@b");
+        assert_eq!(c.servers, ["a:4222", "b:4222"]);
+        assert!(c.tls.required);
+        assert_eq!(
+            c.auth,
+            NatsAuth::UserPassword {
+                user: "u".into(),
+                password: "p".into()
+            }
+        );
+        let msg = err("nats://u:hunter2@a,nats://v:q@b");
+        assert!(msg.contains("credentials of the first"), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        assert!(err("nats://u:p@a,nats://b").contains("credentials of the first"));
+
         let c = nats("nats://u%40x:p%26w@h:1");
         assert_eq!(
             c.auth,
@@ -346,6 +365,11 @@ mod tests {
 
     #[test]
     fn environment() {
+        let u = StoreUrl::from_vars(None, Some("nats://a:1,nats://b:2".into()), None).unwrap();
+        assert!(
+            matches!(&u, StoreUrl::Nats(c) if c.servers == ["a:1", "b:2"]),
+            "{u:?}"
+        );
         let u = StoreUrl::from_vars(None, Some("a:1,b:2".into()), Some("/c.creds".into())).unwrap();
         let StoreUrl::Nats(c) = u else { panic!() };
         assert_eq!(c.servers, ["a:1", "b:2"]);

@@ -66,11 +66,12 @@ const NATS_KEYS: &str =
     "bucket, replicas, creds, nkey, user, password, token, tls, tls_ca, tls_cert, tls_key";
 
 pub(super) fn parse_nats(url: &str, scheme: &str, rest: &str) -> Result<StoreUrl, StoreError> {
+    let rest = one_url_of_a_list(url, scheme, rest)?;
     let Authority {
         userinfo,
         hosts,
         query,
-    } = Authority::split(url, rest, "a NATS URL has no path", NATS_EXAMPLE)?;
+    } = Authority::split(url, &rest, "a NATS URL has no path", NATS_EXAMPLE)?;
     let servers = host_list(url, hosts, 4222, NATS_EXAMPLE)?;
 
     let mut cfg = NatsConfig {
@@ -181,6 +182,32 @@ struct Authority<'a> {
     userinfo: Option<&'a str>,
     hosts: &'a str,
     query: &'a str,
+}
+
+/// A list of whole URLs, as `NATS_URL` and the `nats` CLI take it
+/// (`nats://a:4222,nats://b:4222`), read as one URL listing its hosts
+/// (`nats://a:4222,b:4222`): `rest` (what follows `scheme:`) with the
+/// later URLs' schemes and credentials taken out. Every URL of the list
+/// must have the scheme and the credentials of the first.
+fn one_url_of_a_list(url: &str, scheme: &str, rest: &str) -> Result<String, StoreError> {
+    let separator = format!(",{scheme}://");
+    let mut urls = rest.split(separator.as_str());
+    let first = urls.next().unwrap_or_default();
+    let credentials = |authority: &str| authority.rsplit_once('@').map(|(info, _)| info.to_owned());
+    let first_credentials = credentials(first.strip_prefix("//").unwrap_or(first));
+    let mut joined = first.to_owned();
+    for other in urls {
+        if credentials(other) != first_credentials {
+            return Err(bad(
+                url,
+                "every URL of a list must have the credentials of the first",
+                NATS_EXAMPLE,
+            ));
+        }
+        joined.push(',');
+        joined.push_str(other.rsplit_once('@').map_or(other, |(_, hosts)| hosts));
+    }
+    Ok(joined)
 }
 
 impl<'a> Authority<'a> {
