@@ -23,7 +23,7 @@ fn refused(e: &clap::Error) -> ExitCode {
         .ok()
         .and_then(|m| m.subcommand_name().map(str::to_owned));
     match meant.as_deref() {
-        Some("lock" | "id") => ExitCode::from(putex::cli::sysexits::USAGE),
+        Some("lock" | "id" | "kv") => ExitCode::from(putex::cli::sysexits::USAGE),
         _ => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
     }
 }

@@ -20,7 +20,8 @@ use crate::cli::LogFormat;
 /// embedded SQLite store (one machine, the default; per user unless
 /// --store names a file every user can write). `putex run` is the failover
 /// agent and `putex check` validates its settings; `putex lock` runs a
-/// command under a lock, `putex id` claims unique ids, `putex serve` is the
+/// command under a lock, `putex kv` makes guarded writes from its command
+/// or an agent's hook, `putex id` claims unique ids, `putex serve` is the
 /// HTTP lock gateway; `putex status`, `history` and `watch` show who holds
 /// what and why it moved, `putex switchover`, `pause` and `resume` steer a
 /// lock; `putex demo` shows a failover; `putex completions` and `putex man`
@@ -68,9 +69,10 @@ pub enum Command {
     /// (e.g. a snowflake worker id), releases, lists and checks them.
     #[command(after_help = crate::cli::id::ID_EXIT_CODES_HELP)]
     Id(crate::cli::id::IdArgs),
-    /// Guarded writes for the command of `putex lock`: `put` and `delete`
-    /// land only while its lock is held (the store refuses them once the
-    /// lock has moved on); `get` reads a key.
+    /// Guarded writes for the command of `putex lock` and the hooks of
+    /// `putex run`: `put` and `delete` land only while its lock is held (the
+    /// store refuses them once the lock has moved on); `get` and `list`
+    /// read keys.
     #[command(after_help = crate::cli::kv::KV_EXIT_CODES_HELP)]
     Kv(crate::cli::kv::KvArgs),
     /// Shows who holds a lock, since when, with which fencing token, and the

@@ -96,7 +96,8 @@ pub struct TimingArgs {
     /// is lost) [default: the own G].
     #[arg(long, env = "PUTEX_MAX_GAP", value_parser = parse_duration)]
     pub max_gap: Option<Duration>,
-    /// Allow T < 10 s on a replicated NATS bucket.
+    /// Allow T < 10 s on a replicated store (a NATS bucket with more than one
+    /// replica, or an etcd cluster of more than one member).
     #[arg(long, env = "PUTEX_ALLOW_SHORT_LEASE")]
     pub allow_short_lease: bool,
     /// Deadline of each store call [default: 2R/5].
@@ -150,19 +151,20 @@ pub struct AgentArgs {
     /// Scheduling margin kept out of the emergency budget [default: min(50ms, G/10)].
     #[arg(long, env = "PUTEX_SCHED_MARGIN", value_parser = parse_duration)]
     pub sched_margin: Option<Duration>,
-    /// Health-check timeout [default: R/2].
+    /// Health-check (and --position) timeout [default: R/2].
     #[arg(long, env = "PUTEX_HEALTHCHECK_TIMEOUT", value_parser = parse_duration)]
     pub healthcheck_timeout: Option<Duration>,
-    /// Time allowed for the fence and activate hooks.
+    /// Time allowed for the fence, activate, rejoin and follow hooks.
     #[arg(long, env = "PUTEX_ACTIVATE_TIMEOUT", value_parser = parse_duration,
-          help = help_with_default("Time allowed for the fence and activate hooks.", flag_duration(timing::DEFAULT_ACTIVATE_TIMEOUT)))]
+          help = help_with_default("Time allowed for the fence, activate, rejoin and follow hooks.", flag_duration(timing::DEFAULT_ACTIVATE_TIMEOUT)))]
     pub activate_timeout: Option<Duration>,
     /// Time allowed for a graceful stop.
     #[arg(long, env = "PUTEX_STOP_TIMEOUT", value_parser = parse_duration,
           help = help_with_default("Time allowed for a graceful stop.", flag_duration(timing::DEFAULT_STOP_TIMEOUT)))]
     pub stop_timeout: Option<Duration>,
     /// Directory of the keeper sockets, lock files and state files
-    /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex].
+    /// [default: /run/putex for root, else $XDG_RUNTIME_DIR/putex, else
+    /// /tmp/putex-UID].
     #[arg(long, env = "PUTEX_KEEPER_DIR")]
     pub keeper_dir: Option<PathBuf>,
     /// Never use cgroup scopes for the service and the hooks: the keeper
@@ -172,8 +174,8 @@ pub struct AgentArgs {
     /// find it should the keeper die.
     #[arg(long, env = "PUTEX_NO_CGROUP")]
     pub no_cgroup: bool,
-    /// Serve /primary, /replica, /health, /liveness, /readiness and
-    /// /metrics on this address (e.g. 0.0.0.0:8008).
+    /// Serve /primary, /replica, /read-only, /health, /liveness, /readiness,
+    /// /metrics and the status page /ui on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher

@@ -21,7 +21,10 @@ Exit codes:
       cannot be read
   69  the store cannot be reached or opened
   75  the pool is exhausted (every id is claimed), or a concurrent claim of the
-      same name did not finish in time";
+      same name did not finish in time
+claim --lease -- CMD also exits as putex lock does: CMD's own status (128+N
+for a signal), 76 the id was lost while CMD ran, 126/127 CMD cannot be run
+or was not found, 70 internal failure";
 
 /// `putex id` flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -51,11 +54,13 @@ pub enum IdCommand {
     /// Releasing nothing is no error.
     #[command(after_help = ID_EXIT_CODES_HELP)]
     Release(ReleaseArgs),
-    /// Lists the ids of POOL: id, name, state, machine, age.
+    /// Lists the ids of POOL: id, name, state, kind (claim or lease),
+    /// machine, age.
     ///
-    /// States: active (claimed), released (free again), revoked (released
-    /// with --force; not handed out again), garbage (unreadable; taken),
-    /// pending (a name whose claim is under way or was interrupted).
+    /// States: active (held by a claim or a lease), confirming (a lease
+    /// being acquired), released (free again), revoked (released with
+    /// --force; not handed out again), garbage (unreadable; taken), pending
+    /// (a name whose claim is under way or was interrupted).
     #[command(after_help = ID_EXIT_CODES_HELP)]
     List(ListArgs),
     /// Checks POOL for inconsistencies; exits 65 if it finds any.

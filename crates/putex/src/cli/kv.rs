@@ -17,7 +17,8 @@ pub const KV_EXIT_CODES_HELP: &str = "\
 Exit codes:
   0   done (get: the value is on stdout; list: the keys, one per line)
   1   get: no such key
-  64  a wrong key or value, or put/delete outside a putex lock command or putex run hook
+  64  usage: a wrong flag, key or value, or put/delete outside a putex lock
+      command or putex run hook
   69  the store did not answer in time: a write may or may not have landed
   76  the lock is no longer held: nothing was written";
 

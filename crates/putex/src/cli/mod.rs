@@ -90,8 +90,9 @@ pub fn unset_empty_vars() -> Vec<String> {
 /// The kinds of store URL, for every `--store` help.
 macro_rules! store_urls {
     () => {
-        "The store URL: nats://HOST:PORT[,...][?OPTIONS] (NATS JetStream KV), \
-         etcd://HOST:PORT[,...][?OPTIONS] (etcd), sqlite:///PATH.db (an embedded \
+        "The store URL: nats://HOST:PORT[,...][?OPTIONS] (NATS JetStream KV; \
+         tls://… the same over TLS), etcd://HOST:PORT[,...][?OPTIONS] (etcd), \
+         sqlite:///PATH.db (an embedded \
          SQLite file), or sqlite: (this user's embedded store, \
          $XDG_STATE_HOME/putex/store.db, else ~/.local/state/putex/store.db)"
     };
@@ -120,7 +121,7 @@ Exit codes:
   3  store unreachable
   4  another agent runs this lock on this host, or another machine uses this node id
   5  switchover, pause, resume: --wait ran out
-putex lock and putex id exit with codes of their own (64 and up): see their --help.";
+putex lock, putex id and putex kv exit with codes of their own: see their --help.";
 
 /// Why a command failed, and which exit code that is.
 #[derive(Debug)]
