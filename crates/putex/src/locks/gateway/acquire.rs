@@ -244,9 +244,16 @@ impl Gateway {
                     // must wait out (H6 allows no release from it). Finish
                     // in the background instead — activate, grant nothing,
                     // release, then leave the line — so that the lock is
-                    // free for the next request.
+                    // free for the next request. A tenure that ends without
+                    // activating (lost to a revoke or another holder) has
+                    // nothing to give back: it stops too, rather than run
+                    // on as a standby nobody asked for.
+                    let mut role = role;
                     let finish = tokio::spawn(async move {
-                        let _ = granted.recv().await;
+                        tokio::select! {
+                            _ = granted.recv() => {}
+                            _ = role.wait_for(|r| *r != Role::Confirming) => {}
+                        }
                         let _ = stop_tx.send(());
                         let _ = driver.await;
                         if let Some(ticket) = ticket {
