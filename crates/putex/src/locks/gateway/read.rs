@@ -148,8 +148,12 @@ impl Gateway {
 
     /// The granted and waiting locks of `resource`.
     pub async fn locks(&self, resource: &Name) -> Result<Vec<LockInfo>, StoreError> {
+        let t = self.timeout();
+        let key = keys::lock(resource);
+        let entry = self.store.get(&key, ReadMode::Leader, t).await?;
+        let cancelled = self.cancelled_up_to(resource).await?;
         let mut out = Vec::new();
-        if let Some((entry, rec)) = self.listed_holder(resource).await? {
+        if let Some((entry, rec)) = self.listed_holder(resource, entry, cancelled).await? {
             if let Some(left) = lease_left(&entry, &rec, self.store_now().await?) {
                 let uid = rec.instance.clone();
                 out.push(
@@ -158,7 +162,6 @@ impl Gateway {
                 );
             }
         }
-        let cancelled = self.cancelled_up_to(resource).await?;
         let mut waiting: Vec<TicketRecord> = self
             .read_prefix(&keys::queue_of(resource))
             .await?
@@ -171,29 +174,38 @@ impl Gateway {
         Ok(out)
     }
 
-    /// `resource`'s holder as a listing shows it: `None` when nothing holds
-    /// it or a cancelled request does ([`Gateway::cancelled_waiter`]). A
-    /// holder that is no HTTP grant is read twice around the look at its
-    /// ticket: a cancelled request leaves the line once its agent stopped
-    /// and gave the lock back, so a ticket gone meanwhile with the record
-    /// changed means the first read was of a lock given back since (read
-    /// again, up to [`LISTING_LOOKS`] times).
+    /// `resource`'s holder as a listing shows it, from `entry` (the lock
+    /// record as read) and `cancelled` (the newest admin cancel's
+    /// revision): `None` when nothing holds it, or when an HTTP request
+    /// that an admin delete cancelled does — it took the lock as the
+    /// delete freed it and gives it back without a grant (`acquire`).
+    /// Only a holding written after a cancel, by a holder that is no HTTP
+    /// grant, can be such a request's: its ticket says. A ticket gone
+    /// may mean that the request gave the lock back and left the line
+    /// since (it leaves only after its agent stopped), so the record is
+    /// read again, up to [`LISTING_LOOKS`] times; unchanged, it is a
+    /// `putex lock` or agent holder.
     async fn listed_holder(
         &self,
         resource: &Name,
+        mut entry: Option<Entry>,
+        cancelled: u64,
     ) -> Result<Option<(Entry, LockRecord)>, StoreError> {
         let (t, key) = (self.timeout(), keys::lock(resource));
-        let mut entry = self.store.get(&key, ReadMode::Leader, t).await?;
         let mut looks = 0;
         loop {
             let Some((e, rec)) = entry.and_then(|e| holder_of(&e).map(|r| (e, r))) else {
                 return Ok(None);
             };
-            if is_http_grant(&rec) {
+            // No admin cancel yet, or a holding older than it: no
+            // cancelled request's.
+            if is_http_grant(&rec) || cancelled == 0 || e.token.revision < cancelled {
                 return Ok(Some((e, rec)));
             }
-            if self.cancelled_waiter(resource, &rec).await? {
-                return Ok(None);
+            match self.http_ticket(resource, &rec).await? {
+                Some(ticket) if ticket.arrival < cancelled => return Ok(None),
+                Some(_) => return Ok(Some((e, rec))),
+                None => {}
             }
             looks += 1;
             let again = self.store.get(&key, ReadMode::Leader, t).await?;
@@ -204,30 +216,22 @@ impl Gateway {
         }
     }
 
-    /// Whether `rec` is held by an HTTP request that an admin delete
-    /// cancelled: it took the lock as the delete freed it, and gives it
-    /// back without a grant (`acquire`); it is no lock to list.
-    async fn cancelled_waiter(
+    /// The ticket of the HTTP request whose agent wrote `rec`, if it is
+    /// one and is still in line.
+    async fn http_ticket(
         &self,
         resource: &Name,
         rec: &LockRecord,
-    ) -> Result<bool, StoreError> {
-        if is_http_grant(rec) {
-            return Ok(false);
-        }
+    ) -> Result<Option<TicketRecord>, StoreError> {
         let Ok(uid) = Name::new(&rec.instance) else {
-            return Ok(false);
+            return Ok(None);
         };
-        let ticket = self
+        Ok(self
             .store
             .get(&keys::ticket(resource, &uid), ReadMode::Any, self.timeout())
             .await?
             .and_then(|e| TicketRecord::from_entry(&e))
-            .filter(|t| t.lifetime_ms.is_some());
-        Ok(match ticket {
-            Some(t) => t.arrival < self.cancelled_up_to(resource).await?,
-            None => false,
-        })
+            .filter(|t| t.lifetime_ms.is_some()))
     }
 
     /// The resources that have a granted or waiting lock.
