@@ -245,6 +245,29 @@ pub struct Agent {
     left: Vec<(i32, u64)>,
 }
 
+/// How long [`spawn_past_busy_text`] tries again.
+const BUSY_TEXT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// `cmd.spawn()`, made again while the program is "Text file busy"
+/// (`ETXTBSY`). A program copied moments ago (`PgCluster::runnable`: the
+/// built `putex` where the cluster's user can run it) may still be open
+/// for writing in a child that another test thread forked while the copy
+/// was written: the descriptor closes only at that child's `exec`,
+/// microseconds later, but an `exec` of the copy meanwhile fails.
+fn spawn_past_busy_text(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let until = Instant::now() + BUSY_TEXT_PATIENCE;
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy && Instant::now() < until =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Agent {
     /// Starts `putex run` and does not wait.
     pub fn spawn(spec: AgentSpec) -> std::io::Result<Agent> {
@@ -258,8 +281,7 @@ impl Agent {
             // cannot enter (a checkout in a 0700 home).
             cmd.uid(uid).gid(gid).current_dir(&spec.log_dir);
         }
-        let child = cmd
-            .args(["run", "--lock", &spec.lock, "--store", &spec.url])
+        cmd.args(["run", "--lock", &spec.lock, "--store", &spec.url])
             .args(["--node", &spec.node])
             .arg("--keeper-dir")
             .arg(&spec.keeper_dir)
@@ -267,8 +289,8 @@ impl Agent {
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
+            .stderr(std::fs::File::create(&log)?);
+        let child = spawn_past_busy_text(&mut cmd)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", spec.putex.display())))?;
         Ok(Agent {
             spec,
