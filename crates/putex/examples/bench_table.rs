@@ -381,7 +381,7 @@ fn semaphore(l: &Value, t: &mut Table) {
             format!("≤ 1.15× the ideal {}; never more than {slots:.0} inside", ms(ideal)),
             format!(
                 "{r:.2}× the ideal: {}; at most {most:.0} inside: {}{floor}",
-                verdict(r <= 1.15),
+                retired_unless_met(r <= 1.15),
                 verdict(most <= slots)
             ),
         );
@@ -561,7 +561,11 @@ fn scale(dir: &Path, t: &mut Table) {
                     format!("**not sustained** ({held:.0} of {n:.0} held at the end)")
                 },
                 cpu / cpu_target,
-                verdict(cpu <= cpu_target && n >= 10_000.0),
+                if store == "nats" {
+                    retired_unless_met(cpu <= cpu_target && n >= 10_000.0)
+                } else {
+                    verdict(cpu <= cpu_target && n >= 10_000.0)
+                },
                 rss_mb / RSS_TARGET_MB,
                 verdict(rss_mb <= RSS_TARGET_MB && n >= 10_000.0),
             ),
@@ -821,6 +825,17 @@ fn verdict(ok: bool) -> &'static str {
         "met"
     } else {
         "missed"
+    }
+}
+
+/// The verdict of a target retired after its floor was measured (issue
+/// 18's semaphore ratio and NATS lease CPU; `docs/performance.md`, "Two
+/// targets retired, not failed"): its figure is still shown.
+fn retired_unless_met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "retired (docs/performance.md: the floor under it)"
     }
 }
 

@@ -165,6 +165,28 @@ fn three_nodes_failover_and_handover(server: &Backend) {
     agents[k].stop_cleanly();
 }
 
+/// Issue 44, "never wait in silence", for `putex run`: an agent whose lock
+/// is new on a NATS store (which cannot prove it vacant) says in its log,
+/// before it activates, what it waits for, how long and why (S4).
+#[test]
+fn agent_a_first_use_says_what_it_waits_for_before_activating() {
+    let server = Backend::nats();
+    let _slot = timing_slot();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = format!("1000.{}{}", std::process::id(), server.tag());
+    let script = format!("sleep {tag} & wait");
+    let mut a = start_child(dir.path(), &server.url(), "fresh", "f1", &script, &tag);
+    let log = a.log_text();
+    assert!(
+        log.contains("lock \"fresh\" taken; waiting ")
+            && log.contains(" s before activating: ")
+            && log.contains("cannot prove that no holder's record was lost")
+            && log.contains("docs/safety.md, S4"),
+        "{log}"
+    );
+    a.stop_cleanly();
+}
+
 /// An agent in child mode running `sh -c SCRIPT`, once the child's
 /// `sleep TAG` runs.
 fn start_child(

@@ -1104,6 +1104,65 @@ fn a_dead_waiter_does_not_block_the_queue() {
     );
 }
 
+// Issue 44, "never wait in silence", both sides, where a first use waits:
+// NATS cannot prove a name vacant (every first use waits W + G'), an SQLite
+// file made moments ago cannot yet (once it is older than W + G', a first
+// use starts at once).
+on_stores!(timing_slot; Env, a_first_use_says_what_it_waits_for =>
+    a_first_use_says_on_stderr_what_it_waits_for_on_nats: nats,
+    a_first_use_says_on_stderr_what_it_waits_for_on_sqlite: sqlite,
+);
+
+/// The first `putex lock` of a name says on stderr what it waits for, how
+/// long and why (docs/safety.md, S4); the name's second use starts at once
+/// and says nothing of the kind; a leased `putex id`'s first claim waits
+/// and says so where its store still cannot prove the name vacant (NATS),
+/// and starts at once, silent, on an SQLite file older than W + G'.
+fn a_first_use_says_what_it_waits_for(env: &Env) {
+    let nats = matches!(env.server, Backend::Nats(_));
+    let why = if nats {
+        "this store cannot prove that no holder's record was lost"
+    } else {
+        "the store was made moments ago"
+    };
+    let said = |stderr: &str| {
+        stderr.contains(" taken; waiting ")
+            && stderr.contains(" s before running the command: ")
+            && stderr.contains(why)
+            && stderr.contains("docs/safety.md, S4")
+    };
+    let started = Instant::now();
+    let (status, stderr) = run(env.lock("nightly", &[], "true"));
+    let first = started.elapsed();
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        said(&stderr) && stderr.contains("\"nightly\" taken; waiting 1."),
+        "the first use did not say what it waits for ({first:?}):\n{stderr}"
+    );
+    // W + G' at --ttl 1s: about 1.2 s.
+    assert!(first >= Duration::from_secs(1), "{first:?}");
+
+    let (status, stderr) = run(env.lock("nightly", &[], "true"));
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(
+        !stderr.contains("waiting"),
+        "the second use waited:\n{stderr}"
+    );
+
+    let started = Instant::now();
+    let (status, stderr) = run(leased_id(env, "true"));
+    let claimed = started.elapsed();
+    assert!(status.success(), "{status:?}: {stderr}");
+    if nats {
+        assert!(said(&stderr), "{stderr}");
+    } else {
+        assert!(
+            !stderr.contains("waiting") && claimed < Duration::from_secs(1),
+            "a fresh name on a file older than W + G' waited ({claimed:?}):\n{stderr}"
+        );
+    }
+}
+
 /// `putex id claim POOL --lease --ttl 1s -- sh -c SCRIPT`.
 fn leased_id(env: &Env, script: &str) -> Command {
     let claim = [

@@ -7,8 +7,12 @@
 //! The server runs in-process on `127.0.0.1:0` ([`putex::http::serve`]);
 //! one test runs the built binary. Lifetimes are a second or two.
 //!
-//! The first use of a resource name costs W + G' (S4, about the lifetime
-//! asked for): tests warm their names with a short lifetime first.
+//! Each test makes a store of its own, and on a store made moments ago the
+//! first use of a resource name still costs W + G' (S4: a file that young
+//! cannot prove the name was vacant), so most tests warm their names with
+//! a short lifetime first. The `rdlm_a_fresh_resource_is_granted_at_once_*`
+//! tests and RDLM's own client (`rdlm_py_client_works_against_putex_serve`)
+//! wait for an older store and ask for fresh names with `wait: 1`.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -378,6 +382,65 @@ async fn rdlm_a_fresh_resource_is_granted_at_once_on_etcd() {
     granted_with_wait_1(&c, &s, &["fresh1", "fresh2", "fresh3"]).await;
     let r = rdlm_post(&c, &s, "deleted", 1.0, 10.0).await;
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT, "deleted by hand");
+}
+
+/// RDLM's own Python client, rdlm-py 0.2.0 (`scripts/install-rdlm-py`),
+/// against the gateway on an embedded store older than W + G' (2.5 s):
+/// fresh resources granted with `wait: 1`, a held one refused after the
+/// wait (`RDLMLockWaitExceededException`), a lock's details, a waiting
+/// request deleted by an admin (`RDLMLockDeletedException`), the context
+/// manager, the admin's deletes (`tests/clients/rdlm_py.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdlm_py_client_works_against_putex_serve() {
+    let pythonpath = rdlm_py();
+    let made = Instant::now();
+    let store = Backend::sqlite();
+    let admin = HttpOptions {
+        auth: AuthSettings {
+            token: None,
+            admin: Some(AdminCredentials {
+                user: "admin".into(),
+                password: Secret::new("pw"),
+            }),
+        },
+        ..HttpOptions::default()
+    };
+    let s = Served::start(store.open().await, "gw1", admin).await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(made.elapsed())).await;
+    let port = s.url.rsplit(':').next().unwrap().to_owned();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/rdlm_py.py");
+    let out = tokio::process::Command::new("python3")
+        .arg(&script)
+        .args(["127.0.0.1", &port, "admin", "pw"])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .await
+        .expect("run python3 (the test needs it, with rdlm-py: scripts/install-rdlm-py)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "rdlm-py: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// Where rdlm-py is: `$PUTEX_RDLM_PY`, else the repository's
+/// `.tools/rdlm-py`; a missing one fails, saying how to install it.
+fn rdlm_py() -> std::path::PathBuf {
+    let dir = std::env::var_os("PUTEX_RDLM_PY").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/rdlm-py"),
+        std::path::PathBuf::from,
+    );
+    assert!(
+        dir.join("rdlmpy/client.py").is_file() && dir.join("requests").is_dir(),
+        "rdlm-py is not installed in {}: run scripts/install-rdlm-py (or set PUTEX_RDLM_PY \
+         to a directory holding rdlmpy and requests)",
+        dir.display()
+    );
+    dir
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
