@@ -783,6 +783,16 @@ pub fn write_gap(acks: &[Ack]) -> Option<Duration> {
         .map(|w| Duration::from_nanos((w[1].ns - w[0].ns) as u64))
 }
 
+/// Every stretch in `acks` in which the writer waited longer than `longer`
+/// between two acknowledgements (its writes failed or hung): the earlier
+/// acknowledgement's time and the later one's (wall-clock ns).
+pub fn write_outages(acks: &[Ack], longer: Duration) -> Vec<(u128, u128)> {
+    acks.windows(2)
+        .filter(|w| w[1].ns.saturating_sub(w[0].ns) > longer.as_nanos())
+        .map(|w| (w[0].ns, w[1].ns))
+        .collect()
+}
+
 /// A client inserting sequence numbers into table `putex_writes` through a
 /// connection string that finds the primary, recording each acknowledged
 /// commit; on any error it reconnects (every 20 ms) and goes on with the

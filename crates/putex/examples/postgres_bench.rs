@@ -37,14 +37,25 @@
 //! `--json FILE` writes the keys `scripts/bench-patroni` writes:
 //! `crash_failover_ms`, `switchover_unavailable_ms`, `lost`, `idle`,
 //! `bootstrap_ms`.
+//!
+//! `--outage SECONDS` measures a store outage instead (issue 46's
+//! comparison with Patroni's `failsafe_mode`): with the writer running on a
+//! steady cluster, the store — the nats-server, or with `--etcd` a
+//! single-member etcd, as Patroni's side has — is killed (SIGKILL) and
+//! started again on its port and data SECONDS later; the figures are how long into the
+//! outage the writes first failed, how long in all they were unavailable
+//! (stretches of more than 250 ms without an acknowledgement), how long
+//! after the store was back they were normal again, and the acknowledged
+//! writes lost (JSON key `outage`, as `scripts/bench-patroni --outage`).
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use putex_testkit::agent::{wait_for, wall_ns, Agent};
+use putex_testkit::etcd_server::EtcdServer;
 use putex_testkit::nats_server::NatsServer;
-use putex_testkit::postgres::{write_gap, Ack, PgCluster, Writer};
+use putex_testkit::postgres::{write_gap, write_outages, Ack, PgCluster, Writer};
 use putex_testkit::procfs::{cpu_ticks, cpu_ticks_with_children, rss_kb};
 
 #[derive(clap::Parser)]
@@ -69,6 +80,50 @@ struct Args {
     /// Also write the figures as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of bootstraps, crashes and switchovers: kill the store for
+    /// this many seconds under the writer and measure the writes.
+    #[arg(long, value_name = "SECONDS")]
+    outage: Option<u64>,
+    /// With `--outage`: the store is a single-member etcd, not a
+    /// nats-server.
+    #[arg(long, requires = "outage")]
+    etcd: bool,
+}
+
+/// The store the outage takes down.
+enum OutageStore {
+    Nats(NatsServer),
+    Etcd(EtcdServer),
+}
+
+impl OutageStore {
+    fn url(&self) -> String {
+        match self {
+            OutageStore::Nats(s) => s.url.clone(),
+            OutageStore::Etcd(s) => format!("etcd://{}", s.endpoint()),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            OutageStore::Nats(_) => "nats-server (single node, SIGKILL)",
+            OutageStore::Etcd(_) => "etcd (single member, SIGKILL)",
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            OutageStore::Nats(s) => s.kill(),
+            OutageStore::Etcd(s) => s.kill(),
+        }
+    }
+
+    fn restart(&mut self) {
+        match self {
+            OutageStore::Nats(s) => s.restart(),
+            OutageStore::Etcd(s) => s.restart(),
+        }
+    }
 }
 
 struct Bench {
@@ -155,6 +210,85 @@ fn bootstrap(putex: &std::path::Path, timing: &[&str], max_lag: &str, sync: bool
     ms(took)
 }
 
+/// The store killed for `outage` under the writer, then started again on
+/// its port and data; once the cluster is steady again and has written for
+/// 5 s more, what the writer saw (see the module docs).
+fn store_outage(
+    b: &mut Bench,
+    server: &mut OutageStore,
+    writer: Writer,
+    outage: Duration,
+) -> serde_json::Value {
+    let p = b.steady();
+    std::thread::sleep(Duration::from_secs(2));
+    let down = wall_ns();
+    server.kill();
+    println!(
+        "outage: {} killed; {} was the primary",
+        server.name(),
+        b.pg.nodes[p].name
+    );
+    std::thread::sleep(outage);
+    server.restart();
+    let up = wall_ns();
+    println!(
+        "outage: the store is back after {:.1} s",
+        ms_between(down, up) / 1000.0
+    );
+    let to = b.steady();
+    let settled = wall_ns();
+    assert!(
+        wait_for(Duration::from_secs(30), || writer
+            .acks()
+            .last()
+            .is_some_and(|a| ms_between(settled, a.ns) > 5_000.0)),
+        "no writes after the outage"
+    );
+    let acks = writer.stop();
+    let before = acks
+        .iter()
+        .rposition(|a| a.ns < down)
+        .expect("writes before the outage");
+    let gaps = write_outages(&acks[before..], Duration::from_millis(250));
+    let unavailable: f64 = gaps.iter().map(|&(a, z)| ms_between(a, z)).sum();
+    let first_failure = gaps.first().map(|&(a, _)| ms_between(down, a).max(0.0));
+    let normal_after = gaps
+        .last()
+        .filter(|&&(_, z)| z > up)
+        .map_or(0.0, |&(_, z)| ms_between(up, z));
+    let lost = b.lost(to, &acks);
+    // What the new primary's agent said of its takeover.
+    if let Some(a) = &b.agents[to] {
+        let log = a.log_text();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("transition") || l.contains("waiting"))
+            .collect();
+        eprintln!("outage: {}'s last transitions:", b.pg.nodes[to].name);
+        for line in &said[said.len().saturating_sub(6)..] {
+            eprintln!("  {line}");
+        }
+    }
+    let figures = serde_json::json!({
+        "outage_s": outage.as_secs_f64(),
+        "store": server.name(),
+        "writes_failed_from_ms": first_failure,
+        "unavailable_ms": (unavailable * 10.0).round() / 10.0,
+        "normal_after_store_back_ms": (normal_after * 10.0).round() / 10.0,
+        "primary_before": b.pg.nodes[p].name,
+        "primary_after": b.pg.nodes[to].name,
+        "lost": lost,
+        "acknowledged": acks.len(),
+    });
+    println!("outage: {figures}");
+    figures
+}
+
+/// Milliseconds from `a` to `z` (wall-clock ns; negative if `z` is earlier).
+fn ms_between(a: u128, z: u128) -> f64 {
+    (z as f64 - a as f64) / 1e6
+}
+
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
@@ -167,7 +301,11 @@ fn main() {
             std::process::exit(1)
         })
     });
-    let server = NatsServer::start();
+    let mut server = if args.etcd {
+        OutageStore::Etcd(EtcdServer::start())
+    } else {
+        OutageStore::Nats(NatsServer::start())
+    };
     let timing: Vec<&'static str> = if args.fast {
         vec!["--renew", "500ms", "--failures", "3", "--confirm", "1"]
     } else {
@@ -177,7 +315,8 @@ fn main() {
     timing.extend(["--healthcheck-timeout", "250ms"]);
     let max_lag = if args.synchronous { "0" } else { "16777216" };
     let mut bootstraps = Vec::new();
-    for run in 1..=args.runs {
+    let bootstrap_runs = if args.outage.is_some() { 0 } else { args.runs };
+    for run in 1..=bootstrap_runs {
         let took = bootstrap(&putex, &timing, max_lag, args.synchronous);
         println!(
             "bootstrap {run}: three empty data directories → a primary with two streaming replicas and a first write in {took:.0} ms"
@@ -186,7 +325,7 @@ fn main() {
     }
     let mut b = Bench {
         putex,
-        url: server.url.clone(),
+        url: server.url(),
         pg: PgCluster::create(3, args.synchronous),
         timing,
         max_lag,
@@ -205,6 +344,17 @@ fn main() {
         wait_for(Duration::from_secs(30), || writer.acks().len() > 100),
         "no writes"
     );
+    if let Some(secs) = args.outage {
+        let figures = store_outage(&mut b, &mut server, writer, Duration::from_secs(secs));
+        if let Some(path) = args.json {
+            let j = serde_json::json!({
+                "outage": figures,
+                "settings": {"timing": b.timing, "max_lag": b.max_lag, "synchronous": args.synchronous},
+            });
+            std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap()).expect("write --json");
+        }
+        return;
+    }
 
     let mut crashes = Vec::new();
     let mut switchovers = Vec::new();
