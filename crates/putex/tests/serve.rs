@@ -395,17 +395,7 @@ async fn rdlm_py_client_works_against_putex_serve() {
     let pythonpath = rdlm_py();
     let made = Instant::now();
     let store = Backend::sqlite();
-    let admin = HttpOptions {
-        auth: AuthSettings {
-            token: None,
-            admin: Some(AdminCredentials {
-                user: "admin".into(),
-                password: Secret::new("pw"),
-            }),
-        },
-        ..HttpOptions::default()
-    };
-    let s = Served::start(store.open().await, "gw1", admin).await;
+    let s = Served::start(store.open().await, "gw1", admin_only()).await;
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(made.elapsed())).await;
     let port = s.url.rsplit(':').next().unwrap().to_owned();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/rdlm_py.py");
@@ -425,6 +415,20 @@ async fn rdlm_py_client_works_against_putex_serve() {
         out.status
     );
     assert!(stdout.contains("every check passed"), "{stdout}");
+}
+
+/// RDLM's model: locks are open, admin calls need `admin:pw` (HTTP Basic).
+fn admin_only() -> HttpOptions {
+    HttpOptions {
+        auth: AuthSettings {
+            token: None,
+            admin: Some(AdminCredentials {
+                user: "admin".into(),
+                password: Secret::new("pw"),
+            }),
+        },
+        ..HttpOptions::default()
+    }
 }
 
 /// Where rdlm-py is: `$PUTEX_RDLM_PY`, else the repository's
@@ -1136,17 +1140,7 @@ async fn auth_bearer_token_and_admin_basic() {
     drop(s);
 
     // Admin only (RDLM's model): locks are open, admin calls are not.
-    let admin_only = HttpOptions {
-        auth: AuthSettings {
-            token: None,
-            admin: Some(AdminCredentials {
-                user: "admin".into(),
-                password: Secret::new("pw"),
-            }),
-        },
-        ..HttpOptions::default()
-    };
-    let s = Served::start(store, "gw1", admin_only).await;
+    let s = Served::start(store, "gw1", admin_only()).await;
     assert_eq!(code(c.get(s.at("/"))).await, StatusCode::OK);
     assert_eq!(code(c.get(s.at("/v1/locks"))).await, StatusCode::OK);
     assert_eq!(
