@@ -680,11 +680,7 @@ fn cut_off_try(server: &Backend) -> Result<(), String> {
     let all = c.events();
     assert_no_overlap(&all, &[], &c.dump());
     lapsed_before(&c, "n1", cut, "cut")?;
-    let stop = all
-        .iter()
-        .find(|l| l.what == "stop" && l.node == "n1" && l.extra != "startup")
-        .unwrap_or_else(|| panic!("the isolated holder never stopped\n{}", c.dump()))
-        .clone();
+    let stop = keepers_stop(&c, "n1");
     let next = c.starts()[1].clone();
     eprintln!(
         "cut off: n1 stopped ({}) {:?} after the cut; {} started {:?} after the cut",
