@@ -69,9 +69,9 @@ pub mod time;
 pub mod timing;
 
 pub use agent::{
-    AbsentWhy, Agent, AgentConfig, Blocker, Candidate, CheckId, Event, ExitReason, HealthMode,
-    Hook, Identity, Input, KeeperCommand, LossCause, Output, PreviousInstance, Reason, Role,
-    StopId, StopKind,
+    AbsentWhy, Agent, AgentConfig, Blocker, Candidate, CheckId, Event, ExitReason, FailsafeAnswer,
+    FailsafeRefusal, FailsafeRequest, HealthMode, Hook, Identity, Input, KeeperCommand, LossCause,
+    Output, PreviousInstance, Reason, Role, StopId, StopKind,
 };
 pub use record::{LockRecord, LockState, Observed, Pause};
 pub use store::{

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use putex_core::mutation::{Mutations, Rule};
 use putex_core::{
-    Agent, AgentConfig, Entry, HealthMode, Identity, Input, KeeperCommand, Key, LockRecord,
-    LockState, Observed, OpId, Output, Reason, Role, StopKind, StoreOp, StoreOutcome, StoreTime,
-    Timing, TimingConfig, Token,
+    Agent, AgentConfig, Entry, FailsafeAnswer, FailsafeRefusal, FailsafeRequest, HealthMode,
+    Identity, Input, KeeperCommand, Key, LockRecord, LockState, Observed, OpId, Output, Reason,
+    Role, StopKind, StoreOp, StoreOutcome, StoreTime, Timing, TimingConfig, Token,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -2961,5 +2961,237 @@ fn o3_the_stale_holder_is_no_candidate_for_its_own_lock() {
                 "deferring to the stale holder: {blocker:?}"
             );
         }
+    }
+}
+
+// ----- failsafe, a member's side (F1, F4) ----------------------------------
+
+/// A standby with failsafe on (`docs/failsafe-design.md`).
+fn failsafe_member() -> Harness {
+    Harness::configured("a", |c| c.failsafe = true)
+}
+
+/// `other`'s request for a grant (instance `instance`, token `revision`),
+/// and the member's answer.
+fn ask(h: &mut Harness, instance: &str, revision: u64) -> FailsafeAnswer {
+    h.input(Input::Failsafe(FailsafeRequest {
+        id: 7,
+        node: "other".into(),
+        machine: "other-machine".into(),
+        instance: instance.into(),
+        token: Token::new(1, revision),
+    }));
+    match h.take(|o| matches!(o, Output::FailsafeAnswer { id: 7, .. })) {
+        Output::FailsafeAnswer { answer, .. } => answer,
+        _ => unreachable!(),
+    }
+}
+
+/// F1, both sides: a member grants the holder whose record it saw last,
+/// and refuses when failsafe is off, when the newest record it saw is
+/// another instance's or not a holding one, when it saw none (absent), when
+/// the token is below the highest its host has seen, and while it acquires
+/// or holds the lock itself.
+#[test]
+fn f1_a_member_grants_the_holder_it_saw_last_and_refuses_everything_else() {
+    let held = entry(&holder(LockState::Active, 10_000), 5, 1000.0);
+    let mut off = Harness::new("a");
+    look(&mut off, Some(held.clone()));
+    assert_eq!(
+        ask(&mut off, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::Off)
+    );
+
+    let mut h = failsafe_member();
+    look(&mut h, Some(held.clone()));
+    assert_eq!(ask(&mut h, "other-i1", 5), FailsafeAnswer::Granted);
+    // A newer write of the same holding that this member has not read yet.
+    assert_eq!(ask(&mut h, "other-i1", 9), FailsafeAnswer::Granted);
+    assert!(matches!(
+        ask(&mut h, "other-i2", 6),
+        FailsafeAnswer::Refused(FailsafeRefusal::Newest { .. })
+    ));
+
+    let mut revoked = failsafe_member();
+    let taken_away = entry(&holder(LockState::Revoked, 10_000), 5, 1000.0);
+    look(&mut revoked, Some(taken_away));
+    assert!(matches!(
+        ask(&mut revoked, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::Newest {
+            state: LockState::Revoked,
+            ..
+        })
+    ));
+    // A released record is taken at once: an acquirer refuses.
+    let mut released = failsafe_member();
+    let free = entry(&holder(LockState::Released, 10_000), 5, 1000.0);
+    look(&mut released, Some(free));
+    assert!(acquiring(&released));
+    assert_eq!(
+        ask(&mut released, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::Acquiring)
+    );
+
+    let mut unreadable = failsafe_member();
+    let mut garbage = held.clone();
+    garbage.value = b"not a record".to_vec();
+    look(&mut unreadable, Some(garbage));
+    assert_eq!(
+        ask(&mut unreadable, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::NoRecord)
+    );
+
+    // Nothing read since the start: granted, unless the host has seen a
+    // higher token (S6).
+    let mut fresh = failsafe_member();
+    assert_eq!(ask(&mut fresh, "other-i1", 5), FailsafeAnswer::Granted);
+    let mut remembers = Harness::configured("a", |c| {
+        c.failsafe = true;
+        c.highest_token = Some(Token::new(1, 8));
+    });
+    assert_eq!(
+        ask(&mut remembers, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::Superseded)
+    );
+
+    // Its swap landed: it holds the lock (confirming).
+    let swap = released
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })))
+        .expect("the swap");
+    let Output::Store(r) = released.out.remove(swap) else {
+        unreachable!()
+    };
+    released.reply(r.id, StoreOutcome::Written(Token::new(1, 6)));
+    assert_eq!(
+        ask(&mut released, "other-i1", 5),
+        FailsafeAnswer::Refused(FailsafeRefusal::Role(released.agent.role()))
+    );
+    assert!(released.agent.role() != Role::Standby);
+}
+
+/// When a standby that saw `held` at 100 s and is granted at `grant` swaps
+/// (the store's clock running with its own), or `None` by `until`.
+fn takeover_after_grant(grant: Option<f64>, until: f64) -> Option<f64> {
+    let held = entry(&holder(LockState::Active, 10_000), 5, 1000.0);
+    let mut h = failsafe_member();
+    look(&mut h, Some(held.clone()));
+    if let Some(g) = grant {
+        standby_until(&mut h, g, &held);
+        if acquiring(&h) {
+            return Some(h.now);
+        }
+        assert_eq!(ask(&mut h, "other-i1", 5), FailsafeAnswer::Granted);
+    }
+    // From here the store's clock runs 20 times the member's: only the
+    // member's own clock (S1 a) holds a takeover back.
+    let from = h.now;
+    let store = |now: f64| 900.0 + from + (now - from) * 20.0;
+    standby_with_store_clock(&mut h, until, &held, store);
+    acquiring(&h).then_some(h.now)
+}
+
+/// F1 (a), both sides: a grant restarts the member's own-clock wait. Seen
+/// at 100 s, the record is taken over once W (10.2 s) has passed on the
+/// member's clock (the store's runs fast); granted at 106 s, not before
+/// 106 s + W — and then it is.
+#[test]
+fn f1_a_a_grant_restarts_the_members_wait_w() {
+    let w = 10.0 * 1.01 / 0.99;
+    let plain = takeover_after_grant(None, 130.0).expect("a takeover without grants");
+    assert!(
+        (100.0 + w..100.0 + w + 1.5).contains(&plain),
+        "without a grant: {plain}"
+    );
+    let granted = takeover_after_grant(Some(106.0), 130.0).expect("a takeover after the grant");
+    assert!(
+        (106.0 + w..106.0 + w + 1.5).contains(&granted),
+        "granted at 106 s: {granted}"
+    );
+}
+
+/// F1 (b), both sides: the store's clock counts from a probe sent after the
+/// grant, not from the record's time. The member's clock runs 20 times
+/// fast after the grant (its own W passes in half a second of the store's);
+/// the record's store time is an outage old. Without a grant the old
+/// record is stale on both clocks at once; after a grant, the takeover
+/// waits until the store's clock has passed W since the floor.
+#[test]
+fn f1_b_after_a_grant_the_store_clock_counts_from_a_probe_sent_after_it() {
+    for granted in [false, true] {
+        // Written 60 s before the member first saw it (an outage of the
+        // holder's: the member reaches the store, the holder does not).
+        let held = entry(&holder(LockState::Active, 10_000), 5, 940.0);
+        // Without a grant, failsafe off: on, the member's own start would
+        // be a grant (F4, the test below).
+        let mut h = if granted {
+            failsafe_member()
+        } else {
+            Harness::new("a")
+        };
+        look(&mut h, Some(held.clone()));
+        standby_with_store_clock(&mut h, 104.0, &held, |now| 1000.0 + (now - 100.0));
+        if granted {
+            assert_eq!(ask(&mut h, "other-i1", 5), FailsafeAnswer::Granted);
+        }
+        // From 104 s on the member's clock runs 20 times the store's.
+        let store = |now: f64| 1004.0 + (now - 104.0) / 20.0;
+        standby_with_store_clock(&mut h, 104.0 + 12.0, &held, store);
+        let store_at_swap = store(h.now);
+        if !granted {
+            assert!(acquiring(&h), "no grant: stale at 10.2 s on both clocks");
+            continue;
+        }
+        assert!(
+            !acquiring(&h),
+            "granted: took over after {:.2} s of the store's clock",
+            store_at_swap - 1004.0
+        );
+        // It takes over once the store's clock passed W since the floor.
+        standby_with_store_clock(&mut h, 104.0 + 20.0 * 12.0, &held, store);
+        assert!(acquiring(&h), "never took over after the grant");
+        let since_grant = store(h.now) - 1004.0;
+        let w = 10.0 * 1.01 / 0.99;
+        assert!(
+            since_grant >= w,
+            "only {since_grant:.2} s of the store's clock after the grant"
+        );
+    }
+}
+
+/// F4, both sides: a member started with failsafe on takes its store-clock
+/// floor with its first rounds, so its first failover is not delayed by a
+/// further W (a floor taken only when the takeover is first considered
+/// would add it); and it counts from that floor, not from the old record's
+/// time: a record that looks an outage old on the store's clock waits for
+/// W of it after the start.
+#[test]
+fn f4_a_started_member_counts_the_store_clock_from_its_start() {
+    let w = 10.0 * 1.01 / 0.99;
+    let held = entry(&holder(LockState::Active, 10_000), 5, 1000.0);
+    // The floor is probed for in the first round, before any takeover.
+    let mut h = failsafe_member();
+    h.health(true);
+    assert!(
+        h.find(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Put { key: Key::Probe, .. }))),
+        "no floor probe in the first round: {:#?}",
+        h.out
+    );
+    let mut h = failsafe_member();
+    standby_until(&mut h, 100.0 + w + 2.0, &held);
+    assert!(acquiring(&h), "the first failover was delayed");
+    // The record is 1,000 s old on the store's clock; the member's own
+    // clock runs 20 times fast: not before W of the store's clock.
+    for failsafe in [false, true] {
+        let mut h = Harness::configured("a", |c| c.failsafe = failsafe);
+        let store = |now: f64| 2000.0 + (now - 100.0) / 20.0;
+        standby_with_store_clock(&mut h, 100.0 + 12.0, &held, store);
+        assert_eq!(
+            acquiring(&h),
+            !failsafe,
+            "failsafe {failsafe}: took over after {:.2} s of the store's clock",
+            store(h.now) - 2000.0
+        );
     }
 }

@@ -800,6 +800,7 @@ impl World {
                     }),
                     Output::PersistHighest(_)
                     | Output::SamplePosition
+                    | Output::FailsafeAnswer { .. }
                     | Output::Event(_)
                     | Output::Exit(_) => {}
                 }

@@ -86,6 +86,12 @@ pub trait Host: Send + Sync + 'static {
     fn candidacy(&self, blocker: Option<Blocker>) {
         let _ = blocker;
     }
+    /// Failsafe (F1): the core's answer to the request the host injected
+    /// as `Input::Failsafe` with this `id`. A host that injects none
+    /// never hears of one.
+    fn failsafe_answer(&self, id: u64, answer: putex_core::FailsafeAnswer) {
+        let _ = (id, answer);
+    }
     /// Where the driver records its progress and store calls, if anywhere.
     fn metrics(&self) -> Option<&Metrics> {
         None
@@ -370,6 +376,10 @@ fn dispatch(
         }
         Output::SamplePosition => {
             host.sample_position();
+            None
+        }
+        Output::FailsafeAnswer { id, answer } => {
+            host.failsafe_answer(id, answer);
             None
         }
         Output::Event(event) => {

@@ -195,32 +195,7 @@ impl Agent {
                     over: None,
                 });
             }
-            ProbeVerdict::Probe => {
-                if self.probe_op.is_none() {
-                    let write = self.write_id();
-                    let value = ProbeRecord {
-                        v: RECORD_VERSION,
-                        node: self.id.node.clone(),
-                        write,
-                    }
-                    .encode();
-                    let id = self.op_id();
-                    let deadline = self.deadline();
-                    self.probe_op = Some(Pending {
-                        id,
-                        deadline,
-                        what: ProbeStep::Write,
-                    });
-                    self.outputs.push_back(Output::Store(StoreRequest {
-                        id,
-                        op: StoreOp::Put {
-                            key: Key::Probe,
-                            value,
-                        },
-                        deadline,
-                    }));
-                }
-            }
+            ProbeVerdict::Probe => self.send_probe(),
             ProbeVerdict::Wait => {}
             ProbeVerdict::ReadFirst => {
                 if self.lock_op.is_none() {
@@ -228,6 +203,37 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Writes this node's probe record and then reads it from the leader
+    /// (`on_probe`): the store's present time, for S1 (b) and the floor of
+    /// F1 (b). One at a time.
+    pub(super) fn send_probe(&mut self) {
+        if self.probe_op.is_some() {
+            return;
+        }
+        let write = self.write_id();
+        let value = ProbeRecord {
+            v: RECORD_VERSION,
+            node: self.id.node.clone(),
+            write,
+        }
+        .encode();
+        let id = self.op_id();
+        let deadline = self.deadline();
+        self.probe_op = Some(Pending {
+            id,
+            deadline,
+            what: ProbeStep::Write,
+        });
+        self.outputs.push_back(Output::Store(StoreRequest {
+            id,
+            op: StoreOp::Put {
+                key: Key::Probe,
+                value,
+            },
+            deadline,
+        }));
     }
 
     /// S3 (O1 for a handover): the previous holder proved it stopped, so
@@ -263,7 +269,7 @@ impl Agent {
         } else {
             w
         };
-        match self.store_gap(p.time, record_time) {
+        match self.gap_with_floor(p.time, self.store_gap(p.time, record_time)) {
             StoreGap::Unbounded => ProbeVerdict::Stale,
             StoreGap::Forward(g) if g >= needed => ProbeVerdict::Stale,
             // The store's clock went backwards: (b) is met after a further W of (a).
@@ -303,6 +309,9 @@ impl Agent {
                 }));
             }
             (ProbeStep::Read { token }, StoreOutcome::Read(Some(e))) if e.token == token => {
+                // F1 (b): the first probe after a grant is the floor (its
+                // result then shows no time since it, so another follows).
+                self.note_floor(e.time);
                 if let Some(seen) = &self.seen {
                     if let Some((t, _)) = seen.entry {
                         self.probe = Some(ProbeResult {

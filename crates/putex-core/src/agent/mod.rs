@@ -32,6 +32,7 @@
 //! | `standby.rs` | observing the record: staleness, epochs, a replaced store (S1, S4–S6) |
 //! | `acquire.rs` | taking the lock: witnesses and probes, the swap, confirmation (S1–S4) |
 //! | `operator.rs` | switchover, pause, candidate order, rejoin (O1–O4) |
+//! | `failsafe.rs` | failsafe, a member's side: grants and the store-clock floor (F1, F4) |
 //!
 //! # Where each rule lives
 //!
@@ -53,6 +54,7 @@ use crate::time::Instant;
 use crate::timing::Timing;
 
 mod acquire;
+mod failsafe;
 mod holder;
 mod operator;
 mod requests;
@@ -63,8 +65,9 @@ mod stopping;
 mod vocabulary;
 
 pub use self::vocabulary::{
-    AbsentWhy, Blocker, Candidate, CheckId, Event, ExitReason, HealthMode, Hook, Input,
-    KeeperCommand, LossCause, Output, Reason, Role, StopId, StopKind,
+    AbsentWhy, Blocker, Candidate, CheckId, Event, ExitReason, FailsafeAnswer, FailsafeRefusal,
+    FailsafeRequest, HealthMode, Hook, Input, KeeperCommand, LossCause, Output, Reason, Role,
+    StopId, StopKind,
 };
 
 /// How many recent lock-record operations are remembered for their late
@@ -136,6 +139,10 @@ pub struct AgentConfig {
     /// candidate outranks defers a stale takeover by two steps more than D,
     /// the spread of two standbys' witnesses (O3).
     pub store_clock_step: Duration,
+    /// Failsafe (`docs/failsafe-design.md`): this member grants a holder's
+    /// requests during a store outage (F1) and starts as if it had just
+    /// granted (F4). Off: every request is refused.
+    pub failsafe: bool,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -161,6 +168,7 @@ impl AgentConfig {
             rejoin: false,
             failback_after: None,
             store_clock_step: Duration::ZERO,
+            failsafe: false,
             mutations: Mutations::NONE,
         }
     }
@@ -445,6 +453,12 @@ pub struct Agent {
     revoked_over: Option<Token>,
     /// See [`AgentConfig::supervised_stops`].
     supervised_stops: bool,
+    /// See [`AgentConfig::failsafe`].
+    failsafe: bool,
+    /// The store-clock floor of a takeover after a grant (F1 b).
+    floor: failsafe::Floor,
+    /// The last grant given, or the start with failsafe on (F4).
+    last_grant: Option<Instant>,
 
     health: Option<HealthRun>,
     ok_streak: u32,
@@ -588,6 +602,15 @@ impl Agent {
             duplicate_seen: None,
             revoked_over: None,
             supervised_stops: config.supervised_stops,
+            failsafe: config.failsafe,
+            // F4: a restarted member cannot remember its grants: it starts
+            // as if it had just granted.
+            floor: if config.failsafe {
+                failsafe::Floor::Pending
+            } else {
+                failsafe::Floor::None
+            },
+            last_grant: config.failsafe.then_some(now),
             health: None,
             ok_streak: 0,
             fail_streak: 0,
@@ -683,6 +706,7 @@ impl Agent {
             Input::Switchover { to, allow_lag } => self.on_switchover(to, allow_lag),
             Input::Pause(pause) => self.on_pause(pause),
             Input::Resume => self.on_resume(),
+            Input::Failsafe(request) => self.on_failsafe_request(request),
         }
         self.advance();
     }

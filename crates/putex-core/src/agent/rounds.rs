@@ -131,6 +131,7 @@ impl Agent {
                 if self.lock_op.is_none() {
                     self.send_lock(LockOp::Poll, self.deadline());
                 }
+                self.probe_floor();
             }
             Role::Confirming => self.start_health(HealthMode::Standby),
             Role::Active => {

@@ -229,6 +229,9 @@ pub enum Input {
     Pause(Pause),
     /// O2: end a pause.
     Resume,
+    /// F1 (failsafe): a holder asks this member for a grant during a store
+    /// outage; answered at once with [`Output::FailsafeAnswer`].
+    Failsafe(FailsafeRequest),
     /// Whether it is this node's turn to acquire: a host that queues its
     /// waiters fairly (`putex lock`) holds back all but the first. It only
     /// ever delays an acquisition, so it cannot weaken any rule; staleness
@@ -615,6 +618,13 @@ pub enum Output {
     /// release was handed to this node, which waits to catch up (O1). A
     /// host without `--position` ignores it.
     SamplePosition,
+    /// F1 (failsafe): the answer to [`Input::Failsafe`] with that `id`.
+    FailsafeAnswer {
+        /// The request's id.
+        id: u64,
+        /// Granted, or why not.
+        answer: FailsafeAnswer,
+    },
     /// Tell the keeper.
     Keeper(KeeperCommand),
     /// Persist this as the highest fencing token seen for the lock (S6).
@@ -623,4 +633,75 @@ pub enum Output {
     Event(Event),
     /// The agent is done; no more outputs follow.
     Exit(ExitReason),
+}
+
+/// F1: a holder's request for a grant, as a member receives it (the
+/// shell has checked its authenticity, F5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailsafeRequest {
+    /// The host's id for this request, echoed in the answer.
+    pub id: u64,
+    /// The requester's node id.
+    pub node: String,
+    /// The requester's machine id.
+    pub machine: String,
+    /// The requester's instance (its record names it).
+    pub instance: String,
+    /// The token of the requester's latest landed write.
+    pub token: Token,
+}
+
+/// A member's answer to a [`FailsafeRequest`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FailsafeAnswer {
+    /// Granted: this member will not take over before W has passed from
+    /// now on its own clock and on the store's (F1).
+    Granted,
+    /// Refused, and why.
+    Refused(FailsafeRefusal),
+}
+
+/// Why a member refused a grant (F1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FailsafeRefusal {
+    /// This agent runs without failsafe.
+    Off,
+    /// The request names this very agent.
+    Itself,
+    /// This agent is not a standby (holding, confirming, starting, …).
+    Role(Role),
+    /// This agent is acquiring the lock (a swap on its way or unconfirmed).
+    Acquiring,
+    /// The newest record seen here is not the requester's holding record.
+    Newest {
+        /// That record's holder.
+        node: String,
+        /// Its state.
+        state: crate::record::LockState,
+        /// Its token.
+        token: Token,
+    },
+    /// The record is absent here, or unreadable.
+    NoRecord,
+    /// The request's token is below the highest this host has seen (S6).
+    Superseded,
+}
+
+impl fmt::Display for FailsafeRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailsafeRefusal::Off => f.write_str("failsafe is off on this member"),
+            FailsafeRefusal::Itself => f.write_str("the request names this member itself"),
+            FailsafeRefusal::Role(role) => write!(f, "this member is {role}"),
+            FailsafeRefusal::Acquiring => f.write_str("this member is acquiring the lock"),
+            FailsafeRefusal::Newest { node, state, token } => write!(
+                f,
+                "the newest record here is {node}'s, {state:?} at {token}"
+            ),
+            FailsafeRefusal::NoRecord => f.write_str("no holding record here"),
+            FailsafeRefusal::Superseded => {
+                f.write_str("the token is below the highest this host has seen")
+            }
+        }
+    }
 }

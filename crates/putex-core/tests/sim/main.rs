@@ -250,6 +250,15 @@ fn durable_store_vacancy_is_clean() {
     assert!(s.liveness_checked > 0, "liveness probes did not run");
 }
 
+/// Failsafe's members' side (`docs/failsafe-design.md`, F1, F4) under
+/// every fault: each agent takes its store-clock floor as it starts, and
+/// failovers still come within the bound.
+#[test]
+fn failsafe_members_are_clean() {
+    let s = assert_clean(Profile::Failsafe, seeds(10_000) / 10);
+    assert!(s.liveness_checked > 0, "liveness probes did not run");
+}
+
 /// A store that loses acknowledged writes must not prove a vacancy: a
 /// rollback that lost a live holder's create empties its key. Too rare for
 /// `must_catch` (rollbacks are one fault in sixty): the seeds `hunt` found.

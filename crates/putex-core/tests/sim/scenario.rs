@@ -52,6 +52,10 @@ pub enum Profile {
     /// rollbacks, a clock that never jumps; records deleted by an operator,
     /// buckets re-created and files replaced under running holders.
     Durable,
+    /// Chaos with every agent running failsafe (`docs/failsafe-design.md`):
+    /// the members' side so far — each start takes a store-clock floor
+    /// (F4) before any takeover. No holder asks for grants yet.
+    Failsafe,
 }
 
 impl Profile {
@@ -70,6 +74,7 @@ impl Profile {
             Profile::Operator => "operator",
             Profile::EtcdClock => "etcd-clock",
             Profile::Durable => "durable",
+            Profile::Failsafe => "failsafe",
         }
     }
 
@@ -88,6 +93,7 @@ impl Profile {
             Profile::Operator,
             Profile::EtcdClock,
             Profile::Durable,
+            Profile::Failsafe,
         ]
         .into_iter()
         .find(|p| p.name() == s)
@@ -216,6 +222,8 @@ pub struct Scenario {
     pub durable: bool,
     /// How old the store is when the run starts (ns of its clock).
     pub store_age: u64,
+    /// Every agent runs with failsafe on.
+    pub failsafe: bool,
     pub mutations: Mutations,
 }
 
@@ -279,7 +287,7 @@ impl Scenario {
             ..TimingConfig::default()
         };
         let mixed = matches!(profile, Profile::Mixed | Profile::MixedSkewed)
-            || (profile == Profile::Chaos && rng.chance(0.3));
+            || (matches!(profile, Profile::Chaos | Profile::Failsafe) && rng.chance(0.3));
         let mut timings: Vec<TimingConfig> = (0..hosts)
             .map(|_| {
                 if mixed {
@@ -358,11 +366,12 @@ impl Scenario {
             store_step: Duration::ZERO,
             durable: false,
             store_age: 0,
+            failsafe: profile == Profile::Failsafe,
             mutations,
         };
         use FaultKind::*;
         s.faults = match profile {
-            Profile::Chaos => chaos_faults(),
+            Profile::Chaos | Profile::Failsafe => chaos_faults(),
             Profile::Jitter | Profile::Lossy => vec![],
             Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
             Profile::Skewed => vec![(Partition, 4), (Stall, 3), (HostCrash, 1), (AgentKill, 1)],

@@ -695,6 +695,7 @@ impl World {
             rejoin: host.rejoin_pending,
             failback_after: self.sc.failback_after,
             store_clock_step: self.sc.store_step,
+            failsafe: self.sc.failsafe,
             mutations: self.sc.mutations,
             ..AgentConfig::new(identity, host.timing.clone())
         };
@@ -1035,6 +1036,9 @@ impl World {
             // The simulated hosts publish no position (no --max-lag): a
             // host without --position ignores the request.
             Output::SamplePosition => {}
+            // No simulated holder asks for grants yet (failsafe's holder
+            // side is not built): nothing is answered.
+            Output::FailsafeAnswer { .. } => {}
             Output::Event(e) => self.on_event(h, e),
             Output::Exit(reason) => {
                 let host = &mut self.hosts[h];
