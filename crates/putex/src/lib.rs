@@ -8,6 +8,7 @@
 //! | [`agent`] | the failover agent (`putex run`) as a library: [`agent::run`] |
 //! | [`store`] | the store contract and its backends: NATS JetStream KV, embedded SQLite, memory |
 //! | [`driver`] | runs any core machine against a store, the clock and a [`driver::Host`] |
+//! | [`failsafe`] | failsafe (`docs/failsafe-design.md`, not wired in yet): the shared key and signed asks and grants between agents (F5) |
 //! | [`locks`] | locks for programs and scripts: leases and [`Lock`], critical sections, fair queues, identity pools, the HTTP lock gateway |
 //! | `supervision` | the keeper (the dead-man's switch that owns the service), process trees, hooks, systemd: internal, public only for the binary (the keeper) and the integration tests |
 //! | [`observe`] | metrics, transition history, the JSON spelling of tokens and record states |
@@ -33,6 +34,7 @@ pub mod agent;
 pub mod cli;
 pub mod clock;
 pub mod driver;
+pub mod failsafe;
 mod host_state;
 pub mod http;
 pub mod identity;

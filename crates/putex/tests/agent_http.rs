@@ -35,13 +35,28 @@ pub(crate) use on_nats_and_etcd;
 
 /// `GET path` with HTTP/1.1 and `Connection: close`: (status, body).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// `POST path` with a JSON `body`, as [`http_get`].
+pub fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, String)> {
+    exchange(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Sends `request` and reads the answer to its end: (status, body).
+fn exchange(port: u16, request: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    s.write_all(request.as_bytes()).ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;
@@ -152,6 +167,10 @@ fn endpoints_flip_and_metrics_move(url: &str) {
     let standby = 1 - active;
     let body = wait_status(ports[standby], "/replica", 200, Duration::from_secs(5));
     assert!(body.contains("\"role\":\"standby\""), "{body}");
+    // Without --failsafe no holder's ask is answered.
+    let (status, body) = http_post(ports[standby], "/v1/failsafe/web", "{}").unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("failsafe is off"), "{body}");
     assert_eq!(http_get(ports[standby], "/primary").unwrap().0, 503);
     assert_eq!(http_get(ports[active], "/replica").unwrap().0, 503);
     for path in ["/health", "/liveness", "/readiness"] {

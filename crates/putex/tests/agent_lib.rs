@@ -57,6 +57,7 @@ fn settings(url: &str, lock: &str, node: &str, keeper_dir: &Path, events: &Path)
         no_cgroup: false,
         keeper_exe: Some(putex_bin().to_path_buf()),
         operator: Default::default(),
+        failsafe: None,
     }
 }
 

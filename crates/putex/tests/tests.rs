@@ -8,6 +8,7 @@ mod cli_docs;
 mod cli_env;
 mod common;
 mod demo;
+mod failsafe;
 mod fuzz;
 mod gateway;
 mod history;

@@ -257,6 +257,12 @@ impl Host for AgentHost {
         self.inner.position_wanted.notify_one();
     }
 
+    fn failsafe_answer(&self, id: u64, answer: putex_core::FailsafeAnswer) {
+        if let Some(gate) = &self.inner.failsafe {
+            gate.deliver(id, answer);
+        }
+    }
+
     fn persist_highest(&self, token: Token) {
         self.set(|st| {
             if st.highest.is_none_or(|h| token > h) {

@@ -312,8 +312,20 @@ pub async fn run(
             ),
             emergency_requested: std::sync::atomic::AtomicBool::new(false),
             wedge_at: wedge_at(),
-            metrics,
+            metrics: metrics.clone(),
             registry,
+            failsafe: settings.failsafe.clone().map(|key| {
+                Arc::new(crate::failsafe::member::Gate::new(
+                    key,
+                    lock.to_string(),
+                    crate::failsafe::auth::Peer {
+                        node: node.to_string(),
+                        machine: identity::machine_id(),
+                    },
+                    inject.clone(),
+                    metrics.clone(),
+                ))
+            }),
         }),
     };
     let _kv = kv_listener.map(|l| {
@@ -397,6 +409,7 @@ pub async fn run(
             rejoin,
             failback_after: settings.operator.failback_after,
             store_clock_step: store.clock_step(),
+            failsafe: settings.failsafe.is_some(),
             ..AgentConfig::new(
                 Identity {
                     node: node.to_string(),

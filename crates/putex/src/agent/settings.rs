@@ -66,6 +66,9 @@ pub struct AgentSettings {
     pub keeper_exe: Option<PathBuf>,
     /// Candidacy, position, rejoin and address (O3, O4).
     pub operator: OperatorSettings,
+    /// `--failsafe` with its `--failsafe-key-file`: this member answers
+    /// holders' signed asks ([`crate::failsafe::member`]).
+    pub failsafe: Option<crate::failsafe::auth::FailsafeKey>,
 }
 
 /// How this node stands as a candidate (O3, O4) and what it tells others.

@@ -197,6 +197,8 @@ pub(super) struct Inner {
     pub(super) metrics: Metrics,
     /// What `/metrics` serves.
     pub(super) registry: Registry,
+    /// `--failsafe`: this member's answers to holders' asks.
+    pub(super) failsafe: Option<Arc<crate::failsafe::member::Gate>>,
 }
 
 impl crate::http::agent::AgentView for AgentHost {
@@ -224,6 +226,10 @@ impl crate::http::agent::AgentView for AgentHost {
 
     fn metrics(&self) -> String {
         crate::observe::metrics::encode(&self.inner.registry)
+    }
+
+    fn failsafe(&self) -> Option<Arc<crate::failsafe::member::Gate>> {
+        self.inner.failsafe.clone()
     }
 }
 

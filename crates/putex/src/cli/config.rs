@@ -178,6 +178,25 @@ pub struct AgentArgs {
     /// /metrics and the status page /ui on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
+    /// Failsafe, a member's side only so far (docs/failsafe-design.md):
+    /// answer holders' signed asks on --http. Hidden until the holder's side
+    /// is built: it keeps no holder alive through a store outage yet.
+    #[arg(
+        long,
+        env = "PUTEX_FAILSAFE",
+        hide = true,
+        requires = "failsafe_key_file"
+    )]
+    pub failsafe: bool,
+    /// The key that signs failsafe asks and grants (the same file on every
+    /// member; mode 600, at least 32 bytes).
+    #[arg(
+        long,
+        env = "PUTEX_FAILSAFE_KEY_FILE",
+        value_name = "FILE",
+        hide = true
+    )]
+    pub failsafe_key_file: Option<PathBuf>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher
     /// one is preferred, after a higher --position.
     #[arg(long, env = "PUTEX_PRIORITY",
@@ -285,6 +304,10 @@ pub struct FileConfig {
     pub no_cgroup: Option<bool>,
     /// `http`.
     pub http: Option<String>,
+    /// `failsafe`.
+    pub failsafe: Option<bool>,
+    /// `failsafe-key-file`.
+    pub failsafe_key_file: Option<PathBuf>,
     /// `priority`.
     pub priority: Option<u32>,
     /// `position`.
@@ -542,6 +565,31 @@ pub fn resolve(
                 .map_err(|e| usage(format!("{flag}: {e}")))?;
         }
     }
+    let failsafe = if args.failsafe || file.failsafe.unwrap_or(false) {
+        let Some(path) = args
+            .failsafe_key_file
+            .clone()
+            .or_else(|| file.failsafe_key_file.clone())
+        else {
+            return Err(usage(format!(
+                "{} needs {}: members sign their asks and grants with it",
+                names("failsafe"),
+                names("failsafe-key-file")
+            )));
+        };
+        if http.is_none() {
+            return Err(usage(format!(
+                "{} needs {}: holders ask the members on it",
+                names("failsafe"),
+                names("http")
+            )));
+        }
+        let key = crate::failsafe::auth::FailsafeKey::from_file(&path)
+            .map_err(|e| usage(format!("{}: {e}", names("failsafe-key-file"))))?;
+        Some(key)
+    } else {
+        None
+    };
     if operator.max_lag.is_some() && operator.position.is_none() {
         return Err(usage(format!(
             "{} needs {}: the lag is measured between positions",
@@ -562,6 +610,7 @@ pub fn resolve(
         no_cgroup: args.no_cgroup || file.no_cgroup.unwrap_or(false),
         keeper_exe: None,
         operator,
+        failsafe,
     })
 }
 

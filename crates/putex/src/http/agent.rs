@@ -12,6 +12,7 @@
 //! | `GET /readiness` | the agent has started and made its first decision | 503 |
 //! | `GET /metrics` | always: OpenMetrics text ([`crate::observe::metrics`]) | — |
 //! | `GET /ui` | the web status page of the lock ([`crate::report::web`]) | — |
+//! | `POST /v1/failsafe/{lock}` | `--failsafe`: a holder's signed ask, answered signed ([`crate::failsafe::member`]) | 401, 404, 409, 503 |
 //!
 //! Every status route answers with the same JSON body ([`AgentSnapshot`]),
 //! so `curl` shows why a check fails. HAProxy's `option httpchk GET /primary`
@@ -22,10 +23,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Path;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +61,10 @@ pub trait AgentView: Send + Sync + 'static {
     fn snapshot(&self) -> AgentSnapshot;
     /// Its metrics in OpenMetrics text format.
     fn metrics(&self) -> String;
+    /// Its answers to holders' failsafe asks, with `--failsafe`.
+    fn failsafe(&self) -> Option<Arc<crate::failsafe::member::Gate>> {
+        None
+    }
 }
 
 type View = Arc<dyn AgentView>;
@@ -74,6 +80,7 @@ pub fn router(view: View) -> Router {
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness))
         .route("/metrics", get(metrics))
+        .route("/v1/failsafe/{lock}", post(failsafe))
         .with_state(view)
 }
 
@@ -204,6 +211,38 @@ async fn metrics(State(view): State<View>) -> Response {
         view.metrics(),
     )
         .into_response()
+}
+
+/// `POST /v1/failsafe/{lock}`: a holder's signed ask, answered by this
+/// member's core ([`crate::failsafe::member`]).
+async fn failsafe(
+    State(view): State<View>,
+    Path(lock): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let refuse = |status: StatusCode, error: String| {
+        (status, Json(serde_json::json!({ "error": error }))).into_response()
+    };
+    let Some(gate) = view.failsafe() else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "failsafe is off on this agent (putex run --failsafe)".into(),
+        );
+    };
+    let ask: crate::failsafe::auth::SignedAsk = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("not a failsafe ask: {e}")),
+    };
+    if ask.ask.lock != lock {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("the ask names lock {:?}, the path {lock:?}", ask.ask.lock),
+        );
+    }
+    match gate.answer(&ask).await {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e) => refuse(e.status(), e.to_string()),
+    }
 }
 
 #[cfg(test)]

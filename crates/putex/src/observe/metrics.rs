@@ -28,6 +28,7 @@
 //! | `putex_stops_unproven_total` | counter | stops, of any kind, that could not prove the service stopped |
 //! | `putex_keeper_armed` | gauge | 1 while the keeper holds a deadline |
 //! | `putex_keeper_fired_total` | counter | the keeper reached its deadline and stopped the service |
+//! | `putex_failsafe_answers_total{answer}` | counter | holders' failsafe asks this member answered: `granted`, `refused` (its state says no) or `rejected` (a MAC that does not verify, another lock or member, no answer in time) |
 //! | `putex_build_info{version}` | info | the putex version |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,6 +74,11 @@ struct HealthLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HookLabel {
     hook: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnswerLabel {
+    answer: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -154,6 +160,7 @@ struct Series {
     stops_unproven: Counter,
     keeper_armed: Gauge,
     keeper_fired: Counter,
+    failsafe_answers: Family<AnswerLabel, Counter>,
     /// The licence deadline, none when not holding.
     deadline: Moment,
     /// When the last renewal was acknowledged, none before the first.
@@ -273,6 +280,12 @@ impl Metrics {
             "The keeper reached its deadline and stopped the service",
             keeper_fired.clone(),
         );
+        let failsafe_answers = Family::<AnswerLabel, Counter>::default();
+        registry.register(
+            "failsafe_answers",
+            "Holders' failsafe asks this member answered, by answer",
+            failsafe_answers.clone(),
+        );
         registry.register(
             "build",
             "The putex build",
@@ -294,6 +307,7 @@ impl Metrics {
             stops_unproven,
             keeper_armed,
             keeper_fired,
+            failsafe_answers,
             deadline,
             renewed_at,
             progress: AtomicU64::new(clock::boot_time_now().as_nanos()),
@@ -414,6 +428,15 @@ impl Metrics {
         self.0.keeper_fired.inc();
         self.0.deadline.set(None);
         self.0.keeper_armed.set(0);
+    }
+
+    /// Counts one answer to a holder's failsafe ask: `granted`, `refused`
+    /// or `rejected` ([`crate::failsafe::member`]).
+    pub(crate) fn failsafe_answer(&self, answer: &'static str) {
+        self.0
+            .failsafe_answers
+            .get_or_create(&AnswerLabel { answer })
+            .inc();
     }
 
     /// Notes that the driver went round its loop (for
