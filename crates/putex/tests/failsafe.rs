@@ -44,8 +44,28 @@ fn a_standby_grants_its_holder_and_refuses_what_it_must(url: &str) {
     let nodes = ["n1", "n2"];
     let (ports, agents, active) = two_agents_with_http_flags(dir.path(), url, "svc", nodes, &flags);
     let standby = 1 - active;
-    let st = status_json(url, "svc");
     let machine = putex::identity::machine_id();
+    // Each member record says where holders ask it, with which key.
+    let published = |st: &serde_json::Value| {
+        st["members"].as_array().is_some_and(|ms| {
+            ms.len() == 2
+                && ms.iter().all(|m| {
+                    let i = nodes.iter().position(|n| m["node"] == *n).unwrap();
+                    m["machine"] == machine.as_str()
+                        && m["failsafe"]["key"] == key.fingerprint().as_str()
+                        && m["failsafe"]["url"]
+                            == format!("http://127.0.0.1:{}/v1/failsafe/svc", ports[i]).as_str()
+                })
+        })
+    };
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(10), || published(&status_json(
+            url, "svc"
+        ))),
+        "the members' failsafe endpoints are not in status: {}",
+        status_json(url, "svc")
+    );
+    let st = status_json(url, "svc");
     let ask = |holder: &str, instance: &str, member: &str| Ask {
         lock: "svc".into(),
         holder: Holder {
@@ -215,13 +235,13 @@ fn grants_hold_a_standbys_takeover_back_until_they_stop(url: &str) {
     );
 }
 
-/// `putex run --failsafe … --http 127.0.0.1:0 --lock svc` with `extra`
-/// flags: its exit code and standard error (it must not start).
-fn refused_run(extra: &[&str]) -> (Option<i32>, String) {
+/// `putex run --failsafe … --http HTTP --lock svc` with `extra` flags: its
+/// exit code and standard error (it must not start).
+fn refused_run(http: &str, extra: &[&str]) -> (Option<i32>, String) {
     let out = crate::common::agent::putex()
         .args(["run", "--store", "sqlite:///nonexistent/x.db", "--failsafe"])
         .args(extra)
-        .args(["--http", "127.0.0.1:0", "--lock", "svc"])
+        .args(["--http", http, "--lock", "svc"])
         .args(["--healthcheck", "true", "--", "true"])
         .output()
         .unwrap();
@@ -231,18 +251,24 @@ fn refused_run(extra: &[&str]) -> (Option<i32>, String) {
     )
 }
 
-/// `--failsafe` without its key file, or with one others may read, does
-/// not start, and says why.
+/// `--failsafe` without its key file, with one others may read, or on an
+/// `--http` of every interface without `--failsafe-advertise`, does not
+/// start, and says why.
 #[test]
 fn failsafe_is_refused_without_a_private_key() {
-    let (code, err) = refused_run(&[]);
+    let (code, err) = refused_run("127.0.0.1:0", &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--failsafe-key-file"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let open = dir.path().join("key");
     std::fs::write(&open, "0123456789abcdef0123456789abcdef").unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (code, err) = refused_run(&["--failsafe-key-file", open.to_str().unwrap()]);
+    let flags = ["--failsafe-key-file", open.to_str().unwrap()];
+    let (code, err) = refused_run("127.0.0.1:0", &flags);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, err) = refused_run("0.0.0.0:0", &flags);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--failsafe-advertise"), "{err}");
 }

@@ -419,6 +419,13 @@ impl AgentHost {
             addr: self.inner.settings.operator.advertise.clone(),
             paused: st.paused.as_ref().map(ToString::to_string),
             info: st.info.clone(),
+            machine: Some(crate::identity::machine_id()),
+            failsafe: self.inner.settings.failsafe.as_ref().map(|f| {
+                crate::report::members::MemberFailsafe {
+                    url: format!("http://{}/v1/failsafe/{}", f.advertise, self.inner.lock),
+                    key: f.key.fingerprint(),
+                }
+            }),
         })
     }
 }

@@ -314,9 +314,9 @@ pub async fn run(
             wedge_at: wedge_at(),
             metrics: metrics.clone(),
             registry,
-            failsafe: settings.failsafe.clone().map(|key| {
+            failsafe: settings.failsafe.clone().map(|f| {
                 Arc::new(crate::failsafe::member::Gate::new(
-                    key,
+                    f.key,
                     lock.to_string(),
                     crate::failsafe::auth::Peer {
                         node: node.to_string(),

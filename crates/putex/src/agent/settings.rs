@@ -66,9 +66,20 @@ pub struct AgentSettings {
     pub keeper_exe: Option<PathBuf>,
     /// Candidacy, position, rejoin and address (O3, O4).
     pub operator: OperatorSettings,
-    /// `--failsafe` with its `--failsafe-key-file`: this member answers
-    /// holders' signed asks ([`crate::failsafe::member`]).
-    pub failsafe: Option<crate::failsafe::auth::FailsafeKey>,
+    /// `--failsafe`: this member answers holders' signed asks
+    /// ([`crate::failsafe::member`]).
+    pub failsafe: Option<FailsafeSettings>,
+}
+
+/// `--failsafe`'s settings.
+#[derive(Clone, Debug)]
+pub struct FailsafeSettings {
+    /// `--failsafe-key-file`, read.
+    pub key: crate::failsafe::auth::FailsafeKey,
+    /// `--failsafe-advertise` (default: `--http`'s address): the
+    /// `HOST:PORT` other members reach this agent's `--http` at, published
+    /// in its member record.
+    pub advertise: String,
 }
 
 /// How this node stands as a candidate (O3, O4) and what it tells others.

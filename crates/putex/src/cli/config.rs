@@ -181,12 +181,7 @@ pub struct AgentArgs {
     /// Failsafe, a member's side only so far (docs/failsafe-design.md):
     /// answer holders' signed asks on --http. Hidden until the holder's side
     /// is built: it keeps no holder alive through a store outage yet.
-    #[arg(
-        long,
-        env = "PUTEX_FAILSAFE",
-        hide = true,
-        requires = "failsafe_key_file"
-    )]
+    #[arg(long, env = "PUTEX_FAILSAFE", hide = true)]
     pub failsafe: bool,
     /// The key that signs failsafe asks and grants (the same file on every
     /// member; mode 600, at least 32 bytes).
@@ -197,6 +192,15 @@ pub struct AgentArgs {
         hide = true
     )]
     pub failsafe_key_file: Option<PathBuf>,
+    /// The HOST:PORT other members reach this agent's --http at (default:
+    /// --http's address, unless it listens on every interface).
+    #[arg(
+        long,
+        env = "PUTEX_FAILSAFE_ADVERTISE",
+        value_name = "HOST:PORT",
+        hide = true
+    )]
+    pub failsafe_advertise: Option<String>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher
     /// one is preferred, after a higher --position.
     #[arg(long, env = "PUTEX_PRIORITY",
@@ -308,6 +312,8 @@ pub struct FileConfig {
     pub failsafe: Option<bool>,
     /// `failsafe-key-file`.
     pub failsafe_key_file: Option<PathBuf>,
+    /// `failsafe-advertise`.
+    pub failsafe_advertise: Option<String>,
     /// `priority`.
     pub priority: Option<u32>,
     /// `position`.
@@ -529,7 +535,7 @@ pub fn resolve(
         .clone()
         .or_else(|| file.keeper_dir.clone())
         .unwrap_or_else(crate::supervision::keeper::default_keeper_dir);
-    let http = match pick(&args.http, &file.http) {
+    let http: Option<std::net::SocketAddr> = match pick(&args.http, &file.http) {
         Some(a) => Some(a.trim().parse().map_err(|e| {
             usage(format!(
                 "{}: {a:?} is not an address ({e}); write e.g. 0.0.0.0:8008",
@@ -577,16 +583,27 @@ pub fn resolve(
                 names("failsafe-key-file")
             )));
         };
-        if http.is_none() {
+        let Some(listen) = http else {
             return Err(usage(format!(
                 "{} needs {}: holders ask the members on it",
                 names("failsafe"),
                 names("http")
             )));
-        }
+        };
+        let advertise = match pick(&args.failsafe_advertise, &file.failsafe_advertise) {
+            Some(a) => a.trim().to_owned(),
+            None if listen.ip().is_unspecified() => {
+                return Err(usage(format!(
+                    "{} listens on every interface ({listen}): say with {} which address other members reach it at",
+                    names("http"),
+                    names("failsafe-advertise")
+                )))
+            }
+            None => listen.to_string(),
+        };
         let key = crate::failsafe::auth::FailsafeKey::from_file(&path)
             .map_err(|e| usage(format!("{}: {e}", names("failsafe-key-file"))))?;
-        Some(key)
+        Some(crate::agent::settings::FailsafeSettings { key, advertise })
     } else {
         None
     };

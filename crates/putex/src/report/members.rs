@@ -54,6 +54,29 @@ pub struct MemberRecord {
     /// What `--info` last printed ([`crate::report::info`]).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub info: std::collections::BTreeMap<String, String>,
+    /// The agent's machine id: failsafe's set names members by node and
+    /// machine (two hosts given one node id by mistake are two members).
+    /// Older agents do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// `--failsafe`: where holders ask this member for grants, and which
+    /// key it signs with. Agents without failsafe, and agents too old to
+    /// know it, say nothing — which is how a holder tells them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<MemberFailsafe>,
+}
+
+/// A failsafe member's endpoint and key, as its member record publishes
+/// them (`docs/failsafe-design.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberFailsafe {
+    /// Its `POST /v1/failsafe/{lock}`, e.g.
+    /// `http://10.0.0.2:8008/v1/failsafe/pg`.
+    pub url: String,
+    /// The fingerprint of its `--failsafe-key-file`
+    /// ([`crate::failsafe::auth::FailsafeKey::fingerprint`]): members whose
+    /// fingerprints differ cannot verify each other.
+    pub key: String,
 }
 
 fn default_priority() -> u32 {
@@ -80,6 +103,8 @@ impl Default for MemberRecord {
             addr: None,
             paused: None,
             info: std::collections::BTreeMap::new(),
+            machine: None,
+            failsafe: None,
         }
     }
 }

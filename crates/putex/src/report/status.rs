@@ -141,6 +141,15 @@ pub struct MemberStatus {
     /// again as read.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub info: std::collections::BTreeMap<String, String>,
+    /// Its machine id, if its agent says (failsafe names members by node
+    /// and machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// With `--failsafe`: where holders ask it for grants and its key's
+    /// fingerprint (members with different fingerprints cannot verify each
+    /// other).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<crate::report::members::MemberFailsafe>,
 }
 
 fn age(now: Option<StoreTime>, then: StoreTime) -> Option<u64> {
@@ -208,6 +217,8 @@ pub async fn lock_status(store: &AnyStore, lock: &Name) -> Result<LockStatus, St
                 .blocker
                 .or_else(|| (m.priority == 0).then(|| "priority 0".into())),
             info: crate::report::info::sanitize(m.info),
+            machine: m.machine,
+            failsafe: m.failsafe,
         });
     }
     let highest = st.members.iter().filter_map(|m| m.position).max();
