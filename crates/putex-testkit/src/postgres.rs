@@ -340,12 +340,24 @@ impl PgCluster {
     }
 
     fn pg_ctl_start(&self, node: &PgNode) {
-        self.ok(self
-            .pg("pg_ctl")
-            .args(["start", "-w", "-o", &format!("-p {}", node.port), "-l"])
-            .arg(node.data.with_extension("log"))
+        let log = node.data.with_extension("log");
+        let mut cmd = self.pg("pg_ctl");
+        cmd.args(["start", "-w", "-o", &format!("-p {}", node.port), "-l"])
+            .arg(&log)
             .arg("-D")
-            .arg(&node.data));
+            .arg(&node.data)
+            .stdin(Stdio::null());
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        if !out.status.success() {
+            // The server's own words, before the directory goes.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            panic!(
+                "{cmd:?} failed:\n{}\n--- the server's log, last lines ---\n{}",
+                output_text(&out),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
     }
 
     /// Writes `text` to `name` in the cluster's directory, owned by the
@@ -589,15 +601,33 @@ impl PgCluster {
         }
     }
 
-    /// SIGKILLs node `i`'s postmaster and every process it started: the
-    /// server's part of a host crash.
+    /// SIGKILLs node `i`'s postmaster and every process it started, and
+    /// waits (up to 10 s) until they are gone: the server's part of a host
+    /// crash. The postmaster is frozen first, so that it starts no process
+    /// while its tree is read: one left behind keeps the shared memory
+    /// attached, and the next `pg_ctl start` on the data directory fails
+    /// ("pre-existing shared memory block is still in use").
     pub fn kill_server(&self, i: usize) {
-        if let Some(pid) = self.postmaster(i) {
-            let tree = crate::agent::descendants(pid);
-            crate::agent::sigkill(pid);
-            for p in tree {
-                crate::agent::sigkill(p);
-            }
+        let Some(pid) = self.postmaster(i) else {
+            return;
+        };
+        crate::agent::signal(pid, nix::sys::signal::Signal::SIGSTOP);
+        let tree = crate::agent::descendants(pid);
+        for p in &tree {
+            crate::agent::sigkill(*p);
+        }
+        crate::agent::sigkill(pid);
+        let gone = |p: i32| {
+            // Gone, or a zombie: nothing of it is attached any more.
+            std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z'))
+            })
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !(gone(pid) && tree.iter().all(|p| gone(*p))) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
