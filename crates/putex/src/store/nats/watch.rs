@@ -35,6 +35,10 @@ impl Drop for RemoveConsumerOnDrop {
     }
 }
 
+/// How long a prefix catch-up waits for its next message before it asks
+/// the stream again what the prefix's newest message is.
+const QUIET: Duration = Duration::from_millis(250);
+
 impl NatsStore {
     /// The key's last message (a delete marker included) as a watch event,
     /// and its revision (0 when the key never existed).
@@ -70,15 +74,39 @@ impl NatsStore {
     /// has caught up, and the last revision read. Prefix watches are few
     /// (members and control records of an agent); the consumer is removed
     /// as soon as it has been read.
+    ///
+    /// "Caught up" is a revision, not a count: the prefix's newest message
+    /// is read from the stream leader before the consumer is made, and the
+    /// catch-up ends with it or with the first later message (the consumer
+    /// delivers in revision order; a key written again after it comes with
+    /// its newer message, which the feed also has). The counts nats-server
+    /// reports cannot end it: under writes to the prefix's keys it was seen
+    /// to count one message short at the consumer's creation (a key written
+    /// just before the watch, lost: 2 runs in 300 of
+    /// `store_nats_prefix_watch_starts_with_the_key_written_before_it`
+    /// beside a busy loop) and to say
+    /// "0 pending" on a message with one of the set still to come (a
+    /// snapshot's marker, lost: 3 runs in 20 of
+    /// `store_nats_snapshots_miss_no_busy_key` under load). When nothing comes for [`QUIET`], the prefix's
+    /// newest message is read again: it may be gone before it was
+    /// delivered (a retired key's marker expiring), and then what was read
+    /// is all there is.
     pub(super) async fn read_changes(
         &self,
         filter: &str,
         from_revision: Option<u64>,
     ) -> Result<(Vec<WatchEvent>, u64), StoreError> {
+        let start = from_revision.unwrap_or(0).max(1);
+        let Some(mut newest) = self.newest_revision(filter).await? else {
+            return Ok((Vec::new(), 0));
+        };
+        if newest < start {
+            return Ok((Vec::new(), 0));
+        }
         let deliver_policy = match from_revision {
             None => jetstream::consumer::DeliverPolicy::LastPerSubject,
-            Some(r) => jetstream::consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: r.max(1),
+            Some(_) => jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
             },
         };
         let (consumer, _remove) = self
@@ -86,35 +114,51 @@ impl NatsStore {
             .await?;
         let mut events = Vec::new();
         let mut upto = 0;
-        // What the consumer had to deliver when it was made: read that
-        // much, not "until nothing is pending" — under a key written
-        // without pause something always is. What comes after is the
-        // feed's. Nor does a message saying "0 pending" end it early:
-        // under writes to the filter's keys nats-server was seen to say so
-        // with one message of the set still to come (a snapshot's marker,
-        // written just before: lost, the snapshot waited out its deadline;
-        // store_nats_snapshots_miss_no_busy_key under load, 3 runs in 20).
-        // Every message of the set comes, or a newer one on its key that
-        // replaced it (a bucket keeps history; a delete is a message too).
-        let mut left = consumer.cached_info().num_pending;
-        if left == 0 {
-            return Ok((events, upto));
-        }
         let mut messages = consumer
             .messages()
             .await
             .map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| StoreError::unknown(Op::Watch, filter, e))?;
+        while upto < newest {
+            let message = match tokio::time::timeout(QUIET, messages.next()).await {
+                Ok(Some(message)) => {
+                    message.map_err(|e| StoreError::unknown(Op::Watch, filter, e))?
+                }
+                Ok(None) => {
+                    return Err(StoreError::unknown(Op::Watch, filter, "the consumer ended"))
+                }
+                // Nothing came: the newest message may be gone (a retired
+                // key's marker expired); what the prefix holds now decides.
+                Err(_) => match self.newest_revision(filter).await? {
+                    Some(now) if now > upto => {
+                        newest = now;
+                        continue;
+                    }
+                    _ => break,
+                },
+            };
             let event = self.message_event(&message, filter)?;
             upto = event.revision;
             events.push(event);
-            left -= 1;
-            if left == 0 {
-                break;
-            }
         }
         Ok((events, upto))
+    }
+
+    /// The revision of the newest message under `filter` (a delete marker
+    /// included), from the stream leader; `None` when there is none.
+    async fn newest_revision(&self, filter: &str) -> Result<Option<u64>, StoreError> {
+        let subject = format!("{}{}", self.inner.kv.prefix, nats_filter(filter));
+        use jetstream::stream::LastRawMessageErrorKind as K;
+        match self
+            .inner
+            .kv
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(m) => Ok(Some(m.sequence)),
+            Err(e) if e.kind() == K::NoMessageFound => Ok(None),
+            Err(e) => Err(StoreError::unknown(Op::Watch, filter, e)),
+        }
     }
 
     /// An ordered push consumer over the keys `selects` (a watch filter),
