@@ -73,7 +73,7 @@ pub use agent::{
     FailsafeRefusal, FailsafeRequest, HealthMode, Hook, Identity, Input, KeeperCommand, LossCause,
     Output, PreviousInstance, Reason, Role, StopId, StopKind,
 };
-pub use record::{LockRecord, LockState, Observed, Pause};
+pub use record::{FailsafeMember, FailsafeSet, LockRecord, LockState, Observed, Pause};
 pub use store::{
     Entry, Key, OpId, StoreGap, StoreOp, StoreOutcome, StoreRequest, StoreTime, Token,
 };

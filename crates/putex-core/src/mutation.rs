@@ -11,7 +11,7 @@
 
 /// A safety rule that can be switched off for a mutation test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
+#[repr(u64)]
 pub enum Rule {
     /// H1 broken: the licence runs from the acknowledgement, not the send.
     LicenceFromAck = 1 << 0,
@@ -106,11 +106,43 @@ pub enum Rule {
     /// of the record it replaced, so the previous holder's tokens still
     /// count as held.
     AcquisitionInheritsSince = 1 << 31,
+    /// F1 broken: a member grants while it holds, confirms or acquires the
+    /// lock, and whatever the newest record it saw.
+    FailsafeGrantBlind = 1 << 32,
+    /// F1 (a) broken: a grant does not restart the member's own-clock W.
+    FailsafeGrantKeepsWait = 1 << 33,
+    /// F1 (b) broken: a grant does not move the member's store-clock floor.
+    FailsafeGrantKeepsFloor = 1 << 34,
+    /// F1 (b) broken: a probe sent before a grant, answered after it, sets
+    /// the floor.
+    FailsafeFloorFromEarlierProbe = 1 << 35,
+    /// F3 broken: a round with one grant missing extends the licence.
+    FailsafeExtendWithGrantMissing = 1 << 36,
+    /// F3/H1 broken: a round whose verdicts came after the licence ended
+    /// revives it.
+    FailsafeReviveEndedLicence = 1 << 37,
+    /// F4 broken: a member started with failsafe on counts from the record
+    /// only, as if it had granted nothing before its restart.
+    FailsafeRestartWithoutWait = 1 << 38,
+    /// F2 broken: a node outside a failsafe record's set waits only W.
+    FailsafeOutsiderWaitsOnlyW = 1 << 39,
+    /// F2 (S7) broken, in the store: a revoke drops the record's set.
+    FailsafeRevokeDropsSet = 1 << 40,
+    /// F3 (H4) broken: the asks leave out a member that only a write of
+    /// unknown outcome added.
+    FailsafeAsksOnlyLanded = 1 << 41,
+    /// The cap broken: grants extend the licence past the last landed
+    /// renewal + `failsafe_max`.
+    FailsafeNoCap = 1 << 42,
+    /// The cap broken the other way (sim seed failsafe:7490 of session 53):
+    /// a taker of an absent or re-created record does not wait for a
+    /// holder that may run on grants for up to its cap.
+    FailsafeAbsentWithoutCap = 1 << 43,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 32] = [
+    pub const ALL: [Rule; 44] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -143,12 +175,24 @@ impl Rule {
         Rule::VacancyIgnoresStoreAge,
         Rule::HoldingWithoutSince,
         Rule::AcquisitionInheritsSince,
+        Rule::FailsafeGrantBlind,
+        Rule::FailsafeGrantKeepsWait,
+        Rule::FailsafeGrantKeepsFloor,
+        Rule::FailsafeFloorFromEarlierProbe,
+        Rule::FailsafeExtendWithGrantMissing,
+        Rule::FailsafeReviveEndedLicence,
+        Rule::FailsafeRestartWithoutWait,
+        Rule::FailsafeOutsiderWaitsOnlyW,
+        Rule::FailsafeRevokeDropsSet,
+        Rule::FailsafeAsksOnlyLanded,
+        Rule::FailsafeNoCap,
+        Rule::FailsafeAbsentWithoutCap,
     ];
 }
 
 /// A set of switched-off rules; empty in production.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Mutations(u32);
+pub struct Mutations(u64);
 
 impl Mutations {
     /// No rule switched off.
@@ -157,11 +201,11 @@ impl Mutations {
     /// Only `rule` switched off (tests only: the `mutation` feature).
     #[cfg(feature = "mutation")]
     pub const fn only(rule: Rule) -> Mutations {
-        Mutations(rule as u32)
+        Mutations(rule as u64)
     }
 
     /// Whether `rule` is switched off.
     pub fn is(self, rule: Rule) -> bool {
-        cfg!(feature = "mutation") && self.0 & rule as u32 != 0
+        cfg!(feature = "mutation") && self.0 & rule as u64 != 0
     }
 }

@@ -87,6 +87,32 @@ pub struct LockRecord {
         deserialize_with = "token_text::deserialize"
     )]
     pub since: Option<Token>,
+    /// F2 (failsafe, `docs/failsafe-design.md`): the members that must all
+    /// grant for the holder's licence to run on without the store, and how
+    /// long it may at most. Absent in an ordinary record, and in every
+    /// `released` one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<FailsafeSet>,
+}
+
+/// F2: a failsafe record's set and cap.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct FailsafeSet {
+    /// Every other member of the lock, by node and machine.
+    pub members: Vec<FailsafeMember>,
+    /// The longest the holder runs on grants after its last renewal that
+    /// landed (`--failsafe-max`), in milliseconds.
+    pub max_ms: u64,
+}
+
+/// One member of a failsafe set: a node id and the machine it runs on (two
+/// hosts given one node id by mistake are two members).
+#[derive(Clone, PartialEq, Eq, Debug, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FailsafeMember {
+    /// Its node id.
+    pub node: String,
+    /// Its machine id.
+    pub machine: String,
 }
 
 /// Who paused failover and why (O2), as written in the holder's record.
@@ -262,6 +288,7 @@ mod tests {
             catch_up: false,
             paused: None,
             since: None,
+            failsafe: None,
         }
     }
 

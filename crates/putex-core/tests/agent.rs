@@ -243,6 +243,7 @@ fn holder(state: LockState, lease_ms: u64) -> LockRecord {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     }
 }
 
@@ -1443,6 +1444,7 @@ fn s7_a_revoked_holder_frees_the_lock_once_its_stop_is_proven() {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, op) = h.store();
@@ -1540,6 +1542,7 @@ fn s7_a_revoked_holder_without_a_supervisor_leaves_the_record_to_the_takers() {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     };
     h.input(Input::Watch(Some(entry(&revoked, 9, 60.0))));
     let (id, _) = h.store();
@@ -1575,6 +1578,7 @@ fn s7_a_revoked_record_of_a_tenure_that_never_ran_is_left_to_the_takers() {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     };
     h.forget_store();
     h.input(Input::Watch(Some(entry(&revoked, 2, 60.0))));
@@ -2043,6 +2047,7 @@ fn candidate(node: &str, position: Option<u64>, ready: bool) -> putex_core::Cand
         priority: 1,
         position,
         ready,
+        machine: None,
     }
 }
 
@@ -3193,5 +3198,196 @@ fn f4_a_started_member_counts_the_store_clock_from_its_start() {
             "failsafe {failsafe}: took over after {:.2} s of the store's clock",
             store(h.now) - 2000.0
         );
+    }
+}
+
+// ----- failsafe, a holder's side (F2, F3) ----------------------------------
+
+fn member(node: &str) -> putex_core::FailsafeMember {
+    putex_core::FailsafeMember {
+        node: node.into(),
+        machine: format!("{node}-machine"),
+    }
+}
+
+/// Node "a" with failsafe on (cap `max` seconds), members b and c
+/// reported, active over a released record with token 1:8 at 100 s.
+fn failsafe_holder(max: f64) -> Harness {
+    let mut h = Harness::configured("a", |c| {
+        c.failsafe = true;
+        c.failsafe_max = Duration::from_secs_f64(max);
+    });
+    let with_machine = |n: &str| putex_core::Candidate {
+        machine: Some(format!("{n}-machine")),
+        ..candidate(n, None, false)
+    };
+    h.input(Input::Members(vec![with_machine("b"), with_machine("c")]));
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let swap = h
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })))
+        .expect("the swap");
+    let Output::Store(r) = h.out.remove(swap) else {
+        unreachable!()
+    };
+    assert_eq!(
+        written(&r.op).failsafe.map(|s| s.members),
+        Some(vec![member("b"), member("c")]),
+        "the acquisition carries the set"
+    );
+    h.reply(r.id, StoreOutcome::Written(Token::new(1, 8)));
+    let _ = h.take(|o| matches!(o, Output::Fence { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Fence,
+        ok: true,
+    });
+    let _ = h.take(|o| matches!(o, Output::Activate { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Activate,
+        ok: true,
+    });
+    h.out.clear();
+    assert_eq!(h.agent.role(), Role::Active);
+    h
+}
+
+/// One round of the outage: the health check passes, every store request
+/// fails; returns the round's ask, if any.
+fn outage_round(h: &mut Harness, t: f64) -> Option<(u64, Vec<putex_core::FailsafeMember>)> {
+    h.advance_to(t);
+    h.health(true);
+    while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+        let Output::Store(r) = h.out.remove(i) else {
+            unreachable!()
+        };
+        h.reply(r.id, StoreOutcome::Unknown);
+    }
+    let i = h
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::FailsafeAsk { .. }))?;
+    match h.out.remove(i) {
+        Output::FailsafeAsk { round, members, .. } => Some((round, members)),
+        _ => unreachable!(),
+    }
+}
+
+/// F3, both sides: once a renewal did not land, each healthy round asks
+/// every member; a round in which all granted extends the licence to the
+/// round's send time + T (and the keeper's deadline with it), one in which
+/// a member is missing extends nothing, and an ended licence is not
+/// revived.
+#[test]
+fn f3_a_round_every_member_granted_extends_the_licence_one_missing_does_not() {
+    let mut h = failsafe_holder(120.0);
+    // The licence: 100 s + T = 110 s. The store goes down at 101 s.
+    assert!(
+        outage_round(&mut h, 101.0).is_none(),
+        "asked before a renewal failed"
+    );
+    let (round, asked) = outage_round(&mut h, 102.0).expect("no ask after a failed renewal");
+    assert_eq!(asked, vec![member("b"), member("c")]);
+    h.input(Input::FailsafeVerdicts {
+        round,
+        granted: vec![member("b"), member("c")],
+    });
+    assert_eq!(
+        h.agent.licence_end(),
+        Some(at(112.0)),
+        "all granted: 102 s + T"
+    );
+    assert!(h.find(|o| matches!(o, Output::Keeper(KeeperCommand::Extend(e)) if *e == at(112.0))));
+    assert_eq!(h.agent.failsafe_since(), Some(at(102.0)));
+    // A round with one member missing: nothing.
+    let (round, _) = outage_round(&mut h, 103.0).unwrap();
+    h.input(Input::FailsafeVerdicts {
+        round,
+        granted: vec![member("b")],
+    });
+    assert_eq!(
+        h.agent.licence_end(),
+        Some(at(112.0)),
+        "one missing extended it"
+    );
+    // A late verdict of an older round counts for nothing.
+    let (round, _) = outage_round(&mut h, 104.0).unwrap();
+    h.input(Input::FailsafeVerdicts {
+        round: round - 1,
+        granted: vec![member("b"), member("c")],
+    });
+    assert_eq!(
+        h.agent.licence_end(),
+        Some(at(112.0)),
+        "an old round extended it"
+    );
+    // Nobody grants any more: the licence ends at 112 s, the service stops.
+    for t in 105..=113 {
+        let _ = outage_round(&mut h, f64::from(t));
+    }
+    assert!(
+        h.agent.role() != Role::Active,
+        "still active past its licence"
+    );
+    assert!(h.find(|o| matches!(
+        o,
+        Output::Stop {
+            kind: StopKind::Emergency,
+            ..
+        }
+    )));
+}
+
+/// The cap, both sides: grants extend the licence to at most the last
+/// landed renewal + `--failsafe-max`, and within it as far as T allows.
+#[test]
+fn f3_grants_never_extend_past_the_cap() {
+    let mut h = failsafe_holder(13.0);
+    // Landed at 100 s (the acquisition): cap 113 s.
+    let _ = outage_round(&mut h, 101.0);
+    let mut end = None;
+    for t in 102..=120 {
+        let Some((round, members)) = outage_round(&mut h, f64::from(t)) else {
+            break;
+        };
+        h.input(Input::FailsafeVerdicts {
+            round,
+            granted: members,
+        });
+        end = h.agent.licence_end();
+    }
+    assert_eq!(end, Some(at(113.0)), "past the cap");
+    assert!(h.agent.role() != Role::Active);
+}
+
+/// F2, both sides: a node outside a held record's failsafe set waits W over
+/// T + the cap the record advertises before it takes over; a member of the
+/// set waits W over T, as for any record.
+#[test]
+fn f2_a_node_outside_the_set_waits_w_over_t_plus_the_cap() {
+    for inside in [false, true] {
+        let mut record = holder(LockState::Active, 10_000);
+        record.failsafe = Some(putex_core::FailsafeSet {
+            members: vec![if inside { member("a") } else { member("b") }],
+            max_ms: 20_000,
+        });
+        let held = entry(&record, 5, 1000.0);
+        let mut h = Harness::configured("a", |c| c.failsafe = true);
+        look(&mut h, Some(held.clone()));
+        let w = 10.0 * 1.01 / 0.99;
+        // The store's clock runs with the node's, from the record's time.
+        let store = |now: f64| 900.0 + now;
+        standby_with_store_clock(&mut h, 100.0 + w + 3.0, &held, store);
+        assert_eq!(acquiring(&h), inside, "inside the set: {inside}");
+        if !inside {
+            let w_cap = 30.0 * 1.01 / 0.99;
+            standby_with_store_clock(&mut h, 100.0 + w_cap - 0.5, &held, store);
+            assert!(!acquiring(&h), "outside the set, before W over T + the cap");
+            standby_with_store_clock(&mut h, 100.0 + w_cap + 3.0, &held, store);
+            assert!(acquiring(&h), "outside the set, never: {:#?}", h.out);
+        }
     }
 }

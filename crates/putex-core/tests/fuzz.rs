@@ -171,6 +171,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> {
                 catch_up: false,
                 paused: None,
                 since: None,
+                failsafe: None,
             },
         )
 }
@@ -343,6 +344,7 @@ fn expected_record(v: &Value) -> Option<LockRecord> {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     })
 }
 
@@ -801,6 +803,7 @@ impl World {
                     Output::PersistHighest(_)
                     | Output::SamplePosition
                     | Output::FailsafeAnswer { .. }
+                    | Output::FailsafeAsk { .. }
                     | Output::Event(_)
                     | Output::Exit(_) => {}
                 }

@@ -92,6 +92,20 @@ pub trait Host: Send + Sync + 'static {
     fn failsafe_answer(&self, id: u64, answer: putex_core::FailsafeAnswer) {
         let _ = (id, answer);
     }
+    /// Failsafe (F3): asks every one of `members` for a grant of this
+    /// holding at `token` in `round`, all at once, by `deadline`; the
+    /// future gives the members that granted. A host without failsafe
+    /// asks nobody, and a round nobody granted extends nothing.
+    fn failsafe_ask(
+        &self,
+        round: u64,
+        token: Token,
+        members: Vec<putex_core::FailsafeMember>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, Vec<putex_core::FailsafeMember>> {
+        let _ = (round, token, members, deadline);
+        futures::future::ready(Vec::new()).boxed()
+    }
     /// Where the driver records its progress and store calls, if anywhere.
     fn metrics(&self) -> Option<&Metrics> {
         None
@@ -378,6 +392,16 @@ fn dispatch(
             host.sample_position();
             None
         }
+        Output::FailsafeAsk {
+            round,
+            token,
+            members,
+            deadline,
+        } => run_or_spawn(
+            host.failsafe_ask(round, token, members, deadline),
+            tasks,
+            move |granted| Input::FailsafeVerdicts { round, granted },
+        ),
         Output::FailsafeAnswer { id, answer } => {
             host.failsafe_answer(id, answer);
             None
@@ -392,10 +416,10 @@ fn dispatch(
 
 /// Polls `work` once: finished, its input is returned; otherwise it goes on
 /// as one of `tasks`, which sends its input when done.
-fn run_or_spawn(
-    mut work: BoxFuture<'static, bool>,
+fn run_or_spawn<T: Send + 'static>(
+    mut work: BoxFuture<'static, T>,
     tasks: &mut HostTasks,
-    input: impl FnOnce(bool) -> Input + Send + 'static,
+    input: impl FnOnce(T) -> Input + Send + 'static,
 ) -> Option<Input> {
     if let Some(ok) = (&mut work).now_or_never() {
         return Some(input(ok));

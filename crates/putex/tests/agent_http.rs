@@ -66,7 +66,7 @@ fn exchange(port: u16, request: &str) -> Option<(u16, String)> {
 
 /// Two different ports that were free a moment ago (both bound at once, so
 /// they cannot be the same one twice).
-fn two_free_ports() -> [u16; 2] {
+pub fn two_free_ports() -> [u16; 2] {
     let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     [
@@ -129,7 +129,8 @@ pub fn two_agents_with_http_flags(
             start(fast(dir, url, lock, node, &args))
         })
         .collect();
-    let until = Instant::now() + Duration::from_secs(20);
+    // A ceiling: a failsafe lock's first use waits W over T + its cap.
+    let until = Instant::now() + Duration::from_secs(90);
     let active = loop {
         let answers: Vec<_> = ports.iter().map(|p| http_get(*p, "/primary")).collect();
         let up: Vec<usize> = (0..2)

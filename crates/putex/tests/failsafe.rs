@@ -1,8 +1,12 @@
-//! Failsafe, a member's side (`docs/failsafe-design.md`, F1, F5): a
-//! `putex run --failsafe` standby answers a holder's signed ask on its
-//! `--http` listener from its state machine — a grant for the holder whose
-//! record it saw last, a refusal otherwise, both signed — and rejects what
-//! its key did not sign. On a real nats-server and a real etcd.
+//! Failsafe (`docs/failsafe-design.md`), on a real nats-server and a real
+//! etcd. A member's side (F1, F5): a `putex run --failsafe` standby
+//! answers a holder's signed ask on its `--http` listener from its state
+//! machine — a grant for the holder whose record it saw last, a refusal
+//! otherwise, both signed — and rejects what its key did not sign. A
+//! holder's side (F3): the store frozen, the holder's service keeps running
+//! on its member's grants and nobody else starts one; a member that cannot
+//! grant (frozen, or running without failsafe) ends the licence by T; and
+//! without failsafe the holder stops by T.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -40,7 +44,14 @@ fn a_standby_grants_its_holder_and_refuses_what_it_must(url: &str) {
         "another key of thirty-two bytes or more",
     ))
     .unwrap();
-    let flags = ["--failsafe", "--failsafe-key-file", path.to_str().unwrap()];
+    // A short cap: a failsafe lock's first use waits W over T + the cap.
+    let flags = [
+        "--failsafe",
+        "--failsafe-key-file",
+        path.to_str().unwrap(),
+        "--failsafe-max",
+        "1s",
+    ];
     let nodes = ["n1", "n2"];
     let (ports, agents, active) = two_agents_with_http_flags(dir.path(), url, "svc", nodes, &flags);
     let standby = 1 - active;
@@ -178,7 +189,14 @@ fn grants_hold_a_standbys_takeover_back_until_they_stop(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
     let key = FailsafeKey::from_file(&path).unwrap();
-    let flags = ["--failsafe", "--failsafe-key-file", path.to_str().unwrap()];
+    // A short cap: a failsafe lock's first use waits W over T + the cap.
+    let flags = [
+        "--failsafe",
+        "--failsafe-key-file",
+        path.to_str().unwrap(),
+        "--failsafe-max",
+        "1s",
+    ];
     let nodes = ["n1", "n2"];
     let (ports, mut agents, active) =
         two_agents_with_http_flags(dir.path(), url, "svc", nodes, &flags);
@@ -271,4 +289,270 @@ fn failsafe_is_refused_without_a_private_key() {
     let (code, err) = refused_run("0.0.0.0:0", &flags);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--failsafe-advertise"), "{err}");
+}
+
+/// How long the store is down in the outage tests: `PUTEX_TEST_OUTAGE`
+/// seconds (the 60 s, by hand), 10 s in the suite — 33 times T.
+fn outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("PUTEX_TEST_OUTAGE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    )
+}
+
+/// `/primary` of the agent on `port` answers 200.
+fn primary(port: u16) -> bool {
+    crate::agent_http::http_get(port, "/primary").is_some_and(|(s, _)| s == 200)
+}
+
+/// Two agents with failsafe (or without), `--http` each; once the holder
+/// knows where to ask the standby: the ports, the agents, the holder.
+fn pair(
+    dir: &std::path::Path,
+    url: &str,
+    failsafe: bool,
+) -> ([u16; 2], Vec<crate::common::agent::Agent>, usize) {
+    let path = key_file(dir, "key", "0123456789abcdef0123456789abcdef");
+    // The cap outlasts the outage; a failsafe lock's first use waits W
+    // over T + the cap (its record may have been lost under a holder
+    // running on grants), so it is no longer than that.
+    let cap = format!("{}s", outage().as_secs() + 2);
+    let flags: Vec<&str> = if failsafe {
+        vec![
+            "--failsafe",
+            "--failsafe-key-file",
+            path.to_str().unwrap(),
+            "--failsafe-max",
+            &cap,
+        ]
+    } else {
+        Vec::new()
+    };
+    let (ports, agents, active) = two_agents_with_http_flags(dir, url, "svc", ["n1", "n2"], &flags);
+    if failsafe {
+        // Both member records name their endpoints, and the holder's
+        // record carries its set (a renewal after the members were read).
+        assert!(
+            crate::common::agent::wait_for(Duration::from_secs(10), || {
+                status_json(url, "svc")["members"]
+                    .as_array()
+                    .is_some_and(|ms| {
+                        ms.len() == 2 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
+                    })
+            }),
+            "no failsafe endpoints in status: {}\n--- n1 ---\n{}\n--- n2 ---\n{}",
+            status_json(url, "svc"),
+            agents[0].log_text(),
+            agents[1].log_text()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    (ports, agents, active)
+}
+
+crate::common::on_stores!(timing_slot; Backend, store_down_with_failsafe_the_service_keeps_running =>
+    failsafe_store_down_the_service_keeps_running_on_nats: nats,
+    failsafe_store_down_the_service_keeps_running_on_etcd: etcd,
+);
+
+use crate::common::store::Backend;
+
+/// F3, the point of it all: the whole store down (SIGSTOP) with failsafe
+/// on — the holder's service runs throughout, the standby never starts
+/// one, `/health` says whose grants keep it; once the store is back the
+/// holder renews through it again and nothing changed hands. Then the
+/// other side: the store down again, and the standby frozen too — a
+/// member that cannot grant ends the licence by T.
+fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = store.url();
+    let (ports, agents, active) = pair(dir.path(), &url, true);
+    let standby = 1 - active;
+    let logs = || {
+        format!(
+            "--- holder ---\n{}\n--- standby ---\n{}",
+            agents[active].log_text(),
+            agents[standby].log_text()
+        )
+    };
+    store.pause();
+    let down = Instant::now();
+    let mut health = String::new();
+    while down.elapsed() < outage() {
+        assert!(
+            primary(ports[active]),
+            "the holder stopped {:?} into the outage\n{}",
+            down.elapsed(),
+            logs()
+        );
+        assert!(!primary(ports[standby]), "two primaries\n{}", logs());
+        if down.elapsed() > Duration::from_secs(1) && health.is_empty() {
+            health = crate::agent_http::http_get(ports[active], "/health")
+                .unwrap()
+                .1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.resume();
+    let health: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["failsafe"]["granted"], true, "{health}");
+    assert_eq!(
+        health["failsafe"]["members"][0]["node"],
+        ["n1", "n2"][standby]
+    );
+    assert_eq!(health["failsafe"]["members"][0]["verdict"], "granted");
+    // Back on the store: renewals land, the failsafe ends, same holder.
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(10), || {
+            crate::agent_http::http_get(ports[active], "/health")
+                .is_some_and(|(_, b)| !b.contains("\"failsafe\""))
+        }),
+        "still in failsafe after the store came back\n{}",
+        logs()
+    );
+    assert!(
+        primary(ports[active]) && !primary(ports[standby]),
+        "{}",
+        logs()
+    );
+    eprintln!(
+        "failsafe: store down {:?}, the holder's service ran throughout",
+        outage()
+    );
+
+    // The other side: a member that cannot answer ends the licence.
+    store.pause();
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(primary(ports[active]), "stopped on grants\n{}", logs());
+    putex_testkit::agent::signal(agents[standby].pid(), nix::sys::signal::Signal::SIGSTOP);
+    let frozen = Instant::now();
+    let stopped =
+        crate::common::agent::wait_for(Duration::from_secs(5), || !primary(ports[active]));
+    let after = frozen.elapsed();
+    putex_testkit::agent::signal(agents[standby].pid(), nix::sys::signal::Signal::SIGCONT);
+    store.resume();
+    assert!(
+        stopped,
+        "the holder kept running without its member's grant\n{}",
+        logs()
+    );
+    // T = 300 ms; a round's asks time out in 40 ms; /primary is polled.
+    assert!(
+        after < Duration::from_secs(1),
+        "the holder stopped {after:?} after its member froze (T = 300 ms)\n{}",
+        logs()
+    );
+    eprintln!(
+        "failsafe: member frozen {:?} into an outage; the holder stopped {after:?} later",
+        down.elapsed() - after
+    );
+    drop(agents);
+}
+
+crate::common::on_stores!(timing_slot; Backend, store_down_without_failsafe_the_holder_stops =>
+    failsafe_off_store_down_the_holder_stops_on_nats: nats,
+    failsafe_off_store_down_the_holder_stops_on_etcd: etcd,
+);
+
+/// Without failsafe nothing changes: the store down, the holder's service
+/// stops by T (300 ms here), as H1 demands.
+fn store_down_without_failsafe_the_holder_stops(store: &Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = store.url();
+    let (ports, agents, active) = pair(dir.path(), &url, false);
+    store.pause();
+    let down = Instant::now();
+    let stopped =
+        crate::common::agent::wait_for(Duration::from_secs(5), || !primary(ports[active]));
+    let after = down.elapsed();
+    store.resume();
+    assert!(stopped, "{}", agents[active].log_text());
+    assert!(
+        after < Duration::from_secs(1),
+        "stopped {after:?} into the outage"
+    );
+    eprintln!("no failsafe: the holder stopped {after:?} into the outage");
+}
+
+crate::common::on_stores!(timing_slot; Backend, a_member_without_failsafe_keeps_the_holder_on_the_store =>
+    failsafe_beside_a_member_without_it_the_holder_stops_on_nats: nats,
+);
+
+/// A member that runs without `--failsafe` (or a putex too old to know
+/// it, which would not honour the record's set either) cannot grant: while
+/// it is a live member the holder asks nobody, says why on `/health`, and
+/// stops by T when the store goes down.
+fn a_member_without_failsafe_keeps_the_holder_on_the_store(store: &Backend) {
+    use crate::common::agent::{fast, start};
+    let dir = tempfile::tempdir().unwrap();
+    let url = store.url();
+    let path = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
+    let ports = crate::agent_http::two_free_ports();
+    let http = ports.map(|p| format!("127.0.0.1:{p}"));
+    let holder = start(fast(
+        dir.path(),
+        &url,
+        "svc",
+        "n1",
+        &[
+            "--failsafe",
+            "--failsafe-key-file",
+            path.to_str().unwrap(),
+            "--failsafe-max",
+            "1s",
+            "--http",
+            &http[0],
+            "--",
+            "sleep",
+            "1000",
+        ],
+    ));
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(20), || primary(ports[0])),
+        "{}",
+        holder.log_text()
+    );
+    let plain = start(fast(
+        dir.path(),
+        &url,
+        "svc",
+        "n2",
+        &["--http", &http[1], "--", "sleep", "1000"],
+    ));
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(10), || {
+            status_json(&url, "svc")["members"]
+                .as_array()
+                .is_some_and(|ms| ms.len() == 2)
+        }),
+        "{}",
+        plain.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    store.pause();
+    let down = Instant::now();
+    let mut health = String::new();
+    let stopped = crate::common::agent::wait_for(Duration::from_secs(5), || {
+        if let Some((_, body)) = crate::agent_http::http_get(ports[0], "/health") {
+            if body.contains("failsafe") {
+                health = body;
+            }
+        }
+        !primary(ports[0])
+    });
+    let after = down.elapsed();
+    store.resume();
+    assert!(stopped, "ran on grants beside n2\n{}", holder.log_text());
+    assert!(
+        after < Duration::from_secs(1),
+        "stopped {after:?} into the outage"
+    );
+    assert!(
+        health.contains("runs without --failsafe"),
+        "/health did not say why: {health}"
+    );
+    eprintln!("failsafe beside a member without it: the holder stopped {after:?} into the outage");
 }

@@ -322,3 +322,55 @@ async fn the_grant_records_of_ended_locks_are_forgotten_and_live_ones_kept() {
     assert_eq!(grant_records(&dir).await, [expect(&next, "taken")]);
     assert_eq!(g.forget_ended_grants().await.unwrap(), 0);
 }
+
+/// F2 (S7): an administrator's revoke of a failsafe holder keeps the
+/// record's failsafe set: a node outside it still waits for the cap, while
+/// the holder may still run on its members' grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_keeps_a_failsafe_set() {
+    use putex::core::record::{FailsafeMember, FailsafeSet, LockRecord, LockState};
+    use putex::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(&dir, "gw1").await;
+    let store = AnyStore::from(SqliteStore::open(dir.path().join("s.db")).await.unwrap());
+    let set = FailsafeSet {
+        members: vec![FailsafeMember {
+            node: "db2".into(),
+            machine: "m2".into(),
+        }],
+        max_ms: 120_000,
+    };
+    let held = LockRecord {
+        v: 1,
+        node: "db1".into(),
+        machine: "m1".into(),
+        instance: "db1i1".into(),
+        state: LockState::Active,
+        write: "db1i1-7".into(),
+        lease_ms: 60_000,
+        gap_ms: 200,
+        to: None,
+        hold_ms: 0,
+        catch_up: false,
+        paused: None,
+        since: None,
+        failsafe: Some(set.clone()),
+    };
+    let key = putex::store::keys::lock(&n("pg"));
+    let t = Duration::from_secs(5);
+    store.put(&key, &held.encode(), t).await.unwrap();
+    let ended = g
+        .revoke(&n("pg"))
+        .await
+        .unwrap()
+        .expect("a holder to revoke");
+    assert_eq!(ended.node, "db1");
+    let entry = store
+        .get(&key, putex::store::ReadMode::Leader, t)
+        .await
+        .unwrap()
+        .unwrap();
+    let revoked: LockRecord = serde_json::from_slice(&entry.value).unwrap();
+    assert_eq!(revoked.state, LockState::Revoked);
+    assert_eq!(revoked.failsafe, Some(set));
+}

@@ -375,6 +375,7 @@ async fn a_lock_whose_node_id_runs_elsewhere_says_so_instead_of_waiting() {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     };
     let mut at = store
         .put(&key, &other("w1").encode(), Duration::from_secs(1))

@@ -455,6 +455,8 @@ impl Agent {
                 }
             }
         };
+        let set = self.failsafe_written(&write);
+        self.failsafe_landed(licence_start, set);
         self.lease = Some(Lease {
             token,
             write,
@@ -545,7 +547,9 @@ impl Agent {
             now: token,
         }));
         acquire.kind = AcquireKind::Absent;
-        acquire.owed_lease = acquire.owed_lease.max(self.timing.lease_unknown());
+        acquire.owed_lease = acquire
+            .owed_lease
+            .max(self.timing.lease_unknown() + self.absent_cap(None));
         acquire.owed_gap = acquire.owed_gap.max(self.timing.gap_unknown());
     }
 

@@ -157,6 +157,7 @@ impl Agent {
                 self.send_lock(LockOp::Verify { then_renew: false }, self.deadline())
             }
             StoreOutcome::Unknown | StoreOutcome::Failed(_) => {
+                self.failsafe_store_failed();
                 self.unconfirmed.push(Unconfirmed {
                     write,
                     sent,
@@ -177,16 +178,13 @@ impl Agent {
             return;
         }
         lease.token = token;
-        lease.write = write;
+        lease.write = write.clone();
         lease.sent = sent;
         lease.licence_end = lease.licence_end.max(licence_end);
         self.unconfirmed.clear();
-        let armed = self
-            .tenure
-            .as_ref()
-            .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
-        let let_go = self.tenure.as_ref().is_some_and(|t| t.let_go);
-        if (self.service_may_run() || armed) && !self.paused() && !let_go {
+        let set = self.failsafe_written(&write);
+        self.failsafe_landed(sent, set);
+        if self.keeper_may_extend() {
             let end = self.lease.as_ref().expect("present").licence_end;
             self.outputs
                 .push_back(Output::Keeper(KeeperCommand::Extend(end)));
@@ -194,6 +192,18 @@ impl Agent {
         // Resuming after the licence ran out while paused: now there is a
         // deadline for the keeper to hold (O2).
         self.rearm();
+    }
+
+    /// Whether the keeper takes a new deadline now: the service may run or
+    /// the keeper is armed, failover is not paused and the keeper was not
+    /// let go.
+    pub(super) fn keeper_may_extend(&self) -> bool {
+        let armed = self
+            .tenure
+            .as_ref()
+            .is_some_and(|t| matches!(t.keeper, KeeperArm::Armed { .. }));
+        let let_go = self.tenure.as_ref().is_some_and(|t| t.let_go);
+        (self.service_may_run() || armed) && !self.paused() && !let_go
     }
 
     /// H3/H4: an own-writes read after a conflict or before the next CAS.

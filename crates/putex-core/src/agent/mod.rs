@@ -32,7 +32,7 @@
 //! | `standby.rs` | observing the record: staleness, epochs, a replaced store (S1, S4–S6) |
 //! | `acquire.rs` | taking the lock: witnesses and probes, the swap, confirmation (S1–S4) |
 //! | `operator.rs` | switchover, pause, candidate order, rejoin (O1–O4) |
-//! | `failsafe.rs` | failsafe, a member's side: grants and the store-clock floor (F1, F4) |
+//! | `failsafe.rs` | failsafe: a member's grants and store-clock floor, a holder's set, asks, extension and cap (F1–F4) |
 //!
 //! # Where each rule lives
 //!
@@ -141,8 +141,12 @@ pub struct AgentConfig {
     pub store_clock_step: Duration,
     /// Failsafe (`docs/failsafe-design.md`): this member grants a holder's
     /// requests during a store outage (F1) and starts as if it had just
-    /// granted (F4). Off: every request is refused.
+    /// granted (F4). Off: every request is refused, and a holder writes no
+    /// set and asks nobody.
     pub failsafe: bool,
+    /// F3's cap (`--failsafe-max`): the longest a holder runs on grants
+    /// after its last renewal that landed. Default 2 minutes.
+    pub failsafe_max: Duration,
     /// Test-only: safety rules switched off to prove the simulation's
     /// checkers catch them. Always empty outside tests.
     #[doc(hidden)]
@@ -169,6 +173,7 @@ impl AgentConfig {
             failback_after: None,
             store_clock_step: Duration::ZERO,
             failsafe: false,
+            failsafe_max: Duration::from_secs(120),
             mutations: Mutations::NONE,
         }
     }
@@ -457,8 +462,10 @@ pub struct Agent {
     failsafe: bool,
     /// The store-clock floor of a takeover after a grant (F1 b).
     floor: failsafe::Floor,
-    /// The last grant given, or the start with failsafe on (F4).
-    last_grant: Option<Instant>,
+    /// [`AgentConfig::failsafe_max`].
+    failsafe_max: Duration,
+    /// A holder's failsafe: its set, its rounds of asks (F2, F3).
+    holder_fs: failsafe::HolderSide,
 
     health: Option<HealthRun>,
     ok_streak: u32,
@@ -605,12 +612,13 @@ impl Agent {
             failsafe: config.failsafe,
             // F4: a restarted member cannot remember its grants: it starts
             // as if it had just granted.
-            floor: if config.failsafe {
+            floor: if config.failsafe && !config.mutations.is(Rule::FailsafeRestartWithoutWait) {
                 failsafe::Floor::Pending
             } else {
                 failsafe::Floor::None
             },
-            last_grant: config.failsafe.then_some(now),
+            failsafe_max: config.failsafe_max,
+            holder_fs: failsafe::HolderSide::default(),
             health: None,
             ok_streak: 0,
             fail_streak: 0,
@@ -698,7 +706,10 @@ impl Agent {
             Input::Shutdown => self.on_shutdown(),
             Input::Turn(ours) => self.turn = ours,
             Input::Release => self.on_release_request(),
-            Input::Members(members) => self.on_members(members),
+            Input::Members(members) => {
+                self.failsafe_members(&members);
+                self.on_members(members);
+            }
             Input::Position(position) => {
                 self.operator.position = position;
                 self.operator.position_wanted = false;
@@ -707,6 +718,9 @@ impl Agent {
             Input::Pause(pause) => self.on_pause(pause),
             Input::Resume => self.on_resume(),
             Input::Failsafe(request) => self.on_failsafe_request(request),
+            Input::FailsafeVerdicts { round, granted } => {
+                self.on_failsafe_verdicts(round, &granted)
+            }
         }
         self.advance();
     }

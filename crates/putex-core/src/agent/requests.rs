@@ -18,6 +18,7 @@ impl Agent {
 
     pub(super) fn send_lock(&mut self, what: LockOp, deadline: Instant) {
         let id = self.op_id();
+        let mut written = None;
         let op = match &what {
             LockOp::Poll => StoreOp::Get {
                 key: Key::Lock,
@@ -36,6 +37,7 @@ impl Agent {
                     });
                 }
                 let value = record.encode();
+                written = Some((write.clone(), record.failsafe));
                 match self.seen.as_ref().and_then(|s| s.entry) {
                     Some(_) if self.mutations.is(Rule::TakeoverByPut) => StoreOp::Put {
                         key: Key::Lock,
@@ -68,6 +70,7 @@ impl Agent {
                 if paused {
                     record.paused = self.operator.pause_to_write().cloned();
                 }
+                written = Some((write.clone(), record.failsafe.clone()));
                 StoreOp::Update {
                     key: Key::Lock,
                     value: record.encode(),
@@ -90,6 +93,9 @@ impl Agent {
         };
         if matches!(op, StoreOp::Get { .. }) {
             self.trusted_at_read = self.trusted;
+        }
+        if let Some((write, set)) = written {
+            self.failsafe_sent(write, set);
         }
         self.lock_op = Some(Pending { id, deadline, what });
         if self.recent_lock_ops.len() == RECENT_LOCK_OPS {
@@ -148,6 +154,7 @@ impl Agent {
                 .as_ref()
                 .map(|t| t.first)
                 .filter(|_| !self.mutations.is(Rule::HoldingWithoutSince)),
+            failsafe: self.failsafe_set(state),
         }
     }
 

@@ -192,7 +192,10 @@ impl Agent {
         match self.role {
             // O2: while paused the holder renews whatever its checks say.
             Role::Active if self.paused() => self.renew_now(),
-            Role::Confirming | Role::Active if ok => self.renew_now(),
+            Role::Confirming | Role::Active if ok => {
+                self.renew_now();
+                self.failsafe_ask();
+            }
             Role::Confirming if self.fail_streak >= self.timing.unhealthy() => {
                 // Leaving confirming: it never activated, so no release (H6).
                 self.back_off();

@@ -336,12 +336,25 @@ impl Agent {
     /// (else the own T) and G' = `--max-gap` (else the own G), or what a
     /// record that survived advertises if larger, as for any taker.
     pub(super) fn absent_owed(&self, seen: &Seen) -> (Duration, Duration) {
-        match seen.observed.as_ref().and_then(|o| o.record()) {
-            Some(r) => (
-                self.timing.lease_unknown().max(r.lease()),
+        let record = seen.observed.as_ref().and_then(|o| o.record());
+        // F2, the cap: a holder whose record the store lost (or re-created)
+        // may still run on its members' grants for up to its cap.
+        // A confirming record advertises what its tenure owes, which
+        // covers any earlier holder's cap already: only its own writer's
+        // cap (after T' of `--max-lease` at most) is added, so the owed
+        // wait does not grow by a cap with every lost record.
+        let cap = self.absent_cap(record);
+        let unknown = self.timing.lease_unknown() + cap;
+        match record {
+            Some(r) if r.state == LockState::Confirming => (
+                unknown.max(r.lease()),
                 self.timing.gap_unknown().max(r.gap()),
             ),
-            None => (self.timing.lease_unknown(), self.timing.gap_unknown()),
+            Some(r) => (
+                unknown.max(r.lease() + cap),
+                self.timing.gap_unknown().max(r.gap()),
+            ),
+            None => (unknown, self.timing.gap_unknown()),
         }
     }
 
@@ -350,7 +363,8 @@ impl Agent {
     pub(super) fn wait_for(&self, seen: &Seen) -> Duration {
         let lease = match &seen.observed {
             Some(Observed::Record(r)) if !self.mutations.is(Rule::IgnoreAdvertisedLease) => {
-                self.timing.lease_against(r.lease())
+                // F2: outside a failsafe record's set, T + its cap.
+                self.timing.lease_against(r.lease()) + self.outside_failsafe(r).unwrap_or_default()
             }
             Some(Observed::Record(_)) => self.timing.lease(),
             Some(Observed::Garbage) | None => self.timing.lease_unknown().max(self.timing.lease()),

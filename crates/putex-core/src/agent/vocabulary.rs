@@ -86,6 +86,10 @@ pub struct Candidate {
     /// It says it could take over now: its standby checks pass, its rejoin
     /// is done and it is not backing off after a health step-down.
     pub ready: bool,
+    /// Its machine id, if its agent says (F2: failsafe's set names members
+    /// by node and machine; a member without one is left out of it, and
+    /// counts as outside the set).
+    pub machine: Option<String>,
 }
 
 /// Why this node would not take the lock over now: what `putex status`
@@ -232,6 +236,15 @@ pub enum Input {
     /// F1 (failsafe): a holder asks this member for a grant during a store
     /// outage; answered at once with [`Output::FailsafeAnswer`].
     Failsafe(FailsafeRequest),
+    /// F3 (failsafe): who granted the round [`Output::FailsafeAsk`] asked
+    /// for, once every answer is in or the round's deadline passed; a
+    /// member not named did not grant.
+    FailsafeVerdicts {
+        /// The round.
+        round: u64,
+        /// The members that granted it.
+        granted: Vec<crate::record::FailsafeMember>,
+    },
     /// Whether it is this node's turn to acquire: a host that queues its
     /// waiters fairly (`putex lock`) holds back all but the first. It only
     /// ever delays an acquisition, so it cannot weaken any rule; staleness
@@ -618,6 +631,20 @@ pub enum Output {
     /// release was handed to this node, which waits to catch up (O1). A
     /// host without `--position` ignores it.
     SamplePosition,
+    /// F3 (failsafe): ask every one of `members` for a grant of this
+    /// holding at `token`, at once, by `deadline`; report with
+    /// [`Input::FailsafeVerdicts`].
+    FailsafeAsk {
+        /// The round, for the verdicts.
+        round: u64,
+        /// The token of the holder's latest landed write.
+        token: Token,
+        /// Whom to ask.
+        members: Vec<crate::record::FailsafeMember>,
+        /// The round's deadline (the store timeout from now): report by
+        /// then, with every member not heard from as not granted.
+        deadline: Instant,
+    },
     /// F1 (failsafe): the answer to [`Input::Failsafe`] with that `id`.
     FailsafeAnswer {
         /// The request's id.

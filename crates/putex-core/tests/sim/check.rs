@@ -75,9 +75,12 @@ impl Checker {
             .map(|t| t.store_timeout())
             .max()
             .expect("hosts");
+        // Failsafe (F2): a standby outside the set of the record it judges
+        // waits W over T + the cap.
+        let cap = sc.failsafe_max;
         let local = timings
             .iter()
-            .map(|t| t.staleness_wait(t.lease_against(max_t)) + t.gap_against(max_g))
+            .map(|t| t.staleness_wait(t.lease_against(max_t) + cap) + t.gap_against(max_g))
             .max()
             .expect("hosts")
             + max_r * 3;

@@ -259,6 +259,36 @@ fn failsafe_members_are_clean() {
     assert!(s.liveness_checked > 0, "liveness probes did not run");
 }
 
+/// Failsafe's mutation proofs (`docs/failsafe-design.md`): each rule
+/// switched off alone, the overlap check catches it in the `failsafe`
+/// profile. The seeds are the first that `hunt` found in 5,000 (a change
+/// to the core or the profile can move a run: hunt anew,
+/// `PUTEX_SIM_HUNT=failsafe:Rule`). Two rules have no proof here: an
+/// extension that revives an ended licence (`FailsafeReviveEndedLicence`)
+/// is caught by nothing in 20,000 seeds — every member granted that round
+/// after it was sent, so their waits outlast the revived licence, and the
+/// keeper already stopped the service — and a revoke that drops the set
+/// (`FailsafeRevokeDropsSet`) needs a node outside the set that reaches
+/// the store while every member does not; `a_revoke_keeps_a_failsafe_set`
+/// in `crates/putex/tests/gateway.rs` pins the admin's revoke instead.
+#[test]
+fn mutation_failsafe_rules_are_caught() {
+    for (rule, seed) in [
+        (Rule::FailsafeGrantBlind, 1749),
+        (Rule::FailsafeGrantKeepsWait, 50),
+        (Rule::FailsafeGrantKeepsFloor, 759),
+        (Rule::FailsafeFloorFromEarlierProbe, 3667),
+        (Rule::FailsafeExtendWithGrantMissing, 1),
+        (Rule::FailsafeRestartWithoutWait, 7),
+        (Rule::FailsafeOutsiderWaitsOnlyW, 2),
+        (Rule::FailsafeAsksOnlyLanded, 622),
+        (Rule::FailsafeNoCap, 1583),
+        (Rule::FailsafeAbsentWithoutCap, 452),
+    ] {
+        must_catch_seeds(rule, Profile::Failsafe, &[seed], &["a/overlap"]);
+    }
+}
+
 /// A store that loses acknowledged writes must not prove a vacancy: a
 /// rollback that lost a live holder's create empties its key. Too rare for
 /// `must_catch` (rollbacks are one fault in sixty): the seeds `hunt` found.

@@ -350,3 +350,13 @@ regression!(
     Profile::Chaos,
     324459
 );
+// Found by a failsafe sweep of session 53 (seed 7490 of that profile): a
+// re-created bucket's newcomer waited only W + G' while the holder whose
+// record was lost ran on its members' grants. Fixed: absent and
+// re-created records owe the cap too. The seed that catches the mutation
+// `FailsafeAbsentWithoutCap` in today's profile is frozen here, clean.
+regression!(
+    r37_a_lost_failsafe_record_owes_the_cap,
+    Profile::Failsafe,
+    452
+);

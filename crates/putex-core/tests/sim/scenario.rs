@@ -164,6 +164,11 @@ pub enum FaultKind {
     /// An operator deletes the lock record (`kv del`, a row deleted): the
     /// store keeps a delete marker.
     OperatorDelete,
+    /// Failsafe: the holder is cut off from the store (not from its peers)
+    /// and the store's clock jumps forward by W.
+    IsolateAndStoreJump,
+    /// Failsafe: a host is cut off from its peers (not from the store).
+    PeerCut,
 }
 
 /// One concrete run.
@@ -224,6 +229,9 @@ pub struct Scenario {
     pub store_age: u64,
     /// Every agent runs with failsafe on.
     pub failsafe: bool,
+    /// Failsafe's cap (`--failsafe-max`), the same on every host: three
+    /// times the longest T.
+    pub failsafe_max: Duration,
     pub mutations: Mutations,
 }
 
@@ -367,11 +375,25 @@ impl Scenario {
             durable: false,
             store_age: 0,
             failsafe: profile == Profile::Failsafe,
+            failsafe_max: Duration::ZERO,
             mutations,
         };
         use FaultKind::*;
         s.faults = match profile {
-            Profile::Chaos | Profile::Failsafe => chaos_faults(),
+            Profile::Chaos => chaos_faults(),
+            // Chaos on a store that keeps what it acknowledged (failsafe's
+            // durability assumption: no rollbacks), with longer outages of
+            // the whole store and of single hosts, cuts between peers, and
+            // the store's clock jumping while a holder runs on grants.
+            Profile::Failsafe => chaos_faults()
+                .into_iter()
+                .filter_map(|(kind, weight)| match kind {
+                    Rollback => None,
+                    StorePause | Partition | Revoke => Some((kind, weight + 2)),
+                    _ => Some((kind, weight)),
+                })
+                .chain([(IsolateAndStoreJump, 2), (PeerCut, 3)])
+                .collect(),
             Profile::Jitter | Profile::Lossy => vec![],
             Profile::LateAcks => vec![(Partition, 4), (Stall, 2), (HostCrash, 1)],
             Profile::Skewed => vec![(Partition, 4), (Stall, 3), (HostCrash, 1), (AgentKill, 1)],
@@ -462,6 +484,15 @@ impl Scenario {
         }
         if profile == Profile::StaleView {
             s.replica_lag = 0;
+        }
+        if profile == Profile::Failsafe {
+            let max_t = s
+                .timings
+                .iter()
+                .map(|t| t.renew * t.failures)
+                .max()
+                .expect("hosts");
+            s.failsafe_max = max_t * 3;
         }
         if profile == Profile::Durable {
             s.durable = true;

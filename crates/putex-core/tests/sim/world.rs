@@ -82,6 +82,37 @@ enum Ev {
     Members,
     /// The operator resumes failover (O2).
     Resume,
+    /// The agent is killed and started again at once, and its host's clock
+    /// jumps as it comes back (failsafe's F4).
+    RestartAndJump {
+        h: usize,
+        delta: i64,
+    },
+    /// The store's clock jumps (a fault scheduled earlier).
+    StoreJump {
+        delta: i64,
+    },
+    /// Failsafe: a holder's ask reaches a member (F1).
+    PeerAsk {
+        from: usize,
+        from_gen: u64,
+        to: usize,
+        round: u64,
+        request: putex_core::FailsafeRequest,
+    },
+    /// Failsafe: a member's grant reaches the holder that asked.
+    PeerGrant {
+        to: usize,
+        gen: u64,
+        round: u64,
+        member: putex_core::FailsafeMember,
+    },
+    /// Failsafe: a holder's round of asks is over; its verdicts go in.
+    RoundEnd {
+        h: usize,
+        gen: u64,
+        round: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,6 +126,8 @@ enum Heal {
     /// The host's store handle, which noticed its file was replaced, opens
     /// the new one.
     Reopen,
+    /// Failsafe: the host reaches its peers again.
+    Peers,
 }
 
 struct Scheduled {
@@ -176,6 +209,8 @@ pub struct Host {
     healthy: bool,
     link_to: bool,
     link_from: bool,
+    /// Failsafe: cut off from the other hosts too (peer messages lost).
+    peer_off: bool,
     hold_until: u64,
     stale_view_since: Option<u64>,
     /// Until then, this host's store handle fails every call as unknown
@@ -360,6 +395,12 @@ pub struct World {
     seq: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
     pub hosts: Vec<Host>,
+    /// Failsafe: the asks delivered to members, by the id the member's
+    /// answer carries: (holder, its agent generation, round, member).
+    peer_asks: HashMap<u64, (usize, u64, u64, putex_core::FailsafeMember)>,
+    next_peer_id: u64,
+    /// Failsafe: each holder's round of asks in flight and its grants.
+    rounds: HashMap<usize, (u64, u64, Vec<putex_core::FailsafeMember>)>,
     pub store: Store,
     pub check: Checker,
     pub trace: Option<Vec<String>>,
@@ -412,6 +453,7 @@ impl World {
                     healthy: true,
                     link_to: true,
                     link_from: true,
+                    peer_off: false,
                     hold_until: 0,
                     stale_view_since: None,
                     store_lost_until: 0,
@@ -487,8 +529,11 @@ impl World {
             pausing: false,
             activations: Vec::new(),
             pending_holding: None,
+            peer_asks: HashMap::new(),
+            next_peer_id: 0,
+            rounds: HashMap::new(),
         };
-        if w.sc.operator {
+        if w.sc.operator || w.sc.failsafe {
             w.at(0, Ev::Members);
         }
         for h in 0..w.sc.hosts {
@@ -614,6 +659,30 @@ impl World {
             Ev::Restart { h } => self.start_agent(h),
             Ev::Heal { h, what } => self.heal(h, what),
             Ev::Jump { h, delta } => self.jump(h, delta),
+            Ev::RestartAndJump { h, delta } => {
+                if self.hosts[h].agent.is_some() && !self.unguarded(h) {
+                    self.log(|| format!("h{h} agent restarts, cut off from its peers"));
+                    self.kill_agent(h);
+                    self.start_agent(h);
+                    // After its first reads: its own clock has seen the
+                    // record for W at once.
+                    let r = self.hosts[h].timing.renew().as_nanos() as u64;
+                    self.at(self.now + r / 2, Ev::Jump { h, delta });
+                    // The holder's asks do not reach it as it comes back
+                    // (a restart takes a while): its grants before the
+                    // restart are all that keeps the holder alive.
+                    self.hosts[h].peer_off = true;
+                    self.active_faults += 1;
+                    let t = self.lease_of(h);
+                    self.at(
+                        self.now + 3 * t,
+                        Ev::Heal {
+                            h,
+                            what: Heal::Peers,
+                        },
+                    );
+                }
+            }
             Ev::Fault => self.inject(),
             Ev::Probe => self.probe(),
             Ev::LivenessDeadline { id } => {
@@ -628,7 +697,57 @@ impl World {
                 self.check.liveness_deadline(id, self.now)
             }
             Ev::Members => self.members(),
+            Ev::StoreJump { delta } => {
+                self.log(|| format!("store clock jumps {delta} ns"));
+                self.store.clock.jump(self.now, delta);
+            }
             Ev::Resume => self.resume(),
+            Ev::PeerAsk {
+                from,
+                from_gen,
+                to,
+                round,
+                request,
+            } => {
+                if self.hosts[to].agent.is_none() {
+                    return;
+                }
+                self.next_peer_id += 1;
+                let id = self.next_peer_id;
+                let member = putex_core::FailsafeMember {
+                    node: format!("node{to}"),
+                    machine: format!("machine{to}"),
+                };
+                self.peer_asks.insert(id, (from, from_gen, round, member));
+                let gen = self.hosts[to].agent_gen;
+                self.deliver(
+                    to,
+                    gen,
+                    Input::Failsafe(putex_core::FailsafeRequest { id, ..request }),
+                );
+            }
+            Ev::PeerGrant {
+                to,
+                gen,
+                round,
+                member,
+            } => {
+                if let Some((g, r, granted)) = self.rounds.get_mut(&to) {
+                    if *g == gen && *r == round && !granted.contains(&member) {
+                        granted.push(member);
+                    }
+                }
+            }
+            Ev::RoundEnd { h, gen, round } => {
+                let Some((g, r, granted)) = self.rounds.remove(&h) else {
+                    return;
+                };
+                if g != gen || r != round {
+                    self.rounds.insert(h, (g, r, granted));
+                    return;
+                }
+                self.deliver(h, gen, Input::FailsafeVerdicts { round, granted });
+            }
         }
     }
 
@@ -696,6 +815,7 @@ impl World {
             failback_after: self.sc.failback_after,
             store_clock_step: self.sc.store_step,
             failsafe: self.sc.failsafe,
+            failsafe_max: self.sc.failsafe_max,
             mutations: self.sc.mutations,
             ..AgentConfig::new(identity, host.timing.clone())
         };
@@ -1036,9 +1156,15 @@ impl World {
             // The simulated hosts publish no position (no --max-lag): a
             // host without --position ignores the request.
             Output::SamplePosition => {}
-            // No simulated holder asks for grants yet (failsafe's holder
-            // side is not built): nothing is answered.
-            Output::FailsafeAnswer { .. } => {}
+            Output::FailsafeAnswer { id, answer } => self.failsafe_answer(h, id, &answer),
+            // The round ends at the store timeout, as the core's deadline
+            // says (on the holder's clock; near enough here).
+            Output::FailsafeAsk {
+                round,
+                token,
+                members,
+                ..
+            } => self.failsafe_ask(h, gen, round, token, &members),
             Output::Event(e) => self.on_event(h, e),
             Output::Exit(reason) => {
                 let host = &mut self.hosts[h];
@@ -1770,6 +1896,7 @@ impl World {
             FaultKind::NodeJump
                 | FaultKind::StoreJump
                 | FaultKind::IsolateAndJump
+                | FaultKind::IsolateAndStoreJump
                 | FaultKind::LeaderChange
         );
         if clock_fault {
@@ -1813,11 +1940,18 @@ impl World {
                 }
             }
             Partition | OneWay => {
-                let dur = self.rng.range(t / 2, 3 * t);
+                let longest = if self.sc.failsafe { 5 * t } else { 3 * t };
+                let dur = self.rng.range(t / 2, longest);
                 let host = &mut self.hosts[h];
                 if kind == Partition {
                     host.link_to = false;
                     host.link_from = false;
+                    // Failsafe: half the partitions cut the host off from
+                    // its peers too; the others leave it the peer network
+                    // (the store is what failed).
+                    if self.sc.failsafe {
+                        host.peer_off = self.rng.chance(0.5);
+                    }
                 } else if self.rng.chance(0.5) {
                     host.link_to = false;
                 } else {
@@ -1833,7 +1967,9 @@ impl World {
                 );
             }
             StorePause => {
-                let dur = self.rng.range(t / 10, 2 * t);
+                // Failsafe: some outages outlast the cap (3T).
+                let longest = if self.sc.failsafe { 5 * t } else { 2 * t };
+                let dur = self.rng.range(t / 10, longest);
                 self.store.paused_until = self.now + dur;
                 self.active_faults += 1;
                 self.at(
@@ -1991,9 +2127,11 @@ impl World {
                     self.store.current().map(|e| Observed::decode(&e.value))
                 {
                     self.store.admin_writes += 1;
+                    let drop_set = self.sc.mutations.is(Rule::FailsafeRevokeDropsSet);
                     let revoked = LockRecord {
                         state: LockState::Revoked,
                         write: format!("admin-{}", self.store.admin_writes),
+                        failsafe: if drop_set { None } else { r.failsafe.clone() },
                         ..r
                     };
                     self.write_lock(revoked.encode());
@@ -2158,18 +2296,7 @@ impl World {
                         .collect();
                     if !standbys.is_empty() {
                         let b = *self.rng.pick(&standbys);
-                        let host = &mut self.hosts[a];
-                        host.link_to = false;
-                        host.link_from = false;
-                        self.active_faults += 1;
-                        let ta = self.lease_of(a);
-                        self.at(
-                            self.now + 3 * ta,
-                            Ev::Heal {
-                                h: a,
-                                what: Heal::Links,
-                            },
-                        );
+                        self.cut_off_for_3t(a);
                         let w = self.hosts[b].timing.staleness_wait(
                             self.hosts[a]
                                 .timing
@@ -2185,15 +2312,73 @@ impl World {
                         } else {
                             w as i64
                         };
-                        let at = self.now + self.rng.range(0, r);
-                        self.at(at, Ev::Jump { h: b, delta });
+                        if self.sc.failsafe && self.rng.chance(0.5) {
+                            // F4: the standby restarts once the holder's
+                            // record is W old on the store's clock (the holder
+                            // runs on grants), and its clock jumps as it comes
+                            // back: only its floor stands in the way.
+                            let at = self.now + w + self.rng.range(r, 2 * r);
+                            self.at(at, Ev::RestartAndJump { h: b, delta });
+                        } else {
+                            let at = self.now + self.rng.range(0, r);
+                            self.at(at, Ev::Jump { h: b, delta });
+                        }
                         self.last_instant_fault = self.now;
                     }
                 }
             }
+            IsolateAndStoreJump => {
+                if let Some(a) = self.holder() {
+                    let ta = self.cut_off_for_3t(a);
+                    // Forward by the longest W, once the holder runs on
+                    // grants: a member's own clock is the one witness left.
+                    let w = (0..self.hosts.len())
+                        .map(|b| {
+                            let tb = self.hosts[b].timing.lease();
+                            self.hosts[b]
+                                .timing
+                                .staleness_wait(self.hosts[a].timing.lease().max(tb))
+                        })
+                        .max()
+                        .expect("hosts")
+                        .as_nanos() as i64;
+                    self.at(self.now + ta, Ev::StoreJump { delta: w });
+                    self.last_instant_fault = self.now;
+                }
+            }
+            PeerCut => {
+                let dur = self.rng.range(t / 2, 3 * t);
+                self.hosts[h].peer_off = true;
+                self.active_faults += 1;
+                self.at(
+                    self.now + dur,
+                    Ev::Heal {
+                        h,
+                        what: Heal::Peers,
+                    },
+                );
+            }
         }
         let next = self.now + self.rng.range(self.sc.fault_gap.0, self.sc.fault_gap.1);
         self.at(next, Ev::Fault);
+    }
+
+    /// Cuts host `a` off from the store (not from its peers) for 3 of its
+    /// T; returns its T.
+    fn cut_off_for_3t(&mut self, a: usize) -> u64 {
+        let host = &mut self.hosts[a];
+        host.link_to = false;
+        host.link_from = false;
+        self.active_faults += 1;
+        let ta = self.lease_of(a);
+        self.at(
+            self.now + 3 * ta,
+            Ev::Heal {
+                h: a,
+                what: Heal::Links,
+            },
+        );
+        ta
     }
 
     /// The bucket is deleted and made anew: a new epoch, nothing in it.
@@ -2234,6 +2419,7 @@ impl World {
                 let watch_back = !host.link_from;
                 host.link_to = true;
                 host.link_from = true;
+                host.peer_off = false;
                 if watch_back {
                     self.rewatch(h);
                 }
@@ -2244,6 +2430,7 @@ impl World {
                 self.rewatch(h);
             }
             Heal::StorePause => {}
+            Heal::Peers => self.hosts[h].peer_off = false,
             Heal::Turn(gen) => self.deliver(h, gen, Input::Turn(true)),
             Heal::Reopen => {
                 self.hosts[h].store_lost_until = 0;
@@ -2364,6 +2551,97 @@ fn sim_pause() -> putex_core::Pause {
 }
 
 impl World {
+    // ----- failsafe: the peer network (F1, F3) ------------------------------
+
+    /// Whether a peer message between `a` and `b` is lost to a cut.
+    fn peer_cut(&self, a: usize, b: usize) -> bool {
+        self.hosts[a].peer_off || self.hosts[b].peer_off
+    }
+
+    /// A holder's round of asks: each member gets its ask after a delay
+    /// (or never: loss, a cut); the round's verdicts go in at its deadline,
+    /// the store timeout, with whatever grants arrived by then.
+    fn failsafe_ask(
+        &mut self,
+        h: usize,
+        gen: u64,
+        round: u64,
+        token: putex_core::Token,
+        members: &[putex_core::FailsafeMember],
+    ) {
+        let st = self.hosts[h].timing.store_timeout().as_nanos() as u64;
+        self.rounds.insert(h, (gen, round, Vec::new()));
+        self.at(self.now + st, Ev::RoundEnd { h, gen, round });
+        let instance = self.hosts[h].instance.clone();
+        for m in members {
+            let Some(to) = (0..self.hosts.len())
+                .find(|&o| m.node == format!("node{o}") && m.machine == format!("machine{o}"))
+            else {
+                continue;
+            };
+            if self.peer_cut(h, to) || self.rng.chance(self.sc.req_loss) {
+                continue;
+            }
+            let request = putex_core::FailsafeRequest {
+                id: 0,
+                node: format!("node{h}"),
+                machine: format!("machine{h}"),
+                instance: instance.clone(),
+                token,
+            };
+            // Delayed (so reordered), and sometimes duplicated, even long
+            // after its round.
+            let copies = if self.rng.chance(self.sc.dup) { 2 } else { 1 };
+            for copy in 0..copies {
+                let latest = if copy == 0 { st / 2 } else { 4 * st };
+                let at = self.now + self.rng.range(MS / 10, latest);
+                self.at(
+                    at,
+                    Ev::PeerAsk {
+                        from: h,
+                        from_gen: gen,
+                        to,
+                        round,
+                        request: request.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A member's answer: a grant travels back to the holder that asked
+    /// (or is lost); a refusal is the absence of a grant.
+    fn failsafe_answer(
+        &mut self,
+        member_host: usize,
+        id: u64,
+        answer: &putex_core::FailsafeAnswer,
+    ) {
+        let Some((to, gen, round, member)) = self.peer_asks.remove(&id) else {
+            return;
+        };
+        if *answer != putex_core::FailsafeAnswer::Granted
+            || self.peer_cut(member_host, to)
+            || self.rng.chance(self.sc.reply_loss)
+        {
+            return;
+        }
+        let st = self.hosts[to].timing.store_timeout().as_nanos() as u64;
+        let copies = if self.rng.chance(self.sc.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let at = self.now + self.rng.range(MS / 10, st / 2);
+            self.at(
+                at,
+                Ev::PeerGrant {
+                    to,
+                    gen,
+                    round,
+                    member: member.clone(),
+                },
+            );
+        }
+    }
+
     // ----- operator controls (O1–O4) ---------------------------------------
 
     /// Each round every host writes its member record and reads the others'
@@ -2380,7 +2658,10 @@ impl World {
             if host.stalled_until > now || !host.link_to {
                 continue;
             }
-            let ready = agent.role() == Role::Standby
+            // Outside the operator profile members are reported for
+            // failsafe's set only: none is ready, so none outranks (O3).
+            let ready = self.sc.operator
+                && agent.role() == Role::Standby
                 && host.healthy
                 && !host.rejoin_pending
                 && agent.backoff_until().is_none();
@@ -2400,6 +2681,7 @@ impl World {
                         priority: host.priority,
                         position: None,
                         ready,
+                        machine: Some(format!("machine{o}")),
                     })
                 })
                 .collect();
@@ -2413,6 +2695,9 @@ impl World {
                     input: Input::Members(others),
                 },
             );
+            if !self.sc.operator {
+                continue;
+            }
             // The standing request, as the host reads it each round: a
             // host cut off when it changed learns of it now.
             let input = if self.pausing {

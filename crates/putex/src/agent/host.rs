@@ -246,11 +246,16 @@ impl Host for AgentHost {
 
     fn lock_written(&self, token: Token, value: &[u8]) {
         let holds = crate::locks::guard::record_holds(value);
-        self.set(|st| {
+        let failsafe_over = self.set(|st| {
             if st.record.is_none_or(|(t, _)| t < token) {
                 st.record = Some((token, holds));
             }
+            // F3: a write that landed ends the failsafe.
+            st.failsafe_round.take().is_some()
         });
+        if failsafe_over {
+            tracing::warn!("failsafe over: the store answers again");
+        }
     }
 
     fn sample_position(&self) {
@@ -261,6 +266,92 @@ impl Host for AgentHost {
         if let Some(gate) = &self.inner.failsafe {
             gate.deliver(id, answer);
         }
+    }
+
+    fn failsafe_ask(
+        &self,
+        round: u64,
+        token: Token,
+        members: Vec<putex_core::FailsafeMember>,
+        deadline: Instant,
+    ) -> BoxFuture<'static, Vec<putex_core::FailsafeMember>> {
+        let Some(asker) = self.inner.asker.clone() else {
+            return futures::future::ready(Vec::new()).boxed();
+        };
+        // A live member that cannot grant: an agent too old to know
+        // failsafe would not honour the set either. Ask nobody.
+        let unfit = self.set(|st| st.failsafe_unfit.clone());
+        if !unfit.is_empty() {
+            self.failsafe_round(super::state::FailsafeRound {
+                at: std::time::SystemTime::now(),
+                verdicts: unfit
+                    .into_iter()
+                    .map(|n| {
+                        (
+                            n,
+                            "not asked: its agent runs without --failsafe (or is too old \
+                             to know it); no holder runs on grants beside it"
+                                .to_string(),
+                        )
+                    })
+                    .collect(),
+            });
+            return futures::future::ready(Vec::new()).boxed();
+        }
+        // A member whose record never said where it is asked cannot grant.
+        let (targets, unknown): (Vec<_>, Vec<_>) = self.set(|st| {
+            members
+                .iter()
+                .map(|m| {
+                    let url = st
+                        .failsafe_urls
+                        .get(&(m.node.clone(), m.machine.clone()))
+                        .cloned();
+                    (m.clone(), url)
+                })
+                .partition(|(_, url)| url.is_some())
+        });
+        let targets: Vec<crate::failsafe::holder::Target> = targets
+            .into_iter()
+            .map(|(m, url)| crate::failsafe::holder::Target {
+                member: crate::failsafe::auth::Peer {
+                    node: m.node,
+                    machine: m.machine,
+                },
+                url: url.expect("partitioned"),
+            })
+            .collect();
+        let host = self.clone();
+        let within = crate::clock::until(deadline);
+        async move {
+            let verdicts = asker
+                .ask_round(&token.to_string(), round, &targets, within)
+                .await;
+            let granted: Vec<putex_core::FailsafeMember> = verdicts
+                .iter()
+                .filter(|(_, v)| v.is_grant())
+                .map(|(p, _)| putex_core::FailsafeMember {
+                    node: p.node.clone(),
+                    machine: p.machine.clone(),
+                })
+                .collect();
+            let mut said: Vec<(String, String)> = verdicts
+                .iter()
+                .map(|(p, v)| (p.node.clone(), v.to_string()))
+                .collect();
+            said.extend(unknown.into_iter().map(|(m, _)| {
+                (
+                    m.node,
+                    "not asked: its member record names no failsafe endpoint".to_string(),
+                )
+            }));
+            host.failsafe_round(super::state::FailsafeRound {
+                at: std::time::SystemTime::now(),
+                verdicts: said,
+            });
+            granted
+        }
+        .boxed()
     }
 
     fn persist_highest(&self, token: Token) {
@@ -388,10 +479,19 @@ impl Host for AgentHost {
             }
             Event::AbsentWait { wait, why } => tracing::warn!(
                 wait_ms = wait.as_millis() as u64,
-                "lock {:?} taken; waiting {:.1} s before activating: {}",
+                "lock {:?} taken; waiting {:.1} s before activating: {}{}",
                 self.inner.lock.as_str(),
                 wait.as_secs_f64(),
-                why.explain()
+                why.explain(),
+                match &self.inner.settings.failsafe {
+                    Some(f) => format!(
+                        "; with failsafe the wait includes --failsafe-max ({}): a holder whose \
+                         record was lost may run on its members' grants that long \
+                         (docs/safety.md, Failsafe)",
+                        humantime::format_duration(f.max)
+                    ),
+                    None => String::new(),
+                }
             ),
             Event::StopProven { after } => {
                 self.inner.metrics.stop_unproven(false);

@@ -88,6 +88,7 @@ pub(super) async fn member_feed(
                         priority: m.priority,
                         position: m.position,
                         ready: m.role == "standby" && m.ready.unwrap_or(m.healthy == Some(true)),
+                        machine: m.machine.clone(),
                     })
                     .collect();
                 // The last holder's position counts for --max-lag even once
@@ -100,6 +101,8 @@ pub(super) async fn member_feed(
                             priority: last.priority,
                             position: last.position,
                             ready: false,
+                            // Silent: not reported to failsafe's set.
+                            machine: None,
                         });
                     }
                 }
@@ -107,6 +110,21 @@ pub(super) async fn member_feed(
                     st.addrs = fresh
                         .iter()
                         .filter_map(|m| Some((m.node.clone(), m.addr.clone()?)))
+                        .collect();
+                    for (m, _) in members.values() {
+                        if let (Some(machine), Some(fs)) = (&m.machine, &m.failsafe) {
+                            st.failsafe_urls
+                                .insert((m.node.clone(), machine.clone()), fs.url.clone());
+                        }
+                    }
+                    // Failsafe: a live member that cannot grant (no
+                    // --failsafe, or a putex too old to know it — and to
+                    // know a failsafe record's set) stops this holder from
+                    // running on grants at all.
+                    st.failsafe_unfit = fresh
+                        .iter()
+                        .filter(|m| m.node != own.as_str() && m.failsafe.is_none())
+                        .map(|m| m.node.clone())
                         .collect();
                     st.members = member_ages(&members);
                 });

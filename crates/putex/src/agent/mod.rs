@@ -314,6 +314,17 @@ pub async fn run(
             wedge_at: wedge_at(),
             metrics: metrics.clone(),
             registry,
+            asker: settings.failsafe.clone().map(|f| {
+                crate::failsafe::holder::Asker::new(
+                    f.key,
+                    lock.to_string(),
+                    crate::failsafe::auth::Holder {
+                        node: node.to_string(),
+                        machine: identity::machine_id(),
+                        instance: instance.to_string(),
+                    },
+                )
+            }),
             failsafe: settings.failsafe.clone().map(|f| {
                 Arc::new(crate::failsafe::member::Gate::new(
                     f.key,
@@ -410,6 +421,10 @@ pub async fn run(
             failback_after: settings.operator.failback_after,
             store_clock_step: store.clock_step(),
             failsafe: settings.failsafe.is_some(),
+            failsafe_max: settings
+                .failsafe
+                .as_ref()
+                .map_or(settings::DEFAULT_FAILSAFE_MAX, |f| f.max),
             ..AgentConfig::new(
                 Identity {
                     node: node.to_string(),

@@ -80,7 +80,13 @@ pub struct FailsafeSettings {
     /// `HOST:PORT` other members reach this agent's `--http` at, published
     /// in its member record.
     pub advertise: String,
+    /// `--failsafe-max`: the longest the holder runs on grants after its
+    /// last renewal that landed (F3's cap).
+    pub max: std::time::Duration,
 }
+
+/// `--failsafe-max`'s default: two minutes of a store outage ridden out.
+pub const DEFAULT_FAILSAFE_MAX: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How this node stands as a candidate (O3, O4) and what it tells others.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -144,6 +144,16 @@ pub(super) struct Status {
     pub(super) members: Vec<(crate::store::NodeId, Duration)>,
     /// The active holder, as the member records say (`PUTEX_HOLDER`).
     pub(super) active_holder: Option<String>,
+    /// Failsafe: where each member (node, machine) is asked, as the newest
+    /// member record read from it says; kept through a store outage.
+    pub(super) failsafe_urls: std::collections::HashMap<(String, String), String>,
+    /// Failsafe (F6): the last round of asks this holder sent, and what
+    /// each member answered.
+    pub(super) failsafe_round: Option<FailsafeRound>,
+    /// Failsafe: live members whose records say they cannot grant (no
+    /// `--failsafe`, or too old to know it); while there is one, this
+    /// holder asks nobody and runs on no grants.
+    pub(super) failsafe_unfit: Vec<String>,
     /// The position the active holder's record last published.
     pub(super) holder_position: Option<u64>,
     /// What `--info` last printed.
@@ -199,6 +209,40 @@ pub(super) struct Inner {
     pub(super) registry: Registry,
     /// `--failsafe`: this member's answers to holders' asks.
     pub(super) failsafe: Option<Arc<crate::failsafe::member::Gate>>,
+    /// `--failsafe`: this holder's asks to the members during an outage.
+    pub(super) asker: Option<crate::failsafe::holder::Asker>,
+}
+
+/// Failsafe (F6): one round of a holder's asks, as it went.
+#[derive(Clone, Debug)]
+pub(super) struct FailsafeRound {
+    /// When its verdicts were in (wall clock, for people).
+    pub(super) at: std::time::SystemTime,
+    /// Each member asked ("node" or "node (machine)") and its verdict.
+    pub(super) verdicts: Vec<(String, String)>,
+}
+
+impl FailsafeRound {
+    /// As `/health` and the other status routes show it.
+    fn view(&self) -> crate::http::agent::FailsafeView {
+        crate::http::agent::FailsafeView {
+            granted: self.all_granted(),
+            at: humantime::format_rfc3339_millis(self.at).to_string(),
+            members: self
+                .verdicts
+                .iter()
+                .map(|(node, verdict)| crate::http::agent::MemberVerdict {
+                    node: node.clone(),
+                    verdict: verdict.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether every member asked granted.
+    pub(super) fn all_granted(&self) -> bool {
+        self.verdicts.iter().all(|(_, v)| v == "granted")
+    }
 }
 
 impl crate::http::agent::AgentView for AgentHost {
@@ -221,6 +265,7 @@ impl crate::http::agent::AgentView for AgentHost {
                 (Some(Role::Standby), Some(own), Some(holder)) => Some(holder.saturating_sub(own)),
                 _ => None,
             },
+            failsafe: st.failsafe_round.as_ref().map(FailsafeRound::view),
         })
     }
 
@@ -276,6 +321,38 @@ impl Status {
 }
 
 impl AgentHost {
+    /// Failsafe (F6): a round of this holder's asks is over. Logged when
+    /// what it says changes: the licence running on every member's grant,
+    /// or not, and who did not grant and why.
+    pub(super) fn failsafe_round(&self, round: FailsafeRound) {
+        let was = self.set(|st| st.failsafe_round.replace(round.clone()));
+        let same = was.is_some_and(|w| {
+            w.all_granted() == round.all_granted()
+                && (round.all_granted() || w.verdicts == round.verdicts)
+        });
+        if same {
+            return;
+        }
+        if round.all_granted() {
+            let by: Vec<&str> = round.verdicts.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::warn!(
+                granted_by = %by.join(" "),
+                "failsafe: the store does not answer; every member granted, the service keeps running"
+            );
+        } else {
+            let missing: Vec<String> = round
+                .verdicts
+                .iter()
+                .filter(|(_, v)| v != "granted")
+                .map(|(n, v)| format!("{n} {v}"))
+                .collect();
+            tracing::warn!(
+                missing = %missing.join("; "),
+                "failsafe lost: not every member granted; the licence ends unless the store answers"
+            );
+        }
+    }
+
     /// The deadline of the member and control feeds' store calls: the
     /// store timeout, at least 1 s (they are not on the lease's clock).
     pub(super) fn feed_timeout(&self) -> Duration {

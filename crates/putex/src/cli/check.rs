@@ -119,6 +119,20 @@ pub async fn run(args: &AgentArgs) -> Result<(), CliError> {
             .map(|d| format!("; failback after {}", Human(d)))
             .unwrap_or_default()
     );
+    if let Some(f) = &settings.failsafe {
+        // What failsafe adds to the timeline (docs/safety.md, Failsafe).
+        println!(
+            "failsafe: during a store outage the holder keeps its service while every member grants its asks (each round, within the store timeout), for at most {} after its last renewal that landed; a member that does not grant ends its licence by T = {}",
+            Human(f.max),
+            Human(t.lease()),
+        );
+        let first_use = t.staleness_wait(t.lease_unknown() + f.max) + t.gap_unknown();
+        println!(
+            "failsafe: the first use of the lock (unless the store proves the name unused that long), the taker of a lost record and a node outside a record's set wait W over T' + {} and G': {}, in place of the first use's wait above",
+            Human(f.max),
+            Human(first_use),
+        );
+    }
     println!();
     println!("ok");
     Ok(())

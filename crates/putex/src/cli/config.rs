@@ -178,9 +178,9 @@ pub struct AgentArgs {
     /// /metrics and the status page /ui on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
-    /// Failsafe, a member's side only so far (docs/failsafe-design.md):
-    /// answer holders' signed asks on --http. Hidden until the holder's side
-    /// is built: it keeps no holder alive through a store outage yet.
+    /// Failsafe (docs/failsafe-design.md): during a store outage the holder
+    /// keeps its licence while every other member grants its signed asks,
+    /// on --http. Hidden until its chaos and PostgreSQL tests are in.
     #[arg(long, env = "PUTEX_FAILSAFE", hide = true)]
     pub failsafe: bool,
     /// The key that signs failsafe asks and grants (the same file on every
@@ -201,6 +201,16 @@ pub struct AgentArgs {
         hide = true
     )]
     pub failsafe_advertise: Option<String>,
+    /// The longest a holder runs on grants after its last renewal that
+    /// landed (default 2m); every member of a lock the same.
+    #[arg(
+        long,
+        env = "PUTEX_FAILSAFE_MAX",
+        value_name = "DURATION",
+        value_parser = parse_duration,
+        hide = true
+    )]
+    pub failsafe_max: Option<Duration>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher
     /// one is preferred, after a higher --position.
     #[arg(long, env = "PUTEX_PRIORITY",
@@ -314,6 +324,8 @@ pub struct FileConfig {
     pub failsafe_key_file: Option<PathBuf>,
     /// `failsafe-advertise`.
     pub failsafe_advertise: Option<String>,
+    /// `failsafe-max`.
+    pub failsafe_max: Option<String>,
     /// `priority`.
     pub priority: Option<u32>,
     /// `position`.
@@ -603,7 +615,22 @@ pub fn resolve(
         };
         let key = crate::failsafe::auth::FailsafeKey::from_file(&path)
             .map_err(|e| usage(format!("{}: {e}", names("failsafe-key-file"))))?;
-        Some(crate::agent::settings::FailsafeSettings { key, advertise })
+        let max = args
+            .failsafe_max
+            .or(file_duration("failsafe-max", &file.failsafe_max)?)
+            .unwrap_or(crate::agent::settings::DEFAULT_FAILSAFE_MAX);
+        if max.is_zero() {
+            return Err(usage(format!(
+                "{} must be more than 0 (without failsafe, leave out {})",
+                names("failsafe-max"),
+                names("failsafe")
+            )));
+        }
+        Some(crate::agent::settings::FailsafeSettings {
+            key,
+            advertise,
+            max,
+        })
     } else {
         None
     };

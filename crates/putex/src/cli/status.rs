@@ -330,6 +330,7 @@ mod tests {
             catch_up: false,
             paused: None,
             since: None,
+            failsafe: None,
         };
         let t = Duration::from_secs(1);
         store.create("lock.pg", &rec.encode(), t).await.unwrap();

@@ -53,6 +53,32 @@ pub struct AgentSnapshot {
     /// A standby's: how far its position is behind the active holder's, as
     /// the holder last published it (`None` when either is unknown).
     pub lag: Option<u64>,
+    /// A failsafe holder's last round of asks since its store renewals
+    /// stopped landing (F6); absent while the store answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<FailsafeView>,
+}
+
+/// A failsafe holder's last round of asks (F6): `/health` during a store
+/// outage says whether the service runs on its members' grants.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FailsafeView {
+    /// Every member granted the last round: the licence runs on grants.
+    pub granted: bool,
+    /// When the last round's verdicts were in (RFC 3339, UTC).
+    pub at: String,
+    /// Each member asked and what it answered: `granted`, `refused: …`,
+    /// `unreachable: …`.
+    pub members: Vec<MemberVerdict>,
+}
+
+/// One member's verdict in a failsafe round.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemberVerdict {
+    /// The member's node.
+    pub node: String,
+    /// What it answered.
+    pub verdict: String,
 }
 
 /// Something that can describe the agent right now.

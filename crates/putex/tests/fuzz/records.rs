@@ -77,6 +77,7 @@ fn lock_record() -> impl Strategy<Value = LockRecord> + Clone {
             catch_up: false,
             paused: None,
             since: None,
+            failsafe: None,
         })
 }
 

@@ -81,11 +81,17 @@ impl Gateway {
                 }
             };
             // S7 (and a freed grant too): keep the holder's identity and
-            // advertised timing.
+            // advertised timing; a revoke keeps a failsafe set too (F2),
+            // a release drops it.
             let ended = Ended::of(action, &rec, entry.token);
+            let failsafe = match state {
+                LockState::Released => None,
+                _ => rec.failsafe.clone(),
+            };
             let written = LockRecord {
                 state,
                 write: format!("{}-{write}", crate::identity::instance_id()),
+                failsafe,
                 ..rec
             };
             match self

@@ -17,6 +17,7 @@ fn record(state: LockState, instance: &str, write: &str) -> LockRecord {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     }
 }
 

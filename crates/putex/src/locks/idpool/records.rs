@@ -114,6 +114,7 @@ pub(super) fn claim_record(who: &Claimant, instance: &str) -> LockRecord {
         catch_up: false,
         paused: None,
         since: None,
+        failsafe: None,
     }
 }
 
