@@ -138,11 +138,16 @@ pub enum Rule {
     /// a taker of an absent or re-created record does not wait for a
     /// holder that may run on grants for up to its cap.
     FailsafeAbsentWithoutCap = 1 << 43,
+    /// F2 broken (sim seed failsafe:158459 of session 55): a holder asks,
+    /// and extends on grants, while a record of its that may be the newest
+    /// carries no set — one written before any member was reported — so
+    /// that nobody reading it waits for the cap.
+    FailsafeAskWithoutRecordedSet = 1 << 44,
 }
 
 impl Rule {
     /// Every rule, for listing.
-    pub const ALL: [Rule; 44] = [
+    pub const ALL: [Rule; 45] = [
         Rule::LicenceFromAck,
         Rule::NoDriftFactor,
         Rule::NoGap,
@@ -187,6 +192,7 @@ impl Rule {
         Rule::FailsafeAsksOnlyLanded,
         Rule::FailsafeNoCap,
         Rule::FailsafeAbsentWithoutCap,
+        Rule::FailsafeAskWithoutRecordedSet,
     ];
 }
 

@@ -3341,6 +3341,74 @@ fn f3_a_round_every_member_granted_extends_the_licence_one_missing_does_not() {
     )));
 }
 
+/// F2 under F3, both sides (sim seeds failsafe:129307, 158459, 166279): a
+/// holder that took the lock before any member was reported landed a
+/// record without a set, which nobody waits the cap for — while that
+/// record may be the newest it asks nobody, whatever its later renewals
+/// (which did not land) carried; once a renewal with the set landed, an
+/// outage is ridden out on grants.
+#[test]
+fn f3_a_holder_whose_newest_record_may_lack_the_set_asks_nobody() {
+    let mut h = Harness::configured("a", |c| {
+        c.failsafe = true;
+        c.failsafe_max = Duration::from_secs(120);
+    });
+    look(
+        &mut h,
+        Some(entry(&holder(LockState::Released, 10_000), 7, 50.0)),
+    );
+    let swap = h
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })))
+        .expect("the swap");
+    let Output::Store(r) = h.out.remove(swap) else {
+        unreachable!()
+    };
+    assert_eq!(written(&r.op).failsafe, None, "no member yet, no set");
+    h.reply(r.id, StoreOutcome::Written(Token::new(1, 8)));
+    let _ = h.take(|o| matches!(o, Output::Fence { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Fence,
+        ok: true,
+    });
+    let _ = h.take(|o| matches!(o, Output::Activate { .. }));
+    h.input(Input::Hook {
+        hook: putex_core::Hook::Activate,
+        ok: true,
+    });
+    h.out.clear();
+    let with_machine = |n: &str| putex_core::Candidate {
+        machine: Some(format!("{n}-machine")),
+        ..candidate(n, None, false)
+    };
+    h.input(Input::Members(vec![with_machine("b")]));
+    // The store goes down: renewals carrying {b} do not land.
+    for t in 101..=103 {
+        assert!(
+            outage_round(&mut h, f64::from(t)).is_none(),
+            "asked at {t} s while its newest record may carry no set"
+        );
+    }
+    for t in 104..=111 {
+        let _ = outage_round(&mut h, f64::from(t));
+    }
+    assert!(
+        h.agent.role() != Role::Active,
+        "ran past T without the store"
+    );
+
+    // The other side: a holder whose set landed rides the outage out.
+    let mut h = failsafe_holder(120.0);
+    let _ = outage_round(&mut h, 101.0);
+    let (round, members) = outage_round(&mut h, 102.0).expect("no ask with its set landed");
+    h.input(Input::FailsafeVerdicts {
+        round,
+        granted: members,
+    });
+    assert_eq!(h.agent.licence_end(), Some(at(112.0)));
+}
+
 /// The cap, both sides: grants extend the licence to at most the last
 /// landed renewal + `--failsafe-max`, and within it as far as T allows.
 #[test]

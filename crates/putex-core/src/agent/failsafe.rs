@@ -61,6 +61,18 @@ pub(super) struct HolderSide {
     since: Option<Instant>,
 }
 
+impl HolderSide {
+    /// F2: whether every write of ours that may be the newest record — the
+    /// last that landed, and each sent since — carries a set.
+    fn every_newest_has_a_set(&self) -> bool {
+        !self.landed.is_empty()
+            && self
+                .sent
+                .iter()
+                .all(|(_, set)| set.as_ref().is_some_and(|s| !s.members.is_empty()))
+    }
+}
+
 /// One round of asks (F3).
 #[derive(Clone, Debug)]
 struct AskRound {
@@ -264,13 +276,21 @@ impl Agent {
 
     /// F3: in a healthy round of an active holder whose last renewal did
     /// not land, ask every member of the union, beside the round's store
-    /// renewal.
+    /// renewal — if every record of ours that may be the newest carries a
+    /// set (F2). One without (written before any member was reported)
+    /// makes no reader wait for the cap: the licence then ends as without
+    /// failsafe.
     pub(super) fn failsafe_ask(&mut self) {
         if !self.failsafe
             || self.role != Role::Active
             || !self.holder_fs.store_failed
             || self.paused()
             || self.holder_fs.union.is_empty()
+        {
+            return;
+        }
+        if !self.holder_fs.every_newest_has_a_set()
+            && !self.mutations.is(Rule::FailsafeAskWithoutRecordedSet)
         {
             return;
         }

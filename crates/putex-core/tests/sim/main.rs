@@ -284,6 +284,8 @@ fn mutation_failsafe_rules_are_caught() {
         (Rule::FailsafeAsksOnlyLanded, 622),
         (Rule::FailsafeNoCap, 1583),
         (Rule::FailsafeAbsentWithoutCap, 452),
+        // Not in 20,000 seeds: 3 in 240,000 (the sweep of session 55).
+        (Rule::FailsafeAskWithoutRecordedSet, 158459),
     ] {
         must_catch_seeds(rule, Profile::Failsafe, &[seed], &["a/overlap"]);
     }

@@ -360,3 +360,26 @@ regression!(
     Profile::Failsafe,
     452
 );
+// Found by the million-seed failsafe sweep of session 55 (seeds 129307,
+// 158459 and 166279, the same course each time): a holder restarted and
+// took a released record before any member was reported, so the record it
+// landed carried no failsafe set; its first renewal, carrying one, did not
+// land (a partition), and it asked that set and extended on the grants —
+// while a node outside the set, reading the set-less record, waited only
+// W. Fixed: a holder asks only while every record of its that may be the
+// newest carries a set (`FailsafeAskWithoutRecordedSet`).
+regression!(
+    r38_a_record_without_a_set_keeps_its_holder_off_grants,
+    Profile::Failsafe,
+    158459
+);
+regression!(
+    r39_a_record_without_a_set_keeps_its_holder_off_grants_too,
+    Profile::Failsafe,
+    129307
+);
+regression!(
+    r40_a_record_without_a_set_keeps_its_holder_off_grants_as_well,
+    Profile::Failsafe,
+    166279
+);
