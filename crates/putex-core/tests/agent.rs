@@ -3213,6 +3213,11 @@ fn member(node: &str) -> putex_core::FailsafeMember {
 /// Node "a" with failsafe on (cap `max` seconds), members b and c
 /// reported, active over a released record with token 1:8 at 100 s.
 fn failsafe_holder(max: f64) -> Harness {
+    failsafe_holder_and_record(max).0
+}
+
+/// [`failsafe_holder`] and the record its acquisition wrote (revision 8).
+fn failsafe_holder_and_record(max: f64) -> (Harness, LockRecord) {
     let mut h = Harness::configured("a", |c| {
         c.failsafe = true;
         c.failsafe_max = Duration::from_secs_f64(max);
@@ -3234,8 +3239,9 @@ fn failsafe_holder(max: f64) -> Harness {
     let Output::Store(r) = h.out.remove(swap) else {
         unreachable!()
     };
+    let record = written(&r.op);
     assert_eq!(
-        written(&r.op).failsafe.map(|s| s.members),
+        record.failsafe.as_ref().map(|s| s.members.clone()),
         Some(vec![member("b"), member("c")]),
         "the acquisition carries the set"
     );
@@ -3252,7 +3258,7 @@ fn failsafe_holder(max: f64) -> Harness {
     });
     h.out.clear();
     assert_eq!(h.agent.role(), Role::Active);
-    h
+    (h, record)
 }
 
 /// One round of the outage: the health check passes, every store request
@@ -3407,6 +3413,83 @@ fn f3_a_holder_whose_newest_record_may_lack_the_set_asks_nobody() {
         granted: members,
     });
     assert_eq!(h.agent.licence_end(), Some(at(112.0)));
+}
+
+/// F2's set across outages, both sides: a second outage moments after the
+/// first (before the members' records are read again) is ridden out on
+/// grants too — the outage's time does not count against the members —
+/// and the asks name them.
+#[test]
+fn f2_a_second_outage_right_after_the_first_keeps_the_set() {
+    let (mut h, record) = failsafe_holder_and_record(120.0);
+    let _ = outage_round(&mut h, 101.0);
+    for t in 102..=127 {
+        let (round, members) = outage_round(&mut h, f64::from(t)).expect("an ask");
+        h.input(Input::FailsafeVerdicts {
+            round,
+            granted: members,
+        });
+    }
+    // The store is back at 128 s, after more than 10 R without members'
+    // reports: the read of the record answers (nothing
+    // of the outage landed), and the next renewal lands.
+    h.advance_to(128.0);
+    h.health(true);
+    let i = h
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Get { .. })))
+        .unwrap_or_else(|| panic!("a read: {:?}", h.out));
+    let Output::Store(r) = h.out.remove(i) else {
+        unreachable!()
+    };
+    h.reply(r.id, StoreOutcome::Read(Some(entry(&record, 8, 128.0))));
+    // Back for 5 s (more renewals than one land), every read showing the
+    // newest record.
+    let (mut newest, mut revision, mut landed) = (record, 8, 0);
+    for i in 1..=10 {
+        let t = 128.0 + 0.5 * f64::from(i);
+        h.advance_to(t);
+        h.health(true);
+        while let Some(i) = h.out.iter().position(|o| matches!(o, Output::Store(_))) {
+            let Output::Store(r) = h.out.remove(i) else {
+                unreachable!()
+            };
+            match r.op {
+                StoreOp::Update { .. } => {
+                    newest = written(&r.op);
+                    assert_eq!(
+                        newest.failsafe.as_ref().map(|s| s.members.clone()),
+                        Some(vec![member("b"), member("c")]),
+                        "a renewal at {t} s, after an outage, carries the set"
+                    );
+                    revision += 1;
+                    h.reply(r.id, StoreOutcome::Written(Token::new(1, revision)));
+                    landed += 1;
+                }
+                StoreOp::Get { .. } => {
+                    h.reply(r.id, StoreOutcome::Read(Some(entry(&newest, revision, t))));
+                }
+                _ => h.reply(r.id, StoreOutcome::Unknown),
+            }
+        }
+    }
+    assert!(landed > 1, "{landed} renewals after the outage");
+    h.out.clear();
+    // Down again at once: the next renewal still carries the set, and the
+    // round after it asks both members.
+    let _ = outage_round(&mut h, 134.0);
+    for t in 135..=145 {
+        let (round, members) = outage_round(&mut h, f64::from(t))
+            .unwrap_or_else(|| panic!("no ask at {t} s in the second outage"));
+        assert_eq!(members, vec![member("b"), member("c")]);
+        h.input(Input::FailsafeVerdicts {
+            round,
+            granted: members,
+        });
+        assert_eq!(h.agent.licence_end(), Some(at(f64::from(t) + 10.0)));
+    }
+    assert_eq!(h.agent.role(), Role::Active);
 }
 
 /// The cap, both sides: grants extend the licence to at most the last

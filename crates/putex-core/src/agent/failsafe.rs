@@ -257,8 +257,17 @@ impl Agent {
 
     /// A write of ours sent at `sent`, carrying `set`, landed: the store
     /// answers, the failsafe (if any) ends, and the cap counts from `sent`.
+    /// After writes that did not land, the members' unreported time starts
+    /// again here: they could not be reported while the store did not
+    /// answer, and a set emptied by the outage would leave the next one
+    /// (moments later, before their records are read again) unprotected.
     pub(super) fn failsafe_landed(&mut self, sent: Instant, set: Option<FailsafeSet>) {
         let fs = &mut self.holder_fs;
+        if fs.store_failed {
+            for (_, at) in &mut fs.members {
+                *at = (*at).max(sent);
+            }
+        }
         fs.last_landed = Some(fs.last_landed.map_or(sent, |l| l.max(sent)));
         fs.store_failed = false;
         fs.round = None;

@@ -280,8 +280,8 @@ fn mutation_failsafe_rules_are_caught() {
         (Rule::FailsafeFloorFromEarlierProbe, 3667),
         (Rule::FailsafeExtendWithGrantMissing, 1),
         (Rule::FailsafeRestartWithoutWait, 7),
-        (Rule::FailsafeOutsiderWaitsOnlyW, 2),
-        (Rule::FailsafeAsksOnlyLanded, 622),
+        (Rule::FailsafeOutsiderWaitsOnlyW, 7),
+        (Rule::FailsafeAsksOnlyLanded, 1609),
         (Rule::FailsafeNoCap, 1583),
         (Rule::FailsafeAbsentWithoutCap, 452),
         // Not in 20,000 seeds: 3 in 240,000 (the sweep of session 55).
