@@ -380,6 +380,7 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
     store.pause();
     let down = Instant::now();
     let mut health = String::new();
+    let mut metrics = String::new();
     while down.elapsed() < outage() {
         assert!(
             primary(ports[active]),
@@ -390,6 +391,9 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
         assert!(!primary(ports[standby]), "two primaries\n{}", logs());
         if down.elapsed() > Duration::from_secs(1) && health.is_empty() {
             health = crate::agent_http::http_get(ports[active], "/health")
+                .unwrap()
+                .1;
+            metrics = crate::agent_http::http_get(ports[active], "/metrics")
                 .unwrap()
                 .1;
         }
@@ -403,6 +407,13 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
         ["n1", "n2"][standby]
     );
     assert_eq!(health["failsafe"]["members"][0]["verdict"], "granted");
+    assert!(health["failsafe"]["since"].is_string(), "{health}");
+    // F6 in the metrics: the licence runs on grants.
+    assert!(metrics.contains("putex_failsafe_granted 1"), "{metrics}");
+    assert!(
+        metrics.contains("putex_failsafe_rounds_total{result=\"granted\"}"),
+        "{metrics}"
+    );
     // Back on the store: renewals land, the failsafe ends, same holder.
     assert!(
         crate::common::agent::wait_for(Duration::from_secs(10), || {
@@ -420,6 +431,28 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
     eprintln!(
         "failsafe: store down {:?}, the holder's service ran throughout",
         outage()
+    );
+    // F6 in the history: the stretch on grants, once the store is back.
+    let noted = crate::common::agent::wait_for(Duration::from_secs(10), || {
+        crate::common::agent::putex_json(&["history", "svc", "--store", &url])["transitions"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["reason_code"] == "failsafe"))
+    });
+    let history = crate::common::agent::putex_json(&["history", "svc", "--store", &url]);
+    assert!(noted, "no failsafe record in the history: {history:#}");
+    let note = history["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["reason_code"] == "failsafe")
+        .unwrap();
+    assert_eq!(note["node"], ["n1", "n2"][active], "{note}");
+    assert_eq!(note["activation"], false, "{note}");
+    assert!(
+        note["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("every round granted")),
+        "{note}"
     );
 
     // The other side: a member that cannot answer ends the licence.
@@ -448,6 +481,26 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
     eprintln!(
         "failsafe: member frozen {:?} into an outage; the holder stopped {after:?} later",
         down.elapsed() - after
+    );
+    // The history says how that stretch ended (written once the store
+    // answers: the stopped holder's release).
+    let lost = crate::common::agent::wait_for(Duration::from_secs(10), || {
+        crate::common::agent::putex_json(&["history", "svc", "--store", &url])["transitions"]
+            .as_array()
+            .is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t["reason_code"] == "failsafe"
+                        && t["reason"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("a round lost at"))
+                })
+            })
+    });
+    assert!(
+        lost,
+        "no lost failsafe in the history: {:#}\n{}",
+        crate::common::agent::putex_json(&["history", "svc", "--store", &url]),
+        logs()
     );
     drop(agents);
 }

@@ -246,16 +246,14 @@ impl Host for AgentHost {
 
     fn lock_written(&self, token: Token, value: &[u8]) {
         let holds = crate::locks::guard::record_holds(value);
-        let failsafe_over = self.set(|st| {
+        let role = self.set(|st| {
             if st.record.is_none_or(|(t, _)| t < token) {
                 st.record = Some((token, holds));
             }
-            // F3: a write that landed ends the failsafe.
-            st.failsafe_round.take().is_some()
+            st.role.unwrap_or(Role::Standby)
         });
-        if failsafe_over {
-            tracing::warn!("failsafe over: the store answers again");
-        }
+        // F3: a write that landed ends the failsafe.
+        self.end_failsafe(role, Some(token), "the store answers again");
     }
 
     fn sample_position(&self) {
@@ -441,6 +439,11 @@ impl Host for AgentHost {
                     "transition {from} -> {to} ({reason})"
                 );
                 self.inner.member_dirty.notify_one();
+                if *from == Role::Active {
+                    // Its stretch on grants (if any) goes into the history
+                    // before the transition that ended it.
+                    self.end_failsafe(Role::Active, *token, "the holder is no longer active");
+                }
                 self.inner.history.transition(*from, *to, reason, *token);
             }
             Event::StoreRegressed { highest, now } => tracing::error!(

@@ -150,6 +150,12 @@ pub(super) struct Status {
     /// Failsafe (F6): the last round of asks this holder sent, and what
     /// each member answered.
     pub(super) failsafe_round: Option<FailsafeRound>,
+    /// Failsafe (F6): since when the licence has run on grants (the first
+    /// round every member granted since a write of ours last landed).
+    pub(super) failsafe_since: Option<std::time::SystemTime>,
+    /// Failsafe (F6): the first round of that stretch that not every
+    /// member granted — when, and who did not and why.
+    pub(super) failsafe_lost: Option<(std::time::SystemTime, String)>,
     /// Failsafe: live members whose records say they cannot grant (no
     /// `--failsafe`, or too old to know it); while there is one, this
     /// holder asks nobody and runs on no grants.
@@ -224,9 +230,10 @@ pub(super) struct FailsafeRound {
 
 impl FailsafeRound {
     /// As `/health` and the other status routes show it.
-    fn view(&self) -> crate::http::agent::FailsafeView {
+    fn view(&self, since: Option<std::time::SystemTime>) -> crate::http::agent::FailsafeView {
         crate::http::agent::FailsafeView {
             granted: self.all_granted(),
+            since: since.map(|t| humantime::format_rfc3339_millis(t).to_string()),
             at: humantime::format_rfc3339_millis(self.at).to_string(),
             members: self
                 .verdicts
@@ -239,10 +246,45 @@ impl FailsafeRound {
         }
     }
 
+    /// Who did not grant, and why ("node verdict; …").
+    pub(super) fn missing(&self) -> String {
+        let missing: Vec<String> = self
+            .verdicts
+            .iter()
+            .filter(|(_, v)| v != "granted")
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect();
+        missing.join("; ")
+    }
+
     /// Whether every member asked granted.
     pub(super) fn all_granted(&self) -> bool {
         self.verdicts.iter().all(|(_, v)| v == "granted")
     }
+}
+
+/// F6: the history's words for a stretch on grants from `since` to `until`,
+/// with its first lost round, if any.
+pub(super) fn failsafe_history(
+    since: std::time::SystemTime,
+    until: std::time::SystemTime,
+    lost: Option<&(std::time::SystemTime, String)>,
+) -> String {
+    let took = until.duration_since(since).unwrap_or_default();
+    let took = humantime::format_duration(Duration::from_millis(
+        u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+    ));
+    let from = humantime::format_rfc3339_seconds(since);
+    let rounds = match lost {
+        None => "every round granted".to_string(),
+        Some((at, missing)) => format!(
+            "a round lost at {} ({missing})",
+            humantime::format_rfc3339_seconds(*at)
+        ),
+    };
+    format!(
+        "failsafe from {from} for {took}: the store did not answer, the licence ran on its members' grants; {rounds}"
+    )
 }
 
 impl crate::http::agent::AgentView for AgentHost {
@@ -265,7 +307,10 @@ impl crate::http::agent::AgentView for AgentHost {
                 (Some(Role::Standby), Some(own), Some(holder)) => Some(holder.saturating_sub(own)),
                 _ => None,
             },
-            failsafe: st.failsafe_round.as_ref().map(FailsafeRound::view),
+            failsafe: st
+                .failsafe_round
+                .as_ref()
+                .map(|r| r.view(st.failsafe_since)),
         })
     }
 
@@ -325,7 +370,16 @@ impl AgentHost {
     /// what it says changes: the licence running on every member's grant,
     /// or not, and who did not grant and why.
     pub(super) fn failsafe_round(&self, round: FailsafeRound) {
-        let was = self.set(|st| st.failsafe_round.replace(round.clone()));
+        self.inner.metrics.failsafe_round(round.all_granted());
+        let was = self.set(|st| {
+            if round.all_granted() && st.failsafe_since.is_none() {
+                st.failsafe_since = Some(round.at);
+            }
+            if !round.all_granted() && st.failsafe_since.is_some() && st.failsafe_lost.is_none() {
+                st.failsafe_lost = Some((round.at, round.missing()));
+            }
+            st.failsafe_round.replace(round.clone())
+        });
         let same = was.is_some_and(|w| {
             w.all_granted() == round.all_granted()
                 && (round.all_granted() || w.verdicts == round.verdicts)
@@ -340,15 +394,35 @@ impl AgentHost {
                 "failsafe: the store does not answer; every member granted, the service keeps running"
             );
         } else {
-            let missing: Vec<String> = round
-                .verdicts
-                .iter()
-                .filter(|(_, v)| v != "granted")
-                .map(|(n, v)| format!("{n} {v}"))
-                .collect();
             tracing::warn!(
-                missing = %missing.join("; "),
+                missing = %round.missing(),
                 "failsafe lost: not every member granted; the licence ends unless the store answers"
+            );
+        }
+    }
+
+    /// Failsafe (F6): the failsafe, if any, is over (`why`). A stretch on
+    /// grants goes into the lock's history as a record of `role` (the
+    /// holder's, while it was one) with `token`.
+    pub(super) fn end_failsafe(&self, role: Role, token: Option<Token>, why: &str) {
+        let (last, since, lost) = self.set(|st| {
+            (
+                st.failsafe_round.take(),
+                st.failsafe_since.take(),
+                st.failsafe_lost.take(),
+            )
+        });
+        if last.is_none() {
+            return;
+        }
+        self.inner.metrics.failsafe_over();
+        tracing::warn!("failsafe over: {why}");
+        if let Some(since) = since {
+            self.inner.history.note(
+                role,
+                "failsafe",
+                failsafe_history(since, std::time::SystemTime::now(), lost.as_ref()),
+                token,
             );
         }
     }

@@ -65,6 +65,10 @@ pub struct AgentSnapshot {
 pub struct FailsafeView {
     /// Every member granted the last round: the licence runs on grants.
     pub granted: bool,
+    /// Since when the licence has run on grants (RFC 3339, UTC): the
+    /// first round every member granted; absent if none has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
     /// When the last round's verdicts were in (RFC 3339, UTC).
     pub at: String,
     /// Each member asked and what it answered: `granted`, `refused: …`,

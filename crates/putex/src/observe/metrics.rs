@@ -28,6 +28,8 @@
 //! | `putex_stops_unproven_total` | counter | stops, of any kind, that could not prove the service stopped |
 //! | `putex_keeper_armed` | gauge | 1 while the keeper holds a deadline |
 //! | `putex_keeper_fired_total` | counter | the keeper reached its deadline and stopped the service |
+//! | `putex_failsafe_granted` | gauge | 1 while the last round of this holder's failsafe asks was granted by every member: the licence runs on grants (the store does not answer) |
+//! | `putex_failsafe_rounds_total{result}` | counter | rounds of this holder's failsafe asks: `granted` (by every member) or `lost` |
 //! | `putex_failsafe_answers_total{answer}` | counter | holders' failsafe asks this member answered: `granted`, `refused` (its state says no) or `rejected` (a MAC that does not verify, another lock or member, no answer in time) |
 //! | `putex_build_info{version}` | info | the putex version |
 
@@ -79,6 +81,11 @@ struct HookLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AnswerLabel {
     answer: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,6 +168,8 @@ struct Series {
     keeper_armed: Gauge,
     keeper_fired: Counter,
     failsafe_answers: Family<AnswerLabel, Counter>,
+    failsafe_granted: Gauge,
+    failsafe_rounds: Family<ResultLabel, Counter>,
     /// The licence deadline, none when not holding.
     deadline: Moment,
     /// When the last renewal was acknowledged, none before the first.
@@ -286,6 +295,18 @@ impl Metrics {
             "Holders' failsafe asks this member answered, by answer",
             failsafe_answers.clone(),
         );
+        let failsafe_granted = Gauge::default();
+        registry.register(
+            "failsafe_granted",
+            "1 while the last round of failsafe asks was granted by every member",
+            failsafe_granted.clone(),
+        );
+        let failsafe_rounds = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "failsafe_rounds",
+            "Rounds of this holder's failsafe asks, by result (granted by every member, or lost)",
+            failsafe_rounds.clone(),
+        );
         registry.register(
             "build",
             "The putex build",
@@ -308,6 +329,8 @@ impl Metrics {
             keeper_armed,
             keeper_fired,
             failsafe_answers,
+            failsafe_granted,
+            failsafe_rounds,
             deadline,
             renewed_at,
             progress: AtomicU64::new(clock::boot_time_now().as_nanos()),
@@ -437,6 +460,22 @@ impl Metrics {
             .failsafe_answers
             .get_or_create(&AnswerLabel { answer })
             .inc();
+    }
+
+    /// Counts one round of this holder's failsafe asks and notes whether
+    /// every member granted it.
+    pub(crate) fn failsafe_round(&self, granted: bool) {
+        let result = if granted { "granted" } else { "lost" };
+        self.0
+            .failsafe_rounds
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        self.0.failsafe_granted.set(i64::from(granted));
+    }
+
+    /// The failsafe ended: a write landed again.
+    pub(crate) fn failsafe_over(&self) {
+        self.0.failsafe_granted.set(0);
     }
 
     /// Notes that the driver went round its loop (for

@@ -173,6 +173,13 @@ impl HistoryWriter {
     /// `active` to `active` with `reason_code` `code` (`paused`,
     /// `unpaused`) and `reason` saying who asked and why.
     pub fn operator(&self, code: &'static str, reason: String, token: Option<Token>) {
+        self.note(Role::Active, code, reason, token);
+    }
+
+    /// Records an event that changes no role: a record from `role` to
+    /// `role` with `reason_code` `code` (`failsafe`, and the operator's
+    /// events) and `reason` for people.
+    pub fn note(&self, role: Role, code: &'static str, reason: String, token: Option<Token>) {
         let cfg = &self.inner.cfg;
         self.send(TransitionRecord {
             v: RECORD_VERSION,
@@ -182,8 +189,8 @@ impl HistoryWriter {
             instance: cfg.instance.to_string(),
             seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
             source: cfg.source.to_owned(),
-            from: Role::Active.to_string(),
-            to: Role::Active.to_string(),
+            from: role.to_string(),
+            to: role.to_string(),
             reason,
             reason_code: code.to_owned(),
             token,
