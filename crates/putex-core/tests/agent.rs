@@ -3390,14 +3390,11 @@ fn f3_a_holder_whose_newest_record_may_lack_the_set_asks_nobody() {
     };
     h.input(Input::Members(vec![with_machine("b")]));
     // The store goes down: renewals carrying {b} do not land.
-    for t in 101..=103 {
+    for t in 101..=111 {
         assert!(
             outage_round(&mut h, f64::from(t)).is_none(),
             "asked at {t} s while its newest record may carry no set"
         );
-    }
-    for t in 104..=111 {
-        let _ = outage_round(&mut h, f64::from(t));
     }
     assert!(
         h.agent.role() != Role::Active,
@@ -3418,11 +3415,31 @@ fn f3_a_holder_whose_newest_record_may_lack_the_set_asks_nobody() {
 /// F2's set across outages, both sides: a second outage moments after the
 /// first (before the members' records are read again) is ridden out on
 /// grants too — the outage's time does not count against the members —
-/// and the asks name them.
+/// and the asks name them. Whether the outage's first renewal was lost,
+/// or landed with its answer lost (found when the store answers).
 #[test]
 fn f2_a_second_outage_right_after_the_first_keeps_the_set() {
-    let (mut h, record) = failsafe_holder_and_record(120.0);
-    let _ = outage_round(&mut h, 101.0);
+    for first_landed in [false, true] {
+        second_outage_keeps_the_set(first_landed);
+    }
+}
+
+fn second_outage_keeps_the_set(first_landed: bool) {
+    let (mut h, acquired) = failsafe_holder_and_record(120.0);
+    // The outage's first renewal, its answer lost.
+    h.advance_to(101.0);
+    h.health(true);
+    let i = h
+        .out
+        .iter()
+        .position(|o| matches!(o, Output::Store(r) if matches!(r.op, StoreOp::Update { .. })))
+        .expect("a renewal at 101 s");
+    let Output::Store(r) = h.out.remove(i) else {
+        unreachable!()
+    };
+    let first = written(&r.op);
+    h.reply(r.id, StoreOutcome::Unknown);
+    h.out.clear();
     for t in 102..=127 {
         let (round, members) = outage_round(&mut h, f64::from(t)).expect("an ask");
         h.input(Input::FailsafeVerdicts {
@@ -3443,10 +3460,18 @@ fn f2_a_second_outage_right_after_the_first_keeps_the_set() {
     let Output::Store(r) = h.out.remove(i) else {
         unreachable!()
     };
-    h.reply(r.id, StoreOutcome::Read(Some(entry(&record, 8, 128.0))));
+    let (mut newest, mut revision) = if first_landed {
+        (first, 9)
+    } else {
+        (acquired, 8)
+    };
+    h.reply(
+        r.id,
+        StoreOutcome::Read(Some(entry(&newest, revision, 128.0))),
+    );
     // Back for 5 s (more renewals than one land), every read showing the
     // newest record.
-    let (mut newest, mut revision, mut landed) = (record, 8, 0);
+    let mut landed = 0;
     for i in 1..=10 {
         let t = 128.0 + 0.5 * f64::from(i);
         h.advance_to(t);
@@ -3461,7 +3486,8 @@ fn f2_a_second_outage_right_after_the_first_keeps_the_set() {
                     assert_eq!(
                         newest.failsafe.as_ref().map(|s| s.members.clone()),
                         Some(vec![member("b"), member("c")]),
-                        "a renewal at {t} s, after an outage, carries the set"
+                        "a renewal at {t} s, after an outage, carries the set \
+                         (its first renewal landed: {first_landed})"
                     );
                     revision += 1;
                     h.reply(r.id, StoreOutcome::Written(Token::new(1, revision)));

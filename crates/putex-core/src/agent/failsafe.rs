@@ -257,15 +257,23 @@ impl Agent {
 
     /// A write of ours sent at `sent`, carrying `set`, landed: the store
     /// answers, the failsafe (if any) ends, and the cap counts from `sent`.
-    /// After writes that did not land, the members' unreported time starts
-    /// again here: they could not be reported while the store did not
-    /// answer, and a set emptied by the outage would leave the next one
-    /// (moments later, before their records are read again) unprotected.
+    /// After writes that did not land, the unreported time of the members
+    /// still in the set starts again now: they could not be reported while
+    /// the store did not answer, and a set emptied by the outage would
+    /// leave the next one (moments later, before their records are read
+    /// again) unprotected. `sent` may be the outage's start (a renewal
+    /// whose answer was lost, found landed when the store answers), so
+    /// the restart is at now.
     pub(super) fn failsafe_landed(&mut self, sent: Instant, set: Option<FailsafeSet>) {
+        let gone = self.timing.renew() * 10;
+        let now = self.now;
         let fs = &mut self.holder_fs;
         if fs.store_failed {
+            let landed = fs.last_landed;
             for (_, at) in &mut fs.members {
-                *at = (*at).max(sent);
+                if landed.is_none_or(|l| l < *at + gone) {
+                    *at = (*at).max(now);
+                }
             }
         }
         fs.last_landed = Some(fs.last_landed.map_or(sent, |l| l.max(sent)));
