@@ -428,6 +428,13 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
         "{}",
         logs()
     );
+    let metrics = crate::agent_http::http_get(ports[active], "/metrics")
+        .unwrap()
+        .1;
+    assert!(
+        metrics.contains("putex_failsafe_granted 0"),
+        "the gauge stayed up after the store came back: {metrics}"
+    );
     eprintln!(
         "failsafe: store down {:?}, the holder's service ran throughout",
         outage()

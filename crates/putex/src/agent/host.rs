@@ -278,9 +278,13 @@ impl Host for AgentHost {
         };
         // A live member that cannot grant: an agent too old to know
         // failsafe would not honour the set either. Ask nobody.
-        let unfit = self.set(|st| st.failsafe_unfit.clone());
+        let unfit = self.set(|st| {
+            st.failsafe_asked = st.failsafe_asked.max(round);
+            st.failsafe_unfit.clone()
+        });
         if !unfit.is_empty() {
             self.failsafe_round(super::state::FailsafeRound {
+                round,
                 at: std::time::SystemTime::now(),
                 verdicts: unfit
                     .into_iter()
@@ -344,6 +348,7 @@ impl Host for AgentHost {
                 )
             }));
             host.failsafe_round(super::state::FailsafeRound {
+                round,
                 at: std::time::SystemTime::now(),
                 verdicts: said,
             });

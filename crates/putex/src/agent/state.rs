@@ -156,6 +156,11 @@ pub(super) struct Status {
     /// Failsafe (F6): the first round of that stretch that not every
     /// member granted — when, and who did not and why.
     pub(super) failsafe_lost: Option<(std::time::SystemTime, String)>,
+    /// Failsafe: the last round asked, and the last asked when a failsafe
+    /// ended — verdicts of a round up to that one come too late to say
+    /// anything.
+    pub(super) failsafe_asked: u64,
+    pub(super) failsafe_ended: u64,
     /// Failsafe: live members whose records say they cannot grant (no
     /// `--failsafe`, or too old to know it); while there is one, this
     /// holder asks nobody and runs on no grants.
@@ -222,6 +227,8 @@ pub(super) struct Inner {
 /// Failsafe (F6): one round of a holder's asks, as it went.
 #[derive(Clone, Debug)]
 pub(super) struct FailsafeRound {
+    /// The core's number of the round.
+    pub(super) round: u64,
     /// When its verdicts were in (wall clock, for people).
     pub(super) at: std::time::SystemTime,
     /// Each member asked ("node" or "node (machine)") and its verdict.
@@ -370,16 +377,21 @@ impl AgentHost {
     /// what it says changes: the licence running on every member's grant,
     /// or not, and who did not grant and why.
     pub(super) fn failsafe_round(&self, round: FailsafeRound) {
-        self.inner.metrics.failsafe_round(round.all_granted());
         let was = self.set(|st| {
+            if round.round <= st.failsafe_ended {
+                return None;
+            }
+            self.inner.metrics.failsafe_round(round.all_granted());
             if round.all_granted() && st.failsafe_since.is_none() {
                 st.failsafe_since = Some(round.at);
             }
             if !round.all_granted() && st.failsafe_since.is_some() && st.failsafe_lost.is_none() {
                 st.failsafe_lost = Some((round.at, round.missing()));
             }
-            st.failsafe_round.replace(round.clone())
+            Some(st.failsafe_round.replace(round.clone()))
         });
+        // Late: the failsafe it belonged to is over.
+        let Some(was) = was else { return };
         let same = was.is_some_and(|w| {
             w.all_granted() == round.all_granted()
                 && (round.all_granted() || w.verdicts == round.verdicts)
@@ -406,6 +418,7 @@ impl AgentHost {
     /// holder's, while it was one) with `token`.
     pub(super) fn end_failsafe(&self, role: Role, token: Option<Token>, why: &str) {
         let (last, since, lost) = self.set(|st| {
+            st.failsafe_ended = st.failsafe_asked;
             (
                 st.failsafe_round.take(),
                 st.failsafe_since.take(),

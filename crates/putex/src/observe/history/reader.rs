@@ -258,7 +258,12 @@ pub fn derive(records: &[Stored]) -> Vec<HistoryRow> {
             .holder
             .as_ref()
             .is_some_and(|(n, i)| *n == r.node && *i == r.instance);
-        if r.to == "confirming" {
+        if r.from == r.to {
+            // A note that changes no role (an operator's pause, a stretch
+            // on failsafe grants): written late, or after its tenure's
+            // records were lost or pruned, it must not read as an
+            // activation.
+        } else if r.to == "confirming" {
             st.acquired.insert(r.instance.clone(), s.clone());
         } else if r.to == "active" && !is_holder {
             row.activation = true;

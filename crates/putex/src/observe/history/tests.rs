@@ -440,3 +440,55 @@ fn a_prune_is_due_about_once_in_prune_every_whatever_the_revisions() {
     assert!((0..100).all(|r| prune_due(r, 1)));
     assert!(!(0..100).any(|r| prune_due(r, 0)));
 }
+
+/// A note that changes no role (a stretch on failsafe grants, an
+/// operator's pause) is never an activation, even written after its
+/// holder's tenure ended and another node took over; the takeover still is.
+#[test]
+fn a_late_note_of_an_old_holder_is_no_activation() {
+    use Role::*;
+    let note = |node: &str, instance: &str| TransitionRecord {
+        reason_code: "failsafe".into(),
+        reason: "failsafe from … for 9s: …; a round lost at …".into(),
+        ..rec(node, instance, Active, Active, Reason::Activated)
+    };
+    let records = vec![
+        at(
+            1,
+            0,
+            rec("a", "ia", Standby, Confirming, Reason::AcquiredAbsent),
+        ),
+        at(
+            2,
+            500,
+            rec("a", "ia", Confirming, Active, Reason::Activated),
+        ),
+        at(3, 600, note("a", "ia")),
+        at(
+            4,
+            9_000,
+            rec("b", "ib", Standby, Confirming, Reason::AcquiredReleased),
+        ),
+        at(
+            5,
+            9_100,
+            rec("b", "ib", Confirming, Active, Reason::Activated),
+        ),
+        // a's records of the end of its tenure, written once the store
+        // answered it again: after b's.
+        at(6, 9_200, note("a", "ia")),
+        at(
+            7,
+            9_300,
+            rec("a", "ia", Active, Lapsed, Reason::LicenceEnded),
+        ),
+    ];
+    let rows = derive(&records);
+    let acts: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.activation)
+        .map(|r| r.record.node.as_str())
+        .collect();
+    assert_eq!(acts, ["a", "b"]);
+    assert_eq!(rows.last().unwrap().holder.as_deref(), Some("b"));
+}
