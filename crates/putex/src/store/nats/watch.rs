@@ -44,28 +44,38 @@ impl NatsStore {
     /// and its revision (0 when the key never existed).
     pub(super) async fn read_last(&self, key: &str) -> Result<(Vec<WatchEvent>, u64), StoreError> {
         let subject = format!("{}{key}", self.inner.kv.prefix);
+        let Some(m) = self.last_message(&subject, key).await? else {
+            return Ok((vec![], 0));
+        };
+        let deleted = is_delete_marker(m.headers.get(KV_OPERATION).map(|v| v.as_str()), None);
+        let event = self.event(
+            key.to_owned(),
+            m.sequence,
+            nanos!(m.time),
+            deleted,
+            m.payload.to_vec(),
+        );
+        Ok((vec![event], m.sequence))
+    }
+
+    /// The newest message on `subject` (a wildcard too) from the stream
+    /// leader, if any; errors name `name`.
+    async fn last_message(
+        &self,
+        subject: &str,
+        name: &str,
+    ) -> Result<Option<jetstream::message::StreamMessage>, StoreError> {
         use jetstream::stream::LastRawMessageErrorKind as K;
         match self
             .inner
             .kv
             .stream
-            .get_last_raw_message_by_subject(&subject)
+            .get_last_raw_message_by_subject(subject)
             .await
         {
-            Ok(m) => {
-                let deleted =
-                    is_delete_marker(m.headers.get(KV_OPERATION).map(|v| v.as_str()), None);
-                let event = self.event(
-                    key.to_owned(),
-                    m.sequence,
-                    nanos!(m.time),
-                    deleted,
-                    m.payload.to_vec(),
-                );
-                Ok((vec![event], m.sequence))
-            }
-            Err(e) if e.kind() == K::NoMessageFound => Ok((vec![], 0)),
-            Err(e) => Err(StoreError::unknown(Op::Watch, key, e)),
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == K::NoMessageFound => Ok(None),
+            Err(e) => Err(StoreError::unknown(Op::Watch, name, e)),
         }
     }
 
@@ -147,18 +157,10 @@ impl NatsStore {
     /// included), from the stream leader; `None` when there is none.
     async fn newest_revision(&self, filter: &str) -> Result<Option<u64>, StoreError> {
         let subject = format!("{}{}", self.inner.kv.prefix, nats_filter(filter));
-        use jetstream::stream::LastRawMessageErrorKind as K;
-        match self
-            .inner
-            .kv
-            .stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-        {
-            Ok(m) => Ok(Some(m.sequence)),
-            Err(e) if e.kind() == K::NoMessageFound => Ok(None),
-            Err(e) => Err(StoreError::unknown(Op::Watch, filter, e)),
-        }
+        Ok(self
+            .last_message(&subject, filter)
+            .await?
+            .map(|m| m.sequence))
     }
 
     /// An ordered push consumer over the keys `selects` (a watch filter),
