@@ -26,6 +26,8 @@ use putex_testkit::etcd_server::EtcdCluster;
 use putex_testkit::proxy::{Mode, Proxy};
 use putex_testkit::timing::{timing_slot, TimingSlot};
 
+mod failsafe;
+
 /// What every scenario shares.
 pub struct Ctx {
     /// The `putex` binary under test.
@@ -219,6 +221,8 @@ pub struct World<'a> {
     store: Store,
     kind: Kind,
     proxies: Vec<(String, Vec<Proxy>)>,
+    /// Failsafe agents' endpoints, each behind a proxy of its own.
+    peers: Vec<failsafe::Peer>,
     /// `putex run` agents.
     pub agents: Vec<Agent>,
     /// `putex lock` clients.
@@ -295,6 +299,7 @@ impl<'a> World<'a> {
             store,
             kind,
             proxies: Vec::new(),
+            peers: Vec::new(),
             agents: Vec::new(),
             clients: Vec::new(),
             profile,
@@ -1213,7 +1218,7 @@ fn faults_per_run(ctx: &Ctx, quick: usize, full: usize) -> usize {
 
 /// Every scenario, in table order.
 pub fn all() -> Vec<Scenario> {
-    vec![
+    let mut all = vec![
         Scenario {
             name: "crash",
             fault_no: "1",
@@ -1829,7 +1834,9 @@ pub fn all() -> Vec<Scenario> {
             run: |ctx, _| etcd_member_kill(ctx, true),
             ..Scenario::DEFAULTS
         },
-    ]
+    ];
+    all.extend(failsafe::scenarios());
+    all
 }
 
 fn lock_scenario(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
