@@ -6,7 +6,8 @@
 //! holder's side (F3): the store frozen, the holder's service keeps running
 //! on its member's grants and nobody else starts one; a member that cannot
 //! grant (frozen, or running without failsafe) ends the licence by T; and
-//! without failsafe the holder stops by T.
+//! without failsafe the holder stops by T; a replayed or forged grant (a
+//! middleman on the path to the member) extends nothing.
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
@@ -615,4 +616,281 @@ fn a_member_without_failsafe_keeps_the_holder_on_the_store(store: &Backend) {
         "/health did not say why: {health}"
     );
     eprintln!("failsafe beside a member without it: the holder stopped {after:?} into the outage");
+}
+
+/// What the [`Middleman`] in front of a member does with a holder's ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Meddle {
+    /// Passes it to the member and its answer back, keeping the last grant.
+    Pass,
+    /// Answers with the last grant it passed (an old round's), the member
+    /// never asked.
+    Replay,
+    /// Answers with a grant of this very ask, signed with another key.
+    Forge,
+}
+
+/// An HTTP middleman on the path from the holder to one member (the
+/// member's `--failsafe-advertise`): one ask per connection, as the holder
+/// sends them (`Connection: close`).
+struct Middleman {
+    port: u16,
+    mode: std::sync::Arc<std::sync::Mutex<Meddle>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Middleman {
+    /// In front of the member whose `--http` is on `member`; forged grants
+    /// are signed with `other`.
+    fn start(member: u16, other: FailsafeKey) -> Middleman {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(Meddle::Pass));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (m, s) = (mode.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut last_grant: Option<Vec<u8>> = None;
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((mut conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                conn.set_nonblocking(false).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                // The request: headers, then Content-Length bytes of body.
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                let body_at = loop {
+                    match conn.read(&mut buf) {
+                        Ok(n) if n > 0 => req.extend_from_slice(&buf[..n]),
+                        _ => break None,
+                    }
+                    if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break Some(i + 4);
+                    }
+                };
+                let Some(body_at) = body_at else { continue };
+                let head = String::from_utf8_lossy(&req[..body_at]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while req.len() < body_at + length {
+                    match conn.read(&mut buf) {
+                        Ok(n) if n > 0 => req.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let mode = *m.lock().unwrap();
+                let answer = match mode {
+                    Meddle::Pass => {
+                        let mut up = std::net::TcpStream::connect(("127.0.0.1", member)).unwrap();
+                        up.write_all(&req).unwrap();
+                        let mut answer = Vec::new();
+                        let _ = up.read_to_end(&mut answer);
+                        if String::from_utf8_lossy(&answer).contains("\"granted\":true") {
+                            last_grant = Some(answer.clone());
+                        }
+                        answer
+                    }
+                    Meddle::Replay => last_grant.clone().unwrap_or_default(),
+                    Meddle::Forge => {
+                        let signed: putex::failsafe::auth::SignedAsk =
+                            serde_json::from_slice(&req[body_at..]).unwrap();
+                        let body = serde_json::to_string(&other.sign_answer(
+                            &putex::failsafe::auth::Answer {
+                                ask: signed.ask,
+                                granted: true,
+                                why: None,
+                            },
+                        ))
+                        .unwrap();
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .into_bytes()
+                    }
+                };
+                let _ = conn.write_all(&answer);
+            }
+        });
+        Middleman {
+            port,
+            mode,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn set(&self, mode: Meddle) {
+        *self.mode.lock().unwrap() = mode;
+    }
+}
+
+impl Drop for Middleman {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+crate::common::on_stores!(timing_slot; Backend, forged_and_replayed_grants_extend_nothing =>
+    failsafe_forged_and_replayed_grants_extend_nothing_on_nats: nats,
+);
+
+/// F5 on real processes, both sides: a middleman on the path from the
+/// holder to its member. Passing the asks through, the store frozen, the
+/// holder runs on the member's grants; answering with the last grant it
+/// passed (a replay of an old round's) or with a grant of the very ask
+/// signed with another key, the holder stops by T, says why on `/health`,
+/// and the member — never asked — takes over once the store is back.
+fn forged_and_replayed_grants_extend_nothing(store: &Backend) {
+    use crate::common::agent::{fast, start};
+    let dir = tempfile::tempdir().unwrap();
+    let url = store.url();
+    let path = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
+    let other = FailsafeKey::from_file(&key_file(
+        dir.path(),
+        "other",
+        "another key of thirty-two bytes or more",
+    ))
+    .unwrap();
+    let ports = crate::agent_http::two_free_ports();
+    let middleman = Middleman::start(ports[1], other);
+    let http = ports.map(|p| format!("127.0.0.1:{p}"));
+    let advertise = [http[0].clone(), format!("127.0.0.1:{}", middleman.port)];
+    let agent = |i: usize, node: &str| {
+        start(fast(
+            dir.path(),
+            &url,
+            "svc",
+            node,
+            &[
+                "--failsafe",
+                "--failsafe-key-file",
+                path.to_str().unwrap(),
+                // Outlasts the 2 s outage on honest grants; a failsafe
+                // lock's first use waits W over T + the cap.
+                "--failsafe-max",
+                "4s",
+                "--failsafe-advertise",
+                &advertise[i],
+                "--http",
+                &http[i],
+                "--",
+                "sleep",
+                "1000",
+            ],
+        ))
+    };
+    // n1 first: it holds, n2 (behind the middleman) stands by.
+    let holder = agent(0, "n1");
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(60), || primary(ports[0])),
+        "{}",
+        holder.log_text()
+    );
+    let member = agent(1, "n2");
+    let logs = || {
+        format!(
+            "--- n1 ---\n{}\n--- n2 ---\n{}",
+            holder.log_text(),
+            member.log_text()
+        )
+    };
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(10), || {
+            status_json(&url, "svc")["members"]
+                .as_array()
+                .is_some_and(|ms| {
+                    ms.len() == 2 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
+                })
+        }),
+        "{}",
+        logs()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Passed through: grants, and the holder runs on them.
+    store.pause();
+    std::thread::sleep(Duration::from_secs(2));
+    let on_grants = primary(ports[0]);
+    store.resume();
+    assert!(on_grants, "the holder stopped on honest grants\n{}", logs());
+    assert!(
+        crate::common::agent::wait_for(Duration::from_secs(10), || {
+            crate::agent_http::http_get(ports[0], "/health")
+                .is_some_and(|(_, b)| !b.contains("\"failsafe\""))
+        }),
+        "still in failsafe after the store came back\n{}",
+        logs()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    for (mode, said) in [
+        (Meddle::Replay, "an answer to another ask"),
+        (Meddle::Forge, "not signed with this failsafe key"),
+    ] {
+        assert!(primary(ports[0]) && !primary(ports[1]), "{}", logs());
+        middleman.set(mode);
+        store.pause();
+        let down = Instant::now();
+        let mut health = String::new();
+        let stopped = crate::common::agent::wait_for(Duration::from_secs(5), || {
+            if let Some((_, body)) = crate::agent_http::http_get(ports[0], "/health") {
+                if body.contains("no valid answer") {
+                    health = body;
+                }
+            }
+            !primary(ports[0])
+        });
+        let after = down.elapsed();
+        store.resume();
+        assert!(stopped, "{mode:?}: the holder ran on\n{}", logs());
+        assert!(
+            after < Duration::from_secs(1),
+            "{mode:?}: stopped {after:?} into the outage (T = 300 ms)\n{}",
+            logs()
+        );
+        assert!(
+            health.contains(said),
+            "{mode:?}: /health did not say why ({said}): {health}\n{}",
+            logs()
+        );
+        eprintln!("failsafe, {mode:?} grants: the holder stopped {after:?} into the outage");
+        // Back on the store, one of them holds again; n1 for the next
+        // round (n2 steps aside by a switchover when it took over).
+        middleman.set(Meddle::Pass);
+        assert!(
+            crate::common::agent::wait_for(Duration::from_secs(20), || {
+                primary(ports[0]) != primary(ports[1])
+            }),
+            "{mode:?}: nobody holds after the store came back\n{}",
+            logs()
+        );
+        if primary(ports[1]) {
+            let out = crate::common::agent::putex()
+                .args(["switchover", "svc", "--to", "n1", "--store", &url])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                crate::common::agent::wait_for(Duration::from_secs(20), || primary(ports[0])),
+                "the switchover to n1 did not happen\n{}",
+                logs()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
