@@ -22,6 +22,7 @@ use crate::common::etcd_server::EtcdServer;
 use crate::common::nats_server::NatsServer;
 
 mod bootstrap;
+mod failsafe;
 mod fencing;
 mod haproxy;
 mod slots;
