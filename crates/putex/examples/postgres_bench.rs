@@ -47,6 +47,11 @@
 //! (stretches of more than 250 ms without an acknowledgement), how long
 //! after the store was back they were normal again, and the acknowledged
 //! writes lost (JSON key `outage`, as `scripts/bench-patroni --outage`).
+//! With `--failsafe` every agent runs with failsafe (`--http` on a port of
+//! its own, a shared key, `--failsafe-max` a minute above the outage), as
+//! Patroni's side runs with `failsafe_mode`; the lock is used once before
+//! (a cluster in service has used it: a failsafe lock's first use on NATS
+//! waits W over T + the cap).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -88,6 +93,9 @@ struct Args {
     /// nats-server.
     #[arg(long, requires = "outage")]
     etcd: bool,
+    /// With `--outage`: every agent runs with `--failsafe`.
+    #[arg(long, requires = "outage")]
+    failsafe: bool,
 }
 
 /// The store the outage takes down.
@@ -133,6 +141,8 @@ struct Bench {
     timing: Vec<&'static str>,
     max_lag: &'static str,
     agents: Vec<Option<Agent>>,
+    /// Each node's `--failsafe` flags, when it runs with failsafe.
+    failsafe: Vec<Vec<String>>,
 }
 
 impl Bench {
@@ -141,7 +151,8 @@ impl Bench {
             .pg
             .agent_spec(&self.putex, &self.url, i)
             .args(&self.timing)
-            .args(&["--max-lag", self.max_lag]);
+            .args(&["--max-lag", self.max_lag])
+            .args(self.failsafe.get(i).map_or(&[][..], Vec::as_slice));
         self.agents[i] = None;
         self.agents[i] = Some(Agent::start(spec).expect("start putex run"));
     }
@@ -330,7 +341,42 @@ fn main() {
         timing,
         max_lag,
         agents: vec![None, None, None],
+        failsafe: Vec::new(),
     };
+    if args.failsafe {
+        let key = b.pg.put_file(
+            "failsafe.key",
+            "postgres_bench: the cluster's failsafe key, 32 bytes or more\n",
+            0o600,
+        );
+        let cap = format!("{}s", args.outage.unwrap_or(0) + 60);
+        b.failsafe = (0..3)
+            .map(|_| {
+                let http = format!("127.0.0.1:{}", putex_testkit::ports::free_port());
+                ["--http", &http, "--failsafe", "--failsafe-key-file"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain([
+                        key.display().to_string(),
+                        "--failsafe-max".into(),
+                        cap.clone(),
+                    ])
+                    .collect()
+            })
+            .collect();
+        let used = Command::new(&b.putex)
+            .args([
+                "lock", "pg", "--ttl", "300ms", "--node", "n1", "--store", &b.url,
+            ])
+            .args(["--", "true"])
+            .output()
+            .expect("putex lock");
+        assert!(
+            used.status.success(),
+            "putex lock: {}",
+            String::from_utf8_lossy(&used.stderr)
+        );
+    }
     b.start(0);
     assert!(
         wait_for(Duration::from_secs(60), || b.pg.is_primary(0) == Some(true)),
@@ -344,12 +390,31 @@ fn main() {
         wait_for(Duration::from_secs(30), || writer.acks().len() > 100),
         "no writes"
     );
+    if args.failsafe {
+        // The holder's record carries the set once every member published
+        // its endpoint and a renewal passed.
+        let published = wait_for(Duration::from_secs(30), || {
+            let out = Command::new(&b.putex)
+                .args(["status", "pg", "--store", &b.url, "-o", "json"])
+                .output()
+                .expect("putex status");
+            let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            st["members"].as_array().is_some_and(|ms| {
+                ms.len() == 3 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
+            })
+        });
+        assert!(
+            published,
+            "the members' failsafe endpoints are not in status"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+    }
     if let Some(secs) = args.outage {
         let figures = store_outage(&mut b, &mut server, writer, Duration::from_secs(secs));
         if let Some(path) = args.json {
             let j = serde_json::json!({
                 "outage": figures,
-                "settings": {"timing": b.timing, "max_lag": b.max_lag, "synchronous": args.synchronous},
+                "settings": {"timing": b.timing, "max_lag": b.max_lag, "synchronous": args.synchronous, "failsafe": args.failsafe},
             });
             std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap()).expect("write --json");
         }

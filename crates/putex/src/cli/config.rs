@@ -178,28 +178,19 @@ pub struct AgentArgs {
     /// /metrics and the status page /ui on this address (e.g. 0.0.0.0:8008).
     #[arg(long, env = "PUTEX_HTTP", value_name = "ADDR")]
     pub http: Option<String>,
-    /// Failsafe (docs/failsafe-design.md): during a store outage the holder
-    /// keeps its licence while every other member grants its signed asks,
-    /// on --http. Hidden until its chaos and PostgreSQL tests are in.
-    #[arg(long, env = "PUTEX_FAILSAFE", hide = true)]
+    /// Failsafe: during a store outage the holder keeps its service while
+    /// every other member of the lock grants its signed asks, on --http
+    /// (every member with the same flags; docs/operations.md "Riding out a
+    /// store outage").
+    #[arg(long, env = "PUTEX_FAILSAFE")]
     pub failsafe: bool,
     /// The key that signs failsafe asks and grants (the same file on every
     /// member; mode 600, at least 32 bytes).
-    #[arg(
-        long,
-        env = "PUTEX_FAILSAFE_KEY_FILE",
-        value_name = "FILE",
-        hide = true
-    )]
+    #[arg(long, env = "PUTEX_FAILSAFE_KEY_FILE", value_name = "FILE")]
     pub failsafe_key_file: Option<PathBuf>,
     /// The HOST:PORT other members reach this agent's --http at (default:
     /// --http's address, unless it listens on every interface).
-    #[arg(
-        long,
-        env = "PUTEX_FAILSAFE_ADVERTISE",
-        value_name = "HOST:PORT",
-        hide = true
-    )]
+    #[arg(long, env = "PUTEX_FAILSAFE_ADVERTISE", value_name = "HOST:PORT")]
     pub failsafe_advertise: Option<String>,
     /// The longest a holder runs on grants after its last renewal that
     /// landed (default 2m); every member of a lock the same.
@@ -207,8 +198,7 @@ pub struct AgentArgs {
         long,
         env = "PUTEX_FAILSAFE_MAX",
         value_name = "DURATION",
-        value_parser = parse_duration,
-        hide = true
+        value_parser = parse_duration
     )]
     pub failsafe_max: Option<Duration>,
     /// Candidacy: 0 never takes over; among eligible standbys a higher
