@@ -378,6 +378,33 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
             agents[standby].log_text()
         )
     };
+    // F6 while the store answers: `putex status` names the set.
+    let out = crate::common::agent::putex()
+        .args(["status", "svc", "--store", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "failsafe: through a store outage the holder keeps its service while {} grants its asks, for at most",
+            ["n1", "n2"][standby]
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        status_json(&url, "svc")["failsafe"]["set"],
+        serde_json::json!([(["n1", "n2"][standby])])
+    );
+    // F6 during the outage: the holder's web page, which cannot read the
+    // store, shows what its own /health says (rendered in Chromium).
+    let page = format!("http://127.0.0.1:{}/ui", ports[active]);
+    let holder_port = ports[active];
+    let rendered = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let dom = crate::web::render_first(&page);
+        let after = crate::agent_http::http_get(holder_port, "/health");
+        format!("{dom}\n/health once rendered: {after:?}")
+    });
     store.pause();
     let down = Instant::now();
     let mut health = String::new();
@@ -401,6 +428,14 @@ fn store_down_with_failsafe_the_service_keeps_running(store: &Backend) {
         std::thread::sleep(Duration::from_millis(50));
     }
     store.resume();
+    let dom = rendered.join().unwrap();
+    assert!(
+        dom.contains(&format!(
+            "this holder's service runs on its members' grants, granted by {}",
+            ["n1", "n2"][standby]
+        )),
+        "the web page during the outage does not say so:\n{dom}"
+    );
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["failsafe"]["granted"], true, "{health}");
     assert_eq!(

@@ -37,8 +37,15 @@ fn chromium() -> PathBuf {
 }
 
 /// Headless Chromium with a profile of its own in `profile`, told to load
-/// `url` and do `what` (`--dump-dom`, `--screenshot=…`): its stdout.
+/// `url` and do `what` (`--dump-dom`, `--screenshot=…`) after 5 s of the
+/// page's (virtual) time: its stdout.
 fn chromium_run(url: &str, what: &str) -> String {
+    chromium_after(url, what, Duration::from_secs(5))
+}
+
+/// [`chromium_run`] after `budget` of the page's virtual time, which
+/// stands still while a request is pending.
+fn chromium_after(url: &str, what: &str, budget: Duration) -> String {
     let profile = tempfile::tempdir().unwrap();
     let out = Command::new(chromium())
         .args([
@@ -53,8 +60,8 @@ fn chromium_run(url: &str, what: &str) -> String {
             "--disable-dev-shm-usage",
             "--hide-scrollbars",
             "--window-size=1200,900",
-            "--virtual-time-budget=5000",
         ])
+        .arg(format!("--virtual-time-budget={}", budget.as_millis()))
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(what)
         .arg(url)
@@ -71,6 +78,13 @@ fn chromium_run(url: &str, what: &str) -> String {
 /// The DOM of `url` after its scripts ran, as headless Chromium renders it.
 fn render(url: &str) -> String {
     chromium_run(url, "--dump-dom")
+}
+
+/// The DOM of `url` half a second into the page's (virtual) time: its
+/// first reads done, as a page whose store does not answer shows them
+/// (the status read waits for its timeout, holding virtual time still).
+pub(crate) fn render_first(url: &str) -> String {
+    chromium_after(url, "--dump-dom", Duration::from_millis(500))
 }
 
 /// A 1200×900 screenshot of `url` into `png`.

@@ -69,6 +69,18 @@ pub fn render(st: &LockStatus) -> String {
     if let Some(title) = &st.title {
         out.push_str(&format!("held for: {title}\n"));
     }
+    match &st.failsafe {
+        Some(f) if f.set.is_empty() => out.push_str(
+            "failsafe: no other member is in the holder's set yet: a store outage stops it at T\n",
+        ),
+        Some(f) => out.push_str(&format!(
+            "failsafe: through a store outage the holder keeps its service while {} grant{} its asks, for at most {}\n",
+            f.set.join(", "),
+            if f.set.len() == 1 { "s" } else { "" },
+            humantime::format_duration(std::time::Duration::from_millis(f.max_ms))
+        )),
+        None => {}
+    }
     if !st.waiting.is_empty() {
         out.push('\n');
         let mut rows = vec![vec![

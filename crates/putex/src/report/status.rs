@@ -77,6 +77,21 @@ pub struct LockStatus {
     /// A `released` record handed to this node by a switchover (O1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handed_to: Option<String>,
+    /// The holder's failsafe set (F2), when its record carries one: the
+    /// members that must all grant for it to keep its service through a
+    /// store outage, and for how long at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<FailsafeStatus>,
+}
+
+/// A held record's failsafe set and cap (`docs/failsafe-design.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailsafeStatus {
+    /// The members' nodes, each of which must grant.
+    pub set: Vec<String>,
+    /// `--failsafe-max`: the longest the holder runs on grants after its
+    /// last renewal that landed, in ms.
+    pub max_ms: u64,
 }
 
 /// One `putex lock` client waiting in line (its queue ticket).
@@ -389,6 +404,7 @@ async fn record_status(
         waiting: Vec::new(),
         paused: None,
         handed_to: None,
+        failsafe: None,
     };
     if let Some(e) = entry {
         st.token = Some(e.token.to_string());
@@ -404,6 +420,14 @@ async fn record_status(
                 let live = st.state.is_held();
                 st.paused = r.paused.as_ref().filter(|_| live).map(ToString::to_string);
                 st.handed_to = r.to.clone().filter(|_| st.state == RecordState::Released);
+                st.failsafe = r
+                    .failsafe
+                    .as_ref()
+                    .filter(|_| live)
+                    .map(|f| FailsafeStatus {
+                        set: f.members.iter().map(|m| m.node.clone()).collect(),
+                        max_ms: f.max_ms,
+                    });
                 // A paused record is never taken over (O2): not stale.
                 st.stale =
                     live && st.paused.is_none() && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);
