@@ -673,6 +673,15 @@ impl<'a> World<'a> {
 
     /// Starts `node`'s agent again with the same settings and keeper dir.
     pub fn restart(&mut self, node: &str) -> Result<(), String> {
+        self.restart_with(node, start_agent)
+    }
+
+    /// [`World::restart`], the new agent started by `start`.
+    fn restart_with(
+        &mut self,
+        node: &str,
+        start: impl FnOnce(putex_testkit::agent::AgentSpec) -> Result<Agent, String>,
+    ) -> Result<(), String> {
         let i = self
             .agents
             .iter()
@@ -684,7 +693,7 @@ impl<'a> World<'a> {
         let spec = old.spec.clone();
         self.out.logs.push(old.log.clone());
         drop(old);
-        self.agents.insert(i, start_agent(spec)?);
+        self.agents.insert(i, start(spec)?);
         Ok(())
     }
 

@@ -292,15 +292,27 @@ fn failsafe_is_refused_without_a_private_key() {
     assert!(err.contains("--failsafe-advertise"), "{err}");
 }
 
-/// How long the store is down in the outage tests: `PUTEX_TEST_OUTAGE`
-/// seconds (the 60 s, by hand), 10 s in the suite — 33 times T.
-fn outage() -> Duration {
+/// How long the store is down in the outage tests (here and in
+/// `postgres::failsafe`): `PUTEX_TEST_OUTAGE` seconds (the 60 s, by
+/// hand), 10 s in the suite — 33 times T here.
+pub(crate) fn outage() -> Duration {
     Duration::from_secs(
         std::env::var("PUTEX_TEST_OUTAGE")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(10),
     )
+}
+
+/// Whether, within `within`, `lock` has `n` members and every one's
+/// member record names its failsafe endpoint (here and in
+/// `postgres::failsafe`).
+pub(crate) fn endpoints_published(url: &str, lock: &str, n: usize, within: Duration) -> bool {
+    crate::common::agent::wait_for(within, || {
+        status_json(url, lock)["members"]
+            .as_array()
+            .is_some_and(|ms| ms.len() == n && ms.iter().all(|m| m["failsafe"]["url"].is_string()))
+    })
 }
 
 /// `/primary` of the agent on `port` answers 200.
@@ -336,13 +348,7 @@ fn pair(
         // Both member records name their endpoints, and the holder's
         // record carries its set (a renewal after the members were read).
         assert!(
-            crate::common::agent::wait_for(Duration::from_secs(10), || {
-                status_json(url, "svc")["members"]
-                    .as_array()
-                    .is_some_and(|ms| {
-                        ms.len() == 2 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
-                    })
-            }),
+            endpoints_published(url, "svc", 2, Duration::from_secs(10)),
             "no failsafe endpoints in status: {}\n--- n1 ---\n{}\n--- n2 ---\n{}",
             status_json(url, "svc"),
             agents[0].log_text(),
@@ -841,13 +847,7 @@ fn forged_and_replayed_grants_extend_nothing(store: &Backend) {
         )
     };
     assert!(
-        crate::common::agent::wait_for(Duration::from_secs(10), || {
-            status_json(&url, "svc")["members"]
-                .as_array()
-                .is_some_and(|ms| {
-                    ms.len() == 2 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
-                })
-        }),
+        endpoints_published(&url, "svc", 2, Duration::from_secs(10)),
         "{}",
         logs()
     );

@@ -339,24 +339,13 @@ fn member_restart(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
     let killed = w.fault(format!(
         "kill -9 {member}, started again (the store still down)"
     ));
-    let spec = match w.agent(&member) {
-        Some(a) => {
-            a.crash();
-            a.spec.clone()
-        }
-        None => return Err(format!("no agent {member}")),
-    };
-    let i = w
-        .agents
-        .iter()
-        .position(|a| a.node() == member)
-        .ok_or_else(|| format!("no agent {member}"))?;
-    let old = w.agents.remove(i);
-    w.out.logs.push(old.log.clone());
-    drop(old);
+    if let Some(a) = w.agent(&member) {
+        a.crash();
+    }
     // Not `start_agent`: it waits for the store, which is down.
-    let again = Agent::spawn(spec).map_err(|e| format!("cannot start {member} again: {e}"))?;
-    w.agents.insert(i, again);
+    w.restart_with(&member, |spec| {
+        Agent::spawn(spec).map_err(|e| format!("cannot start it again: {e}"))
+    })?;
     let stopped = {
         let until = Instant::now() + FAST3.t() * 3;
         loop {

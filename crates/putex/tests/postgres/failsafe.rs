@@ -15,15 +15,7 @@ use putex_testkit::postgres::{write_outages, PgCluster, Writer};
 use super::{cluster_each, logs, lost, one_primary_at_a_time, turn_on_a_used_lock, wait_acks};
 use crate::common::agent::{status_json, wait_for, wall_ns};
 use crate::common::nats_server::NatsServer;
-
-fn outage() -> Duration {
-    Duration::from_secs(
-        std::env::var("PUTEX_TEST_OUTAGE")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(10),
-    )
-}
+use crate::failsafe::outage;
 
 /// T of the PostgreSQL tests' timing (R = 500 ms, F = 3).
 const T: Duration = Duration::from_millis(1500);
@@ -67,13 +59,7 @@ fn outage_case(failsafe: bool) {
         // The holder's record carries the set once every member published
         // its endpoint and a renewal passed.
         assert!(
-            wait_for(Duration::from_secs(20), || {
-                status_json(&url, "pg")["members"]
-                    .as_array()
-                    .is_some_and(|ms| {
-                        ms.len() == 3 && ms.iter().all(|m| m["failsafe"]["url"].is_string())
-                    })
-            }),
+            crate::failsafe::endpoints_published(&url, "pg", 3, Duration::from_secs(20)),
             "no failsafe endpoints in status: {}\n{}",
             status_json(&url, "pg"),
             logs(&agents)
