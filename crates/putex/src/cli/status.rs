@@ -388,4 +388,55 @@ mod tests {
             .unwrap();
         assert_eq!(absent.state, RecordState::Absent);
     }
+
+    /// F6: a held record's failsafe set and cap, in the text, the JSON and
+    /// the gateway's `/v1/status` view; a released record has none.
+    #[tokio::test]
+    async fn a_held_failsafe_record_names_its_set() {
+        let store = AnyStore::from(crate::store::MemoryStore::new());
+        let member = |node: &str| putex_core::FailsafeMember {
+            node: node.into(),
+            machine: "m".into(),
+        };
+        let mut rec = LockRecord {
+            v: 1,
+            node: "db1".into(),
+            machine: "m".into(),
+            instance: "i".into(),
+            state: LockState::Active,
+            write: "w1".into(),
+            lease_ms: 10_000,
+            gap_ms: 2_000,
+            to: None,
+            hold_ms: 0,
+            catch_up: false,
+            paused: None,
+            since: None,
+            failsafe: Some(putex_core::FailsafeSet {
+                members: vec![member("db2"), member("db3")],
+                max_ms: 120_000,
+            }),
+        };
+        let t = Duration::from_secs(1);
+        let token = store.create("lock.pg", &rec.encode(), t).await.unwrap();
+        let st = lock_status(&store, &"pg".parse().unwrap()).await.unwrap();
+        let text = render(&st);
+        assert!(
+            text.contains("failsafe: through a store outage the holder keeps its service while db2, db3 grant its asks, for at most 2m"),
+            "{text}"
+        );
+        let want = serde_json::json!({"set": ["db2", "db3"], "max_ms": 120_000});
+        assert_eq!(serde_json::to_value(&st).unwrap()["failsafe"], want);
+        let view = crate::http::v1::views::StatusView::from(st);
+        assert_eq!(serde_json::to_value(&view).unwrap()["failsafe"], want);
+
+        rec.state = LockState::Released;
+        store
+            .update("lock.pg", &rec.encode(), token, t)
+            .await
+            .unwrap();
+        let st = lock_status(&store, &"pg".parse().unwrap()).await.unwrap();
+        assert_eq!(st.failsafe, None);
+        assert!(!render(&st).contains("failsafe"));
+    }
 }

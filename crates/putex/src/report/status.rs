@@ -85,13 +85,28 @@ pub struct LockStatus {
 }
 
 /// A held record's failsafe set and cap (`docs/failsafe-design.md`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FailsafeStatus {
     /// The members' nodes, each of which must grant.
     pub set: Vec<String>,
     /// `--failsafe-max`: the longest the holder runs on grants after its
     /// last renewal that landed, in ms.
     pub max_ms: u64,
+}
+
+impl FailsafeStatus {
+    /// The set and cap of `record`, if it is held and carries them.
+    pub fn of(record: &putex_core::LockRecord) -> Option<FailsafeStatus> {
+        let held = RecordState::from(record.state).is_held();
+        record
+            .failsafe
+            .as_ref()
+            .filter(|_| held)
+            .map(|f| FailsafeStatus {
+                set: f.members.iter().map(|m| m.node.clone()).collect(),
+                max_ms: f.max_ms,
+            })
+    }
 }
 
 /// One `putex lock` client waiting in line (its queue ticket).
@@ -420,14 +435,7 @@ async fn record_status(
                 let live = st.state.is_held();
                 st.paused = r.paused.as_ref().filter(|_| live).map(ToString::to_string);
                 st.handed_to = r.to.clone().filter(|_| st.state == RecordState::Released);
-                st.failsafe = r
-                    .failsafe
-                    .as_ref()
-                    .filter(|_| live)
-                    .map(|f| FailsafeStatus {
-                        set: f.members.iter().map(|m| m.node.clone()).collect(),
-                        max_ms: f.max_ms,
-                    });
+                st.failsafe = FailsafeStatus::of(&r);
                 // A paused record is never taken over (O2): not stale.
                 st.stale =
                     live && st.paused.is_none() && st.renewed_ago_ms.is_none_or(|a| a > r.lease_ms);

@@ -49,7 +49,7 @@ use crate::store::{keys, AnyStore, Entry, Name, NodeId, ReadMode, Store, StoreEr
 
 mod errors;
 pub(crate) mod kv;
-mod views;
+pub(crate) mod views;
 
 use errors::check_name;
 pub use errors::{ApiError, ErrorBody, ErrorCode, StoreFailure, Unauthorized};
@@ -481,8 +481,10 @@ fn summary(lock: &str, entry: &Entry, now: Option<StoreTime>) -> StatusView {
         instance: None,
         stale: false,
         members: None,
+        failsafe: None,
     };
     if let Observed::Record(r) = Observed::decode(&entry.value) {
+        v.failsafe = crate::report::status::FailsafeStatus::of(&r);
         v.state = r.state.into();
         v.stale = matches!(r.state, LockState::Active | LockState::Confirming)
             && renewed_ago_ms.is_none_or(|a| a > r.lease_ms);

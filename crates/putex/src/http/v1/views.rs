@@ -209,6 +209,11 @@ pub struct StatusView {
     /// The members' records (absent in the `/v1/status` listing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub members: Option<Vec<MemberView>>,
+    /// A held record's failsafe set and cap (`putex run --failsafe`): the
+    /// members that must all grant for the holder to keep its service
+    /// through a store outage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failsafe: Option<crate::report::status::FailsafeStatus>,
 }
 
 pub(super) fn parse_token(s: &str) -> Option<FencingToken> {
@@ -234,6 +239,7 @@ impl From<LockStatus> for StatusView {
             instance: s.instance,
             stale: s.stale,
             members: Some(s.members.into_iter().map(MemberView::from).collect()),
+            failsafe: s.failsafe,
         }
     }
 }
