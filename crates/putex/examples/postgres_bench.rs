@@ -261,7 +261,8 @@ fn store_outage(
         .rposition(|a| a.ns < down)
         .expect("writes before the outage");
     let gaps = write_outages(&acks[before..], Duration::from_millis(250));
-    let unavailable: f64 = gaps.iter().map(|&(a, z)| ms_between(a, z)).sum();
+    // `+ 0.0`: an empty sum of floats is -0.0, printed "-0".
+    let unavailable: f64 = gaps.iter().map(|&(a, z)| ms_between(a, z)).sum::<f64>() + 0.0;
     let first_failure = gaps.first().map(|&(a, _)| ms_between(down, a).max(0.0));
     let normal_after = gaps
         .last()
