@@ -24,10 +24,24 @@ pub(super) struct Peer {
 impl World<'_> {
     /// Starts n1..n3 with `--failsafe` and `--failsafe-max cap`, each with
     /// `--http` on a port of its own behind a peer proxy (the address it
-    /// advertises); then waits for the first activation, which on NATS
-    /// waits W over T + the cap (the store cannot prove the name unused,
-    /// `docs/operations.md`).
+    /// advertises); then waits for the first activation. The lock is used
+    /// once before (`putex lock`), as a lock in service has been: a failsafe
+    /// lock's first use on NATS waits W over T + the cap (the store cannot
+    /// prove the name unused, `docs/operations.md`), seconds of every run
+    /// that measure nothing here.
     fn failsafe_agents(&mut self, cap: Duration) -> Result<(), String> {
+        let used = Command::new(&self.ctx.putex)
+            .args(["lock", &self.lock, "--ttl", "300ms", "--node", "n1"])
+            .args(["--store", &self.direct_url(), "--", "true"])
+            .output()
+            .map_err(|e| format!("putex lock: {e}"))?;
+        if !used.status.success() {
+            return Err(format!(
+                "putex lock {}: {}",
+                self.lock,
+                String::from_utf8_lossy(&used.stderr)
+            ));
+        }
         use std::os::unix::fs::PermissionsExt as _;
         let key = self.dir.join("failsafe.key");
         std::fs::write(&key, KEY)
