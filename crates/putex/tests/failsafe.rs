@@ -929,3 +929,69 @@ fn forged_and_replayed_grants_extend_nothing(store: &Backend) {
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+crate::common::on_stores!(timing_slot; Backend, a_member_with_another_key_is_refused_at_start =>
+    failsafe_a_member_with_another_key_is_refused_at_start_on_nats: nats,
+);
+
+/// Every member of a failsafe lock needs the same key: an agent whose key
+/// a live member does not share is refused at start (exit 2), naming that
+/// member and both keys, instead of failing in the outage it is for; with
+/// the same key it starts.
+fn a_member_with_another_key_is_refused_at_start(store: &Backend) {
+    use crate::common::agent::{fast, start};
+    let dir = tempfile::tempdir().unwrap();
+    let url = store.url();
+    let ours = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
+    let theirs = key_file(
+        dir.path(),
+        "other",
+        "another key of thirty-two bytes or more",
+    );
+    let ports = crate::agent_http::two_free_ports();
+    let agent = |node: &str, port: u16, key: &std::path::Path| {
+        let http = format!("127.0.0.1:{port}");
+        start(fast(
+            dir.path(),
+            &url,
+            "svc",
+            node,
+            &[
+                "--failsafe",
+                "--failsafe-key-file",
+                key.to_str().unwrap(),
+                "--failsafe-max",
+                "1s",
+                "--http",
+                &http,
+                "--",
+                "sleep",
+                "1000",
+            ],
+        ))
+    };
+    let n1 = agent("n1", ports[0], &ours);
+    assert!(
+        endpoints_published(&url, "svc", 1, Duration::from_secs(20)),
+        "{}",
+        n1.log_text()
+    );
+    let mut other = agent("n2", ports[1], &theirs);
+    let code = other.wait_exit(Duration::from_secs(10));
+    let said = other.refusal();
+    assert_eq!(code, Some(2), "{}", other.log_text());
+    eprintln!("refused: {said}");
+    assert!(
+        said.contains("member n1 of lock \"svc\" signs with key")
+            && said.contains("every member needs the same key file"),
+        "{said}"
+    );
+    drop(other);
+    let mut same = agent("n2", ports[1], &ours);
+    assert!(same.alive(), "{}", same.log_text());
+    assert!(
+        endpoints_published(&url, "svc", 2, Duration::from_secs(10)),
+        "{}",
+        same.log_text()
+    );
+}

@@ -52,6 +52,24 @@ pub enum AgentError {
     /// rule broken and how the store was measured.
     #[error(transparent)]
     Timing(#[from] StoreCheckError),
+    /// `--failsafe` with a key another live member of the lock does not
+    /// share: every ask and grant between them would be rejected, so the
+    /// failsafe would fail in the outage it is for.
+    #[error(
+        "--failsafe-key-file: member {node} of lock {lock:?} signs with key {theirs}, this \
+         agent's key is {ours}: every member needs the same key file (else each rejects the \
+         other's asks and grants, and a store outage stops the holder at T)"
+    )]
+    FailsafeKeyMismatch {
+        /// The lock.
+        lock: String,
+        /// The member whose key differs.
+        node: String,
+        /// Its key's fingerprint, as its member record publishes it.
+        theirs: String,
+        /// This agent's.
+        ours: String,
+    },
     /// The settings name no lock (`check` settings, not `run` ones).
     #[error("no lock to run for (--lock)")]
     NoLock,

@@ -83,7 +83,7 @@ use crate::observe::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::store::keys;
 use crate::store::measure::measure_store;
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, Name, Store};
 use crate::supervision::hooks::HookRunner;
 use crate::supervision::keeper::{KeeperClient, KeeperConfig, KeeperEvent};
 use crate::supervision::keeper_queue::KeeperQueue;
@@ -96,6 +96,47 @@ impl AgentError {
             source,
         }
     }
+}
+
+/// At the start of a failsafe agent: refuses a key that a live member of
+/// the lock does not share (by its name and both fingerprints), and warns
+/// of live members without failsafe, beside which no holder asks anyone.
+/// A member record that cannot be read is left to the run.
+async fn check_failsafe_members(
+    store: &AnyStore,
+    lock: &Name,
+    node: &str,
+    ours: &str,
+) -> Result<(), AgentError> {
+    let members = match crate::report::status::lock_status(store, lock).await {
+        Ok(st) => st.members,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the lock's members to compare failsafe keys");
+            return Ok(());
+        }
+    };
+    let live = members
+        .iter()
+        .filter(|m| m.node != node && !m.silent && m.role != "exited");
+    for m in live {
+        match &m.failsafe {
+            Some(f) if f.key != ours => {
+                return Err(AgentError::FailsafeKeyMismatch {
+                    lock: lock.to_string(),
+                    node: m.node.clone(),
+                    theirs: f.key.clone(),
+                    ours: ours.to_owned(),
+                })
+            }
+            Some(_) => {}
+            None => tracing::warn!(
+                member = %m.node,
+                "member {} runs without --failsafe: no holder of this lock asks anyone until every member runs with it",
+                m.node
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// Runs the failover agent until it stops: asked to ([`Shutdown`]), or
@@ -179,6 +220,9 @@ pub async fn run(
         p99_cas = %Human(m.facts.p99_cas.unwrap_or_default()),
         "store ok"
     );
+    if let Some(failsafe) = &settings.failsafe {
+        check_failsafe_members(&store, &lock, &node, &failsafe.key.fingerprint()).await?;
+    }
     for w in timing_warnings(&settings.timing) {
         tracing::warn!("{w}");
     }

@@ -56,7 +56,9 @@ fn agent_error(e: AgentError) -> CliError {
         AgentError::AlreadyRunning { .. } => CliError::Duplicate(e.to_string()),
         AgentError::StoreUnreachable { .. } => CliError::Store(e.to_string()),
         AgentError::Measure(m) => m.into(),
-        AgentError::Timing(_) | AgentError::NoLock => CliError::Usage(e.to_string()),
+        AgentError::Timing(_) | AgentError::NoLock | AgentError::FailsafeKeyMismatch { .. } => {
+            CliError::Usage(e.to_string())
+        }
         AgentError::Local {
             what: LocalFile::KeeperDir,
             ..
