@@ -244,9 +244,9 @@ fn store_down(ctx: &Ctx, kind: Kind, profile: Profile, name: &str) -> Result<Run
 /// for less than the cap nothing moves (the members grant, and every grant
 /// holds their takeover back); for longer, the holder stops when the cap
 /// ends and a member takes over within B of that.
-fn standbys_only(ctx: &Ctx, _: &mut Rng) -> Result<RunOut, String> {
+fn standbys_only(ctx: &Ctx, kind: Kind, p: Profile, name: &str) -> Result<RunOut, String> {
     let cap = Duration::from_secs(3);
-    let mut w = World::new(ctx, Kind::Single, FAST3, "failsafe-standbys-only")?;
+    let mut w = World::new(ctx, kind, p.clone(), name)?;
     w.failsafe_agents(cap)?;
     w.out.expected_starts = 1;
     let holder = w.steady_with_set()?;
@@ -276,14 +276,14 @@ fn standbys_only(ctx: &Ctx, _: &mut Rng) -> Result<RunOut, String> {
     std::thread::sleep(cap);
     let cap_end = w.h.fault("the cap ends".to_owned());
     w.out.expected_starts += 1;
-    w.expect_failover(cap_end, FAST3.r());
-    std::thread::sleep(FAST3.t() * 3);
+    w.expect_failover(cap_end, p.r());
+    std::thread::sleep(p.t() * 3);
     w.set_mode(&holder, Mode::Pass);
     w.h.fault(format!("blackhole {holder} ends"));
     let early = check::stops_between(
         &w.h.events(),
         at,
-        cap_end.saturating_sub(FAST3.r().as_nanos() as u64),
+        cap_end.saturating_sub(p.r().as_nanos() as u64),
     );
     if early > 0 {
         w.out.errors.push(format!(
@@ -300,8 +300,8 @@ fn standbys_only(ctx: &Ctx, _: &mut Rng) -> Result<RunOut, String> {
 /// proxy): it cannot tell that member from one about to take over, so it
 /// stops at T, and a member takes over within B — the same as without
 /// failsafe.
-fn cut_off(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
-    let mut w = World::new(ctx, Kind::Single, FAST3, "failsafe-cut-off")?;
+fn cut_off(ctx: &Ctx, rng: &mut Rng, kind: Kind, p: Profile, name: &str) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, kind, p.clone(), name)?;
     w.failsafe_agents(Duration::from_secs(3))?;
     w.out.expected_starts = 1;
     for _ in 0..faults_per_run(ctx, 2, 4) {
@@ -321,8 +321,8 @@ fn cut_off(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
         // other member's from its last grant, about T later. When the
         // other outranks it (O3: equal priorities rank by node name), the
         // cut-off member defers D = 2 R to a candidate that cannot act yet.
-        w.expect_failover(at, FAST3.r() * 3);
-        std::thread::sleep(FAST3.t() * 3);
+        w.expect_failover(at, p.r() * 3);
+        std::thread::sleep(p.t() * 3);
         w.set_mode(&holder, Mode::Pass);
         w.set_peer_mode(member, Mode::Pass);
         w.h.fault(format!("blackhole {holder} ends"));
@@ -339,8 +339,14 @@ fn cut_off(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
 /// at T after its member went (F3: one missing grant is no extension);
 /// nobody starts while the store is down; once it is back, one member
 /// takes over, the restarted one only after W from its start (F4).
-fn member_restart(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
-    let mut w = World::new(ctx, Kind::Single, FAST3, "failsafe-member-restart")?;
+fn member_restart(
+    ctx: &Ctx,
+    rng: &mut Rng,
+    kind: Kind,
+    p: Profile,
+    name: &str,
+) -> Result<RunOut, String> {
+    let mut w = World::new(ctx, kind, p.clone(), name)?;
     w.failsafe_agents(Duration::from_secs(10))?;
     w.out.expected_starts = 1;
     let holder = w.steady_with_set()?;
@@ -361,7 +367,7 @@ fn member_restart(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
         Agent::spawn(spec).map_err(|e| format!("cannot start it again: {e}"))
     })?;
     let stopped = {
-        let until = Instant::now() + FAST3.t() * 3;
+        let until = Instant::now() + p.t() * 3;
         loop {
             if w.services_of(&holder).is_empty() || Instant::now() > until {
                 break !w.services_of(&holder).is_empty();
@@ -372,7 +378,7 @@ fn member_restart(ctx: &Ctx, rng: &mut Rng) -> Result<RunOut, String> {
     if stopped {
         w.out.errors.push(format!(
             "{holder} still ran {:?} after {member} went, with the store down",
-            FAST3.t() * 3
+            p.t() * 3
         ));
     }
     std::thread::sleep(Duration::from_secs(3));
@@ -422,7 +428,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             about: "failsafe on, cap 3 s: the holder cut off from the store for half the cap (nothing moves), then past the cap (it stops, one takes over)",
             quick_runs: 1,
             full_runs: 2,
-            run: standbys_only,
+            run: |ctx, _| standbys_only(ctx, Kind::Single, FAST3, "failsafe-standbys-only"),
             ..Scenario::DEFAULTS
         },
         Scenario {
@@ -431,7 +437,7 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             about: "failsafe on: the holder cut off from the store and from one member for 3T",
             quick_runs: 1,
             full_runs: 2,
-            run: cut_off,
+            run: |ctx, rng| cut_off(ctx, rng, Kind::Single, FAST3, "failsafe-cut-off"),
             ..Scenario::DEFAULTS
         },
         Scenario {
@@ -440,7 +446,38 @@ pub(super) fn scenarios() -> Vec<Scenario> {
             about: "failsafe on: the store frozen, a member killed and started again; the store back 3 s later",
             quick_runs: 1,
             full_runs: 2,
-            run: member_restart,
+            run: |ctx, rng| member_restart(ctx, rng, Kind::Single, FAST3, "failsafe-member-restart"),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "failsafe-standbys-only-etcd3",
+            fault_no: "F1, F3",
+            about: "failsafe-standbys-only on a 3-member etcd (R = 200 ms); full mode only",
+            quick_runs: 0,
+            full_runs: 1,
+            run: |ctx, _| {
+                standbys_only(ctx, Kind::Etcd3, FAST3_R200, "failsafe-standbys-only-etcd3")
+            },
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "failsafe-cut-off-etcd3",
+            fault_no: "F3",
+            about: "failsafe-cut-off on a 3-member etcd (R = 200 ms); full mode only",
+            quick_runs: 0,
+            full_runs: 1,
+            run: |ctx, rng| cut_off(ctx, rng, Kind::Etcd3, FAST3_R200, "failsafe-cut-off-etcd3"),
+            ..Scenario::DEFAULTS
+        },
+        Scenario {
+            name: "failsafe-member-restart-etcd3",
+            fault_no: "F3, F4",
+            about: "failsafe-member-restart on a 3-member etcd, every member frozen (R = 200 ms); full mode only",
+            quick_runs: 0,
+            full_runs: 1,
+            run: |ctx, rng| {
+                member_restart(ctx, rng, Kind::Etcd3, FAST3_R200, "failsafe-member-restart-etcd3")
+            },
             ..Scenario::DEFAULTS
         },
     ]
