@@ -31,7 +31,7 @@ impl World<'_> {
     /// that measure nothing here.
     fn failsafe_agents(&mut self, cap: Duration) -> Result<(), String> {
         let used = Command::new(&self.ctx.putex)
-            .args(["lock", &self.lock, "--ttl", "300ms", "--node", "n1"])
+            .args(["lock", &self.lock, "--ttl", "1s", "--node", "n1"])
             .args(["--store", &self.direct_url(), "--", "true"])
             .output()
             .map_err(|e| format!("putex lock: {e}"))?;
