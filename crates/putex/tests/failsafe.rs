@@ -315,6 +315,33 @@ pub(crate) fn endpoints_published(url: &str, lock: &str, n: usize, within: Durat
     })
 }
 
+/// `putex run --failsafe` of `node` on lock `svc` (fast timing, `sleep
+/// 1000` as its service), signing with `key`, `--failsafe-max cap`,
+/// `--http` on `port`, and `extra` flags.
+fn failsafe_agent(
+    dir: &std::path::Path,
+    url: &str,
+    node: &str,
+    key: &std::path::Path,
+    cap: &str,
+    port: u16,
+    extra: &[&str],
+) -> crate::common::agent::Agent {
+    let http = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--failsafe",
+        "--failsafe-key-file",
+        key.to_str().unwrap(),
+        "--failsafe-max",
+        cap,
+        "--http",
+        &http,
+    ];
+    args.extend(extra);
+    args.extend(["--", "sleep", "1000"]);
+    crate::common::agent::start(crate::common::agent::fast(dir, url, "svc", node, &args))
+}
+
 /// `/primary` of the agent on `port` answers 200.
 fn primary(port: u16) -> bool {
     crate::agent_http::http_get(port, "/primary").is_some_and(|(s, _)| s == 200)
@@ -594,24 +621,7 @@ fn a_member_without_failsafe_keeps_the_holder_on_the_store(store: &Backend) {
     let path = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
     let ports = crate::agent_http::two_free_ports();
     let http = ports.map(|p| format!("127.0.0.1:{p}"));
-    let holder = start(fast(
-        dir.path(),
-        &url,
-        "svc",
-        "n1",
-        &[
-            "--failsafe",
-            "--failsafe-key-file",
-            path.to_str().unwrap(),
-            "--failsafe-max",
-            "1s",
-            "--http",
-            &http[0],
-            "--",
-            "sleep",
-            "1000",
-        ],
-    ));
+    let holder = failsafe_agent(dir.path(), &url, "n1", &path, "1s", ports[0], &[]);
     assert!(
         crate::common::agent::wait_for(Duration::from_secs(20), || primary(ports[0])),
         "{}",
@@ -793,7 +803,6 @@ crate::common::on_stores!(timing_slot; Backend, forged_and_replayed_grants_exten
 /// signed with another key, the holder stops by T, says why on `/health`,
 /// and the member — never asked — takes over once the store is back.
 fn forged_and_replayed_grants_extend_nothing(store: &Backend) {
-    use crate::common::agent::{fast, start};
     let dir = tempfile::tempdir().unwrap();
     let url = store.url();
     let path = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
@@ -807,29 +816,11 @@ fn forged_and_replayed_grants_extend_nothing(store: &Backend) {
     let middleman = Middleman::start(ports[1], other);
     let http = ports.map(|p| format!("127.0.0.1:{p}"));
     let advertise = [http[0].clone(), format!("127.0.0.1:{}", middleman.port)];
+    // The cap outlasts the 2 s outage on honest grants; a failsafe lock's
+    // first use waits W over T + the cap.
     let agent = |i: usize, node: &str| {
-        start(fast(
-            dir.path(),
-            &url,
-            "svc",
-            node,
-            &[
-                "--failsafe",
-                "--failsafe-key-file",
-                path.to_str().unwrap(),
-                // Outlasts the 2 s outage on honest grants; a failsafe
-                // lock's first use waits W over T + the cap.
-                "--failsafe-max",
-                "4s",
-                "--failsafe-advertise",
-                &advertise[i],
-                "--http",
-                &http[i],
-                "--",
-                "sleep",
-                "1000",
-            ],
-        ))
+        let advertise = ["--failsafe-advertise", &advertise[i]];
+        failsafe_agent(dir.path(), &url, node, &path, "4s", ports[i], &advertise)
     };
     // n1 first: it holds, n2 (behind the middleman) stands by.
     let holder = agent(0, "n1");
@@ -939,7 +930,6 @@ crate::common::on_stores!(timing_slot; Backend, a_member_with_another_key_is_ref
 /// member and both keys, instead of failing in the outage it is for; with
 /// the same key it starts.
 fn a_member_with_another_key_is_refused_at_start(store: &Backend) {
-    use crate::common::agent::{fast, start};
     let dir = tempfile::tempdir().unwrap();
     let url = store.url();
     let ours = key_file(dir.path(), "key", "0123456789abcdef0123456789abcdef");
@@ -950,25 +940,7 @@ fn a_member_with_another_key_is_refused_at_start(store: &Backend) {
     );
     let ports = crate::agent_http::two_free_ports();
     let agent = |node: &str, port: u16, key: &std::path::Path| {
-        let http = format!("127.0.0.1:{port}");
-        start(fast(
-            dir.path(),
-            &url,
-            "svc",
-            node,
-            &[
-                "--failsafe",
-                "--failsafe-key-file",
-                key.to_str().unwrap(),
-                "--failsafe-max",
-                "1s",
-                "--http",
-                &http,
-                "--",
-                "sleep",
-                "1000",
-            ],
-        ))
+        failsafe_agent(dir.path(), &url, node, key, "1s", port, &[])
     };
     let n1 = agent("n1", ports[0], &ours);
     assert!(

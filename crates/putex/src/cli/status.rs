@@ -325,10 +325,9 @@ mod tests {
     use crate::store::Store;
     use putex_core::{LockRecord, LockState};
 
-    #[tokio::test]
-    async fn reports_holder_age_and_members() {
-        let store = AnyStore::from(crate::store::MemoryStore::new());
-        let rec = LockRecord {
+    /// db1's active record, lease 10 s.
+    fn active_record() -> LockRecord {
+        LockRecord {
             v: 1,
             node: "db1".into(),
             machine: "m".into(),
@@ -343,7 +342,13 @@ mod tests {
             paused: None,
             since: None,
             failsafe: None,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn reports_holder_age_and_members() {
+        let store = AnyStore::from(crate::store::MemoryStore::new());
+        let rec = active_record();
         let t = Duration::from_secs(1);
         store.create("lock.pg", &rec.encode(), t).await.unwrap();
         let m = MemberRecord {
@@ -399,23 +404,11 @@ mod tests {
             machine: "m".into(),
         };
         let mut rec = LockRecord {
-            v: 1,
-            node: "db1".into(),
-            machine: "m".into(),
-            instance: "i".into(),
-            state: LockState::Active,
-            write: "w1".into(),
-            lease_ms: 10_000,
-            gap_ms: 2_000,
-            to: None,
-            hold_ms: 0,
-            catch_up: false,
-            paused: None,
-            since: None,
             failsafe: Some(putex_core::FailsafeSet {
                 members: vec![member("db2"), member("db3")],
                 max_ms: 120_000,
             }),
+            ..active_record()
         };
         let t = Duration::from_secs(1);
         let token = store.create("lock.pg", &rec.encode(), t).await.unwrap();
