@@ -172,9 +172,15 @@ pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
         Some(u) => StoreUrl::parse(u).map_err(|e| CliError::Usage(format!("--store: {e}")))?,
         None => StoreUrl::from_env().map_err(|e| CliError::Usage(format!("--store: {e}")))?,
     };
-    let store = AnyStore::open(&url)
-        .await
-        .map_err(|e| CliError::Store(format!("store {url}: {e}")))?;
+    let store = AnyStore::open(&url).await.map_err(|e| {
+        // The store down: say where a lock's state can still be seen.
+        let hint = if e.is_unknown() {
+            "; while the store is down, each agent shows its own view on its --http (/health, and /ui in a browser)"
+        } else {
+            ""
+        };
+        CliError::Store(format!("store {url}: {e}{hint}"))
+    })?;
     let name = args.name.clone().or_else(|| args.lock.clone());
     let names = match name {
         Some(n) => {

@@ -70,8 +70,10 @@ pub enum StoreError {
         key: String,
     },
     /// Timed out or lost the connection: a write may or may not have been
-    /// applied. Never a conflict in disguise.
-    #[error("{op} {key}: outcome unknown ({reason}); a write may or may not have been applied")]
+    /// applied. Never a conflict in disguise. (For a call that writes
+    /// nothing — open, get, watch — the text says only that the store is
+    /// unavailable.)
+    #[error("{op} {key}: {}", unknown_text(*.op, .reason))]
     Unknown {
         /// Which [`Store`] call ended without a known outcome.
         op: Op,
@@ -87,6 +89,19 @@ pub enum StoreError {
         /// What is wrong and, where it helps, how to fix it.
         reason: String,
     },
+}
+
+/// The text of an [`StoreError::Unknown`]: what a caller may assume of a
+/// write, or, of a call that writes nothing, that the store is unavailable.
+fn unknown_text(op: Op, reason: &str) -> String {
+    match op {
+        Op::Open | Op::Get | Op::Watch => {
+            format!("store unavailable ({reason})")
+        }
+        Op::Create | Op::Update | Op::Put | Op::Delete | Op::Guarded => {
+            format!("outcome unknown ({reason}); a write may or may not have been applied")
+        }
+    }
 }
 
 impl StoreError {

@@ -321,6 +321,22 @@ mod tests {
         ));
     }
 
+    /// An unknown outcome speaks of a write only for a call that writes:
+    /// `putex status` against a store that is down must not say that "a
+    /// write may or may not have been applied".
+    #[test]
+    fn an_unknown_outcome_mentions_a_write_only_for_writes() {
+        let reading = StoreError::timed_out(Op::Open, "127.0.0.1:4222", Duration::from_secs(5));
+        assert_eq!(
+            reading.to_string(),
+            "open 127.0.0.1:4222: store unavailable (no answer within 5s)"
+        );
+        let writing = StoreError::timed_out(Op::Update, "lock.a", Duration::from_secs(1));
+        assert!(writing
+            .to_string()
+            .ends_with("a write may or may not have been applied"));
+    }
+
     #[test]
     fn boot_time_moves_forward_in_one_era() {
         let a = boot_time_now();
