@@ -30,6 +30,34 @@ fn key_file(dir: &std::path::Path, name: &str, secret: &str) -> std::path::PathB
     path
 }
 
+/// A key file made in `dir` by the command `docs/operations.md` gives
+/// ("Riding out a store outage"), run as written there but for the path.
+fn documented_key_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let doc = std::fs::read_to_string(path).expect("read docs/operations.md");
+    let section = doc
+        .split("## Riding out a store outage")
+        .nth(1)
+        .expect("docs/operations.md has its failsafe section");
+    let command = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the section has a sh block that makes the key");
+    let file = dir.join("failsafe.key");
+    let command = command.replace("/etc/putex/failsafe.key", file.to_str().unwrap());
+    let out = std::process::Command::new("sh")
+        .args(["-c", &command])
+        .output()
+        .expect("run sh");
+    assert!(
+        out.status.success(),
+        "the documented command failed: {command}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    file
+}
+
 on_nats_and_etcd!(
     failsafe_a_standby_grants_its_holder_and_refuses_what_it_must,
     a_standby_grants_its_holder_and_refuses_what_it_must
@@ -354,7 +382,7 @@ fn pair(
     url: &str,
     failsafe: bool,
 ) -> ([u16; 2], Vec<crate::common::agent::Agent>, usize) {
-    let path = key_file(dir, "key", "0123456789abcdef0123456789abcdef");
+    let path = documented_key_file(dir);
     // The cap outlasts the outage; a failsafe lock's first use waits W
     // over T + the cap (its record may have been lost under a holder
     // running on grants), so it is no longer than that.
