@@ -111,6 +111,53 @@ pub fn putex_command(putex: &Path) -> Command {
     cmd
 }
 
+/// Uses `lock` once, as a lock in service has been: `putex lock LOCK --node
+/// NODE -- true` on `url` (keeper directory `keeper_dir`) leaves a record
+/// NODE released, so that the next holder takes it at once instead of
+/// waiting out a first use (W + G' on a store that cannot prove the name
+/// unused; with failsafe, W over T + the cap). A lease of 1 s and up to
+/// three tries: on a loaded machine a section can lose its lock before its
+/// command runs (a 300 ms lease did, beside a busy loop), which says nothing
+/// about what a test or benchmark measures after it.
+pub fn use_lock_once(
+    putex: &Path,
+    url: &str,
+    lock: &str,
+    node: &str,
+    keeper_dir: &Path,
+) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let out = putex_command(putex)
+            .args(["lock", lock, "--ttl", "1s", "--node", node, "--store", url])
+            .arg("--keeper-dir")
+            .arg(keeper_dir)
+            .args(["--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{}: {e}", putex.display()))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        last = output_text(&out);
+    }
+    Err(format!("putex lock {lock} on {url}, three times: {last}"))
+}
+
+/// A keeper directory for the commands a test runs without one of their
+/// own (`putex lock` in a set-up, `putex id`), as `PUTEX_KEEPER_DIR`:
+/// `$TMPDIR/putex-test-keepers-PID`, made on first use. Not the default
+/// (`/run/putex` for root), where every test store would leave a host state
+/// file behind, hundreds a run.
+pub fn scratch_keeper_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("putex-test-keepers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("make the tests' keeper directory");
+        dir
+    })
+}
+
 /// A finished command's exit status, stdout and stderr, for a failure
 /// message.
 pub fn output_text(o: &std::process::Output) -> String {

@@ -365,18 +365,11 @@ fn main() {
                     .collect()
             })
             .collect();
-        let used = Command::new(&b.putex)
-            .args([
-                "lock", "pg", "--ttl", "300ms", "--node", "n1", "--store", &b.url,
-            ])
-            .args(["--", "true"])
-            .output()
-            .expect("putex lock");
-        assert!(
-            used.status.success(),
-            "putex lock: {}",
-            String::from_utf8_lossy(&used.stderr)
-        );
+        // The lock used once, as a cluster's in service has been: a
+        // failsafe lock's first use on NATS waits W over T + the cap.
+        let keepers = putex_testkit::agent::scratch_keeper_dir();
+        putex_testkit::agent::use_lock_once(&b.putex, &b.url, "pg", "n1", keepers)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     b.start(0);
     assert!(

@@ -30,18 +30,13 @@ impl World<'_> {
     /// prove the name unused, `docs/operations.md`), seconds of every run
     /// that measure nothing here.
     fn failsafe_agents(&mut self, cap: Duration) -> Result<(), String> {
-        let used = Command::new(&self.ctx.putex)
-            .args(["lock", &self.lock, "--ttl", "1s", "--node", "n1"])
-            .args(["--store", &self.direct_url(), "--", "true"])
-            .output()
-            .map_err(|e| format!("putex lock: {e}"))?;
-        if !used.status.success() {
-            return Err(format!(
-                "putex lock {}: {}",
-                self.lock,
-                String::from_utf8_lossy(&used.stderr)
-            ));
-        }
+        putex_testkit::agent::use_lock_once(
+            &self.ctx.putex,
+            &self.direct_url(),
+            &self.lock,
+            "n1",
+            &self.dir.join("keeper-used"),
+        )?;
         use std::os::unix::fs::PermissionsExt as _;
         let key = self.dir.join("failsafe.key");
         std::fs::write(&key, KEY)

@@ -61,9 +61,16 @@ pub fn putex_bin() -> &'static Path {
 }
 
 /// A command for the built binary, without the caller's `PUTEX_*`,
-/// `NATS_URL`, `FAKETIME*` and `LD_PRELOAD`, logging at `info`.
+/// `NATS_URL`, `FAKETIME*` and `LD_PRELOAD`, logging at `info`, its keeper
+/// directory the process's scratch one unless a flag or the caller's
+/// `PUTEX_KEEPER_DIR` names another.
 pub fn putex() -> Command {
-    putex_testkit::agent::putex_command(putex_bin())
+    let mut cmd = putex_testkit::agent::putex_command(putex_bin());
+    cmd.env(
+        "PUTEX_KEEPER_DIR",
+        putex_testkit::agent::scratch_keeper_dir(),
+    );
+    cmd
 }
 
 /// `putex run --lock LOCK --store URL --node NODE ARGS…` of the built binary

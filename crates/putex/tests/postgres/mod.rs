@@ -91,38 +91,27 @@ fn agent(url: &str, pg: &PgCluster, i: usize, extra: &[&str]) -> Agent {
 /// The turn among timing-sensitive tests for a test whose cluster starts on
 /// a lock used before, as a cluster in service has: while the test waits
 /// for its turn, `putex lock pg --node n1 -- true` leaves a record n1
-/// released, so that n1 takes the lock at once instead of waiting out a
-/// first use (W + G', 2 s at R = 500 ms: most of a minute of turns over the
-/// module). n1, not a node of its own: the recipe makes a replication slot
-/// for every node it has heard of. The first use of a name is what the
-/// bootstrap tests, the demo and S4's own tests exercise. A lease of 1 s,
-/// and up to three tries: on a loaded machine a section can lose its lock
-/// before it runs (a 300 ms lease did, beside a busy loop), which says
-/// nothing about the test.
+/// released ([`use_lock_once`](putex_testkit::agent::use_lock_once)), so
+/// that n1 takes the lock at once instead of waiting out a first use
+/// (W + G', 2 s at R = 500 ms: most of a minute of turns over the module).
+/// n1, not a node of its own: the recipe makes a replication slot for every
+/// node it has heard of. The first use of a name is what the bootstrap
+/// tests, the demo and S4's own tests exercise.
 fn turn_on_a_used_lock(url: &str) -> TimingSlot {
-    let try_once = || {
-        putex()
-            .args(["lock", "pg", "--ttl", "1s", "--node", "n1"])
-            .args(["--store", url, "--", "true"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start putex lock")
-    };
-    let used = try_once();
+    let url = url.to_owned();
+    let used = std::thread::spawn(move || {
+        putex_testkit::agent::use_lock_once(
+            crate::common::agent::putex_bin(),
+            &url,
+            "pg",
+            "n1",
+            putex_testkit::agent::scratch_keeper_dir(),
+        )
+    });
     let slot = timing_slot();
-    let mut out = used.wait_with_output().expect("putex lock");
-    for _ in 0..2 {
-        if out.status.success() {
-            break;
-        }
-        out = try_once().wait_with_output().expect("putex lock");
+    if let Err(e) = used.join().expect("the used-lock thread") {
+        panic!("{e}");
     }
-    assert!(
-        out.status.success(),
-        "putex lock pg on {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     slot
 }
 
