@@ -2439,10 +2439,18 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
         let slow_before = row.slow;
         let extra = judge(sc, &out, &mut row, seed);
         let findings = row.failures.len() - before;
-        if retry && findings > 0 && findings == row.slow - slow_before {
+        // Transitions in a scenario that allows none: a holder that could
+        // not renew in time (availability, like a slow failover; an overlap
+        // is a finding of its own above, never retried).
+        let unallowed = if sc.zero_transitions { extra } else { 0 };
+        if retry && findings + unallowed > 0 && findings == row.slow - slow_before {
             retry = false;
             let kept = keep(ctx, &format!("retried-{}", sc.name), seed, &out);
-            let what = row.failures[before..].join("; ");
+            let mut what = row.failures[before..].to_vec();
+            if unallowed > 0 {
+                what.push(format!("{unallowed} transition(s) where none is allowed"));
+            }
+            let what = what.join("; ");
             row = snapshot;
             let run = (sc.name, seed, i + 1, runs);
             retry_once(&mut row, &mut seeds, run, "timing", &what, Some(&kept));
@@ -2461,7 +2469,9 @@ pub fn run(ctx: &Ctx, sc: &Scenario) -> Row {
                 ""
             }
         );
-        if row.failures.len() > before {
+        // A transition where a scenario allows none fails the scenario
+        // (below, summed over its runs): keep this run's logs as well.
+        if row.failures.len() > before || unallowed > 0 {
             let kept = keep(ctx, sc.name, seed, &out);
             row.failures
                 .push(format!("history and logs kept in {}", kept.display()));
