@@ -1643,8 +1643,14 @@ fn a_store_that_cannot_be_opened_leaves_no_keeper_behind() {
 /// write is refused with its reason, and a bad key by name.
 fn kv_from_cmd(env: &Env) {
     let p = crate::common::agent::putex_bin().display().to_string();
-    let mut c = env.lock(
+    // Eight `putex kv` processes in one section: a lease of 3 s, so that a
+    // loaded machine does not take the lock away from under them (with 1 s
+    // it did once beside a busy loop: "the lock is no longer held by this
+    // tenure").
+    let mut c = env.lock_ttl(
+        &env.url,
         "kv",
+        "3s",
         &[],
         r#"set -e
 "$P" kv put greeting hello
