@@ -146,13 +146,13 @@ pub fn use_lock_once(
 
 /// A keeper directory for the commands a test runs without one of their
 /// own (`putex lock` in a set-up, `putex id`), as `PUTEX_KEEPER_DIR`:
-/// `$TMPDIR/putex-test-keepers-PID`, made on first use. Not the default
-/// (`/run/putex` for root), where every test store would leave a host state
-/// file behind, hundreds a run.
+/// `$TMPDIR/putex-k-PID`, made on first use (short: a keeper socket's path
+/// must fit in 108 bytes). Not the default (`/run/putex` for root), where
+/// every test store would leave a host state file behind, hundreds a run.
 pub fn scratch_keeper_dir() -> &'static Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("putex-test-keepers-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("putex-k-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("make the tests' keeper directory");
         dir
     })

@@ -33,17 +33,7 @@ fn key_file(dir: &std::path::Path, name: &str, secret: &str) -> std::path::PathB
 /// A key file made in `dir` by the command `docs/operations.md` gives
 /// ("Riding out a store outage"), run as written there but for the path.
 fn documented_key_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
-    let doc = std::fs::read_to_string(path).expect("read docs/operations.md");
-    let section = doc
-        .split("## Riding out a store outage")
-        .nth(1)
-        .expect("docs/operations.md has its failsafe section");
-    let command = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the section has a sh block that makes the key");
+    let command = crate::common::doc_block("operations.md", "## Riding out a store outage", "sh");
     let file = dir.join("failsafe.key");
     let command = command.replace("/etc/putex/failsafe.key", file.to_str().unwrap());
     let out = std::process::Command::new("sh")

@@ -11,6 +11,24 @@ pub mod agent;
 pub mod store;
 pub use putex_testkit::{etcd_server, nats_server, proxy};
 
+/// The first ```` ```lang ```` block after the heading `section` of
+/// `docs/<doc>`, as written there: what a test runs when it follows a
+/// guide's steps.
+pub fn doc_block(doc: &str, section: &str, lang: &str) -> String {
+    let path = format!("{}/../../docs/{doc}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let after = text
+        .split(section)
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/{doc} has no section {section:?}"));
+    after
+        .split(&format!("```{lang}\n"))
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or_else(|| panic!("docs/{doc}, {section:?}: no {lang} block"))
+        .to_owned()
+}
+
 /// One test per store for a check of a store fixture ([`store::Backend`],
 /// or a test file's own fixture with the same constructors): each
 /// `test: store` makes a test `test` that runs `check(&Fixture::store())`

@@ -48,18 +48,7 @@ fn haproxy_bin() -> PathBuf {
 
 /// The ```haproxy block of `docs/operations.md`'s "HTTP endpoints" section.
 fn documented_config() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
-    let doc = std::fs::read_to_string(path).expect("read docs/operations.md");
-    let section = doc
-        .split("## HTTP endpoints and metrics")
-        .nth(1)
-        .expect("docs/operations.md has its HTTP endpoints section");
-    let block = section
-        .split("```haproxy\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the section has an haproxy block");
-    block.to_owned()
+    crate::common::doc_block("operations.md", "## HTTP endpoints and metrics", "haproxy")
 }
 
 /// An HAProxy process with the documented configuration, pointed at the
